@@ -1,0 +1,356 @@
+"""Parsing and fetching `GET /v1/rl/workers`, protocol 1 (contract §1.2 to §1.5).
+
+The parser is strict about types because the payload decides where unauthenticated admin calls
+go, and lenient about unknown keys (ignored, like the listener does for descriptors). A bad
+*entry* becomes a `RejectedEntry` with a reason and never hides the others; a bad *payload*
+raises `DiscoveryError` with one line saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from .errors import DiscoveryError, ProtocolVersionError, one_line
+from .http import read_capped
+from .policy import OutboundPolicy
+
+SUPPORTED_PROTOCOL_VERSIONS = frozenset({1})
+#: A listener reporting thousands of workers is ~1 MB; anything near this cap is not a listener.
+MAX_DISCOVERY_BYTES = 16 * 1024 * 1024
+#: Error bodies (e.g. `discovery_failed`) are small; don't read megabytes to show one message.
+MAX_ERROR_BODY_BYTES = 64 * 1024
+DISCOVERY_PATH = "/v1/rl/workers"
+
+U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """A worker is (namespace, component, endpoint, instance_id) — never a list position."""
+
+    namespace: str
+    component: str
+    endpoint: str
+    instance_id: int
+
+    @property
+    def key(self) -> str:
+        # instance_id is a u64 that may exceed 2^63: keep it as decimal text everywhere.
+        return f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredWorker:
+    """One validated entry. Optional fields are None exactly when the listener omitted them."""
+
+    identity: WorkerIdentity
+    transport: dict[str, Any]
+    request_plane_url: str
+    routes: tuple[str, ...]
+    system_url: str | None = None
+    admin_base_url: str | None = None
+    model: str | None = None
+    world_size: int | None = None
+    error: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.identity.key
+
+    @property
+    def available(self) -> bool:
+        """False for probe-error entries: listed, but not usable for admin calls."""
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedEntry:
+    """An entry we could not validate. `raw` is the JSON value as received, for display."""
+
+    index: int
+    reason: str
+    raw: Any
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryResult:
+    protocol_version: int
+    namespace: str
+    workers: tuple[DiscoveredWorker, ...]
+    rejected: tuple[RejectedEntry, ...] = ()
+
+
+class _EntryError(ValueError):
+    """Internal: one entry is malformed. Never escapes `parse_discovery`."""
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass in Python; JSON `true` must never pass as a number.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _required_str(entry: dict[str, Any], name: str, *, non_empty: bool = True) -> str:
+    if name not in entry:
+        raise _EntryError(f"missing '{name}'")
+    value = entry[name]
+    if not isinstance(value, str):
+        raise _EntryError(f"'{name}' must be a string")
+    if non_empty and not value:
+        raise _EntryError(f"'{name}' must not be empty")
+    return value
+
+
+def _optional(entry: dict[str, Any], name: str) -> Any:
+    value = entry.get(name)
+    if name in entry and value is None:
+        # Protocol 1 omits absent fields; an explicit null means a different producer.
+        raise _EntryError(f"'{name}' is null (protocol 1 omits absent fields)")
+    return value
+
+
+def _optional_str(entry: dict[str, Any], name: str) -> str | None:
+    value = _optional(entry, name)
+    if value is not None and not isinstance(value, str):
+        raise _EntryError(f"'{name}' must be a string")
+    return value
+
+
+def parse_instance_id(value: object) -> int:
+    """Exact u64: JSON integers only (no bools, floats or strings), 0..2^64-1."""
+    if not _is_int(value):
+        raise _EntryError("'instance_id' must be an unsigned 64-bit integer")
+    assert isinstance(value, int)
+    if value < 0 or value > U64_MAX:
+        raise _EntryError(f"'instance_id' {value} is outside the unsigned 64-bit range")
+    return value
+
+
+def admin_base_url_problem(url: str) -> str | None:
+    """The listener's admin base URL rules (§1.5), with its wording. None when valid."""
+    if not url.strip():
+        return "RL admin base URL must not be blank"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - validates the port
+    except ValueError as exc:
+        return f"invalid RL admin base URL: {exc}"
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return "RL admin base URL must use HTTP or HTTPS and include a host"
+    if "@" in parts.netloc:
+        return "RL admin base URL must not include user information"
+    if parts.query or url.rstrip().endswith("?"):
+        return "RL admin base URL must not include a query string"
+    if parts.fragment or "#" in url:
+        return "RL admin base URL must not include a fragment"
+    return None
+
+
+def _system_url_problem(url: str) -> str | None:
+    # The listener copies system_url without validating it; we need an http(s) base to call.
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018
+    except ValueError as exc:
+        return f"invalid system_url: {exc}"
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return "system_url must use http or https and include a host"
+    return None
+
+
+def _parse_routes(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _EntryError("'routes' must be an array of strings")
+    for route in value:
+        if not isinstance(route, str):
+            raise _EntryError("'routes' contains a non-string entry")
+        if not route:
+            raise _EntryError("'routes' contains an empty entry")
+    return tuple(value)
+
+
+def parse_worker(entry: object) -> DiscoveredWorker:
+    """Validate one worker entry (contract §1.3). Raises ValueError with the reason."""
+    if not isinstance(entry, dict):
+        raise _EntryError(f"entry must be an object, got {type(entry).__name__}")
+    if "instance_id" not in entry:
+        raise _EntryError("missing 'instance_id'")
+    identity = WorkerIdentity(
+        namespace=_required_str(entry, "namespace"),
+        component=_required_str(entry, "component"),
+        endpoint=_required_str(entry, "endpoint"),
+        instance_id=parse_instance_id(entry["instance_id"]),
+    )
+    transport = entry.get("transport")
+    if not isinstance(transport, dict) or not transport:
+        raise _EntryError("'transport' must be a non-empty object")
+    request_plane_url = _required_str(entry, "request_plane_url")
+    if "routes" not in entry:
+        raise _EntryError("missing 'routes'")
+    routes = _parse_routes(entry["routes"])
+
+    system_url = _optional_str(entry, "system_url")
+    if system_url is not None and (problem := _system_url_problem(system_url)):
+        raise _EntryError(problem)
+    admin_base_url = _optional_str(entry, "admin_base_url")
+    if admin_base_url is not None and (problem := admin_base_url_problem(admin_base_url)):
+        raise _EntryError(f"invalid 'admin_base_url': {problem}")
+    world_size = _optional(entry, "world_size")
+    if world_size is not None and (not _is_int(world_size) or not 0 < world_size <= U32_MAX):
+        raise _EntryError("'world_size' must be an integer between 1 and 2^32-1")
+    model = _optional_str(entry, "model")
+    error = _optional_str(entry, "error")
+
+    return DiscoveredWorker(
+        identity=identity,
+        transport=transport,
+        request_plane_url=request_plane_url,
+        routes=routes,
+        system_url=system_url,
+        admin_base_url=admin_base_url,
+        model=model,
+        world_size=world_size,
+        error=error,
+    )
+
+
+def _load_json(body: bytes | str) -> object:
+    size = len(body.encode("utf-8", "surrogatepass")) if isinstance(body, str) else len(body)
+    if size > MAX_DISCOVERY_BYTES:
+        raise DiscoveryError(
+            f"discovery payload is {size} bytes, over the {MAX_DISCOVERY_BYTES}-byte limit"
+        )
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise DiscoveryError("discovery payload is nested too deeply") from None
+    except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DiscoveryError(f"discovery payload is not valid JSON: {one_line(exc, 200)}") from None
+
+
+def parse_discovery(body: bytes | str) -> DiscoveryResult:
+    """Parse a `/v1/rl/workers` body. Raises DiscoveryError / ProtocolVersionError only."""
+    payload = _load_json(body)
+    if not isinstance(payload, dict):
+        raise DiscoveryError(
+            f"discovery payload must be a JSON object, got {type(payload).__name__}"
+        )
+    # The version gates everything else: a future layout must not be half-understood.
+    if "protocol_version" not in payload:
+        raise ProtocolVersionError("discovery payload has no 'protocol_version'")
+    version = payload["protocol_version"]
+    if not _is_int(version) or version not in SUPPORTED_PROTOCOL_VERSIONS:
+        raise ProtocolVersionError(
+            f"unsupported discovery protocol_version {one_line(repr(version), 60)}; "
+            f"this client understands {sorted(SUPPORTED_PROTOCOL_VERSIONS)}",
+            version,
+        )
+    namespace = payload.get("namespace")
+    if not isinstance(namespace, str):
+        raise DiscoveryError("discovery payload 'namespace' must be a string")
+    entries = payload.get("workers")
+    if not isinstance(entries, list):
+        raise DiscoveryError("discovery payload 'workers' must be an array")
+
+    workers: list[DiscoveredWorker] = []
+    rejected: list[RejectedEntry] = []
+    seen: set[WorkerIdentity] = set()
+    for index, entry in enumerate(entries):
+        try:
+            worker = parse_worker(entry)
+        except _EntryError as exc:
+            rejected.append(RejectedEntry(index, str(exc), entry))
+            continue
+        if worker.identity in seen:
+            # The listener deduplicates on identity; a repeat means the payload is not its own.
+            rejected.append(RejectedEntry(index, f"duplicate worker {worker.key}", entry))
+            continue
+        seen.add(worker.identity)
+        workers.append(worker)
+    return DiscoveryResult(int(version), namespace, tuple(workers), tuple(rejected))
+
+
+def discovery_url(listener_url: str) -> str:
+    return listener_url.rstrip("/") + DISCOVERY_PATH
+
+
+def _error_message(raw: bytes | None) -> str | None:
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return one_line(raw.decode("utf-8", "replace"), 200)
+    if isinstance(data, dict):
+        message = data.get("message")
+        if isinstance(message, str):
+            return message
+        if isinstance(data.get("error"), str):
+            return data["error"]
+    return None
+
+
+async def fetch_discovery(
+    client: httpx.AsyncClient,
+    policy: OutboundPolicy,
+    listener_url: str,
+    *,
+    timeout: float,
+) -> DiscoveryResult:
+    """GET `{listener_url}/v1/rl/workers` and parse it.
+
+    `timeout` bounds the whole exchange. The listener waits for its slowest probe
+    (`DYN_RL_REQUEST_TIMEOUT_SECS`, default 30 s), so callers should pass more than that.
+    Every failure — policy, transport, HTTP status, size, payload — raises DiscoveryError.
+    """
+    url = discovery_url(listener_url)
+    problem = await policy.aviolation(url)
+    if problem is not None:
+        raise DiscoveryError(f"outbound policy: {problem}")
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream(
+                "GET",
+                url,
+                timeout=httpx.Timeout(timeout),
+                follow_redirects=False,
+                headers={"accept": "application/json"},
+            ) as response:
+                status = response.status_code
+                if 300 <= status < 400:
+                    location = response.headers.get("location", "")
+                    raise DiscoveryError(
+                        f"listener answered HTTP {status} redirect to {location!r}; "
+                        "redirects are not followed"
+                    )
+                limit = MAX_DISCOVERY_BYTES if status == 200 else MAX_ERROR_BODY_BYTES
+                raw = await read_capped(response, limit)
+    except TimeoutError:
+        raise DiscoveryError(f"listener timed out after {timeout:g}s") from None
+    except httpx.TimeoutException as exc:
+        raise DiscoveryError(
+            f"listener timed out after {timeout:g}s ({type(exc).__name__})"
+        ) from None
+    except httpx.ConnectError as exc:
+        raise DiscoveryError(
+            f"listener unreachable: {one_line(exc, 200) or 'connect failed'}"
+        ) from None
+    except httpx.HTTPError as exc:
+        detail = one_line(exc, 200) or type(exc).__name__
+        raise DiscoveryError(f"listener unreachable: {detail}") from None
+
+    if status != 200:
+        message = _error_message(raw)
+        if status == 500 and raw and b"discovery_failed" in raw:
+            raise DiscoveryError(f"listener discovery failed: {message or 'no message'}")
+        suffix = f": {message}" if message else ""
+        raise DiscoveryError(f"listener answered HTTP {status}{suffix}")
+    if raw is None:
+        raise DiscoveryError(f"discovery payload exceeds the {MAX_DISCOVERY_BYTES}-byte limit")
+    return parse_discovery(raw)

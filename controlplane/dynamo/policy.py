@@ -1,0 +1,140 @@
+"""Outbound URL policy: the only gate between discovery data and a request on the network.
+
+Dynamo's admin routes have no authentication, and `system_url` comes from whatever a worker
+advertised. Before any request (listener, worker admin, frontend) the URL must use http/https,
+carry no userinfo, and have a host whose *every* resolved address lies inside the networks the
+operator allowed for that source. An empty allowlist allows nothing: a forgotten setting must
+fail closed, not open to the cloud metadata service.
+
+Known limit: the check resolves the name, then httpx resolves it again when connecting, so a
+hostile DNS server could rebind between the two. Sources should use IP literals or names served
+by a trusted resolver; see the note in docs/dynamo-client-api.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from .errors import OutboundPolicyError, one_line
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str], list[str]]
+
+ALLOWED_SCHEMES = frozenset({"http", "https"})
+
+
+def system_resolver(host: str) -> list[str]:
+    """All addresses `host` resolves to (IPv4 and IPv6), as the OS resolver sees them."""
+    infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    return sorted({info[4][0] for info in infos})
+
+
+def _parse_address(text: str) -> IPAddress:
+    # getaddrinfo may return scoped IPv6 (`fe80::1%eth0`); the scope does not change the network.
+    addr = ipaddress.ip_address(text.split("%", 1)[0])
+    # `::ffff:169.254.169.254` reaches the IPv4 host, so judge it as that IPv4 address.
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def _literal_host(host: str) -> IPAddress | None:
+    try:
+        return _parse_address(host)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundPolicy:
+    """The networks one source may reach. Compare/hash ignore the resolver (a test seam)."""
+
+    allowed_networks: tuple[IPNetwork, ...]
+    resolver: Resolver = field(default=system_resolver, compare=False, repr=False)
+
+    @classmethod
+    def from_cidrs(cls, cidrs: Iterable[str], resolver: Resolver | None = None) -> OutboundPolicy:
+        """Build from CIDR strings such as `10.0.0.0/8` or `127.0.0.1/32`.
+
+        Raises ValueError naming the bad entry; host bits set (`10.0.0.1/8`) are an error
+        because they usually mean a typo.
+        """
+        networks: list[IPNetwork] = []
+        for raw in cidrs:
+            text = str(raw).strip()
+            if not text:
+                raise ValueError("empty CIDR entry in allowed networks")
+            try:
+                networks.append(ipaddress.ip_network(text, strict=True))
+            except ValueError as exc:
+                raise ValueError(f"invalid CIDR {text!r}: {exc}") from None
+        return cls(tuple(networks), resolver or system_resolver)
+
+    def _allowed(self, addr: IPAddress) -> bool:
+        return any(addr.version == net.version and addr in net for net in self.allowed_networks)
+
+    def _static_violation(self, url: str) -> tuple[str | None, str | None]:
+        """Checks that need no DNS. Returns (violation, host)."""
+        if not self.allowed_networks:
+            return "no networks are allowed for this source (empty allowlist)", None
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
+        except ValueError as exc:
+            return f"invalid URL: {exc}", None
+        scheme = parts.scheme.lower()
+        if scheme not in ALLOWED_SCHEMES:
+            return f"scheme {scheme or '(none)'!r} is not allowed; use http or https", None
+        if "@" in parts.netloc:
+            return "URL must not include user information", None
+        host = parts.hostname
+        if not host:
+            return "URL has no host", None
+        return None, host
+
+    def _judge(self, host: str, addresses: list[str]) -> str | None:
+        if not addresses:
+            return f"host {host!r} resolved to no addresses"
+        for text in addresses:
+            try:
+                addr = _parse_address(text)
+            except ValueError:
+                return f"host {host!r} resolved to unparseable address {text!r}"
+            if not self._allowed(addr):
+                return f"host {host!r} resolves to {addr}, outside the allowed networks"
+        return None
+
+    def violation(self, url: str) -> str | None:
+        """Why `url` may not be called, or None when it may. Blocks on DNS for host names."""
+        problem, host = self._static_violation(url)
+        if problem or host is None:
+            return problem
+        literal = _literal_host(host)
+        if literal is not None:
+            return self._judge(host, [str(literal)])
+        try:
+            addresses = self.resolver(host)
+        except (OSError, UnicodeError) as exc:
+            return f"host {host!r} does not resolve: {one_line(exc, 200)}"
+        return self._judge(host, addresses)
+
+    async def aviolation(self, url: str) -> str | None:
+        """`violation` for async callers: IP literals inline, DNS names off the event loop."""
+        problem, host = self._static_violation(url)
+        if problem or host is None:
+            return problem
+        if _literal_host(host) is not None:
+            return self.violation(url)
+        return await asyncio.to_thread(self.violation, url)
+
+    def check(self, url: str) -> None:
+        """Raise OutboundPolicyError when `url` may not be called."""
+        problem = self.violation(url)
+        if problem is not None:
+            raise OutboundPolicyError(url, problem)

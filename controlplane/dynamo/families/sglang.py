@@ -1,0 +1,123 @@
+"""SGLang worker routes (contract §6). SGLang is not discovered: operators register its
+`system_url` and an allowlisted route set, and `supports()` checks against that set.
+
+- `pause_generation` / `continue_generation` are default top-level routes (tokenizer-manager
+  target); their `None` result normalizes to `{"status":"ok"}`.
+- Built-in `control/update_weights_from_disk`, `control/update_weights_from_distributed` and
+  `control/update_weight_version` answer `{"success": bool, "message": ...}`: success needs
+  `success: true`. Bad fields raise in SGLang → HTTP 500 "Handler error".
+- Group init/destroy, flush and weight-version read have no built-in route: they need configured
+  routes (`--engine-route init_weights_update_group` etc., engine target). Tuple results
+  normalize to `{"success","message"}`.
+- SGLang flushes its cache after a successful weight update, so updates invalidate the cache.
+- Liveness: `GET {system_url}/health` expecting 200 `status: ready`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    AdminCall,
+    AdminFamily,
+    AdminOutcome,
+    Operation,
+    engine,
+    fail,
+    ok,
+    reject_unknown,
+    require,
+)
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+_ROUTE = {
+    Operation.PAUSE: "pause_generation",
+    Operation.RESUME: "continue_generation",
+    Operation.FLUSH_CACHE: "flush_cache",
+    Operation.UPDATE_FROM_DISK: "control/update_weights_from_disk",
+    Operation.INIT_WEIGHTS_GROUP: "init_weights_update_group",
+    Operation.UPDATE_FROM_DISTRIBUTED: "control/update_weights_from_distributed",
+    Operation.DESTROY_WEIGHTS_GROUP: "destroy_weights_update_group",
+    Operation.GET_WEIGHT_VERSION: "get_weight_version",
+    Operation.SET_WEIGHT_VERSION: "control/update_weight_version",
+}
+#: Routes whose reply must carry `success: true` (SGLang's update-style results).
+_SUCCESS_ROUTES = frozenset(
+    {
+        "control/update_weights_from_disk",
+        "control/update_weights_from_distributed",
+        "control/update_weight_version",
+        "init_weights_update_group",
+        "destroy_weights_update_group",
+    }
+)
+
+
+class SglangFamily(AdminFamily):
+    name = "sglang"
+    routes = {
+        Operation.LIVENESS: frozenset(),
+        **{op: frozenset({route}) for op, route in _ROUTE.items()},
+    }
+    invalidating = frozenset({Operation.UPDATE_FROM_DISK, Operation.UPDATE_FROM_DISTRIBUTED})
+
+    def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
+        if op == Operation.LIVENESS:
+            reject_unknown(params, set())
+            return [AdminCall(op, "GET", "health", None)]
+        body: dict[str, Any] = {}
+        if op == Operation.PAUSE:
+            reject_unknown(params, {"mode"})
+            mode = params.get("mode")
+            if mode is not None:
+                if mode not in PAUSE_MODES:
+                    raise ValueError(
+                        f"invalid pause mode {mode!r}; expected abort|retract|in_place"
+                    )
+                body["mode"] = mode
+        elif op == Operation.SET_WEIGHT_VERSION:
+            reject_unknown(params, {"weight_version", "abort_all_requests"})
+            body["new_version"] = require(params, "weight_version")
+            body["abort_all_requests"] = bool(params.get("abort_all_requests", False))
+        elif op == Operation.UPDATE_FROM_DISK:
+            require(params, "model_path")
+            body.update(params)  # SGLang's UpdateWeightFromDiskReqInput fields, verbatim
+        elif op in (
+            Operation.UPDATE_FROM_DISTRIBUTED,
+            Operation.INIT_WEIGHTS_GROUP,
+            Operation.DESTROY_WEIGHTS_GROUP,
+        ):
+            body.update(params)
+        else:
+            reject_unknown(params, set())
+        return [AdminCall(op, "POST", engine(_ROUTE[op]), body)]
+
+    def _accept(self, call: AdminCall, body: Any) -> AdminOutcome:
+        if call.operation == Operation.LIVENESS:
+            if not isinstance(body, dict) or body.get("status") != "ready":
+                status = body.get("status") if isinstance(body, dict) else None
+                return fail(body, f"health status is {status!r}, not 'ready'")
+            return ok(body)
+        route = call.route
+        if route in _SUCCESS_ROUTES:
+            if not isinstance(body, dict) or body.get("success") is not True:
+                return fail(body, f"{route} did not report success=true")
+            if call.operation == Operation.SET_WEIGHT_VERSION:
+                return ok(body, version=body.get("new_version"))
+            return ok(body)
+        if call.operation == Operation.GET_WEIGHT_VERSION:
+            # A configured route; accept the shapes SGLang's normalization can produce.
+            if isinstance(body, dict):
+                for key in ("weight_version", "version", "result"):
+                    if key in body:
+                        version = body[key]
+                        return ok(body, version=version, version_declared=version is not None)
+            return fail(body, "get_weight_version reply lacks a version")
+        # pause/continue/flush: `None` → {"status":"ok"}; tuple/dataclass → success flag.
+        if isinstance(body, dict) and (body.get("status") == "ok" or body.get("success") is True):
+            return ok(body)
+        return fail(body, f"{route} reply is not a success body")
+
+
+SGLANG = SglangFamily()

@@ -1,0 +1,98 @@
+"""vLLM Python worker routes (contract §4): bare route names, `{"status":"ok"}` on success.
+
+Cache: `update_weights_from_disk` resets the prefix cache itself, and
+`update_weights_from_distributed` does too unless `reset_prefix_cache=false` is sent (we never
+send it false), so FLUSH_CACHE after an update is optional (Dynamo ignores its result anyway).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    AdminCall,
+    AdminFamily,
+    AdminOutcome,
+    Operation,
+    engine,
+    fail,
+    ok,
+    reject_unknown,
+    require,
+)
+
+PAUSE_MODES = ("keep", "wait", "abort")
+
+_ROUTE = {
+    Operation.LIVENESS: "liveness_probe",
+    Operation.PAUSE: "pause_generation",
+    Operation.RESUME: "resume_generation",
+    Operation.FLUSH_CACHE: "flush_cache",
+    Operation.UPDATE_FROM_DISK: "update_weights_from_disk",
+    Operation.INIT_WEIGHTS_GROUP: "init_weights_update_group",
+    Operation.UPDATE_FROM_DISTRIBUTED: "update_weights_from_distributed",
+    Operation.DESTROY_WEIGHTS_GROUP: "destroy_weights_update_group",
+    Operation.GET_WEIGHT_VERSION: "get_weight_version",
+    Operation.SET_WEIGHT_VERSION: "set_weight_version",
+}
+
+
+class VllmWorkerFamily(AdminFamily):
+    name = "vllm"
+    routes = {op: frozenset({route}) for op, route in _ROUTE.items()}
+    invalidating = frozenset({Operation.UPDATE_FROM_DISK, Operation.UPDATE_FROM_DISTRIBUTED})
+
+    def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
+        body: dict[str, Any] = {}
+        if op == Operation.PAUSE:
+            reject_unknown(params, {"mode", "clear_cache"})
+            mode = params.get("mode")
+            if mode is not None:
+                if mode not in PAUSE_MODES:
+                    raise ValueError(f"invalid pause mode {mode!r}; expected keep|wait|abort")
+                body["mode"] = mode
+            if params.get("clear_cache") is not None:
+                body["clear_cache"] = bool(params["clear_cache"])
+        elif op == Operation.UPDATE_FROM_DISK:
+            reject_unknown(params, {"model_path", "weight_version", "engine_rpc"})
+            body["model_path"] = require(params, "model_path")
+            body.update({k: params[k] for k in ("weight_version", "engine_rpc") if k in params})
+        elif op == Operation.SET_WEIGHT_VERSION:
+            reject_unknown(params, {"weight_version"})
+            if "weight_version" not in params:
+                raise ValueError("missing required parameter 'weight_version'")
+            body["weight_version"] = params["weight_version"]
+        elif op == Operation.UPDATE_FROM_DISTRIBUTED:
+            if params.get("reset_prefix_cache") is False:
+                # Keeping the old cache after new weights is exactly what a refresh must avoid.
+                raise ValueError("reset_prefix_cache=false would keep the old-weights cache")
+            body.update(params)  # integration-specific kwargs are forwarded to the engine RPC
+        elif op in (Operation.INIT_WEIGHTS_GROUP, Operation.DESTROY_WEIGHTS_GROUP):
+            body.update(params)
+        else:
+            reject_unknown(params, set())
+        return [AdminCall(op, "POST", engine(_ROUTE[op]), body)]
+
+    def _accept(self, call: AdminCall, body: Any) -> AdminOutcome:
+        if not isinstance(body, dict) or body.get("status") != "ok":
+            return fail(body, f"expected status 'ok' from {call.route}, got {_status_of(body)}")
+        op = call.operation
+        if op == Operation.LIVENESS and body.get("alive") is not True:
+            return fail(body, "liveness_probe did not report alive=true")
+        if op == Operation.GET_WEIGHT_VERSION:
+            declared = body.get("version_declared")
+            if not isinstance(declared, bool) or "version" not in body:
+                return fail(body, "get_weight_version reply lacks 'version'/'version_declared'")
+            return ok(body, version=body["version"], version_declared=declared)
+        if op in (Operation.UPDATE_FROM_DISK, Operation.UPDATE_FROM_DISTRIBUTED):
+            return ok(body, version_declared=body.get("version_declared") is True)
+        return ok(body)
+
+
+def _status_of(body: Any) -> str:
+    if isinstance(body, dict):
+        return repr(body.get("status"))
+    return f"a {type(body).__name__} body"
+
+
+VLLM_WORKER = VllmWorkerFamily()

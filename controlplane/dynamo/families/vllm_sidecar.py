@@ -1,0 +1,150 @@
+"""Native vLLM sidecar routes (contract §5): `control/...` and `update/...` dialect.
+
+Replies differ from the Python worker: pause → `{"status":"paused"}`, resume →
+`{"status":"resumed"}` (not ok while `is_sleeping: true`, the worker stays out of routing),
+updates → `{"message": ...}`, version → `{"weight_version": ""}` ("" = never set).
+
+Cache invalidation: the sidecar has **no flush route**. This adapter therefore always pauses with
+`clear_cache: true` unless the caller explicitly asks otherwise, so the prefix cache is dropped
+at pause time; with the default `abort` mode nothing runs while paused, so after the update no
+old-weights cache remains. FLUSH_CACHE is unsupported; `update_invalidates_cache` reports True
+for the distributed update on that basis (and False if the caller disabled clear_cache — the
+refresh planner must then treat the cache as stale).
+
+Liveness is `GET {system_url}/health`, expecting 200 with `status: ready`. It is not a pause
+signal (it stays ready while paused); use `control/is_paused` for that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    AdminCall,
+    AdminFamily,
+    AdminOutcome,
+    Operation,
+    engine,
+    fail,
+    ok,
+    reject_unknown,
+    require,
+)
+
+PAUSE_MODES = ("abort", "wait", "keep")
+
+PAUSE = "control/pause_generation"
+RESUME = "control/resume_generation"
+GET_VERSION = "control/get_weight_version"
+INIT = "update/init_weight_transfer_engine"
+START = "update/start_weight_update"
+UPDATE = "update/update_weights"
+FINISH = "update/finish_weight_update"
+SET_VERSION = "update/update_weight_version"
+
+
+class VllmSidecarFamily(AdminFamily):
+    name = "vllm-sidecar"
+    routes = {
+        Operation.LIVENESS: frozenset(),  # GET /health on the system server, not an engine route
+        Operation.PAUSE: frozenset({PAUSE}),
+        Operation.RESUME: frozenset({RESUME}),
+        Operation.GET_WEIGHT_VERSION: frozenset({GET_VERSION}),
+        Operation.SET_WEIGHT_VERSION: frozenset({SET_VERSION}),
+        Operation.INIT_WEIGHTS_GROUP: frozenset({INIT}),
+        Operation.UPDATE_FROM_DISTRIBUTED: frozenset({START, UPDATE, FINISH}),
+    }
+    invalidating = frozenset({Operation.UPDATE_FROM_DISTRIBUTED})
+
+    def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
+        if op == Operation.LIVENESS:
+            reject_unknown(params, set())
+            return [AdminCall(op, "GET", "health", None)]
+        if op == Operation.PAUSE:
+            reject_unknown(params, {"mode", "clear_cache"})
+            body: dict[str, Any] = {}
+            mode = params.get("mode")
+            if mode is not None:
+                if mode not in PAUSE_MODES:
+                    raise ValueError(f"invalid pause mode {mode!r}; expected abort|wait|keep")
+                body["mode"] = mode
+            # No flush route exists: clearing at pause is how this family invalidates cache.
+            clear = params.get("clear_cache")
+            body["clear_cache"] = True if clear is None else bool(clear)
+            return [AdminCall(op, "POST", engine(PAUSE), body)]
+        if op == Operation.RESUME:
+            reject_unknown(params, set())
+            return [AdminCall(op, "POST", engine(RESUME), {})]
+        if op == Operation.GET_WEIGHT_VERSION:
+            reject_unknown(params, set())
+            return [AdminCall(op, "POST", engine(GET_VERSION), {})]
+        if op == Operation.SET_WEIGHT_VERSION:
+            reject_unknown(params, {"weight_version"})
+            version = require(params, "weight_version")
+            if not isinstance(version, str) or not version:
+                raise ValueError("sidecar weight_version must be a non-empty string")
+            return [AdminCall(op, "POST", engine(SET_VERSION), {"new_version": version})]
+        if op == Operation.INIT_WEIGHTS_GROUP:
+            reject_unknown(params, {"init_info"})
+            init_info = require(params, "init_info")
+            if not isinstance(init_info, dict):
+                raise ValueError("init_info must be an object")
+            return [AdminCall(op, "POST", engine(INIT), {"init_info": init_info})]
+        if op == Operation.UPDATE_FROM_DISTRIBUTED:
+            reject_unknown(params, {"update_infos", "update_info", "weight_version"})
+            infos = params.get("update_infos")
+            if infos is None and params.get("update_info") is not None:
+                infos = [params["update_info"]]
+            if not infos or not all(isinstance(i, dict) for i in infos):
+                raise ValueError("update_infos must be a non-empty list of objects")
+            finish: dict[str, Any] = {}
+            if params.get("weight_version") is not None:
+                if not isinstance(params["weight_version"], str):
+                    raise ValueError("sidecar weight_version must be a string")
+                finish["weight_version"] = params["weight_version"]
+            return [
+                AdminCall(op, "POST", engine(START), {}),
+                *(AdminCall(op, "POST", engine(UPDATE), {"update_info": i}) for i in infos),
+                AdminCall(op, "POST", engine(FINISH), finish),
+            ]
+        raise AssertionError(op)  # unreachable: required_routes() rejected it
+
+    def _accept(self, call: AdminCall, body: Any) -> AdminOutcome:
+        if not isinstance(body, dict):
+            return fail(body, f"expected a JSON object from {call.path}")
+        route = call.route
+        if call.operation == Operation.LIVENESS:
+            if body.get("status") != "ready":
+                return fail(body, f"health status is {body.get('status')!r}, not 'ready'")
+            return ok(body)
+        if route == PAUSE:
+            if body.get("status") != "paused":
+                return fail(body, f"expected status 'paused', got {body.get('status')!r}")
+            return ok(body)
+        if route == RESUME:
+            if body.get("status") != "resumed":
+                return fail(body, f"expected status 'resumed', got {body.get('status')!r}")
+            if body.get("is_sleeping") is True:
+                return fail(body, "engine resumed but is still sleeping; it stays out of routing")
+            return ok(body)
+        if route == GET_VERSION:
+            version = body.get("weight_version")
+            if not isinstance(version, str):
+                return fail(body, "get_weight_version reply lacks a string 'weight_version'")
+            # "" means never set: report it like the Python worker's undeclared null.
+            return ok(body, version=version or None, version_declared=version != "")
+        if route == SET_VERSION:
+            if body.get("success") is not True:
+                return fail(body, "update_weight_version did not report success=true")
+            return ok(body, version=body.get("new_version"))
+        if route in (INIT, START, UPDATE, FINISH):
+            if not isinstance(body.get("message"), str):
+                return fail(body, f"{route} reply lacks its 'message'")
+            return ok(body)
+        return fail(body, f"unexpected route {route!r} for {self.name}")
+
+    def update_invalidates_cache(self, op: Operation, *, clear_cache_on_pause: bool = True) -> bool:
+        return op in self.invalidating and clear_cache_on_pause
+
+
+VLLM_SIDECAR = VllmSidecarFamily()

@@ -1,0 +1,117 @@
+"""Sending one admin call to one worker and judging it.
+
+`call_admin` never raises for network or policy problems: the refresh executor journals every
+attempt, so every outcome — policy refusal, timeout, dropped connection, error body — comes back
+as an `AdminCallResult` with `ok=False` and a one-line `error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from .errors import one_line
+from .families.base import AdminCall, AdminFamily
+from .http import MAX_RESPONSE_BYTES, read_capped
+from .policy import OutboundPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class AdminCallResult:
+    call: AdminCall
+    url: str
+    ok: bool
+    http_status: int | None
+    body: Any
+    error: str | None
+    duration_ms: float
+    started_at: datetime
+    finished_at: datetime
+    data: dict[str, Any] | None = None
+
+
+def admin_url(system_url: str, call: AdminCall) -> str:
+    """`system_url` + `/` + path, with the route verbatim (never renamed or stripped)."""
+    return system_url.rstrip("/") + "/" + call.path
+
+
+def decode_body(raw: bytes) -> Any:
+    """JSON when it parses (the system server labels JSON as text/plain), else the text."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw.decode("utf-8", "replace")
+
+
+async def call_admin(
+    client: httpx.AsyncClient,
+    policy: OutboundPolicy,
+    system_url: str,
+    family: AdminFamily,
+    call: AdminCall,
+    *,
+    timeout: float,
+) -> AdminCallResult:
+    url = admin_url(system_url, call)
+    started_at = datetime.now(UTC)
+    t0 = time.perf_counter()
+
+    def result(ok: bool, status: int | None, body: Any, error: str | None, data=None):
+        return AdminCallResult(
+            call=call,
+            url=url,
+            ok=ok,
+            http_status=status,
+            body=body,
+            error=one_line(error) if error is not None else None,
+            duration_ms=(time.perf_counter() - t0) * 1000.0,
+            started_at=started_at,
+            finished_at=datetime.now(UTC),
+            data=data,
+        )
+
+    problem = await policy.aviolation(url)
+    if problem is not None:
+        return result(False, None, None, f"outbound policy: {problem}")
+
+    kwargs: dict[str, Any] = {}
+    if call.method.upper() not in ("GET", "HEAD"):
+        kwargs["json"] = call.body if call.body is not None else {}
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream(
+                call.method,
+                url,
+                timeout=httpx.Timeout(timeout),
+                follow_redirects=False,
+                **kwargs,
+            ) as response:
+                status = response.status_code
+                raw = await read_capped(response, MAX_RESPONSE_BYTES)
+    except (TimeoutError, httpx.TimeoutException):
+        return result(False, None, None, f"timed out after {timeout:g}s")
+    except httpx.ConnectError as exc:
+        return result(False, None, None, f"connection failed: {exc or 'connect error'}")
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        # A worker that hits EngineDeadError or an init watchdog exits mid-request.
+        detail = str(exc) or type(exc).__name__
+        return result(False, None, None, f"connection dropped (worker may have exited): {detail}")
+    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
+        return result(False, None, None, f"request failed: {type(exc).__name__}: {exc}")
+
+    if raw is None:
+        return result(False, status, None, f"response body over {MAX_RESPONSE_BYTES} bytes")
+    body = decode_body(raw)
+    if 300 <= status < 400:
+        location = response.headers.get("location", "")
+        return result(False, status, body, f"HTTP {status} redirect to {location!r} not followed")
+    outcome = family.interpret(call, status, body)
+    return result(outcome.ok, status, body, outcome.error, outcome.data)

@@ -1,0 +1,78 @@
+"""Command line shared by `python -m controlplane.simfleet` and `manage.py simfleet`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import TextIO
+
+from controlplane.simfleet.config import FAMILIES, FAMILY_VLLM, FleetConfig
+from controlplane.simfleet.runtime import SimFleetServer
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=12, help="number of workers (default 12)")
+    parser.add_argument(
+        "--namespaces", default="rl-a,rl-b", help="comma-separated worker namespaces"
+    )
+    parser.add_argument("--prefix", default=None, help="listener DYN_NAMESPACE_PREFIX")
+    parser.add_argument("--family", choices=FAMILIES, default=FAMILY_VLLM)
+    parser.add_argument("--model", default="sim-model")
+    parser.add_argument("--listener-port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--frontend-port", type=int, default=0)
+    parser.add_argument("--admin-port", type=int, default=0)
+    parser.add_argument("--config", default=None, help="JSON fleet config (overrides the above)")
+    parser.add_argument("--churn", type=float, default=None, metavar="SECONDS")
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def build_config(args: argparse.Namespace) -> FleetConfig:
+    if args.config:
+        config = FleetConfig.from_file(args.config)
+    else:
+        namespaces = [ns.strip() for ns in args.namespaces.split(",") if ns.strip()]
+        config = FleetConfig.generate(
+            workers=args.workers,
+            namespaces=namespaces or ["dynamo"],
+            prefix=args.prefix,
+            family=args.family,
+            model=args.model,
+        )
+    # Explicit ports, churn and seed on the command line win over the config file.
+    for name in ("listener_port", "frontend_port", "admin_port"):
+        if getattr(args, name):
+            setattr(config, name, getattr(args, name))
+    if args.churn:
+        config.churn_interval = args.churn
+    if args.seed is not None:
+        config.seed = args.seed
+    return config
+
+
+async def serve(config: FleetConfig, out: TextIO = sys.stdout) -> None:
+    """Run until SIGINT/SIGTERM, printing the URLs once the ports are bound."""
+    server = SimFleetServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    for name, url in server.urls().items():
+        print(f"{name}={url}", file=out)
+    print(f"workers={len(server.fleet.workers) if server.fleet else 0}", file=out, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m controlplane.simfleet", description="Run a simulated Dynamo RL fleet."
+    )
+    add_arguments(parser)
+    asyncio.run(serve(build_config(parser.parse_args(argv))))

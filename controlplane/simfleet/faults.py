@@ -1,0 +1,169 @@
+"""Fault injection: what can go wrong on one worker route, and how often.
+
+Faults are attached to a worker and a route name. Route names are the engine routes exactly as
+advertised (`pause_generation`, `control/pause_generation`, ...) plus three pseudo-routes:
+
+- `probe`    the listener's request-plane `{"method":"routes"}` call to the worker's `rl` endpoint;
+- `generate` frontend generation served by this worker;
+- `health`   the worker's `/health` and `/live`;
+- `*`        every engine route of the worker.
+
+A fault fires `times` times (one-shot is `times=1`) or forever (`times=None`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+FaultKind = Literal[
+    "latency",  # sleep `seconds`, then answer normally
+    "hang",  # sleep `seconds` (default an hour), then answer normally
+    "error_body",  # HTTP 200 with the family's error body (`status: error` / `success: false`)
+    "http_error",  # HTTP `status` (default 500) with the system server's handler-error body
+    "drop",  # close the connection without any response
+    "crash",  # the worker process dies: connection dropped and the worker leaves the fleet
+    "missing",  # route answers 404 (probe: the worker is not listed at all)
+    "body",  # answer HTTP 200 with `body` verbatim (probe: `body` is the descriptor chunk)
+    "probe_error",  # probe only: the descriptor is `{"status":"error","message":message}`
+    "revert_version",  # after the route succeeds, the worker silently reverts its version
+    "cancel",  # generate only: the request is cancelled part-way (finish `stop`/`cancelled`)
+    "wrong_tokens",  # generate only: the worker emits ids that do not match its version
+]
+FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
+
+PROBE = "probe"
+GENERATE = "generate"
+HEALTH = "health"
+ANY_ROUTE = "*"
+
+#: Kinds applied after the route's own handler has run.
+POST_KINDS = frozenset({"revert_version"})
+DEFAULT_HANG_SECONDS = 3600.0
+
+
+@dataclass
+class Fault:
+    """One injected misbehaviour. Build with the class-method shortcuts or `from_dict`."""
+
+    kind: FaultKind
+    seconds: float = 0.0
+    status: int = 500
+    message: str = "injected fault"
+    body: Any = None
+    #: How many more times the fault fires; None is persistent.
+    times: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; expected one of {FAULT_KINDS}")
+        if self.kind == "hang" and not self.seconds:
+            self.seconds = DEFAULT_HANG_SECONDS
+        if self.times is not None and self.times < 1:
+            raise ValueError("times must be positive or None (persistent)")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | Fault) -> Fault:
+        if isinstance(data, Fault):
+            return data
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known - {"once"}
+        if unknown:
+            raise ValueError(f"unknown fault keys: {sorted(unknown)}")
+        values = {k: v for k, v in data.items() if k in known}
+        if data.get("once"):
+            values["times"] = 1
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    # Shortcuts keep test code readable: `Fault.hang(5, once=True)`.
+    @classmethod
+    def latency(cls, seconds: float, *, once: bool = False) -> Fault:
+        return cls("latency", seconds=seconds, times=1 if once else None)
+
+    @classmethod
+    def hang(cls, seconds: float = DEFAULT_HANG_SECONDS, *, once: bool = False) -> Fault:
+        return cls("hang", seconds=seconds, times=1 if once else None)
+
+    @classmethod
+    def error(cls, message: str = "injected fault", *, once: bool = False) -> Fault:
+        return cls("error_body", message=message, times=1 if once else None)
+
+    @classmethod
+    def http(cls, status: int = 500, message: str = "injected fault", *, once=False) -> Fault:
+        return cls("http_error", status=status, message=message, times=1 if once else None)
+
+    @classmethod
+    def drop(cls, *, once: bool = False) -> Fault:
+        return cls("drop", times=1 if once else None)
+
+    @classmethod
+    def crash(cls) -> Fault:
+        return cls("crash", times=1)
+
+    @classmethod
+    def missing(cls, *, once: bool = False) -> Fault:
+        return cls("missing", times=1 if once else None)
+
+    @classmethod
+    def reply(cls, body: Any, *, once: bool = False) -> Fault:
+        return cls("body", body=body, times=1 if once else None)
+
+    @classmethod
+    def probe_error(cls, message: str = "engine is dead", *, once: bool = False) -> Fault:
+        return cls("probe_error", message=message, times=1 if once else None)
+
+    @classmethod
+    def revert_version(cls, *, once: bool = True) -> Fault:
+        return cls("revert_version", times=1 if once else None)
+
+    @classmethod
+    def cancel(cls, *, once: bool = False) -> Fault:
+        return cls("cancel", times=1 if once else None)
+
+    @classmethod
+    def wrong_tokens(cls, *, once: bool = False) -> Fault:
+        return cls("wrong_tokens", times=1 if once else None)
+
+
+class FaultBook:
+    """The faults armed on one worker, keyed by route name."""
+
+    __slots__ = ("_by_route",)
+
+    def __init__(self) -> None:
+        self._by_route: dict[str, list[Fault]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_route)
+
+    def add(self, route: str, fault: Fault) -> None:
+        self._by_route.setdefault(route, []).append(fault)
+
+    def clear(self) -> None:
+        self._by_route.clear()
+
+    def take(self, route: str, *, wildcard: bool = True) -> list[Fault]:
+        """The faults firing on this call of `route`, consuming one use of each one-shot."""
+        if not self._by_route:
+            return []
+        fired: list[Fault] = []
+        names = (route, ANY_ROUTE) if wildcard else (route,)
+        for name in names:
+            armed = self._by_route.get(name)
+            if not armed:
+                continue
+            for fault in list(armed):
+                fired.append(fault)
+                if fault.times is not None:
+                    fault.times -= 1
+                    if fault.times == 0:
+                        armed.remove(fault)
+            if not armed:
+                del self._by_route[name]
+        return fired
+
+    def to_dict(self) -> dict[str, list[dict[str, Any]]]:
+        return {route: [f.to_dict() for f in faults] for route, faults in self._by_route.items()}

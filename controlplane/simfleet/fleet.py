@@ -1,0 +1,176 @@
+"""The fleet registry: which simulated workers exist, how to find them, membership changes.
+
+All methods run on the fleet's event loop thread. Lookups are dict-based (by token and by
+instance id) so a 2,000-worker fleet costs nothing per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import deque
+from typing import Any
+
+from controlplane.simfleet.config import FleetConfig, WorkerSpec
+from controlplane.simfleet.faults import Fault
+from controlplane.simfleet.workers import WORKER_CLASSES, SimWorker
+
+#: How far automatic churn lets the worker count drift from its starting size.
+CHURN_DRIFT = 2
+
+
+class UnknownWorker(KeyError):
+    """No live worker matches the given key."""
+
+
+class SimFleet:
+    """Registry of simulated workers plus membership operations and the churn loop."""
+
+    def __init__(self, config: FleetConfig, admin_url: str) -> None:
+        self.config = config
+        self.admin_url = admin_url
+        self.rng = random.Random(config.seed)
+        self.workers: dict[str, SimWorker] = {}
+        self.by_instance: dict[int, SimWorker] = {}
+        self.events: deque[dict[str, Any]] = deque(maxlen=1000)
+        #: Set when the fleet stops, so hung handlers wake up instead of sleeping for an hour.
+        self.stopping = asyncio.Event()
+        self._churn_task: asyncio.Task[None] | None = None
+        self._churn_templates: list[WorkerSpec] = list(config.workers)
+        self._round_robin = 0
+
+    # -- membership -----------------------------------------------------------------------------
+    def add_worker(self, spec: WorkerSpec | dict[str, Any]) -> str:
+        """Start a worker; returns its key (the token in its `system_url`)."""
+        if isinstance(spec, dict):
+            spec = WorkerSpec.from_dict(spec)
+        instance_id = spec.instance_id
+        if instance_id is None:
+            # Random u64 like the runtime's ids: about half exceed 2^63.
+            instance_id = self.rng.getrandbits(64)
+            while instance_id in self.by_instance:
+                instance_id = self.rng.getrandbits(64)
+        elif instance_id in self.by_instance:
+            raise ValueError(f"instance_id {instance_id} is already in use")
+        token = spec.token or f"{self.rng.getrandbits(64):016x}"
+        if token in self.workers:
+            raise ValueError(f"worker token {token!r} is already in use")
+        worker = WORKER_CLASSES[spec.family](spec, token, instance_id, self.admin_url)
+        self.workers[token] = worker
+        self.by_instance[instance_id] = worker
+        self._event("join", worker)
+        return token
+
+    def remove_worker(self, key: str | int) -> None:
+        """The worker process exits: it leaves discovery and its URLs stop answering."""
+        worker = self.get(key)
+        self._forget(worker)
+        self._event("leave", worker)
+
+    def crash(self, worker: SimWorker) -> None:
+        """A worker process dies mid-request (EngineDeadError, init watchdog)."""
+        if worker.dead:
+            return
+        worker.dead = True
+        worker.running.set()  # wake waiting generations so they fail instead of hanging
+        self._forget(worker)
+        self._event("crash", worker)
+
+    def _forget(self, worker: SimWorker) -> None:
+        self.workers.pop(worker.token, None)
+        self.by_instance.pop(worker.instance_id, None)
+        worker.dead = True
+        worker.running.set()
+
+    def _event(self, kind: str, worker: SimWorker) -> None:
+        self.events.append(
+            {
+                "at": time.time(),
+                "event": kind,
+                "key": worker.token,
+                "identity": worker.state()["identity"],
+            }
+        )
+
+    # -- lookups --------------------------------------------------------------------------------
+    def get(self, key: str | int) -> SimWorker:
+        """Find a live worker by token, instance id (int or decimal) or identity key."""
+        if isinstance(key, str):
+            worker = self.workers.get(key)
+            if worker is not None:
+                return worker
+            candidate = key.rsplit("/", 1)[-1]
+            if candidate.isdigit():
+                key = int(candidate)
+        if isinstance(key, int) and not isinstance(key, bool):
+            worker = self.by_instance.get(key)
+            if worker is not None:
+                return worker
+        raise UnknownWorker(key)
+
+    def routable(self, model: str | None = None) -> list[SimWorker]:
+        """Workers whose generate instance is registered (optionally serving `model`)."""
+        return [
+            w for w in self.workers.values() if w.routable and (model is None or w.model == model)
+        ]
+
+    def models(self) -> list[str]:
+        return sorted({w.model for w in self.workers.values() if w.routable and w.model})
+
+    # -- faults and state -----------------------------------------------------------------------
+    def inject(self, key: str | int, route: str, fault: Fault | dict[str, Any]) -> None:
+        self.get(key).faults.add(route, Fault.from_dict(fault))
+
+    def clear_faults(self, key: str | int | None = None) -> None:
+        targets = [self.get(key)] if key is not None else list(self.workers.values())
+        for worker in targets:
+            worker.faults.clear()
+
+    def set_version(self, key: str | int, version: Any) -> None:
+        """Operator backdoor: the worker now holds `version` (declared)."""
+        self.get(key).set_version(version)
+
+    def state(self, key: str | int) -> dict[str, Any]:
+        return self.get(key).state()
+
+    def summaries(self) -> list[dict[str, Any]]:
+        return [w.summary() for w in self.workers.values()]
+
+    # -- automatic churn ------------------------------------------------------------------------
+    def start_churn(self, interval: float) -> None:
+        self.stop_churn()
+        self._churn_task = asyncio.get_running_loop().create_task(self._churn(interval))
+
+    def stop_churn(self) -> None:
+        if self._churn_task is not None:
+            self._churn_task.cancel()
+            self._churn_task = None
+
+    @property
+    def churning(self) -> bool:
+        return self._churn_task is not None
+
+    async def _churn(self, interval: float) -> None:
+        """Every `interval` seconds one worker leaves or a new one joins (demo mode)."""
+        baseline = len(self.workers)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), interval)
+            if self.stopping.is_set():
+                return
+            self.churn_once(baseline)
+
+    def churn_once(self, baseline: int) -> None:
+        count = len(self.workers)
+        leave = count > baseline + CHURN_DRIFT or (
+            count > max(1, baseline - CHURN_DRIFT) and self.rng.random() < 0.5
+        )
+        if leave and self.workers:
+            self.remove_worker(self.rng.choice(sorted(self.workers)))
+        elif self._churn_templates:
+            template = self._churn_templates[self._round_robin % len(self._churn_templates)]
+            self._round_robin += 1
+            values = template.to_dict() | {"instance_id": None, "token": None}
+            self.add_worker(WorkerSpec(**values))

@@ -1,0 +1,287 @@
+"""The OpenAI-compatible frontend: `/v1/completions`, `/v1/models`, `/health`, `/live` (§3, §7).
+
+Generation is deterministic: a worker holding weight version V answers a prompt with
+`expected_completion_ids(V, prompt, max_tokens)`. Routing follows discovery registration: a
+paused sidecar (unregistered) is not routable, while a paused vLLM Python worker stays routable
+and its requests wait until it resumes (bounded by `paused_generation_max_wait`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from controlplane.simfleet.faults import GENERATE
+from controlplane.simfleet.fleet import SimFleet
+from controlplane.simfleet.servers.common import DropConnection, dumps, json_response, pause_for
+from controlplane.simfleet.tokens import (
+    expected_completion_ids,
+    token_logprob,
+    token_text,
+    tokenize,
+    wrong_completion_ids,
+)
+from controlplane.simfleet.workers import SimWorker
+
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 4096
+ONE_CHOICE_ERROR = " ".join(
+    (
+        'Validation: `nvext.extra_fields=["completion_token_ids"]`',
+        "requires exactly one generated choice",
+    )
+)
+PIN_HEADER = "x-dynamo-worker-instance-id"
+
+
+def oai_error(message: str, status: int, kind: str) -> web.Response:
+    return json_response({"message": message, "type": kind, "code": status}, status)
+
+
+class GenerationFailed(Exception):
+    """A request the engine could not complete; carries the HTTP error to return."""
+
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+class Frontend:
+    """Serves the frontend port."""
+
+    def __init__(self, fleet: SimFleet) -> None:
+        self.fleet = fleet
+        self._rotation = itertools.count()
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        method, path = request.method, request.path
+        if path == "/v1/completions" and method == "POST":
+            try:
+                return await self.completions(request)
+            except GenerationFailed as failure:
+                return failure.response
+        if path == "/v1/models" and method == "GET":
+            return json_response({"object": "list", "data": self._models()})
+        if path == "/health" and method == "GET":
+            return json_response(self._health())
+        if path == "/live" and method == "GET":
+            return json_response({"status": "live", "message": "Service is live"})
+        return oai_error(f"Route not found: {method} {path}", 404, "Not Found")
+
+    def _models(self) -> list[dict[str, Any]]:
+        now = int(time.time())
+        return [
+            {"id": m, "object": "model", "created": now, "owned_by": "nvidia"}
+            for m in self.fleet.models()
+        ]
+
+    def _health(self) -> dict[str, Any]:
+        workers = self.fleet.routable()
+        return {
+            "status": "healthy",
+            "endpoints": sorted({f"dyn://{w.namespace}.{w.component}.generate" for w in workers}),
+            "instances": [
+                {
+                    "component": w.component,
+                    "endpoint": "generate",
+                    "namespace": w.namespace,
+                    "instance_id": w.instance_id,
+                    "transport": {
+                        "tcp": f"127.0.0.1:0/{w.token}/{w.namespace}/{w.component}/generate"
+                    },
+                    "device_type": "cpu",
+                    "request_plane_codec": "json",
+                }
+                for w in workers
+            ],
+        }
+
+    # -- completions ----------------------------------------------------------------------------
+    async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            req = json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return oai_error(f"Failed to parse the request body as JSON: {exc}", 400, "Bad Request")
+        if not isinstance(req, dict):
+            return oai_error("request body must be a JSON object", 400, "Bad Request")
+        nvext = req.get("nvext") if isinstance(req.get("nvext"), dict) else {}
+        extra = set(nvext.get("extra_fields") or [])
+        prompts = self._prompts(req.get("prompt"))
+        n = req.get("n") or 1
+        if "completion_token_ids" in extra and (n != 1 or len(prompts) != 1):
+            return oai_error(ONE_CHOICE_ERROR, 400, "Bad Request")
+        model = req.get("model")
+        if model not in self.fleet.models():
+            return oai_error(f"Model not found: {model}", 404, "Not Found")
+        worker = self._route(
+            model, nvext.get("backend_instance_id", request.headers.get(PIN_HEADER))
+        )
+        max_tokens = min(int(req.get("max_tokens") or DEFAULT_MAX_TOKENS), MAX_TOKENS_LIMIT)
+        headers = (
+            {"x-request-id": request.headers["x-request-id"]}
+            if "x-request-id" in request.headers
+            else {}
+        )
+        result = await self._generate(worker, prompts[0], max_tokens)
+        if req.get("stream"):
+            return await self._stream(request, req, worker, prompts[0], result, extra, headers)
+        body = self._unary_body(req, worker, prompts[0], result, extra)
+        return web.Response(
+            body=dumps(body), headers={"Content-Type": "application/json", **headers}
+        )
+
+    @staticmethod
+    def _prompts(prompt: Any) -> list[list[int]]:
+        if isinstance(prompt, str):
+            return [tokenize(prompt)]
+        if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            return [list(p) for p in prompt]
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return [list(prompt)]
+        raise GenerationFailed(
+            oai_error("prompt must be a string or token ids", 400, "Bad Request")
+        )
+
+    def _route(self, model: str, pinned: Any) -> SimWorker:
+        if pinned is not None:
+            try:
+                worker = self.fleet.by_instance.get(int(pinned))
+            except (TypeError, ValueError):
+                worker = None
+            if worker is None or not worker.routable:
+                raise GenerationFailed(oai_error("Invalid request", 400, "Bad Request"))
+            return worker
+        candidates = self.fleet.routable(model)
+        if not candidates:
+            raise GenerationFailed(oai_error(f"Model not found: {model}", 404, "Not Found"))
+        return candidates[next(self._rotation) % len(candidates)]
+
+    async def _generate(self, worker: SimWorker, prompt: list[int], max_tokens: int):
+        """(ids, detailed_finish_reason) as the engine produced them, with generate faults."""
+        cancelled = wrong = False
+        for fault in worker.faults.take(GENERATE, wildcard=False):
+            if fault.kind in ("latency", "hang"):
+                await pause_for(fault.seconds, self.fleet.stopping)
+            elif fault.kind == "cancel":
+                cancelled = True
+            elif fault.kind == "wrong_tokens":
+                wrong = True
+            elif fault.kind in ("http_error", "error_body"):
+                status = fault.status if fault.kind == "http_error" else 500
+                raise GenerationFailed(oai_error(fault.message, status, "Internal Server Error"))
+            elif fault.kind in ("drop", "crash"):
+                if fault.kind == "crash":
+                    self.fleet.crash(worker)
+                raise DropConnection
+        if not worker.running.is_set():
+            # A paused vLLM Python worker keeps accepting requests; they queue until resume.
+            try:
+                await asyncio.wait_for(
+                    worker.running.wait(), self.fleet.config.paused_generation_max_wait
+                )
+            except TimeoutError:
+                raise GenerationFailed(
+                    oai_error("worker stayed paused; request timed out", 503, "Service Unavailable")
+                ) from None
+        if worker.dead:
+            raise DropConnection
+        worker.generation_count += 1
+        version = worker.generation_version
+        if wrong:
+            ids = wrong_completion_ids(version, prompt, max_tokens)
+        else:
+            ids = expected_completion_ids(version, prompt, max_tokens)
+        if cancelled:
+            return ids[: max(0, max_tokens // 2)], "cancelled"
+        return ids, "length"
+
+    @staticmethod
+    def _logprobs(ids: list[int], top: int) -> dict[str, Any]:
+        return {
+            "tokens": [token_text(i) for i in ids],
+            "token_logprobs": [token_logprob(i) for i in ids],
+            "top_logprobs": [{token_text(i): token_logprob(i)} for i in ids] if top > 0 else [],
+            "text_offset": [],
+        }
+
+    @staticmethod
+    def _nvext(extra: set[str], worker: SimWorker, prompt, ids, detailed) -> dict[str, Any]:
+        nvext: dict[str, Any] = {}
+        if "completion_token_ids" in extra:
+            nvext["completion_token_ids"] = ids
+        if "prompt_token_ids" in extra:
+            nvext["prompt_token_ids"] = prompt
+        if "detailed_finish_reason" in extra:
+            nvext["detailed_finish_reason"] = detailed
+        if "worker_id" in extra:
+            nvext["worker_id"] = {
+                "prefill_worker_id": worker.instance_id,
+                "decode_worker_id": worker.instance_id,
+            }
+        if "timing" in extra:
+            nvext["timing"] = {"request_received_ms": int(time.time() * 1000)}
+        return nvext
+
+    def _unary_body(self, req, worker, prompt, result, extra) -> dict[str, Any]:
+        ids, detailed = result
+        # Cancellation maps to `stop`; only `detailed_finish_reason` tells it apart.
+        finish = "length" if detailed == "length" else "stop"
+        choice: dict[str, Any] = {"text": "".join(token_text(i) for i in ids), "index": 0}
+        if req.get("logprobs") is not None:
+            choice["logprobs"] = self._logprobs(ids, int(req["logprobs"]))
+        choice["finish_reason"] = finish
+        body: dict[str, Any] = {
+            "id": f"cmpl-{uuid.uuid4()}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": req["model"],
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt) + len(ids),
+            },
+        }
+        nvext = self._nvext(extra, worker, prompt, ids, detailed)
+        if nvext:
+            body["nvext"] = nvext
+        return body
+
+    async def _stream(self, request, req, worker, prompt, result, extra, headers):
+        """SSE: one chunk per token carrying only its new id; the final chunk finishes."""
+        ids, detailed = result
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
+        await response.prepare(request)
+        completion_id = f"cmpl-{uuid.uuid4()}"
+        created = int(time.time())
+        for index, token in enumerate(ids):
+            last = index == len(ids) - 1
+            choice: dict[str, Any] = {"text": token_text(token), "index": 0}
+            if req.get("logprobs") is not None:
+                choice["logprobs"] = self._logprobs([token], int(req["logprobs"]))
+            choice["finish_reason"] = (
+                ("length" if detailed == "length" else "stop") if last else None
+            )
+            chunk: dict[str, Any] = {
+                "id": completion_id,
+                "object": "text_completion",
+                "created": created,
+                "model": req["model"],
+                "choices": [choice],
+            }
+            nvext = self._nvext(extra - {"prompt_token_ids"}, worker, prompt, [token], detailed)
+            if not last:
+                nvext.pop("detailed_finish_reason", None)
+            elif "prompt_token_ids" in extra:
+                nvext["prompt_token_ids"] = prompt
+            if nvext:
+                chunk["nvext"] = nvext
+            await response.write(b"data: " + dumps(chunk) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response

@@ -1,0 +1,64 @@
+"""Deterministic generation: the token ids a worker emits for a prompt at a weight version.
+
+Tests and the control plane's verification step compute the expected ids with
+`expected_completion_ids`, so a worker that did not really move to the new version (or that
+silently reverted) answers with visibly different ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+VOCAB_SIZE = 32000
+#: Ids below this are reserved (BOS/EOS/PAD); the simulated engine never emits them, so a
+#: completion always runs to `max_tokens` and finishes with `length`.
+FIRST_EMITTED_ID = 16
+
+
+def _seed(version: Any, prompt_token_ids: Sequence[int], salt: str) -> bytes:
+    # JSON with sorted keys: the version may be any JSON value (vLLM stores it verbatim).
+    return json.dumps(
+        [version, list(prompt_token_ids), salt], sort_keys=True, separators=(",", ":")
+    ).encode()
+
+
+def expected_completion_ids(
+    version: Any, prompt_token_ids: Sequence[int], max_tokens: int, *, salt: str = ""
+) -> list[int]:
+    """The ids a healthy simulated worker holding `version` emits for this prompt."""
+    seed = _seed(version, prompt_token_ids, salt)
+    out: list[int] = []
+    block = 0
+    while len(out) < max_tokens:
+        digest = hashlib.sha256(seed + block.to_bytes(4, "big")).digest()
+        for i in range(0, len(digest), 4):
+            value = int.from_bytes(digest[i : i + 4], "big")
+            out.append(FIRST_EMITTED_ID + value % (VOCAB_SIZE - FIRST_EMITTED_ID))
+        block += 1
+    return out[:max_tokens]
+
+
+def wrong_completion_ids(version: Any, prompt_token_ids: Sequence[int], max_tokens: int):
+    """Ids a corrupted worker emits: same length, guaranteed different from the expected ones."""
+    good = expected_completion_ids(version, prompt_token_ids, max_tokens)
+    bad = expected_completion_ids(version, prompt_token_ids, max_tokens, salt="corrupt")
+    pairs = zip(good, bad, strict=True)
+    return [b if b != g else FIRST_EMITTED_ID + (g + 1) % VOCAB_SIZE for g, b in pairs]
+
+
+def token_logprob(token_id: int) -> float:
+    """A stable, plausible log-probability for a sampled token (always negative)."""
+    return -round(0.01 + (token_id * 2654435761 % 1000) / 1000, 4)
+
+
+def token_text(token_id: int) -> str:
+    """Detokenized text of one id. Leading space so joined texts read as words."""
+    return f" t{token_id}"
+
+
+def tokenize(text: str) -> list[int]:
+    """Toy tokenizer for string prompts: one id per character."""
+    return [FIRST_EMITTED_ID + ord(ch) % (VOCAB_SIZE - FIRST_EMITTED_ID) for ch in text]

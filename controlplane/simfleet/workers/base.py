@@ -1,0 +1,189 @@
+"""State and dispatch shared by every simulated worker family.
+
+A worker is plain state plus a table of async route handlers. Handlers return a `Reply`
+(HTTP status + JSON body); the system server turns it into bytes and applies faults around it.
+Everything runs on the fleet's event loop, so state needs no thread locks; the per-worker
+`asyncio.Lock` models the engine's own serialization (vLLM's `_pause_lock`, the sidecar mutex).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from controlplane.simfleet.config import WorkerSpec
+from controlplane.simfleet.faults import FaultBook
+
+#: Calls kept per worker; bounded so a 2,000-worker fleet stays small in memory.
+CALL_LOG_LIMIT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a route handler answers: HTTP status and a JSON-serializable body."""
+
+    status: int
+    body: Any
+
+
+def ok(body: Any) -> Reply:
+    return Reply(200, body)
+
+
+def handler_error(message: str) -> Reply:
+    """The system server's answer when a handler raises (HTTP 500)."""
+    return Reply(500, {"error": "Handler error", "message": message})
+
+
+Handler = Callable[[Any], Awaitable[Reply]]
+
+
+class SimWorker:
+    """One simulated worker process: identity, engine state and its admin routes."""
+
+    family: ClassVar[str]
+    #: Routes listed in the `rl` descriptor; None means the family has no `rl` endpoint.
+    advertised_routes: ClassVar[tuple[str, ...] | None] = None
+
+    def __init__(self, spec: WorkerSpec, token: str, instance_id: int, admin_url: str) -> None:
+        self.spec = spec
+        self.token = token
+        self.instance_id = instance_id
+        self.namespace = spec.namespace
+        self.component = spec.component
+        self.endpoint = spec.rl_endpoint
+        self.model = spec.model
+        self.system_url = f"{admin_url}/w/{token}" if spec.system_server else None
+        self.started_monotonic = time.monotonic()
+        self.version: Any = spec.version
+        self.version_declared = spec.version is not None
+        #: The version held before the last change, for the silent-revert fault.
+        self.previous_version: Any = spec.version
+        self.paused = False
+        self.pause_mode: str | None = None
+        self.sleeping = False
+        #: Whether the generate instance is registered in discovery (routable by the frontend).
+        self.registered = True
+        self.dead = False
+        self.flush_count = 0
+        self.cache_resets = 0
+        self.update_count = 0
+        self.generation_count = 0
+        self.calls: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_LIMIT)
+        self.faults = FaultBook()
+        self.lock = asyncio.Lock()
+        # Set while the engine runs; generation on a paused vLLM Python worker waits on it.
+        self.running = asyncio.Event()
+        self.running.set()
+        self.routes: dict[str, Handler] = self.build_routes()
+
+    # -- family hooks -----------------------------------------------------------------------
+    def build_routes(self) -> dict[str, Handler]:
+        """Route name (as served under `/engine/`) to handler."""
+        raise NotImplementedError
+
+    def descriptor(self) -> dict[str, Any] | None:
+        """First data chunk of the `rl` endpoint's `routes` reply; None if there is no endpoint."""
+        if self.advertised_routes is None:
+            return None
+        body: dict[str, Any] = {"status": "ok", "routes": sorted(self.advertised_routes)}
+        if self.system_url:
+            body["system_url"] = self.system_url
+        if self.spec.world_size is not None:
+            body["world_size"] = self.spec.world_size
+        return body
+
+    def health(self) -> Reply:
+        """`/health` and `/live` of the Rust system server (Python-runtime shape)."""
+        ready = self.spec.health == "ready"
+        elapsed = time.monotonic() - self.started_monotonic
+        state = "ready" if ready else "notready"
+        body = {
+            "status": state,
+            "uptime": {"secs": int(elapsed), "nanos": int(elapsed % 1 * 1e9)},
+            "endpoints": {"generate": "ready" if self.registered else "notready", "rl": "ready"},
+        }
+        return Reply(200 if ready else 503, body)
+
+    def before_engine_call(self, route: str) -> None:
+        """Side effects that happen before the engine is reached, even if the call then fails."""
+
+    def error_reply(self, message: str) -> Reply:
+        """HTTP-200 error body in this family's dialect (used by the `error_body` fault)."""
+        return ok({"status": "error", "message": message})
+
+    # -- shared state transitions -------------------------------------------------------------
+    def set_version(self, version: Any, *, declared: bool = True) -> None:
+        if version != self.version:
+            self.previous_version = self.version
+        self.version = version
+        self.version_declared = self.version_declared or declared
+
+    def revert_version(self) -> None:
+        """Silently fall back to the version held before the last change."""
+        self.version = self.previous_version
+
+    def unregister(self) -> None:
+        self.registered = False
+
+    def register(self) -> None:
+        self.registered = True
+
+    @property
+    def routable(self) -> bool:
+        return self.registered and not self.dead
+
+    @property
+    def generation_version(self) -> Any:
+        """The version whose weights generation currently uses."""
+        return self.version
+
+    def log_call(self, route: str, method: str, body: Any, reply: Reply | None, note: str = ""):
+        self.calls.append(
+            {
+                "at": time.time(),
+                "route": route,
+                "method": method,
+                "body": body,
+                "status": reply.status if reply else None,
+                "reply": reply.body if reply else None,
+                "note": note,
+            }
+        )
+
+    def state(self) -> dict[str, Any]:
+        """JSON view used by the control API and the in-process handle."""
+        return {
+            "key": self.token,
+            "family": self.family,
+            "namespace": self.namespace,
+            "component": self.component,
+            "endpoint": self.endpoint,
+            "instance_id": self.instance_id,
+            "identity": f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}",
+            "model": self.model,
+            "system_url": self.system_url,
+            "version": self.version,
+            "version_declared": self.version_declared,
+            "paused": self.paused,
+            "pause_mode": self.pause_mode,
+            "sleeping": self.sleeping,
+            "registered": self.registered,
+            "dead": self.dead,
+            "flush_count": self.flush_count,
+            "cache_resets": self.cache_resets,
+            "update_count": self.update_count,
+            "generation_count": self.generation_count,
+            "faults": self.faults.to_dict(),
+            "calls": list(self.calls),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The short form listed by `workers()`."""
+        state = self.state()
+        del state["calls"], state["faults"]
+        return state

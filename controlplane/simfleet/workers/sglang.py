@@ -1,0 +1,211 @@
+"""The SGLang worker's admin routes (contract §6). Not discoverable through the RL listener.
+
+Built-in `control/*` routes answer `{"success":..,"message":..}`; the default native routes
+(`pause_generation`, `continue_generation`, memory occupation) answer `{"status":"ok"}` and
+sync discovery with the paused state afterwards. Invalid bodies raise inside the handler, which
+the system server reports as HTTP 500 `Handler error`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from controlplane.simfleet.config import FAMILY_SGLANG
+from controlplane.simfleet.workers.base import Handler, Reply, SimWorker, handler_error, ok
+
+DISK_FIELDS = frozenset(
+    {
+        "model_path",
+        "load_format",
+        "abort_all_requests",
+        "weight_version",
+        "is_async",
+        "torch_empty_cache",
+        "keep_pause",
+        "recapture_cuda_graph",
+        "token_step",
+        "flush_cache",
+    }
+)
+VERSION_FIELDS = frozenset({"new_version", "abort_all_requests"})
+PAUSE_MODES = ("abort", "retract", "in_place")
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _type_error(cls: str, body: dict, allowed: frozenset[str], required: tuple[str, ...]):
+    """The TypeError a dataclass constructor raises, as the system server reports it."""
+    for key in body:
+        if key not in allowed:
+            return handler_error(
+                f"Python callback failed: TypeError: {cls}.__init__() got an unexpected "
+                f"keyword argument '{key}'"
+            )
+    missing = [name for name in required if name not in body]
+    if missing:
+        return handler_error(
+            f"Python callback failed: TypeError: {cls}.__init__() missing 1 required "
+            f"positional argument: '{missing[0]}'"
+        )
+    return None
+
+
+def _object_only(handler: Handler) -> Handler:
+    async def wrapped(body: Any) -> Reply:
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            return handler_error(
+                "Python callback failed: ValueError: request body must be an object"
+            )
+        return await handler(body)
+
+    return wrapped
+
+
+class SglangWorker(SimWorker):
+    """`dynamo.sglang` worker; registered by URL because it has no `rl` endpoint."""
+
+    family = FAMILY_SGLANG
+    advertised_routes = None
+
+    def build_routes(self) -> dict[str, Handler]:
+        routes = {
+            "control/update_weights_from_disk": self.update_weights_from_disk,
+            "control/update_weights_from_tensor": self.update_online("tensor"),
+            "control/update_weights_from_distributed": self.update_online("distributed"),
+            "control/update_weights_from_ipc": self.update_online("ipc"),
+            "control/update_weight_version": self.update_weight_version,
+            "control/start_profile": self.profile("Profiling started"),
+            "control/stop_profile": self.profile("Profiling stopped"),
+            "update/model_taints": self.model_taints,
+            "pause_generation": self.synced(self.pause_generation),
+            "continue_generation": self.synced(self.continue_generation),
+            "release_memory_occupation": self.synced(self.release_memory),
+            "resume_memory_occupation": self.synced(self.resume_memory),
+        }
+        for descriptor in self.spec.engine_routes:
+            path, handler = self._configured(descriptor)
+            routes[path] = handler
+        return {name: _object_only(handler) for name, handler in routes.items()}
+
+    def _configured(self, descriptor: str) -> tuple[str, Handler]:
+        """Parse `path[=method][:engine|tm]` for the methods this simulator implements."""
+        spec, _, _target = descriptor.partition(":")
+        path, _, method = spec.partition("=")
+        method = method or path
+        if not all(_SEGMENT.fullmatch(seg) for seg in path.split("/")):
+            raise ValueError(f"Invalid SGLang engine route descriptor {descriptor!r}")
+        known: dict[str, Handler] = {
+            "flush_cache": self.flush_cache,
+            "get_weight_version": self.get_weight_version,
+        }
+        if method not in known:
+            raise ValueError(f"simulated SGLang has no method {method!r}")
+        return path, self.synced(known[method])
+
+    def synced(self, handler: Handler) -> Handler:
+        """Default/configured routes: after the call, discovery follows the paused state."""
+
+        async def wrapped(body: dict) -> Reply:
+            async with self.lock:
+                reply = await handler(body)
+            if self.paused:
+                self.unregister()
+            else:
+                self.register()
+            return reply
+
+        return wrapped
+
+    def error_reply(self, message: str) -> Reply:
+        return ok({"success": False, "message": message})
+
+    # -- built-ins ------------------------------------------------------------------------------
+    async def update_weights_from_disk(self, body: dict) -> Reply:
+        invalid = _type_error("UpdateWeightFromDiskReqInput", body, DISK_FIELDS, ("model_path",))
+        if invalid:
+            return invalid
+        self.update_count += 1
+        self.cache_resets += 1
+        if body.get("weight_version") is not None:
+            self.set_version(body["weight_version"])
+        return ok(
+            {
+                "success": True,
+                "message": "Succeeded to update model weights.",
+                "num_paused_requests": 0,
+            }
+        )
+
+    def update_online(self, kind: str) -> Handler:
+        async def handler(body: dict) -> Reply:
+            self.update_count += 1
+            if body.get("weight_version") is not None:
+                self.set_version(body["weight_version"])
+            return ok(
+                {"success": True, "message": f"Succeeded to update parameter online from {kind}."}
+            )
+
+        return handler
+
+    async def update_weight_version(self, body: dict) -> Reply:
+        invalid = _type_error("UpdateWeightVersionReqInput", body, VERSION_FIELDS, ("new_version",))
+        if invalid:
+            return invalid
+        version = body["new_version"]
+        self.set_version(version)
+        return ok(
+            {
+                "success": True,
+                "message": f"Weight version updated to {version}",
+                "new_version": version,
+            }
+        )
+
+    @staticmethod
+    def profile(message: str) -> Handler:
+        async def handler(body: dict) -> Reply:
+            return ok({"status": "ok", "message": message})
+
+        return handler
+
+    async def model_taints(self, body: dict) -> Reply:
+        taints = body.get("taints")
+        if not isinstance(taints, list) or not all(isinstance(t, str) for t in taints):
+            return handler_error(
+                "Python callback failed: ValueError: 'taints' must be a JSON array of strings"
+            )
+        return ok({"status": "ok", "taints": sorted(set(taints))})
+
+    # -- default native routes (tokenizer manager) ----------------------------------------------
+    async def pause_generation(self, body: dict) -> Reply:
+        mode = body.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            return handler_error(f"Python callback failed: ValueError: Invalid mode: {mode}")
+        self.paused = True
+        self.pause_mode = mode
+        self.running.clear()
+        return ok({"status": "ok"})
+
+    async def continue_generation(self, body: dict) -> Reply:
+        self.paused = False
+        self.pause_mode = None
+        self.running.set()
+        return ok({"status": "ok"})
+
+    async def release_memory(self, body: dict) -> Reply:
+        self.sleeping = True
+        return ok({"status": "ok"})
+
+    async def resume_memory(self, body: dict) -> Reply:
+        self.sleeping = False
+        return ok({"status": "ok"})
+
+    async def flush_cache(self, body: dict) -> Reply:
+        self.flush_count += 1
+        self.cache_resets += 1
+        return ok({"success": True})
+
+    async def get_weight_version(self, body: dict) -> Reply:
+        return ok({"weight_version": self.version})

@@ -52,7 +52,7 @@ class WorkerSpec:
     #: vLLM `DYN_RL_INIT_WEIGHTS_TIMEOUT_S`: a longer init-group hang kills the worker.
     init_weights_timeout: float = 30.0
     #: SGLang only: configured `--engine-route` paths (`path[=method][:engine|tm]`) whose
-    #: method the simulator knows (`flush_cache`, `get_weight_version`).
+    #: method the simulator knows (`flush_cache`, `get_weight_version`, group init/destroy).
     engine_routes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

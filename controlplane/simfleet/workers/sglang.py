@@ -30,6 +30,13 @@ DISK_FIELDS = frozenset(
 )
 VERSION_FIELDS = frozenset({"new_version", "abort_all_requests"})
 PAUSE_MODES = ("abort", "retract", "in_place")
+#: Configured routes that give the control plane every operation (`--engine-route ...`).
+SGLANG_CONFIGURED_ROUTES = (
+    "flush_cache",
+    "get_weight_version",
+    "init_weights_update_group",
+    "destroy_weights_update_group",
+)
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -99,6 +106,8 @@ class SglangWorker(SimWorker):
         known: dict[str, Handler] = {
             "flush_cache": self.flush_cache,
             "get_weight_version": self.get_weight_version,
+            "init_weights_update_group": self.weights_group("initialized"),
+            "destroy_weights_update_group": self.weights_group("destroyed"),
         }
         if method not in known:
             raise ValueError(f"simulated SGLang has no method {method!r}")
@@ -208,4 +217,12 @@ class SglangWorker(SimWorker):
         return ok({"success": True})
 
     async def get_weight_version(self, body: dict) -> Reply:
-        return ok({"weight_version": self.version})
+        # A plain string result is normalized to `{"result": ...}` by Dynamo.
+        return ok({"result": self.version})
+
+    def weights_group(self, what: str) -> Handler:
+        # `(success, message)` tuples are normalized to `{"success", "message"}`.
+        async def handler(body: dict) -> Reply:
+            return ok({"success": True, "message": f"Weight update group {what}"})
+
+        return handler

@@ -1,0 +1,27 @@
+from django.db import models
+
+
+class Capability(models.Model):
+    """Anchor for the control plane's permissions; it has no table and holds no rows.
+
+    Permissions describe what a person may do to the fleet as a whole (run discovery, start a
+    policy refresh, approve one), which no single model owns, so they hang off this anchor.
+    """
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("view_controlplane", "Can view fleets, policy refreshes and history"),
+            ("run_discovery", "Can run discovery refreshes"),
+            ("operate_policy_refresh", "Can plan, start, abort and retry policy refreshes"),
+            ("approve_policy_refresh", "Can approve or reject policy refreshes"),
+            ("force_reopen_gate", "Can force-reopen a held gate"),
+            ("manage_sources", "Can create, edit and remove sources"),
+            ("manage_tokens", "Can create and revoke API tokens"),
+            ("manage_webhooks", "Can manage trainer webhooks and notification destinations"),
+            ("manage_users", "Can manage users and their roles"),
+        ]
+
+    def __str__(self) -> str:
+        return "capability anchor"

@@ -1,0 +1,40 @@
+"""Account actions: each writes its change and its audit row in one transaction."""
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.contrib.auth.password_validation import validate_password
+from django.db import transaction
+
+from controlplane.accounts.roles import Role
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor, record
+
+
+def create_user_with_role(
+    username: str, role: Role, password: str, *, actor: Actor | None = None, validate: bool = True
+):
+    """Create a user in exactly one role group. Raises ValidationError on a weak password."""
+    User = get_user_model()
+    if validate:
+        validate_password(password, User(username=username))
+    with transaction.atomic():
+        user = User.objects.create_user(username=username, password=password)
+        user.groups.set([Group.objects.get(name=role.value)])
+        record(
+            AuditAction.USER_CREATED,
+            actor=actor or Actor.system(),
+            target=user,
+            details={"username": username, "role": role.value},
+        )
+    return user
+
+
+def set_role(user, role: Role, *, actor: Actor | None = None) -> None:
+    with transaction.atomic():
+        user.groups.set([Group.objects.get(name=role.value)])
+        record(
+            AuditAction.USER_ROLE_CHANGED,
+            actor=actor or Actor.system(),
+            target=user,
+            details={"username": user.get_username(), "role": role.value},
+        )

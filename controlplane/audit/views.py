@@ -1,0 +1,51 @@
+from django.contrib.auth.decorators import permission_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from controlplane.accounts.roles import Perm
+from controlplane.audit.export import EXPORTERS
+from controlplane.audit.forms import AuditFilterForm
+from controlplane.audit.models import AuditEvent
+
+PAGE_SIZE = 50
+
+
+def _filtered_events(request: HttpRequest):
+    form = AuditFilterForm(request.GET or None)
+    events = AuditEvent.objects.order_by("-sequence")
+    if form.is_bound and form.is_valid():
+        events = form.filter(events)
+    elif form.is_bound:
+        events = events.none()
+    return form, events
+
+
+@require_GET
+@permission_required(Perm.VIEW, raise_exception=True)
+def history(request: HttpRequest) -> HttpResponse:
+    form, events = _filtered_events(request)
+    page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {"form": form, "page": page, "query": query.urlencode()}
+    template = "audit/history.html#events" if request.htmx else "audit/history.html"
+    return render(request, template, context)
+
+
+@require_GET
+@permission_required(Perm.VIEW, raise_exception=True)
+def export(request: HttpRequest) -> HttpResponse:
+    fmt = request.GET.get("format", "jsonl")
+    if fmt not in EXPORTERS:
+        return HttpResponse(f"unknown format {fmt!r}; use jsonl or csv", status=400)
+    _, events = _filtered_events(request)
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response = StreamingHttpResponse(
+        EXPORTERS[fmt](events.order_by("sequence").iterator(chunk_size=2000)),
+        content_type="text/csv" if fmt == "csv" else "application/x-ndjson",
+    )
+    response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.{fmt}"'
+    return response

@@ -1,0 +1,224 @@
+"""Sources, the workers discovered behind them, and what each discovery refresh observed."""
+
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+# Names match `controlplane.dynamo.families.FAMILIES`.
+FAMILY_CHOICES = [
+    ("vllm", "vLLM worker"),
+    ("vllm-sidecar", "vLLM native sidecar"),
+    ("sglang", "SGLang"),
+]
+
+instance_id_validator = RegexValidator(
+    r"^(0|[1-9][0-9]{0,19})$", "instance_id must be an unsigned 64-bit integer"
+)
+
+
+class Source(models.Model):
+    """One Dynamo deployment: its RL listener, its frontend and its admin network policy.
+
+    The expected scope fields record what the operator believes the listener covers; the
+    listener's own answer (`reported_namespace`) is shown next to it, so a misconfigured
+    frontend is visible instead of silently covering the wrong namespaces.
+    """
+
+    name = models.SlugField(max_length=64, unique=True)
+    listener_url = models.URLField(help_text="Dynamo RL listener base URL, e.g. http://host:8001")
+    frontend_url = models.URLField(blank=True, help_text="OpenAI frontend base URL")
+    expected_namespace = models.CharField(max_length=200, blank=True)
+    expected_prefix = models.CharField(max_length=200, blank=True)
+    expected_worker_suffix = models.CharField(max_length=200, blank=True)
+    allowed_networks = models.JSONField(
+        default=list, help_text="CIDRs that listener, frontend and worker admin URLs must be in"
+    )
+    refresh_interval_seconds = models.FloatField(default=10.0, validators=[MinValueValidator(1.0)])
+    require_approval = models.BooleanField(default=False)
+    enabled = models.BooleanField(default=True)
+
+    reported_namespace = models.CharField(max_length=200, blank=True)
+    stale = models.BooleanField(default=False)
+    stale_reason = models.TextField(blank=True)
+    last_refresh_started_at = models.DateTimeField(null=True, blank=True)
+    last_refresh_finished_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    # A refresh claims the source until this time with a conditional UPDATE, so a duplicate
+    # beat tick (or a second beat) finds it claimed and does nothing.
+    refresh_claimed_until = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class StaticWorker(models.Model):
+    """A worker discovery does not report (such as SGLang), registered with a trusted URL.
+
+    Only the allowlisted routes are ever called on it, and its URL passes the same outbound
+    policy as discovered workers.
+    """
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="static_workers")
+    name = models.SlugField(max_length=64)
+    namespace = models.CharField(max_length=200)
+    component = models.CharField(max_length=200, default="backend")
+    system_url = models.URLField()
+    family = models.CharField(max_length=32, choices=FAMILY_CHOICES)
+    allowed_routes = models.JSONField(default=list)
+    model = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["source", "name"], name="static_worker_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source.name}/{self.name}"
+
+
+class WorkerState(models.TextChoices):
+    LIVE = "live"
+    ERRORING = "erroring"
+    GONE = "gone"
+
+
+class Liveness(models.TextChoices):
+    UNKNOWN = "unknown"
+    ALIVE = "alive"
+    DEAD = "dead"
+
+
+class Worker(models.Model):
+    """One worker instance behind a source, keyed by (namespace, component, endpoint, instance_id).
+
+    `instance_id` is Dynamo's u64 instance id kept as decimal text: it often exceeds 2^63, so
+    neither a float nor a signed bigint can hold it exactly. Workers that leave are marked
+    gone, never deleted, so history and journals keep pointing at them.
+    """
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="workers")
+    static_worker = models.OneToOneField(
+        StaticWorker, null=True, blank=True, on_delete=models.SET_NULL, related_name="worker"
+    )
+    namespace = models.CharField(max_length=200)
+    component = models.CharField(max_length=200)
+    endpoint = models.CharField(max_length=200)
+    instance_id = models.CharField(max_length=20, validators=[instance_id_validator])
+
+    family = models.CharField(max_length=32, blank=True)
+    transport = models.JSONField(default=dict, blank=True)
+    request_plane_url = models.CharField(max_length=500, blank=True)
+    system_url = models.CharField(max_length=500, blank=True)
+    admin_base_url = models.CharField(max_length=500, blank=True)
+    model = models.CharField(max_length=300, blank=True)
+    routes = models.JSONField(default=list, blank=True)
+    world_size = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.LIVE)
+    weight_version = models.JSONField(null=True, blank=True)
+    weight_version_declared = models.BooleanField(default=False)
+    version_error = models.TextField(blank=True)
+    liveness = models.CharField(max_length=16, choices=Liveness.choices, default=Liveness.UNKNOWN)
+    liveness_error = models.TextField(blank=True)
+    last_probed_at = models.DateTimeField(null=True, blank=True)
+
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    gone_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["namespace", "component", "endpoint", "instance_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source", "namespace", "component", "endpoint", "instance_id"],
+                name="worker_unique_identity",
+            )
+        ]
+        indexes = [models.Index(fields=["source", "state"], name="worker_source_state_idx")]
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}"
+
+    @property
+    def instance_id_int(self) -> int:
+        return int(self.instance_id)
+
+    @property
+    def is_static(self) -> bool:
+        return self.static_worker_id is not None
+
+
+class DiscoveryTrigger(models.TextChoices):
+    SCHEDULE = "schedule"
+    MANUAL = "manual"
+    PLAN = "plan"
+    REFRESH = "refresh"
+
+
+class DiscoveryRun(models.Model):
+    """One discovery refresh of a source: when it ran, how long it took, what it counted."""
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="discovery_runs")
+    trigger = models.CharField(max_length=16, choices=DiscoveryTrigger.choices)
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    ok = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    reported_namespace = models.CharField(max_length=200, blank=True)
+    workers_total = models.PositiveIntegerField(default=0)
+    workers_live = models.PositiveIntegerField(default=0)
+    workers_erroring = models.PositiveIntegerField(default=0)
+    joined = models.PositiveIntegerField(default=0)
+    left = models.PositiveIntegerField(default=0)
+    changed = models.PositiveIntegerField(default=0)
+    rejected_entries = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        get_latest_by = "started_at"
+
+    def __str__(self) -> str:
+        return f"{self.source.name} discovery at {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+class WorkerEventKind(models.TextChoices):
+    JOINED = "joined"
+    LEFT = "left"
+    CHANGED = "changed"
+    STARTED_ERRORING = "started_erroring"
+    STOPPED_ERRORING = "stopped_erroring"
+    VERSION_CHANGED = "version_changed"
+    LIVENESS_CHANGED = "liveness_changed"
+
+
+class WorkerEvent(models.Model):
+    """A change one discovery refresh saw in one worker; together they form the timeline."""
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="worker_events")
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="events")
+    run = models.ForeignKey(
+        DiscoveryRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    occurred_at = models.DateTimeField(db_index=True)
+    kind = models.CharField(max_length=32, choices=WorkerEventKind.choices)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-occurred_at", "-id"]
+        indexes = [models.Index(fields=["source", "-occurred_at"], name="wevent_source_time_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.worker.key} {self.kind}"

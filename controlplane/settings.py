@@ -1,0 +1,261 @@
+"""The one settings module.
+
+Two modes, chosen by CONTROLPLANE_ENV:
+- ``development`` (default): SQLite under ./var, a generated secret key stored in ./var, DEBUG on
+  unless DEBUG=false. This is what `manage.py demo` and the tests use unless told otherwise.
+- ``production``: SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL are required, DEBUG is off and the
+  security settings are strict enough for `manage.py check --deploy` to pass without warnings.
+"""
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from controlplane.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
+
+CONTROLPLANE_ENV = env_choice("CONTROLPLANE_ENV", "development", ("development", "production"))
+PRODUCTION = CONTROLPLANE_ENV == "production"
+
+
+def _local_secret_key() -> str:
+    """A per-checkout key kept in ./var, so sessions survive restarts of the embedded default."""
+    path = VAR_DIR / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    path.write_text(key)
+    path.chmod(0o600)
+    return key
+
+
+if PRODUCTION:
+    SECRET_KEY = env_str("SECRET_KEY", required=True)
+    if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5:
+        raise ImproperlyConfigured("SECRET_KEY must be at least 50 characters of varied text")
+    DEBUG = env_bool("DEBUG", False)
+    ALLOWED_HOSTS = env_list("ALLOWED_HOSTS")
+    if not ALLOWED_HOSTS:
+        raise ImproperlyConfigured("ALLOWED_HOSTS must be set in production")
+else:
+    SECRET_KEY = env_str("SECRET_KEY") or _local_secret_key()
+    DEBUG = env_bool("DEBUG", True)
+    ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "channels",
+    "django_htmx",
+    "controlplane.accounts",
+    "controlplane.audit",
+    "controlplane.fleet",
+    "controlplane.refresh",
+    "controlplane.intake",
+    "controlplane.simfleet",
+    "controlplane.embedded",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "controlplane.audit.middleware.CorrelationIdMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "controlplane.accounts.context_processors.role",
+            ],
+        },
+    },
+]
+
+_default_db = f"sqlite:///{VAR_DIR / 'controlplane.sqlite3'}"
+_database_url = env_str("DATABASE_URL", None if PRODUCTION else _default_db)
+if _database_url is None:
+    raise ImproperlyConfigured("DATABASE_URL must be set in production")
+try:
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+except Exception as exc:  # dj-database-url raises several types for bad URLs
+    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL and a busy timeout let the web server, Celery worker and beat share one SQLite file.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "controlplane",
+    }
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+    }
+}
+
+# Celery: JSON only; results live in our own journal tables, not in a result backend.
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# Periodic work: one schedule, in one place. `expires` sits just under the interval so a tick
+# that was delivered late is dropped instead of piling up behind the next one.
+DISCOVERY_TICK_SECONDS = env_float("DISCOVERY_TICK_SECONDS", 2.0, minimum=0.5)
+RECONCILE_TICK_SECONDS = env_float("RECONCILE_TICK_SECONDS", 15.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE = {
+    "discovery-tick": {
+        "task": "fleet.schedule_discovery_refreshes",
+        "schedule": timedelta(seconds=DISCOVERY_TICK_SECONDS),
+        "options": {"expires": DISCOVERY_TICK_SECONDS * 0.9},
+    },
+    "policy-refresh-reconcile": {
+        "task": "refresh.reconcile_policy_refreshes",
+        "schedule": timedelta(seconds=RECONCILE_TICK_SECONDS),
+        "options": {"expires": RECONCILE_TICK_SECONDS * 0.9},
+    },
+    "observation-retention": {
+        "task": "fleet.prune_observations",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 3000},
+    },
+}
+
+# Discovery defaults (per-source values override the interval).
+DISCOVERY_DEFAULT_INTERVAL_SECONDS = env_float("DISCOVERY_DEFAULT_INTERVAL_SECONDS", 10.0)
+# Above Dynamo's own 30 s probe deadline, so a hung worker shows up as a per-worker error
+# instead of failing the whole listener call.
+DISCOVERY_LISTENER_TIMEOUT_SECONDS = env_float("DISCOVERY_LISTENER_TIMEOUT_SECONDS", 35.0)
+DISCOVERY_PROBE_TIMEOUT_SECONDS = env_float("DISCOVERY_PROBE_TIMEOUT_SECONDS", 5.0)
+DISCOVERY_PROBE_CONCURRENCY = env_int("DISCOVERY_PROBE_CONCURRENCY", 64, minimum=1)
+OBSERVATION_RETENTION_DAYS = env_int("OBSERVATION_RETENTION_DAYS", 14, minimum=1)
+
+# Policy refresh defaults.
+REFRESH_CALL_TIMEOUT_SECONDS = env_float("REFRESH_CALL_TIMEOUT_SECONDS", 30.0, minimum=0.1)
+REFRESH_CONCURRENCY = env_int("REFRESH_CONCURRENCY", 32, minimum=1)
+REFRESH_LEASE_SECONDS = env_float("REFRESH_LEASE_SECONDS", 30.0, minimum=1.0)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "accounts:login"
+# Failed logins per (username, client address) before the login form refuses for a while.
+LOGIN_THROTTLE_ATTEMPTS = env_int("LOGIN_THROTTLE_ATTEMPTS", 5, minimum=1)
+LOGIN_THROTTLE_WINDOW_SECONDS = env_int("LOGIN_THROTTLE_WINDOW_SECONDS", 900, minimum=1)
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+WHITENOISE_USE_FINDERS = not PRODUCTION
+if not PRODUCTION:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # collectstatic fills it only in production
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if PRODUCTION
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
+        )
+    },
+}
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the cookie-free meta tag instead
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    # TLS usually ends at a proxy in front of the ASGI server.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "structured": {
+            "()": "controlplane.logging.StructuredFormatter",
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,74 @@
+"""Shared fixtures: named personas (viewer, operator, approver, admin) and a clean cache."""
+
+import pytest
+from django.core.cache import cache
+
+from controlplane.accounts.roles import Role
+from controlplane.accounts.services import create_user_with_role
+
+PASSWORD = "correct-horse-battery-staple"
+
+
+@pytest.fixture(autouse=True)
+def _clean_cache():
+    """Throttle counters and cached gate state must not leak between tests."""
+    cache.clear()
+    yield
+
+
+def _persona(role: Role):
+    return create_user_with_role(f"{role.value}-1", role, PASSWORD, validate=False)
+
+
+@pytest.fixture
+def viewer(db):
+    return _persona(Role.VIEWER)
+
+
+@pytest.fixture
+def operator(db):
+    return _persona(Role.OPERATOR)
+
+
+@pytest.fixture
+def approver(db):
+    return _persona(Role.APPROVER)
+
+
+@pytest.fixture
+def admin_user(db):
+    return _persona(Role.ADMIN)
+
+
+def _client_for(client_class, user):
+    client = client_class()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def viewer_client(viewer):
+    from django.test import Client
+
+    return _client_for(Client, viewer)
+
+
+@pytest.fixture
+def operator_client(operator):
+    from django.test import Client
+
+    return _client_for(Client, operator)
+
+
+@pytest.fixture
+def approver_client(approver):
+    from django.test import Client
+
+    return _client_for(Client, approver)
+
+
+@pytest.fixture
+def admin_client(admin_user):
+    from django.test import Client
+
+    return _client_for(Client, admin_user)

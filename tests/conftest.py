@@ -72,3 +72,6 @@ def admin_client(admin_user):
     from django.test import Client
 
     return _client_for(Client, admin_user)
+
+
+pytest_plugins = ["tests.fixtures.simfleet", "tests.fixtures.celery_worker"]

@@ -193,6 +193,14 @@ REFRESH_CALL_TIMEOUT_SECONDS = env_float("REFRESH_CALL_TIMEOUT_SECONDS", 30.0, m
 REFRESH_CONCURRENCY = env_int("REFRESH_CONCURRENCY", 32, minimum=1)
 REFRESH_LEASE_SECONDS = env_float("REFRESH_LEASE_SECONDS", 30.0, minimum=1.0)
 
+# Trainer integration: webhook body cap, signature time window, notification retries, and the
+# public base URL used for links in outbound notifications.
+WEBHOOK_MAX_BODY_BYTES = env_int("WEBHOOK_MAX_BODY_BYTES", 1024 * 1024, minimum=1)
+WEBHOOK_TOLERANCE_SECONDS = env_int("WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
+NOTIFICATION_MAX_ATTEMPTS = env_int("NOTIFICATION_MAX_ATTEMPTS", 6, minimum=1)
+NOTIFICATION_RETRY_BASE_SECONDS = env_float("NOTIFICATION_RETRY_BASE_SECONDS", 5.0, minimum=0.0)
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000")
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

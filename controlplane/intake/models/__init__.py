@@ -1,0 +1,33 @@
+"""Trainer integration models: webhook endpoints and what they received, notification
+destinations and their deliveries, and remembered idempotency keys."""
+
+from controlplane.intake.models.idempotency import IdempotencyRecord, IdempotencyState
+from controlplane.intake.models.notifications import (
+    DeliveryStatus,
+    DestinationKind,
+    NotificationAttempt,
+    NotificationDelivery,
+    NotificationDestination,
+    NotificationEvent,
+)
+from controlplane.intake.models.webhooks import (
+    ReceivedWebhook,
+    ReceivedWebhookOutcome,
+    WebhookEndpoint,
+    WebhookPolicy,
+)
+
+__all__ = [
+    "DeliveryStatus",
+    "DestinationKind",
+    "IdempotencyRecord",
+    "IdempotencyState",
+    "NotificationAttempt",
+    "NotificationDelivery",
+    "NotificationDestination",
+    "NotificationEvent",
+    "ReceivedWebhook",
+    "ReceivedWebhookOutcome",
+    "WebhookEndpoint",
+    "WebhookPolicy",
+]

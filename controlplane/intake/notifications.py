@@ -1,0 +1,126 @@
+"""Outbound notifications: the `notify` service other apps call when something people should
+know about happens (a refresh waits for approval, succeeds or is held; a gate is force-reopened;
+a source went stale).
+
+`notify` is called inside the caller's transaction. It stores one delivery per interested
+destination and enqueues the Celery delivery on commit, so a rolled-back change notifies nobody
+and a slow destination never slows the change down. It never raises: a notification problem
+must not undo a policy refresh.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from controlplane.intake.models import NotificationDelivery, NotificationDestination
+from controlplane.intake.models import NotificationEvent as Event
+
+logger = logging.getLogger(__name__)
+
+EVENTS = frozenset(e.value for e in Event)
+
+_TITLES = {
+    Event.REFRESH_AWAITING_APPROVAL: "Policy refresh awaiting approval",
+    Event.REFRESH_SUCCEEDED: "Policy refresh succeeded",
+    Event.REFRESH_HELD: "Policy refresh held",
+    Event.GATE_FORCE_REOPENED: "Gate force-reopened",
+    Event.SOURCE_STALE: "Source went stale",
+    Event.TEST: "Test notification",
+}
+
+
+def absolute_url(path: str) -> str:
+    return settings.PUBLIC_BASE_URL.rstrip("/") + path
+
+
+def _refresh_link(refresh) -> str:
+    try:
+        path = reverse("refresh:detail", args=[refresh.pk])
+    except NoReverseMatch:
+        path = f"/refreshes/{refresh.pk}/"
+    return absolute_url(path)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool | list | dict):
+        return value
+    return str(value)
+
+
+def build_payload(
+    event: str, *, source=None, refresh=None, gate=None, reason: str = ""
+) -> dict[str, Any]:
+    """The JSON body generic webhooks receive (Standard Webhooks shape: type, timestamp, data)."""
+    data: dict[str, Any] = {"reason": reason}
+    if refresh is not None:
+        source = source or getattr(refresh, "source", None)
+        data["refresh"] = {
+            "id": refresh.pk,
+            "state": _jsonable(getattr(refresh, "state", None)),
+            "target": _jsonable(getattr(refresh, "target", None)),
+            "link": _refresh_link(refresh),
+        }
+        if not reason:
+            data["reason"] = str(getattr(refresh, "held_reason", "") or "")
+    if gate is not None:
+        source = source or getattr(gate, "source", None)
+        data["gate"] = {
+            "namespace": gate.namespace,
+            "open": bool(getattr(gate, "is_open", False)),
+            "verified_version": _jsonable(getattr(gate, "verified_version", None)),
+            "revision": _jsonable(getattr(gate, "revision", None)),
+        }
+    if source is not None:
+        data["source"] = {"id": source.pk, "name": source.name}
+        if event == Event.SOURCE_STALE and not reason:
+            data["reason"] = str(getattr(source, "stale_reason", "") or "")
+    return {
+        "type": event,
+        "title": _TITLES.get(event, event),
+        "timestamp": timezone.now().isoformat(),
+        "data": data,
+    }
+
+
+def notify(event: str, *, source=None, refresh=None, gate=None, reason: str = "") -> None:
+    """Queue `event` to every enabled destination that subscribes to it (and to its source)."""
+    if event not in EVENTS:
+        logger.error("unknown notification event %r ignored", event)
+        return
+    try:
+        payload = build_payload(event, source=source, refresh=refresh, gate=gate, reason=reason)
+        source_id = (payload["data"].get("source") or {}).get("id")
+        with transaction.atomic():
+            deliveries = [
+                NotificationDelivery.objects.create(
+                    destination=destination, event=event, payload=payload
+                )
+                for destination in NotificationDestination.objects.filter(enabled=True)
+                if destination.wants(event, source_id)
+            ]
+    except Exception:
+        logger.exception("notification %s could not be queued", event)
+        return
+    for delivery in deliveries:
+        enqueue_delivery(delivery.pk)
+
+
+def enqueue_delivery(delivery_id: int) -> None:
+    from controlplane.intake.tasks import deliver_notification
+
+    transaction.on_commit(lambda: _send_task(deliver_notification, delivery_id))
+
+
+def _send_task(task, delivery_id: int) -> None:
+    try:
+        task.delay(delivery_id)
+    except Exception:
+        # The delivery row stays pending and visible in the log; the broker being down must
+        # not turn a committed policy refresh into an error.
+        logger.exception("could not enqueue notification delivery %s", delivery_id)

@@ -34,7 +34,7 @@ RETRYABLE_STATUS = frozenset({408, 425, 429})
 
 
 def backoff_seconds(attempt: int) -> float:
-    """Exponential: base, 2×base, 4×base, ... capped at an hour."""
+    """Exponential: base, 2*base, 4*base, ... capped at an hour."""
     base = settings.NOTIFICATION_RETRY_BASE_SECONDS
     return min(base * (2 ** (attempt - 1)), MAX_BACKOFF_SECONDS)
 

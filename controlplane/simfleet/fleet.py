@@ -164,9 +164,12 @@ class SimFleet:
 
     def churn_once(self, baseline: int) -> None:
         count = len(self.workers)
-        leave = count > baseline + CHURN_DRIFT or (
-            count > max(1, baseline - CHURN_DRIFT) and self.rng.random() < 0.5
-        )
+        if count >= baseline + CHURN_DRIFT:
+            leave = True
+        elif count <= max(1, baseline - CHURN_DRIFT):
+            leave = False
+        else:
+            leave = self.rng.random() < 0.5
         if leave and self.workers:
             self.remove_worker(self.rng.choice(sorted(self.workers)))
         elif self._churn_templates:

@@ -192,8 +192,8 @@ def test_one_probe_permit_starves_healthy_workers(simfleet_factory):
             listener_env={"DYN_RL_REQUEST_TIMEOUT_SECS": "1", "DYN_RL_MAX_CONCURRENT_PROBES": "1"},
         )
     )
-    victim = raw_workers(fleet.listener_url)["workers"][0]
-    fleet.inject(key_of(victim), "probe", Fault.hang(30))
+    # The first-started worker takes the only permit first; the healthy ones queue behind it.
+    fleet.inject(fleet.workers()[0]["key"], "probe", Fault.hang(30))
     entries = raw_workers(fleet.listener_url)["workers"]
     assert all(e.get("error") == "worker discovery timed out after 1s" for e in entries)
 

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 
@@ -25,3 +26,42 @@ class Capability(models.Model):
 
     def __str__(self) -> str:
         return "capability anchor"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the JSON API, acting as its user (and so with the user's role).
+
+    Only a SHA-256 of the secret is stored; the secret is shown once at creation. The secret
+    is 256 random bits, so a plain hash is enough (no slow KDF needed: nothing to brute-force).
+    `key_id` is the public part of the secret used to find the row before comparing hashes.
+    An empty `sources` set means every source; otherwise objects of other sources are invisible.
+    """
+
+    label = models.SlugField(max_length=64, unique=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    key_id = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    sources = models.ManyToManyField("fleet.Source", blank=True, related_name="api_tokens")
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=200, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["label"]
+
+    def __str__(self) -> str:
+        return self.label
+
+    @property
+    def status(self) -> str:
+        from django.utils import timezone
+
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"

@@ -61,9 +61,12 @@ async def serve(config: FleetConfig, out: TextIO = sys.stdout) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    for name, url in server.urls().items():
-        print(f"{name}={url}", file=out)
-    print(f"workers={len(server.fleet.workers) if server.fleet else 0}", file=out, flush=True)
+    lines = [f"{name}={url}" for name, url in server.urls().items()]
+    lines.append(f"workers={len(server.fleet.workers) if server.fleet else 0}")
+    # One write per line: Django's OutputWrapper appends its own newline when one is missing.
+    for line in lines:
+        out.write(line + "\n")
+    out.flush()
     try:
         await stop.wait()
     finally:

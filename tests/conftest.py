@@ -74,4 +74,8 @@ def admin_client(admin_user):
     return _client_for(Client, admin_user)
 
 
-pytest_plugins = ["tests.fixtures.simfleet", "tests.fixtures.celery_worker"]
+pytest_plugins = [
+    "tests.fixtures.simfleet",
+    "tests.fixtures.celery_worker",
+    "tests.fixtures.live_server",
+]

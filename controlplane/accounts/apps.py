@@ -1,7 +1,13 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class AccountsConfig(AppConfig):
     name = "controlplane.accounts"
     label = "accounts"
     verbose_name = "Accounts and roles"
+
+    def ready(self) -> None:
+        from controlplane.accounts.roles import sync_roles
+
+        post_migrate.connect(sync_roles, sender=self, dispatch_uid="accounts.sync_roles")

@@ -65,3 +65,24 @@ def role_of(user) -> Role | None:
         if role.value in names:
             return role
     return None
+
+
+def sync_roles(**_kwargs) -> None:
+    """Make the four role groups exist with exactly their permissions. Idempotent.
+
+    The 0002 migration creates them on install; this also runs after every migrate/flush
+    (post_migrate), because a flush — as tests between transactional cases do — empties the
+    groups table while the permissions come back from their model's Meta.
+    """
+    from django.contrib.auth.models import Group, Permission
+    from django.contrib.contenttypes.models import ContentType
+
+    content_type, _ = ContentType.objects.get_or_create(app_label="accounts", model="capability")
+    permissions = {}
+    for perm, description in PERMISSION_DESCRIPTIONS.items():
+        permissions[perm], _ = Permission.objects.get_or_create(
+            content_type=content_type, codename=perm.codename, defaults={"name": description}
+        )
+    for role, granted in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role.value)
+        group.permissions.set([permissions[p] for p in granted])

@@ -126,6 +126,9 @@ class Worker(models.Model):
     weight_version = models.JSONField(null=True, blank=True)
     weight_version_declared = models.BooleanField(default=False)
     version_error = models.TextField(blank=True)
+    # When `get_weight_version` last answered; a version read before a failed probe is kept
+    # (last known) but is not compared as if it were current.
+    version_probed_at = models.DateTimeField(null=True, blank=True)
     liveness = models.CharField(max_length=16, choices=Liveness.choices, default=Liveness.UNKNOWN)
     liveness_error = models.TextField(blank=True)
     last_probed_at = models.DateTimeField(null=True, blank=True)

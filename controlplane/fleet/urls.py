@@ -1,9 +1,24 @@
 from django.urls import path
 
-from controlplane.fleet import views
+from controlplane.fleet import metrics, views
 
 app_name = "fleet"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("sources/new/", views.source_create, name="source_create"),
+    path("sources/<int:pk>/", views.source_detail, name="source"),
+    path("sources/<int:pk>/edit/", views.source_edit, name="source_edit"),
+    path("sources/<int:pk>/delete/", views.source_delete, name="source_delete"),
+    path("sources/<int:pk>/refresh/", views.refresh_now, name="refresh_now"),
+    path(
+        "sources/<int:pk>/static-workers/new/",
+        views.static_worker_create,
+        name="static_worker_create",
+    ),
+    path(
+        "static-workers/<int:pk>/delete/", views.static_worker_delete, name="static_worker_delete"
+    ),
+    path("workers/<int:pk>/", views.worker_detail, name="worker"),
+    path("metrics", metrics.metrics, name="metrics"),
 ]

@@ -1,14 +1,183 @@
-from django.contrib.auth.decorators import permission_required
+"""Fleet pages: overview, source, worker, and the admin forms for sources and static workers.
+
+Small function views. Each object type has one access helper that returns the object or raises
+`PermissionDenied`; every mutating view checks its permission server-side and goes through a
+service, which writes the audit row.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.middleware import HtmxDetails
 
 from controlplane.accounts.roles import Perm
-from controlplane.fleet.models import Source
+from controlplane.audit.recorder import actor_from_request
+from controlplane.fleet import live, services
+from controlplane.fleet.filters import SORTS, WorkerFilter
+from controlplane.fleet.forms import SourceForm, StaticWorkerForm
+from controlplane.fleet.models import Source, StaticWorker, Worker, WorkerState
+from controlplane.fleet.presenters import summarise, version_label
+from controlplane.fleet.rows import HEADERS, render_rows
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def _require(request: HttpRequest, perm: Perm) -> None:
+    if not request.user.has_perm(perm):
+        raise PermissionDenied
+
+
+def _get_source(request: HttpRequest, pk: int, perm: Perm = Perm.VIEW) -> Source:
+    _require(request, perm)
+    return get_object_or_404(Source, pk=pk)
+
+
+def _get_worker(request: HttpRequest, pk: int) -> Worker:
+    _require(request, Perm.VIEW)
+    return get_object_or_404(Worker.objects.select_related("source", "static_worker"), pk=pk)
+
+
+def _get_static_worker(request: HttpRequest, pk: int, perm: Perm) -> StaticWorker:
+    _require(request, perm)
+    return get_object_or_404(StaticWorker.objects.select_related("source"), pk=pk)
 
 
 @require_GET
-@permission_required(Perm.VIEW, raise_exception=True)
-def overview(request: HttpRequest) -> HttpResponse:
-    sources = Source.objects.all()
-    return render(request, "fleet/overview.html", {"sources": sources})
+def overview(request: HtmxHttpRequest) -> HttpResponse:
+    _require(request, Perm.VIEW)
+    summaries = [summarise(s) for s in Source.objects.all()]
+    context = {"summaries": summaries, "gate_template": live.gate_template()}
+    return render(request, "fleet/overview.html", context)
+
+
+@require_GET
+def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    source = _get_source(request, pk)
+    flt = WorkerFilter.from_query(request.GET)
+    workers = list(Worker.objects.filter(source=source))
+    rows = flt.apply(workers)
+    context = {
+        "source": source,
+        "summary": summarise(source),
+        "filter": flt,
+        "rows_html": render_rows(rows),
+        "row_count": len(rows),
+        "headers": HEADERS,
+        "sort_keys": SORTS,
+        "namespaces": sorted({w.namespace for w in workers}),
+        "states": WorkerState.values,
+        "versions": sorted({_label(w) for w in workers}),
+        "routes": sorted({r for w in workers for r in (w.routes or ())}),
+        "events": live.timeline(source),
+        "gate_template": live.gate_template(),
+        "query": request.GET.urlencode(),
+        "can_refresh": request.user.has_perm(Perm.RUN_DISCOVERY),
+        "can_manage": request.user.has_perm(Perm.MANAGE_SOURCES),
+        "static_workers": source.static_workers.all(),
+    }
+    template = "fleet/source.html#workers" if request.htmx else "fleet/source.html"
+    return render(request, template, context)
+
+
+def _label(w: Worker) -> str:
+    return version_label(w.weight_version)
+
+
+@require_GET
+def worker_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    worker = _get_worker(request, pk)
+    context = {
+        "worker": worker,
+        "source": worker.source,
+        "row": render_rows([worker]),
+        "headers": HEADERS,
+        "events": worker.events.select_related("run").order_by("-occurred_at", "-id")[:200],
+    }
+    return render(request, "fleet/worker.html", context)
+
+
+@require_POST
+def refresh_now(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    source = _get_source(request, pk, Perm.RUN_DISCOVERY)
+    services.request_discovery(source, actor=actor_from_request(request))
+    if request.htmx:
+        return HttpResponse('<span class="muted" role="status">Refresh requested…</span>')
+    messages.success(request, f"Refresh of {source.name} requested.")
+    return redirect("fleet:source", pk=source.pk)
+
+
+@require_http_methods(["GET", "POST"])
+def source_create(request: HtmxHttpRequest) -> HttpResponse:
+    _require(request, Perm.MANAGE_SOURCES)
+    form = SourceForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            source = services.create_source(actor=actor_from_request(request), **form.cleaned_data)
+        except ValidationError as exc:
+            form.add_service_error(exc)
+        else:
+            messages.success(request, f"Source {source.name} created.")
+            return redirect("fleet:source", pk=source.pk)
+    status = 400 if form.errors else 200
+    return render(request, "fleet/source_form.html", {"form": form}, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+def source_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    source = _get_source(request, pk, Perm.MANAGE_SOURCES)
+    form = SourceForm.for_source(source, request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.update_source(source, actor=actor_from_request(request), **form.cleaned_data)
+        except ValidationError as exc:
+            form.add_service_error(exc)
+        else:
+            messages.success(request, f"Source {source.name} saved.")
+            return redirect("fleet:source", pk=source.pk)
+    status = 400 if form.errors else 200
+    context = {"form": form, "source": source}
+    return render(request, "fleet/source_form.html", context, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+def source_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    source = _get_source(request, pk, Perm.MANAGE_SOURCES)
+    if request.method == "POST":
+        services.remove_source(source, actor=actor_from_request(request))
+        messages.success(request, f"Source {source.name} removed.")
+        return redirect("fleet:overview")
+    return render(request, "fleet/source_delete.html", {"source": source})
+
+
+@require_http_methods(["GET", "POST"])
+def static_worker_create(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    source = _get_source(request, pk, Perm.MANAGE_SOURCES)
+    form = StaticWorkerForm(request.POST or None, source=source)
+    if request.method == "POST" and form.is_valid():
+        try:
+            static = services.add_static_worker(
+                source, actor=actor_from_request(request), **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form.add_service_error(exc)
+        else:
+            messages.success(request, f"Static worker {static.name} added.")
+            return redirect("fleet:source", pk=source.pk)
+    status = 400 if form.errors else 200
+    context = {"form": form, "source": source}
+    return render(request, "fleet/static_worker_form.html", context, status=status)
+
+
+@require_POST
+def static_worker_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    static = _get_static_worker(request, pk, Perm.MANAGE_SOURCES)
+    source_pk = static.source_id
+    services.remove_static_worker(static, actor=actor_from_request(request))
+    messages.success(request, f"Static worker {static.name} removed.")
+    return redirect("fleet:source", pk=source_pk)

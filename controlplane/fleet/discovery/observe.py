@@ -1,0 +1,192 @@
+"""The network half of a discovery refresh: listener, then version and liveness probes.
+
+Runs on one event loop with one client, so thousands of probes share a connection pool; a
+semaphore bounds how many are in flight and every call has its own timeout. Nothing here
+touches the database: the caller passes plain data in and gets plain data out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from controlplane.dynamo.admin import call_admin
+from controlplane.dynamo.discovery import DiscoveredWorker, DiscoveryResult, fetch_discovery
+from controlplane.dynamo.families import FAMILIES, AdminFamily, Operation, detect_family
+from controlplane.dynamo.http import make_client
+from controlplane.dynamo.policy import OutboundPolicy
+
+#: Endpoint name given to static workers, which have no discovery endpoint of their own.
+STATIC_ENDPOINT = "static"
+
+
+@dataclass(frozen=True, slots=True)
+class StaticSpec:
+    """A static worker as the refresh needs it (no ORM objects cross into the event loop)."""
+
+    pk: int
+    name: str
+    namespace: str
+    component: str
+    system_url: str
+    family: str
+    allowed_routes: tuple[str, ...]
+    model: str
+
+
+@dataclass(slots=True)
+class Observation:
+    """Everything one refresh learned about one worker."""
+
+    namespace: str
+    component: str
+    endpoint: str
+    instance_id: str
+    family: str = ""
+    transport: dict[str, Any] = field(default_factory=dict)
+    request_plane_url: str = ""
+    system_url: str = ""
+    admin_base_url: str = ""
+    model: str = ""
+    routes: tuple[str, ...] = ()
+    world_size: int | None = None
+    error: str = ""
+    static_worker_id: int | None = None
+    version_probed: bool = False
+    version_ok: bool = False
+    weight_version: Any = None
+    weight_version_declared: bool = False
+    version_error: str = ""
+    liveness: str = "unknown"
+    liveness_error: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}"
+
+
+@dataclass(slots=True)
+class ObservedFleet:
+    result: DiscoveryResult
+    workers: list[Observation]
+    requests: int = 0
+
+
+def static_instance_id(source_id: int, name: str) -> str:
+    """A stable u64 per (source, static worker name), so the row keeps its history."""
+    digest = hashlib.blake2b(f"{source_id}/{name}".encode(), digest_size=8).digest()
+    return str(int.from_bytes(digest, "big"))
+
+
+def _from_discovered(worker: DiscoveredWorker) -> Observation:
+    ident = worker.identity
+    family = detect_family(worker.routes)
+    return Observation(
+        namespace=ident.namespace,
+        component=ident.component,
+        endpoint=ident.endpoint,
+        instance_id=str(ident.instance_id),
+        family=family.name if family else "",
+        transport=worker.transport,
+        request_plane_url=worker.request_plane_url,
+        system_url=worker.system_url or "",
+        admin_base_url=worker.admin_base_url or "",
+        model=worker.model or "",
+        routes=worker.routes,
+        world_size=worker.world_size,
+        error=worker.error or "",
+    )
+
+
+def _from_static(source_id: int, spec: StaticSpec) -> Observation:
+    return Observation(
+        namespace=spec.namespace,
+        component=spec.component,
+        endpoint=STATIC_ENDPOINT,
+        instance_id=static_instance_id(source_id, spec.name),
+        family=spec.family,
+        system_url=spec.system_url,
+        model=spec.model,
+        routes=spec.allowed_routes,
+        static_worker_id=spec.pk,
+    )
+
+
+class Prober:
+    """Version and liveness probes for many workers, bounded and timed out per call."""
+
+    def __init__(self, client: httpx.AsyncClient, policy: OutboundPolicy, *, timeout, limit):
+        self.client = client
+        self.policy = policy
+        self.timeout = timeout
+        self.permits = asyncio.Semaphore(limit)
+        self.requests = 0
+
+    async def _call(self, obs: Observation, family: AdminFamily, op: Operation):
+        (call,) = family.build(op)
+        async with self.permits:
+            self.requests += 1
+            return await call_admin(
+                self.client, self.policy, obs.system_url, family, call, timeout=self.timeout
+            )
+
+    async def probe(self, obs: Observation) -> None:
+        if obs.error or not obs.system_url:
+            return
+        # The system_url comes from whatever the worker advertised: a URL outside the source's
+        # networks makes the worker erroring and is never called.
+        problem = await self.policy.aviolation(obs.system_url)
+        if problem is not None:
+            obs.error = f"system_url outside allowed networks: {problem}"
+            return
+        family = FAMILIES.get(obs.family)
+        if family is None:
+            return
+        ops = [
+            op
+            for op in (Operation.GET_WEIGHT_VERSION, Operation.LIVENESS)
+            if family.supports(op, obs.routes)
+        ]
+        results = await asyncio.gather(*(self._call(obs, family, op) for op in ops))
+        for op, result in zip(ops, results, strict=True):
+            if op == Operation.GET_WEIGHT_VERSION:
+                obs.version_probed = True
+                obs.version_ok = result.ok
+                if result.ok:
+                    data = result.data or {}
+                    obs.weight_version = data.get("version")
+                    obs.weight_version_declared = bool(data.get("version_declared"))
+                else:
+                    obs.version_error = result.error or "version probe failed"
+            else:
+                obs.liveness = "alive" if result.ok else "dead"
+                obs.liveness_error = "" if result.ok else (result.error or "liveness failed")
+
+
+async def observe(
+    *,
+    source_id: int,
+    listener_url: str,
+    policy: OutboundPolicy,
+    statics: list[StaticSpec],
+    listener_timeout: float,
+    probe_timeout: float,
+    concurrency: int,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> ObservedFleet:
+    """Fetch discovery and probe every worker. Raises DiscoveryError for listener problems."""
+    async with make_client(
+        timeout=max(listener_timeout, probe_timeout),
+        max_connections=concurrency,
+        transport=transport,
+    ) as client:
+        result = await fetch_discovery(client, policy, listener_url, timeout=listener_timeout)
+        workers = [_from_discovered(w) for w in result.workers]
+        workers += [_from_static(source_id, s) for s in statics]
+        prober = Prober(client, policy, timeout=probe_timeout, limit=concurrency)
+        await asyncio.gather(*(prober.probe(obs) for obs in workers))
+    return ObservedFleet(result, workers, prober.requests + 1)

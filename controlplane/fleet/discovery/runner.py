@@ -1,0 +1,224 @@
+"""`refresh_source`: one discovery refresh of one source, end to end.
+
+Claim the source (a conditional UPDATE, so a duplicate tick or a second beat does nothing),
+observe the fleet over the network, then store, diff, audit and publish in one transaction.
+Listener problems never raise: the run is recorded with its error and the source goes stale,
+keeping its last known workers visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor, record
+from controlplane.dynamo.errors import DiscoveryError
+from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.fleet import live
+from controlplane.fleet.discovery.observe import ObservedFleet, StaticSpec, observe
+from controlplane.fleet.discovery.store import store_observation
+from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source
+
+logger = logging.getLogger(__name__)
+SYSTEM = Actor.system("discovery")
+#: How many rejected listener entries a run keeps for display.
+REJECTED_KEEP = 50
+
+
+def _lease_seconds() -> float:
+    # Long enough for the slowest legal refresh; a crashed worker's claim expires after it.
+    return (
+        settings.DISCOVERY_LISTENER_TIMEOUT_SECONDS
+        + 4 * settings.DISCOVERY_PROBE_TIMEOUT_SECONDS
+        + 60
+    )
+
+
+def _claim(source: Source, trigger: str) -> timezone.datetime | None:
+    """Take the source for one refresh; returns the lease (the fencing value) or None."""
+    now = timezone.now()
+    lease = now + timedelta(seconds=_lease_seconds())
+    rows = Source.objects.filter(
+        Q(refresh_claimed_until__isnull=True) | Q(refresh_claimed_until__lt=now), pk=source.pk
+    )
+    if trigger == DiscoveryTrigger.SCHEDULE:
+        last = source.last_refresh_started_at
+        slack = settings.DISCOVERY_TICK_SECONDS / 2
+        if (
+            last is not None
+            and (now - last).total_seconds() < source.refresh_interval_seconds - slack
+        ):
+            return None
+        # Compare-and-swap on the last start: a second tick that read the same due source finds
+        # it already restarted and claims nothing, even after the first run has finished.
+        rows = rows.filter(enabled=True, last_refresh_started_at=last)
+    claimed = rows.update(refresh_claimed_until=lease, last_refresh_started_at=now)
+    return lease if claimed else None
+
+
+def _release(source_id: int, lease) -> None:
+    Source.objects.filter(pk=source_id, refresh_claimed_until=lease).update(
+        refresh_claimed_until=None
+    )
+
+
+def _run_coroutine(coro):
+    """asyncio.run, also from a thread that already runs a loop (an async caller's thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _notify_stale(source: Source, reason: str) -> None:
+    # The notifications module belongs to the intake app and may not exist yet.
+    try:
+        notifications = importlib.import_module("controlplane.intake.notifications")
+    except ImportError:
+        return
+    notifications.notify("source.stale", source=source, reason=reason)
+
+
+def refresh_source(
+    source_id: int,
+    *,
+    trigger: DiscoveryTrigger | str,
+    wait: float = 0.0,
+    transport=None,
+) -> DiscoveryRun | None:
+    """Run one refresh. Returns its DiscoveryRun, or None when the source is gone, disabled
+    for scheduling, not yet due, or claimed by another refresh for longer than `wait` seconds.
+    `transport` is an httpx transport override for benchmarks and tests."""
+    trigger = DiscoveryTrigger(trigger)
+    deadline = time.monotonic() + wait
+    while True:
+        source = Source.objects.filter(pk=source_id).first()
+        if source is None:
+            return None
+        lease = _claim(source, trigger)
+        if lease is not None:
+            break
+        if trigger == DiscoveryTrigger.SCHEDULE or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)  # waiting for another refresh's claim (plans need a fresh view)
+    try:
+        return _refresh_claimed(source, trigger, transport)
+    finally:
+        _release(source.pk, lease)
+
+
+def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
+    started_at = timezone.now()
+    t0 = time.perf_counter()
+    statics = [
+        StaticSpec(
+            s.pk,
+            s.name,
+            s.namespace,
+            s.component,
+            s.system_url,
+            s.family,
+            tuple(s.allowed_routes),
+            s.model,
+        )
+        for s in source.static_workers.all()
+    ]
+    observed: ObservedFleet | None = None
+    error = ""
+    try:
+        policy = OutboundPolicy.from_cidrs(source.allowed_networks)
+        observed = _run_coroutine(
+            observe(
+                source_id=source.pk,
+                listener_url=source.listener_url,
+                policy=policy,
+                statics=statics,
+                listener_timeout=settings.DISCOVERY_LISTENER_TIMEOUT_SECONDS,
+                probe_timeout=settings.DISCOVERY_PROBE_TIMEOUT_SECONDS,
+                concurrency=settings.DISCOVERY_PROBE_CONCURRENCY,
+                transport=transport,
+            )
+        )
+    except DiscoveryError as exc:
+        error = exc.reason if getattr(exc, "reason", None) else str(exc)
+    except ValueError as exc:  # a stored CIDR list that no longer parses
+        error = f"allowed networks: {exc}"
+
+    with transaction.atomic():
+        now = timezone.now()
+        run = DiscoveryRun.objects.create(
+            source=source,
+            trigger=trigger,
+            started_at=started_at,
+            ok=observed is not None,
+            error=error,
+        )
+        was_stale = source.stale
+        if observed is not None:
+            stored = store_observation(source, observed.workers, run, now)
+            diff = stored.diff
+            run.reported_namespace = observed.result.namespace
+            run.workers_total, run.workers_live = stored.total, stored.live
+            run.workers_erroring = stored.erroring
+            run.joined, run.left, run.changed = len(diff.joined), len(diff.left), len(diff.changed)
+            run.rejected_entries = [
+                {"index": r.index, "reason": r.reason, "raw": r.raw}
+                for r in observed.result.rejected[:REJECTED_KEEP]
+            ]
+            source.reported_namespace = observed.result.namespace
+            source.stale, source.stale_reason = False, ""
+            source.last_success_at = now
+            if diff.membership_changed:
+                record(
+                    AuditAction.DISCOVERY_MEMBERSHIP_CHANGED,
+                    actor=SYSTEM,
+                    target=source,
+                    details={"run_id": run.pk, "trigger": trigger, **diff.audit_details()},
+                )
+            if was_stale:
+                record(
+                    AuditAction.SOURCE_RECOVERED,
+                    actor=SYSTEM,
+                    target=source,
+                    details={"run_id": run.pk},
+                )
+            touched = [stored.workers_by_key[k].pk for k in diff.touched]
+        else:
+            source.stale, source.stale_reason = True, error
+            if not was_stale:
+                record(
+                    AuditAction.SOURCE_WENT_STALE,
+                    actor=SYSTEM,
+                    target=source,
+                    details={"run_id": run.pk, "reason": error},
+                )
+                _notify_stale(source, error)
+            touched = []
+        run.finished_at = timezone.now()
+        run.duration_ms = (time.perf_counter() - t0) * 1000.0
+        run.save()
+        source.last_refresh_finished_at = run.finished_at
+        Source.objects.filter(pk=source.pk).update(
+            reported_namespace=source.reported_namespace,
+            stale=source.stale,
+            stale_reason=source.stale_reason,
+            last_success_at=source.last_success_at,
+            last_refresh_finished_at=source.last_refresh_finished_at,
+        )
+        source_id = source.pk
+        transaction.on_commit(lambda: live.publish_refresh(source_id, touched))
+    if error:
+        logger.warning("discovery of %s failed: %s", source.name, error)
+    return run

@@ -1,0 +1,83 @@
+"""Forms for sources and static workers. Validation is `fleet.validation`, shared with the
+services and the command line, so every entry point rejects the same input the same way."""
+
+from __future__ import annotations
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from controlplane.fleet.models import FAMILY_CHOICES, Source
+from controlplane.fleet.validation import clean_source_values, clean_static_worker_values
+
+
+def _attach(form: forms.Form, exc: ValidationError) -> None:
+    if hasattr(exc, "error_dict"):
+        for field, errors in exc.message_dict.items():
+            form.add_error(field if field in form.fields else None, errors)
+    else:
+        form.add_error(None, exc.messages)
+
+
+class SourceForm(forms.Form):
+    name = forms.CharField(max_length=64)
+    listener_url = forms.CharField(label="RL listener URL", help_text="e.g. http://10.0.0.5:8001")
+    frontend_url = forms.CharField(label="Frontend URL", required=False)
+    expected_namespace = forms.CharField(required=False)
+    expected_prefix = forms.CharField(required=False)
+    expected_worker_suffix = forms.CharField(required=False)
+    allowed_networks = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="CIDRs, comma or newline separated, e.g. 10.0.0.0/8",
+    )
+    refresh_interval_seconds = forms.FloatField(initial=10.0, label="Refresh interval (s)")
+    require_approval = forms.BooleanField(required=False)
+    enabled = forms.BooleanField(required=False, initial=True)
+
+    @classmethod
+    def for_source(cls, source: Source, data=None) -> SourceForm:
+        initial = {f: getattr(source, f) for f in cls.base_fields}
+        initial["allowed_networks"] = "\n".join(source.allowed_networks)
+        return cls(data, initial=initial)
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            return clean_source_values(data)
+        except ValidationError as exc:
+            _attach(self, exc)
+            return data
+
+    def add_service_error(self, exc: ValidationError) -> None:
+        _attach(self, exc)
+
+
+class StaticWorkerForm(forms.Form):
+    name = forms.CharField(max_length=64)
+    namespace = forms.CharField()
+    component = forms.CharField(initial="backend")
+    system_url = forms.CharField(label="System URL", help_text="the worker's trusted system URL")
+    family = forms.ChoiceField(choices=FAMILY_CHOICES)
+    allowed_routes = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="the only engine routes ever called, comma or newline separated",
+    )
+    model = forms.CharField(required=False)
+
+    def __init__(self, *args, source: Source, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.source = source
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            return clean_static_worker_values(data, allowed_networks=self.source.allowed_networks)
+        except ValidationError as exc:
+            _attach(self, exc)
+            return data
+
+    def add_service_error(self, exc: ValidationError) -> None:
+        _attach(self, exc)

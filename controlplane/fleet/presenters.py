@@ -1,0 +1,157 @@
+"""What the fleet pages show, computed in Python from rows already loaded (no extra queries).
+
+Capability sets come from the family adapters' required routes, so a page never claims a
+worker can do something the policy refresh would refuse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from django.db.models import Count
+
+from controlplane.dynamo.families import FAMILIES, Operation
+from controlplane.dynamo.scope import Scope
+from controlplane.fleet.models import Source, Worker, WorkerState
+from controlplane.fleet.validation import expected_scope
+
+#: The capability sets shown next to a worker's routes, in display order.
+CAPABILITY_SETS: tuple[tuple[str, tuple[Operation, ...]], ...] = (
+    (
+        "disk update",
+        (
+            Operation.PAUSE,
+            Operation.UPDATE_FROM_DISK,
+            Operation.GET_WEIGHT_VERSION,
+            Operation.RESUME,
+        ),
+    ),
+    (
+        "distributed update",
+        (
+            Operation.INIT_WEIGHTS_GROUP,
+            Operation.PAUSE,
+            Operation.UPDATE_FROM_DISTRIBUTED,
+            Operation.GET_WEIGHT_VERSION,
+            Operation.RESUME,
+        ),
+    ),
+    ("cache flush", (Operation.FLUSH_CACHE,)),
+    ("version readback", (Operation.GET_WEIGHT_VERSION,)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    name: str
+    enabled: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {'✔' if self.enabled else '✘'}"
+
+
+@lru_cache(maxsize=1024)
+def capabilities(family_name: str, routes: tuple[str, ...]) -> tuple[Capability, ...]:
+    """Which capability sets `routes` enable for the family. Cached: fleets repeat route sets."""
+    family = FAMILIES.get(family_name)
+    names = frozenset(routes)
+    return tuple(
+        Capability(name, family is not None and all(family.supports(op, names) for op in ops))
+        for name, ops in CAPABILITY_SETS
+    )
+
+
+@lru_cache(maxsize=1024)
+def route_groups(routes: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Routes grouped by their dialect prefix (`control/`, `update/`, bare names)."""
+    groups: dict[str, list[str]] = {}
+    for route in routes:
+        prefix, _, _ = route.rpartition("/")
+        groups.setdefault(prefix or "engine", []).append(route)
+    return tuple((g, tuple(sorted(r))) for g, r in sorted(groups.items()))
+
+
+def version_label(version: Any, declared: bool = True) -> str:
+    if version is None or version == "":
+        return "undeclared"
+    return version if isinstance(version, str) else json.dumps(version)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionShare:
+    label: str
+    count: int
+    minority: bool
+
+
+def version_distribution(pairs) -> list[VersionShare]:
+    """`(version, count)` pairs of present workers → shares, most common first; every share
+    but the top one is skew."""
+    counts: Counter[str] = Counter()
+    for version, count in pairs:
+        counts[version_label(version)] += count
+    ordered = counts.most_common()
+    skewed = len(ordered) > 1
+    return [VersionShare(label, n, skewed and i > 0) for i, (label, n) in enumerate(ordered)]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSummary:
+    """The numbers shown for one source on the overview and at the top of its page."""
+
+    source: Source
+    counts: dict[str, int]
+    versions: list[VersionShare]
+    scope: Scope
+    scope_ok: bool | None
+
+    @property
+    def present(self) -> int:
+        return self.counts.get(WorkerState.LIVE, 0) + self.counts.get(WorkerState.ERRORING, 0)
+
+    @property
+    def skewed(self) -> bool:
+        return len(self.versions) > 1
+
+
+def summarise(source: Source) -> SourceSummary:
+    """Two aggregate queries, whatever the fleet size."""
+    workers = Worker.objects.filter(source=source)
+    counts = {s: 0 for s in WorkerState.values}
+    for row in workers.values("state").annotate(n=Count("id")).order_by():
+        counts[row["state"]] = row["n"]
+    pairs = (
+        workers.exclude(state=WorkerState.GONE)
+        .values_list("weight_version")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return SourceSummary(
+        source,
+        counts,
+        version_distribution(pairs),
+        source_scope(source),
+        scope_matches_report(source),
+    )
+
+
+def source_scope(source: Source) -> Scope:
+    return expected_scope(
+        {
+            "expected_namespace": source.expected_namespace,
+            "expected_prefix": source.expected_prefix,
+            "expected_worker_suffix": source.expected_worker_suffix,
+        }
+    )
+
+
+def scope_matches_report(source: Source) -> bool | None:
+    """Whether the listener reports the namespace the operator expected (None: not yet known)."""
+    if not source.reported_namespace:
+        return None
+    return source_scope(source).namespace == source.reported_namespace

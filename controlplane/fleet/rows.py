@@ -1,0 +1,81 @@
+"""HTML of one worker table row, built in Python.
+
+The source page must render 2,000 rows in well under 300 ms and the live push sends the same
+rows, so this one hot fragment is formatted directly (escaped with `format_html`) instead of
+through a template loop; everything else on the pages is ordinary templates.
+"""
+
+from __future__ import annotations
+
+from django.urls import reverse
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
+
+from controlplane.fleet.models import Worker
+from controlplane.fleet.presenters import capabilities, route_groups, version_label
+
+HEADERS = (
+    ("identity", "Worker"),
+    ("namespace", "Namespace"),
+    ("model", "Model"),
+    ("system_url", "System URL"),
+    (None, "Routes"),
+    ("version", "Version"),
+    ("liveness", "Liveness"),
+    ("state", "State"),
+    (None, "Error"),
+)
+
+
+def _routes_cell(w: Worker) -> str:
+    routes = tuple(w.routes or ())
+    if not routes:
+        return '<span class="muted">none</span>'
+    caps = " · ".join(
+        f'<span class="cap {"on" if c.enabled else "off"}">{escape(c.label)}</span>'
+        for c in capabilities(w.family, routes)
+    )
+    groups = "".join(
+        f"<div><b>{escape(g)}</b> {escape(', '.join(rs))}</div>" for g, rs in route_groups(routes)
+    )
+    return (
+        f"<details><summary>{len(routes)} route{'s' if len(routes) != 1 else ''} "
+        f'<span class="muted">{escape(w.family or "unknown family")}</span></summary>'
+        f'{groups}</details><div class="caps">{caps}</div>'
+    )
+
+
+def _version_cell(w: Worker) -> str:
+    label = escape(version_label(w.weight_version))
+    text = f"<code>{label}</code>" if w.version_probed_at else '<span class="muted">—</span>'
+    if w.version_error:
+        text += f'<div class="cell-error">{escape(w.version_error)}</div>'
+    return text
+
+
+def render_row(w: Worker, *, oob: str = "") -> SafeString:
+    """One `<tr>`; `oob` adds `hx-swap-oob` for a websocket push."""
+    url = reverse("fleet:worker", args=[w.pk])
+    static = ' <span class="badge static">static</span>' if w.static_worker_id else ""
+    liveness_error = (
+        f'<div class="cell-error">{escape(w.liveness_error)}</div>' if w.liveness_error else ""
+    )
+    oob_attr = format_html(' hx-swap-oob="{}"', oob) if oob else ""
+    return mark_safe(
+        f'<tr id="worker-{w.pk}" class="state-{w.state}" data-key="{escape(w.key)}"{oob_attr}>'
+        f'<td><a href="{url}">{escape(w.component)}/{escape(w.endpoint)}</a>{static}'
+        f'<div class="mono iid">{escape(w.instance_id)}</div></td>'
+        f"<td>{escape(w.namespace)}</td>"
+        f"<td>{escape(w.model) or '<span class="muted">—</span>'}</td>"
+        f'<td class="mono">{escape(w.system_url) or '<span class="muted">none</span>'}</td>'
+        f"<td>{_routes_cell(w)}</td>"
+        f"<td>{_version_cell(w)}</td>"
+        f'<td><span class="badge {w.liveness}">{w.liveness}</span>{liveness_error}</td>'
+        f'<td><span class="badge {w.state}">{w.state}</span></td>'
+        f'<td class="cell-error">{escape(w.error)}</td>'
+        "</tr>"
+    )
+
+
+def render_rows(workers, *, oob: str = "") -> SafeString:
+    return mark_safe("".join(render_row(w, oob=oob) for w in workers))

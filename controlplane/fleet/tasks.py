@@ -1,0 +1,51 @@
+"""Celery tasks for discovery: thin adapters that take ids and call the services."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, WorkerEvent
+
+
+@shared_task(name="fleet.refresh_source", ignore_result=True)
+def refresh_source_task(source_id: int, trigger: str = DiscoveryTrigger.SCHEDULE.value) -> None:
+    refresh_source(source_id, trigger=trigger, wait=0.0)
+
+
+@shared_task(name="fleet.schedule_discovery_refreshes", ignore_result=True)
+def schedule_discovery_refreshes() -> int:
+    """Beat tick: one refresh task per enabled source that is due and not claimed.
+
+    This pre-filter only saves work; the refresh's own claim is what prevents doubling.
+    """
+    now = timezone.now()
+    due = 0
+    for source in Source.objects.filter(enabled=True).only(
+        "pk", "refresh_interval_seconds", "last_refresh_started_at", "refresh_claimed_until"
+    ):
+        if source.refresh_claimed_until and source.refresh_claimed_until > now:
+            continue
+        last = source.last_refresh_started_at
+        interval = source.refresh_interval_seconds
+        if last and (now - last).total_seconds() < interval - settings.DISCOVERY_TICK_SECONDS / 2:
+            continue
+        # A task that waits longer than the interval is dropped, not run late and doubled.
+        refresh_source_task.apply_async(
+            args=[source.pk, DiscoveryTrigger.SCHEDULE.value], expires=max(interval, 1.0)
+        )
+        due += 1
+    return due
+
+
+@shared_task(name="fleet.prune_observations", ignore_result=True)
+def prune_observations() -> dict[str, int]:
+    """Drop observation history older than OBSERVATION_RETENTION_DAYS. Workers stay."""
+    cutoff = timezone.now() - timedelta(days=settings.OBSERVATION_RETENTION_DAYS)
+    events, _ = WorkerEvent.objects.filter(occurred_at__lt=cutoff).delete()
+    runs, _ = DiscoveryRun.objects.filter(started_at__lt=cutoff).delete()
+    return {"events": events, "runs": runs}

@@ -1,0 +1,181 @@
+"""Validation shared by the source services, the forms and the command line.
+
+One function per object type turns raw values into clean ones or raises `ValidationError`
+keyed by field, so the UI, the API and `manage.py source` reject the same input with the same
+words and none of them changes anything on bad input.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
+
+from controlplane.dynamo.families import FAMILIES
+from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.dynamo.scope import Scope, resolve_scope
+
+MIN_INTERVAL_SECONDS = 1.0
+SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
+
+#: Fields a caller may set on a source; everything else is owned by discovery.
+SOURCE_FIELDS = (
+    "name",
+    "listener_url",
+    "frontend_url",
+    "expected_namespace",
+    "expected_prefix",
+    "expected_worker_suffix",
+    "allowed_networks",
+    "refresh_interval_seconds",
+    "require_approval",
+    "enabled",
+)
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be a Dynamo base URL, or None. Same rules the client enforces."""
+    if not isinstance(url, str) or not url.strip():
+        return "is required"
+    if url != url.strip():
+        return "must not start or end with whitespace"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    if "@" in parts.netloc:
+        return "must not contain user information"
+    if parts.query or parts.fragment:
+        return "must not contain a query string or fragment"
+    return None
+
+
+def _literal_outside(policy: OutboundPolicy, url: str) -> str | None:
+    # Only IP literals are judged at save time: resolving names here would block a request on
+    # DNS, and names are checked again before every call anyway.
+    host = urlsplit(url).hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return policy.violation(url)
+
+
+def parse_networks(raw: Any) -> list[str]:
+    """CIDRs from a list or a comma/whitespace separated string, validated and normalised."""
+    if isinstance(raw, str):
+        items = [p for p in re.split(r"[\s,]+", raw) if p]
+    elif isinstance(raw, Iterable):
+        items = [str(p).strip() for p in raw]
+    else:
+        raise ValidationError({"allowed_networks": "must be a list of CIDRs"})
+    if not items:
+        raise ValidationError(
+            {"allowed_networks": "at least one CIDR is required: an empty list allows nothing"}
+        )
+    try:
+        policy = OutboundPolicy.from_cidrs(items)
+    except ValueError as exc:
+        raise ValidationError({"allowed_networks": str(exc)}) from None
+    return [str(net) for net in policy.allowed_networks]
+
+
+def expected_scope(values: dict[str, Any]) -> Scope:
+    return resolve_scope(
+        namespace=values.get("expected_namespace") or None,
+        prefix=values.get("expected_prefix") or None,
+        worker_suffix=values.get("expected_worker_suffix") or None,
+    )
+
+
+def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Validate a complete set of source values. Raises ValidationError keyed by field."""
+    unknown = set(values) - set(SOURCE_FIELDS)
+    if unknown:
+        raise ValidationError(f"unknown source fields: {', '.join(sorted(unknown))}")
+    errors: dict[str, str] = {}
+    clean = dict(values)
+
+    name = str(values.get("name", ""))
+    if not SLUG.match(name):
+        errors["name"] = "must be 1-64 letters, digits, '-' or '_'"
+
+    try:
+        clean["allowed_networks"] = parse_networks(values.get("allowed_networks", ()))
+        policy = OutboundPolicy.from_cidrs(clean["allowed_networks"])
+    except ValidationError as exc:
+        errors["allowed_networks"] = exc.message_dict["allowed_networks"][0]
+        policy = None
+
+    for field, required in (("listener_url", True), ("frontend_url", False)):
+        url = values.get(field) or ""
+        if not url and not required:
+            clean[field] = ""
+            continue
+        problem = url_problem(url)
+        if problem is None and policy is not None:
+            outside = _literal_outside(policy, url)
+            if outside:
+                problem = f"is outside the allowed networks: {outside}"
+        if problem:
+            errors[field] = f"{field.replace('_', ' ')} {problem}"
+
+    try:
+        interval = float(values.get("refresh_interval_seconds", 10.0))
+    except (TypeError, ValueError):
+        errors["refresh_interval_seconds"] = "refresh interval must be a number of seconds"
+    else:
+        if not interval >= MIN_INTERVAL_SECONDS:  # also rejects NaN
+            errors["refresh_interval_seconds"] = (
+                f"refresh interval must be at least {MIN_INTERVAL_SECONDS:g} s, got {interval:g}"
+            )
+        clean["refresh_interval_seconds"] = interval
+
+    for field in ("expected_namespace", "expected_prefix", "expected_worker_suffix"):
+        clean[field] = str(values.get(field) or "")
+    clean["require_approval"] = bool(values.get("require_approval", False))
+    clean["enabled"] = bool(values.get("enabled", True))
+    if errors:
+        raise ValidationError(errors)
+    return clean
+
+
+def clean_static_worker_values(values: dict[str, Any], *, allowed_networks) -> dict[str, Any]:
+    """Validate a static worker. Its URL must pass the source's policy like any worker's."""
+    errors: dict[str, str] = {}
+    clean = dict(values)
+    if not SLUG.match(str(values.get("name", ""))):
+        errors["name"] = "must be 1-64 letters, digits, '-' or '_'"
+    if not str(values.get("namespace") or "").strip():
+        errors["namespace"] = "namespace is required"
+    clean["component"] = str(values.get("component") or "backend")
+    url = values.get("system_url") or ""
+    problem = url_problem(url)
+    if problem is None:
+        outside = _literal_outside(OutboundPolicy.from_cidrs(allowed_networks or []), url)
+        if outside:
+            problem = f"is outside the source's allowed networks: {outside}"
+    if problem:
+        errors["system_url"] = f"system URL {problem}"
+    family = values.get("family")
+    if family not in FAMILIES:
+        errors["family"] = f"family must be one of {', '.join(sorted(FAMILIES))}"
+    routes = values.get("allowed_routes") or []
+    if isinstance(routes, str):
+        routes = [r for r in re.split(r"[\s,]+", routes) if r]
+    routes = sorted({str(r).strip() for r in routes if str(r).strip()})
+    bad = [r for r in routes if r.startswith("/") or ".." in r or " " in r]
+    if bad:
+        errors["allowed_routes"] = f"route names must be relative engine routes, not {bad[0]!r}"
+    clean["allowed_routes"] = routes
+    clean["model"] = str(values.get("model") or "")
+    if errors:
+        raise ValidationError(errors)
+    return clean

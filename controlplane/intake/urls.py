@@ -1,5 +1,9 @@
-from django.urls import path  # noqa: F401
+from django.urls import include, path
+
+from controlplane.intake.api import urlpatterns as api_urlpatterns
 
 app_name = "intake"
 
-urlpatterns: list = []
+urlpatterns = [
+    path("api/v1/", include((api_urlpatterns(), "api-v1"), namespace="api-v1")),
+]

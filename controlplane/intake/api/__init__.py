@@ -1,0 +1,59 @@
+"""The JSON API under `/api/v1/`: one NinjaAPI, its routers, its error bodies and its URLs.
+
+OpenAPI 3 at `/api/v1/openapi.json`, human docs at `/api/v1/docs`. Authentication is a bearer
+token or the browser session (CSRF on unsafe methods); the machine endpoints (webhooks) carry
+their own signature auth.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+from django.urls import re_path
+from ninja import NinjaAPI
+
+from controlplane.intake.api import audit, errors, gates, refreshes, sources, workers
+from controlplane.intake.api.auth import API_AUTH
+from controlplane.intake.api.middleware import machine_view
+from controlplane.intake.webhooks.trainer.view import router as trainer_webhooks
+
+api = NinjaAPI(
+    title="Dynamo RL control plane API",
+    version="1",
+    description=(
+        "Sources, workers, observations, gates, policy refreshes and audit events of the "
+        "Dynamo RL control plane; trainer webhooks. Errors are always "
+        '`{"error": {"code", "message", "details"}}`.'
+    ),
+    urls_namespace="api-v1",
+    auth=API_AUTH,
+    docs_url=None,
+)
+errors.install(api)
+for module in (sources, workers, gates, refreshes, audit):
+    api.add_router("", module.router)
+api.add_router("", trainer_webhooks)
+
+
+def _index(request: HttpRequest, **kwargs) -> JsonResponse:
+    return JsonResponse({"openapi": request.path + "openapi.json", "docs": request.path + "docs"})
+
+
+def _unknown(request: HttpRequest, **kwargs) -> JsonResponse:
+    body = {"error": {"code": "not_found", "message": "no such API endpoint", "details": None}}
+    return JsonResponse(body, status=404)
+
+
+def urlpatterns() -> list:
+    """The API's URL patterns: every view is a machine view (own auth, no login redirect)."""
+    from controlplane.intake.api.docs import api_docs
+
+    patterns, _, _ = api.urls
+    for pattern in patterns:
+        if getattr(pattern, "name", None) == "api-root":
+            pattern.callback = _index
+        pattern.callback = machine_view(pattern.callback)
+    return [
+        *patterns,
+        re_path(r"^docs$", machine_view(api_docs), name="docs"),
+        re_path(r"^.*$", machine_view(_unknown)),
+    ]

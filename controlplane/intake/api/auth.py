@@ -1,0 +1,104 @@
+"""Who is calling: a bearer token or a signed-in browser session (with CSRF), and what they
+may see. Endpoints call `require` for permissions and the source helpers for scoping."""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest
+from ninja.errors import AuthenticationError
+from ninja.security import APIKeyCookie, HttpBearer
+from ninja.utils import check_csrf
+
+from controlplane.accounts import tokens
+from controlplane.accounts.roles import Perm
+from controlplane.audit.recorder import Actor
+from controlplane.fleet.models import Source
+
+
+class BearerToken(HttpBearer):
+    """`Authorization: Bearer cpt_...`. A present but bad header is refused outright, so a
+    revoked token never silently falls back to a browser session."""
+
+    def __call__(self, request: HttpRequest):
+        header = request.headers.get("Authorization")
+        if not header:
+            return None
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise AuthenticationError(401, "Authorization must be 'Bearer <token>'")
+        return self.authenticate(request, secret.strip())
+
+    def authenticate(self, request: HttpRequest, token: str):
+        found = tokens.authenticate(token)
+        if found is None:
+            raise AuthenticationError(401, "the token is unknown, expired or revoked")
+        request.api_token = found
+        request.user = found.user
+        request.audit_actor = Actor.for_token(found)
+        return found
+
+
+class BrowserSession(APIKeyCookie):
+    """The signed-in user's session cookie; unsafe methods must carry the CSRF token."""
+
+    param_name = "sessionid"
+
+    def _get_key(self, request: HttpRequest):
+        key = request.COOKIES.get(self.param_name)
+        if key and request.method not in ("GET", "HEAD", "OPTIONS") and check_csrf(request):
+            raise AuthenticationError(403, "CSRF check failed")
+        return key
+
+    def authenticate(self, request: HttpRequest, key):
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        request.api_token = None
+        return user
+
+
+API_AUTH = [BearerToken(), BrowserSession()]
+
+
+def require(request: HttpRequest, perm: Perm) -> None:
+    if not request.user.has_perm(perm):
+        raise PermissionDenied(f"this needs the {perm.codename} permission")
+
+
+def token_source_ids(request: HttpRequest) -> set[int] | None:
+    """The sources a limited token may touch, or None when not limited (cached per request)."""
+    if not hasattr(request, "_token_source_ids"):
+        request._token_source_ids = tokens.allowed_source_ids(getattr(request, "api_token", None))
+    return request._token_source_ids
+
+
+def visible_sources(request: HttpRequest):
+    sources = Source.objects.all()
+    limit = token_source_ids(request)
+    return sources if limit is None else sources.filter(pk__in=limit)
+
+
+def source_or_404(request: HttpRequest, name: str) -> Source:
+    source = visible_sources(request).filter(name=name).first()
+    if source is None:
+        raise Http404(f"no source {name!r}")
+    return source
+
+
+def limit_to_sources(request: HttpRequest, queryset, field: str = "source"):
+    """Filter a queryset of source-owned rows to what the caller may see."""
+    limit = token_source_ids(request)
+    return queryset if limit is None else queryset.filter(**{f"{field}__in": limit})
+
+
+def require_unlimited(request: HttpRequest) -> None:
+    """Fleet-wide operations (creating sources, reading the whole audit log) are refused to
+    tokens limited to some sources."""
+    if token_source_ids(request) is not None:
+        raise PermissionDenied("this token is limited to some sources")
+
+
+def actor(request: HttpRequest) -> Actor:
+    from controlplane.audit.recorder import actor_from_request
+
+    return actor_from_request(request)

@@ -1,0 +1,326 @@
+"""Policy refreshes: plan, start, read (with plan, steps and journal), approve, reject, abort,
+retry and roll back. Every action goes through `controlplane.refresh.actions`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from ninja import Path, Query, Router, Schema
+from pydantic import Field
+
+from controlplane.accounts.roles import Perm
+from controlplane.intake.api import idempotency
+from controlplane.intake.api.auth import actor, limit_to_sources, require, source_or_404
+from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
+from controlplane.intake.api.pagination import PageParams, page_of, paginate
+
+router = Router(tags=["policy refreshes"])
+
+Id = Annotated[int, Path(ge=1, le=2**63 - 1)]
+ACTION_ERRORS = {409: ErrorOut, **COMMON_ERRORS}
+JOURNAL_LIMIT = 5000
+
+
+class TargetIn(Schema):
+    weight_version: str | int = Field(description="the policy version workers must report")
+    method: Literal["disk", "distributed"] = "disk"
+    model_path: str | None = Field(None, max_length=1000)
+    group: dict[str, Any] | None = None
+    update: dict[str, Any] | None = None
+
+
+class PlanIn(Schema):
+    source: str = Field(max_length=64)
+    target: TargetIn
+    namespaces: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
+    worker_ids: list[Annotated[int, Field(ge=1, le=2**63 - 1)]] | None = Field(
+        None, max_length=10000
+    )
+    pause_mode: Literal["keep", "wait", "abort"] = "keep"
+    verification: dict[str, Any] | None = None
+
+
+class RejectIn(Schema):
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class AbortIn(Schema):
+    resume_engines: bool = False
+
+
+class RefreshOut(Schema):
+    id: int
+    source: str
+    namespaces: list[str]
+    target: dict[str, Any]
+    state: str
+    pause_mode: str
+    plan_blockers: list[Any]
+    failed_step: str
+    held_reason: str
+    end_reason: str
+    requested_by: str
+    approved_by: str | None
+    rollback_of: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class PlannedWorkerOut(Schema):
+    key: str
+    namespace: str
+    instance_id: str
+    family: str
+    system_url: str
+    calls: dict[str, Any]
+    blockers: list[Any]
+    flush_skipped: str
+
+
+class StepOut(Schema):
+    name: str
+    attempt: int
+    status: str
+    detail: str
+    started_at: datetime
+    finished_at: datetime | None
+    duration_ms: float | None
+
+
+class JournalOut(Schema):
+    id: int
+    worker: str | None
+    step: str
+    operation: str
+    method: str
+    url: str
+    request_body: Any = None
+    http_status: int | None
+    response_body: Any = None
+    ok: bool
+    error: str
+    duration_ms: float
+    attempt: int
+    started_at: datetime
+    finished_at: datetime
+
+
+class RefreshDetailOut(RefreshOut):
+    workers: list[PlannedWorkerOut]
+    steps: list[StepOut]
+    journal: list[JournalOut]
+
+
+class RefreshFilters(PageParams):
+    source: str | None = Field(None, max_length=64)
+    state: str | None = Field(None, max_length=24)
+
+
+def _models():
+    from controlplane.refresh import models
+
+    return models
+
+
+def serialize_refresh(refresh) -> dict[str, Any]:
+    return {
+        "id": refresh.pk,
+        "source": refresh.source.name,
+        "namespaces": list(refresh.namespaces or []),
+        "target": refresh.target if isinstance(refresh.target, dict) else {},
+        "state": refresh.state,
+        "pause_mode": refresh.pause_mode,
+        "plan_blockers": list(refresh.plan_blockers or []),
+        "failed_step": refresh.failed_step,
+        "held_reason": refresh.held_reason,
+        "end_reason": refresh.end_reason,
+        "requested_by": refresh.requested_by_label,
+        "approved_by": refresh.approved_by.get_username() if refresh.approved_by_id else None,
+        "rollback_of": refresh.rollback_of_id,
+        "created_at": refresh.created_at,
+        "started_at": refresh.started_at,
+        "finished_at": refresh.finished_at,
+    }
+
+
+def serialize_detail(refresh) -> dict[str, Any]:
+    journal = refresh.journal.select_related("planned_worker").order_by("id")[:JOURNAL_LIMIT]
+    return {
+        **serialize_refresh(refresh),
+        "workers": [
+            {f: getattr(w, f) for f in PlannedWorkerOut.model_fields} for w in refresh.workers.all()
+        ],
+        "steps": [{f: getattr(s, f) for f in StepOut.model_fields} for s in refresh.steps.all()],
+        "journal": [
+            {
+                **{f: getattr(j, f) for f in JournalOut.model_fields if f != "worker"},
+                "worker": j.planned_worker.key if j.planned_worker_id else None,
+            }
+            for j in journal
+        ],
+    }
+
+
+def _refresh_or_404(request: HttpRequest, refresh_id: int):
+    refreshes = limit_to_sources(
+        request,
+        _models().PolicyRefresh.objects.select_related("source", "approved_by"),
+    )
+    return get_object_or_404(refreshes, pk=refresh_id)
+
+
+def _json(data: dict[str, Any]) -> dict[str, Any]:
+    return RefreshOut.model_validate(data).model_dump(mode="json")
+
+
+@router.get("/refreshes", response={200: page_of(RefreshOut), **COMMON_ERRORS})
+def list_refreshes(request: HttpRequest, filters: Query[RefreshFilters]):
+    require(request, Perm.VIEW)
+    refreshes = limit_to_sources(
+        request, _models().PolicyRefresh.objects.select_related("source", "approved_by")
+    )
+    if filters.source is not None:
+        refreshes = refreshes.filter(source__name=filters.source)
+    if filters.state is not None:
+        refreshes = refreshes.filter(state=filters.state)
+    return paginate(refreshes.order_by("-id"), filters, serialize_refresh)
+
+
+@router.post(
+    "/refreshes",
+    response={201: RefreshOut, **ACTION_ERRORS},
+    openapi_extra=idempotency.OPENAPI_PARAMETER,
+)
+def plan_refresh(request: HttpRequest, response: HttpResponse, payload: PlanIn):
+    """Plan a policy refresh (runs a fresh discovery first). Nothing is touched until start."""
+    from controlplane.refresh import actions
+
+    require(request, Perm.OPERATE_REFRESH)
+    source = source_or_404(request, payload.source)
+
+    def plan():
+        refresh = actions.plan_policy_refresh(
+            source=source,
+            actor=actor(request),
+            target=payload.target.model_dump(exclude_none=True),
+            namespaces=payload.namespaces,
+            worker_ids=payload.worker_ids,
+            pause_mode=payload.pause_mode,
+            verification=payload.verification,
+        )
+        return 201, _json(serialize_refresh(refresh))
+
+    return idempotency.run(request, response, plan)
+
+
+@router.get("/refreshes/{refresh_id}", response={200: RefreshDetailOut, **COMMON_ERRORS})
+def get_refresh(request: HttpRequest, refresh_id: Id):
+    """One refresh with its stored plan, its steps and its call journal."""
+    require(request, Perm.VIEW)
+    return serialize_detail(_refresh_or_404(request, refresh_id))
+
+
+def _action(request, response, refresh_id: int, perm: Perm, call):
+    require(request, perm)
+    refresh = _refresh_or_404(request, refresh_id)
+
+    def act():
+        result = call(refresh) or refresh
+        result.refresh_from_db()
+        return (201 if result.pk != refresh.pk else 200), _json(serialize_refresh(result))
+
+    return idempotency.run(request, response, act)
+
+
+_ACTION = {
+    "response": {200: RefreshOut, 201: RefreshOut, **ACTION_ERRORS},
+    "openapi_extra": idempotency.OPENAPI_PARAMETER,
+}
+
+
+@router.post("/refreshes/{refresh_id}/start", **_ACTION)
+def start_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id):
+    """Start a planned refresh; it waits for approval if its source requires one."""
+    from controlplane.refresh import actions
+
+    return _action(
+        request,
+        response,
+        refresh_id,
+        Perm.OPERATE_REFRESH,
+        lambda r: actions.start_policy_refresh(r, actor=actor(request)),
+    )
+
+
+@router.post("/refreshes/{refresh_id}/approve", **_ACTION)
+def approve_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id):
+    from controlplane.refresh import actions
+
+    return _action(
+        request,
+        response,
+        refresh_id,
+        Perm.APPROVE_REFRESH,
+        lambda r: actions.approve_policy_refresh(r, actor=actor(request)),
+    )
+
+
+@router.post("/refreshes/{refresh_id}/reject", **_ACTION)
+def reject_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: RejectIn):
+    from controlplane.refresh import actions
+
+    return _action(
+        request,
+        response,
+        refresh_id,
+        Perm.APPROVE_REFRESH,
+        lambda r: actions.reject_policy_refresh(r, actor=actor(request), reason=payload.reason),
+    )
+
+
+@router.post("/refreshes/{refresh_id}/abort", **_ACTION)
+def abort_refresh(
+    request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: AbortIn | None = None
+):
+    from controlplane.refresh import actions
+
+    resume = payload.resume_engines if payload else False
+    return _action(
+        request,
+        response,
+        refresh_id,
+        Perm.OPERATE_REFRESH,
+        lambda r: actions.abort_policy_refresh(r, actor=actor(request), resume_engines=resume),
+    )
+
+
+@router.post("/refreshes/{refresh_id}/retry", **_ACTION)
+def retry_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id):
+    """Retry the failed step of a held refresh (only failed or unreached workers)."""
+    from controlplane.refresh import actions
+
+    return _action(
+        request,
+        response,
+        refresh_id,
+        Perm.OPERATE_REFRESH,
+        lambda r: actions.retry_policy_refresh(r, actor=actor(request)),
+    )
+
+
+@router.post("/refreshes/{refresh_id}/rollback", **_ACTION)
+def rollback_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id):
+    """Plan a new refresh back to the last verified policy (answers 201 with the new one)."""
+    from controlplane.refresh import actions
+
+    return _action(
+        request,
+        response,
+        refresh_id,
+        Perm.OPERATE_REFRESH,
+        lambda r: actions.rollback_policy_refresh(r, actor=actor(request)),
+    )

@@ -1,0 +1,136 @@
+"""Sources: list, read, create, update, delete, and "refresh now" (a discovery refresh)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Query, Router, Schema
+from pydantic import Field
+
+from controlplane.accounts.roles import Perm
+from controlplane.fleet import services
+from controlplane.intake.api import idempotency
+from controlplane.intake.api.auth import (
+    actor,
+    require,
+    require_unlimited,
+    source_or_404,
+    visible_sources,
+)
+from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
+from controlplane.intake.api.pagination import PageParams, page_of, paginate
+
+router = Router(tags=["sources"])
+
+Text = Field(max_length=500)
+
+
+class SourceOut(Schema):
+    id: int
+    name: str
+    listener_url: str
+    frontend_url: str
+    expected_namespace: str
+    expected_prefix: str
+    expected_worker_suffix: str
+    allowed_networks: list[str]
+    refresh_interval_seconds: float
+    require_approval: bool
+    enabled: bool
+    reported_namespace: str
+    stale: bool
+    stale_reason: str
+    last_success_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class SourceIn(Schema):
+    name: str = Field(max_length=64)
+    listener_url: str = Text
+    frontend_url: str = Field("", max_length=500)
+    expected_namespace: str = Field("", max_length=200)
+    expected_prefix: str = Field("", max_length=200)
+    expected_worker_suffix: str = Field("", max_length=200)
+    allowed_networks: list[str] = Field(default_factory=list, max_length=100)
+    refresh_interval_seconds: float = Field(10.0, ge=1.0, le=86400.0)
+    require_approval: bool = False
+    enabled: bool = True
+
+
+class SourcePatch(Schema):
+    name: str | None = Field(None, max_length=64)
+    listener_url: str | None = Field(None, max_length=500)
+    frontend_url: str | None = Field(None, max_length=500)
+    expected_namespace: str | None = Field(None, max_length=200)
+    expected_prefix: str | None = Field(None, max_length=200)
+    expected_worker_suffix: str | None = Field(None, max_length=200)
+    allowed_networks: list[str] | None = Field(None, max_length=100)
+    refresh_interval_seconds: float | None = Field(None, ge=1.0, le=86400.0)
+    require_approval: bool | None = None
+    enabled: bool | None = None
+
+
+class Accepted(Schema):
+    status: str
+    source: str
+
+
+def serialize_source(source) -> dict:
+    return SourceOut.from_orm(source).model_dump(mode="json")
+
+
+@router.get("/sources", response={200: page_of(SourceOut), **COMMON_ERRORS})
+def list_sources(request: HttpRequest, page: Query[PageParams]):
+    """Sources the caller may see (all, or those a limited token names)."""
+    require(request, Perm.VIEW)
+    return paginate(visible_sources(request).order_by("name"), page, serialize_source)
+
+
+@router.post("/sources", response={201: SourceOut, **COMMON_ERRORS})
+def create_source(request: HttpRequest, payload: SourceIn):
+    require(request, Perm.MANAGE_SOURCES)
+    require_unlimited(request)
+    source = services.create_source(actor=actor(request), **payload.model_dump())
+    return 201, serialize_source(source)
+
+
+@router.get("/sources/{name}", response={200: SourceOut, **COMMON_ERRORS})
+def get_source(request: HttpRequest, name: str):
+    require(request, Perm.VIEW)
+    return serialize_source(source_or_404(request, name))
+
+
+@router.patch("/sources/{name}", response={200: SourceOut, **COMMON_ERRORS})
+def update_source(request: HttpRequest, name: str, payload: SourcePatch):
+    require(request, Perm.MANAGE_SOURCES)
+    source = source_or_404(request, name)
+    changes = payload.model_dump(exclude_unset=True, exclude_none=True)
+    source = services.update_source(source, actor=actor(request), **changes)
+    return serialize_source(source)
+
+
+@router.delete("/sources/{name}", response={204: None, **COMMON_ERRORS})
+def delete_source(request: HttpRequest, name: str):
+    require(request, Perm.MANAGE_SOURCES)
+    source = source_or_404(request, name)
+    services.remove_source(source, actor=actor(request))
+    return 204, None
+
+
+@router.post(
+    "/sources/{name}/refresh",
+    response={202: Accepted, 409: ErrorOut, **COMMON_ERRORS},
+    openapi_extra=idempotency.OPENAPI_PARAMETER,
+)
+def refresh_source_now(request: HttpRequest, response: HttpResponse, name: str):
+    """Run a discovery refresh of the source now (on a Celery worker)."""
+    require(request, Perm.RUN_DISCOVERY)
+    source = source_or_404(request, name)
+
+    def start():
+        services.request_discovery(source, actor=actor(request))
+        return 202, {"status": "queued", "source": source.name}
+
+    return idempotency.run(request, response, start)

@@ -1,0 +1,1 @@
+"""Inbound webhooks, one package per source of events (view, event schema, fixtures)."""

@@ -1,0 +1,1 @@
+"""Trainer webhooks: "checkpoint ready" events that start (or propose) a policy refresh."""

@@ -1,0 +1,104 @@
+"""The events a trainer sends, and the endpoint rules that decide whether approval is needed."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CHECKPOINT_READY = "checkpoint.ready"
+TEST_PING = "test.ping"
+EVENT_TYPES = (CHECKPOINT_READY, TEST_PING)
+
+
+class DistributedUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group: dict[str, Any] = Field(description="init_weights_update_group parameters")
+    update: dict[str, Any] = Field(description="update_weights_from_distributed parameters")
+
+
+class CheckpointReady(BaseModel):
+    """A new policy checkpoint: where to load it from and what version it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight_version: str | int = Field(description="version workers must report after the update")
+    model_path: str | None = Field(None, max_length=1000, description="for a disk update")
+    distributed: DistributedUpdate | None = Field(None, description="for a distributed update")
+    step: int | None = Field(None, ge=0, description="training step of the checkpoint")
+    metrics: dict[str, float] = Field(default_factory=dict)
+    checkpoint_digest: str | None = Field(None, max_length=200)
+    namespaces: list[str] | None = Field(
+        None, description="a subset of the endpoint's namespaces; default all of them"
+    )
+
+    @model_validator(mode="after")
+    def _one_method(self):
+        if (self.model_path is None) == (self.distributed is None):
+            raise ValueError("give exactly one of model_path or distributed")
+        if isinstance(self.weight_version, str) and not self.weight_version.strip():
+            raise ValueError("weight_version must not be empty")
+        return self
+
+    def target(self) -> dict[str, Any]:
+        if self.distributed is not None:
+            return {
+                "weight_version": self.weight_version,
+                "method": "distributed",
+                "group": self.distributed.group,
+                "update": self.distributed.update,
+            }
+        return {
+            "weight_version": self.weight_version,
+            "method": "disk",
+            "model_path": self.model_path,
+        }
+
+
+class TrainerEvent(BaseModel):
+    """The Standard Webhooks envelope: `type`, `timestamp`, `data`."""
+
+    type: Literal["checkpoint.ready", "test.ping"]
+    timestamp: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+_OPS = {
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+}
+RULE_OPS = tuple(_OPS)
+
+
+def validate_rules(rules: Any) -> list[dict[str, Any]]:
+    """Rules look like `{"metric": "eval/reward", "op": "lt", "value": 0.2}`. Raises ValueError."""
+    if not isinstance(rules, list):
+        raise ValueError("rules must be a list")
+    clean = []
+    for rule in rules:
+        if not isinstance(rule, dict) or set(rule) != {"metric", "op", "value"}:
+            raise ValueError("each rule needs exactly metric, op and value")
+        if rule["op"] not in _OPS:
+            raise ValueError(f"op must be one of {', '.join(RULE_OPS)}")
+        if not isinstance(rule["metric"], str) or not rule["metric"]:
+            raise ValueError("metric must be a name")
+        if isinstance(rule["value"], bool) or not isinstance(rule["value"], int | float):
+            raise ValueError("value must be a number")
+        clean.append({"metric": rule["metric"], "op": rule["op"], "value": float(rule["value"])})
+    return clean
+
+
+def approval_reasons(rules: list[dict[str, Any]], metrics: dict[str, float]) -> list[str]:
+    """Why the rules want a person to approve. A metric a rule needs but the event lacks counts
+    as a reason too: a rule that cannot be checked must not wave the checkpoint through."""
+    reasons = []
+    for rule in rules:
+        name, op, value = rule["metric"], rule["op"], rule["value"]
+        if name not in metrics:
+            reasons.append(f"metric {name} missing (rule {op} {value:g})")
+        elif _OPS[op](metrics[name], value):
+            reasons.append(f"{name} = {metrics[name]:g} is {op} {value:g}")
+    return reasons

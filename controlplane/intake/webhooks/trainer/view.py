@@ -1,0 +1,106 @@
+"""`POST /api/v1/webhooks/trainer/<endpoint>`: the HTTP face of `receive.receive`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest
+from ninja import Router, Schema
+
+from controlplane.audit.recorder import client_ip
+from controlplane.intake.api.errors import ErrorOut
+from controlplane.intake.webhooks.trainer.events import CheckpointReady
+from controlplane.intake.webhooks.trainer.receive import receive, too_large
+
+router = Router(tags=["trainer webhooks"])
+
+
+class WebhookResult(Schema):
+    status: str
+    webhook_id: str
+    outcome: str
+    refresh_id: int | None = None
+    refresh_state: str | None = None
+    detail: str | None = None
+
+
+def _inline(schema: dict[str, Any]) -> dict[str, Any]:
+    """Resolve pydantic's local `$defs` references, so the schema can sit inside an operation."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return walk(dict(defs[ref.rsplit("/", 1)[1]]))
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+_HEADERS = [
+    {
+        "in": "header",
+        "name": name,
+        "required": True,
+        "schema": {"type": "string"},
+        "description": text,
+    }
+    for name, text in (
+        ("webhook-id", "unique message id; a repeat is answered as already processed"),
+        ("webhook-timestamp", "Unix seconds; must be within 5 minutes of the server clock"),
+        ("webhook-signature", "space-separated `v1,<base64 HMAC-SHA256>` signatures"),
+    )
+]
+_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["type", "data"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["checkpoint.ready", "test.ping"]},
+                    "timestamp": {"type": "string"},
+                    "data": _inline(CheckpointReady.model_json_schema()),
+                },
+            }
+        }
+    },
+}
+
+
+@router.post(
+    "/webhooks/trainer/{endpoint}",
+    auth=None,
+    response={
+        200: WebhookResult,
+        202: WebhookResult,
+        400: ErrorOut,
+        401: ErrorOut,
+        403: ErrorOut,
+        404: ErrorOut,
+        413: ErrorOut,
+        422: ErrorOut,
+    },
+    openapi_extra={"parameters": _HEADERS, "requestBody": _BODY},
+)
+def trainer_webhook(request: HttpRequest, endpoint: str) -> tuple[int, dict[str, Any]]:
+    """A trainer's "checkpoint ready" event, signed with the Standard Webhooks scheme."""
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    if declared.isdigit() and int(declared) > settings.WEBHOOK_MAX_BODY_BYTES:
+        answer = too_large(endpoint, source_ip=client_ip(request))
+        return answer.status, answer.body
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        answer = too_large(endpoint, source_ip=client_ip(request))
+        return answer.status, answer.body
+    headers = {name.lower(): value for name, value in request.headers.items()}
+    answer = receive(endpoint, headers, body, source_ip=client_ip(request))
+    return answer.status, answer.body

@@ -32,6 +32,8 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_APPROVED = "policy_refresh.approved"
     POLICY_REFRESH_REJECTED = "policy_refresh.rejected"
     POLICY_REFRESH_STARTED = "policy_refresh.started"
+    POLICY_REFRESH_STEP_STARTED = "policy_refresh.step_started"
+    POLICY_REFRESH_STEP_SUCCEEDED = "policy_refresh.step_succeeded"
     POLICY_REFRESH_STEP_FAILED = "policy_refresh.step_failed"
     POLICY_REFRESH_HELD = "policy_refresh.held"
     POLICY_REFRESH_RETRIED = "policy_refresh.retried"

@@ -1,0 +1,446 @@
+"""Operator intents on policy refreshes and gates: one function each.
+
+Each writes its change and its audit rows in one transaction and enqueues the executor with
+`transaction.on_commit`. Views, the JSON API, webhooks and the management command call these;
+they never write refresh models themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor, record
+from controlplane.fleet.models import Source, Worker, WorkerState
+from controlplane.refresh import gates
+from controlplane.refresh.errors import (
+    ApprovalNotAllowed,
+    InvalidTransition,
+    PlanBlocked,
+    RefreshConflict,
+)
+from controlplane.refresh.executor.runner import publish_state, release_scope
+from controlplane.refresh.models import (
+    EXECUTING_STATES,
+    FlushPolicy,
+    Gate,
+    PauseMode,
+    PlannedWorker,
+    PolicyRefresh,
+    RefreshState,
+    ScopeLock,
+)
+from controlplane.refresh.notify import notify
+from controlplane.refresh.planning import (
+    normalize_target,
+    normalize_verification,
+    plan_level_blockers,
+    plan_worker,
+    source_policy,
+)
+from controlplane.refresh.sequence import STEP_STATE, StepName
+
+
+def _enqueue(refresh_id: int) -> None:
+    from controlplane.refresh.tasks import execute_policy_refresh
+
+    transaction.on_commit(lambda: execute_policy_refresh.delay(refresh_id))
+
+
+def _audit(action: AuditAction, refresh: PolicyRefresh, actor: Actor, **details: Any) -> None:
+    record(
+        action,
+        actor=actor,
+        target=refresh,
+        details={"refresh_id": refresh.pk, **details},
+        correlation_id=refresh.correlation_id,
+    )
+
+
+def _live_workers(source: Source, namespaces: list[str] | None):
+    workers = Worker.objects.filter(source=source).exclude(state=WorkerState.GONE)
+    if namespaces:
+        workers = workers.filter(namespace__in=namespaces)
+    return workers.select_related("static_worker")
+
+
+def _membership(workers) -> list[str]:
+    return sorted(w.key for w in workers if w.static_worker_id is None)
+
+
+def _fresh_discovery(source: Source):
+    """A fresh discovery refresh through the fleet app, once it provides one."""
+    try:
+        from controlplane.fleet import discovery
+        from controlplane.fleet.models import DiscoveryTrigger
+    except ImportError:  # discovery not installed: plan from the rows as they are
+        return None
+    return discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.PLAN)
+
+
+def plan_policy_refresh(
+    *,
+    source: Source,
+    actor: Actor,
+    target: dict[str, Any],
+    namespaces: list[str] | None = None,
+    worker_ids: list[int] | None = None,
+    pause_mode: str = "keep",
+    verification: dict[str, Any] | None = None,
+    rollback_of: PolicyRefresh | None = None,
+    flush_policy: str = "auto",
+) -> PolicyRefresh:
+    """Run a fresh discovery and store the plan; blockers are stored, never raised."""
+    target = normalize_target(target)
+    verification = normalize_verification(verification)
+    if pause_mode not in PauseMode.values:
+        raise ValidationError(f"unknown pause mode {pause_mode!r}")
+    if flush_policy not in FlushPolicy.values:
+        raise ValidationError(f"unknown flush policy {flush_policy!r}")
+    namespaces = sorted(set(namespaces)) if namespaces else None
+
+    last_view = set(_membership(_live_workers(source, namespaces)))
+    run = _fresh_discovery(source)  # network I/O: outside any transaction
+    blockers: list[str] = []
+    if run is not None and not run.ok:
+        blockers.append(f"discovery failed: {run.error or 'listener unreachable'}")
+
+    workers = list(_live_workers(source, namespaces))
+    membership = _membership(workers)
+    if namespaces is None:
+        namespaces = sorted({w.namespace for w in workers})
+    if last_view and set(membership) != last_view:
+        joined, left = set(membership) - last_view, last_view - set(membership)
+        blockers.append(
+            f"membership differs from the last view ({len(joined)} joined, {len(left)} left); "
+            "review the fleet and plan again"
+        )
+    selected = workers
+    subset_keys = None
+    if worker_ids:
+        selected = [w for w in workers if w.pk in set(worker_ids)]
+        subset_keys = sorted(w.key for w in selected)
+        if len(selected) != len(set(worker_ids)):
+            blockers.append("some selected workers are gone or outside the chosen namespaces")
+    if not selected:
+        blockers.append("no live workers in the chosen scope")
+
+    policy = source_policy(source)
+    blockers += plan_level_blockers(source, verification=verification, policy=policy)
+    plans = [
+        plan_worker(
+            w,
+            target=target,
+            pause_mode=pause_mode,
+            flush_policy=flush_policy,
+            verification=verification,
+            policy=policy or _empty_policy(),
+        )
+        for w in selected
+    ]
+    blocked = sum(1 for p in plans if p.blockers)
+    if blocked:
+        blockers.append(f"{blocked} of {len(plans)} workers have blockers")
+
+    with transaction.atomic():
+        refresh = PolicyRefresh.objects.create(
+            source=source,
+            namespaces=namespaces,
+            worker_keys=subset_keys,
+            target=target,
+            pause_mode=pause_mode,
+            flush_policy=flush_policy,
+            verification=verification,
+            plan_blockers=blockers,
+            plan_membership=membership,
+            discovery_run=run,
+            requested_by=actor.user,
+            requested_by_label=actor.label[:200],
+            rollback_of=rollback_of,
+        )
+        PlannedWorker.objects.bulk_create(
+            PlannedWorker(
+                refresh=refresh,
+                worker=p.worker,
+                key=p.worker.key,
+                namespace=p.worker.namespace,
+                instance_id=p.worker.instance_id,
+                system_url=p.worker.system_url,
+                family=p.family,
+                model=p.worker.model,
+                calls=p.calls,
+                blockers=p.blockers,
+                flush_skipped=p.flush_skipped,
+            )
+            for p in plans
+        )
+        _audit(
+            AuditAction.POLICY_REFRESH_PLANNED,
+            refresh,
+            actor,
+            source=source.name,
+            namespaces=namespaces,
+            target=target,
+            workers=len(plans),
+            blockers=blockers,
+            rollback_of=rollback_of.pk if rollback_of else None,
+        )
+    return refresh
+
+
+def _empty_policy():
+    from controlplane.dynamo.policy import OutboundPolicy
+
+    return OutboundPolicy(())
+
+
+def _conflict(source: Source, namespaces: list[str]) -> RefreshConflict:
+    lock = (
+        ScopeLock.objects.filter(source=source, namespace__in=namespaces)
+        .select_related("refresh")
+        .first()
+    )
+    if lock is None:
+        return RefreshConflict("another policy refresh is starting on this scope")
+    other = lock.refresh
+    return RefreshConflict(
+        f"policy refresh #{other.pk} ({other.state}) is active on "
+        f"{source.name}/{lock.namespace}; wait for it or resolve it first",
+        active_refresh_id=other.pk,
+    )
+
+
+def _locked(refresh: PolicyRefresh) -> PolicyRefresh:
+    return PolicyRefresh.objects.select_for_update().select_related("source").get(pk=refresh.pk)
+
+
+def start_policy_refresh(
+    refresh: PolicyRefresh, *, actor: Actor, enqueue: bool = True
+) -> PolicyRefresh:
+    """Take the scope (database-enforced) and run, or wait for approval where required.
+
+    `enqueue=False` leaves execution to the caller (the management command runs in-process).
+    """
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        if refresh.state != RefreshState.PLANNED:
+            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not planned")
+        if refresh.plan_blockers:
+            raise PlanBlocked("the plan has blockers: " + "; ".join(refresh.plan_blockers))
+        try:
+            with transaction.atomic():
+                ScopeLock.objects.bulk_create(
+                    ScopeLock(source=refresh.source, namespace=ns, refresh=refresh)
+                    for ns in refresh.namespaces
+                )
+        except IntegrityError:
+            raise _conflict(refresh.source, refresh.namespaces) from None
+        needs_approval = refresh.source.require_approval
+        refresh.state = (
+            RefreshState.AWAITING_APPROVAL if needs_approval else STEP_STATE[StepName.GATE]
+        )
+        refresh.started_at = refresh.state_changed_at = timezone.now()
+        refresh.save(update_fields=["state", "started_at", "state_changed_at"])
+        _audit(AuditAction.POLICY_REFRESH_REQUESTED, refresh, actor, needs_approval=needs_approval)
+        if needs_approval:
+            notify("refresh.awaiting_approval", refresh=refresh)
+        else:
+            _audit(AuditAction.POLICY_REFRESH_STARTED, refresh, actor)
+            if enqueue:
+                _enqueue(refresh.pk)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+def approve_policy_refresh(
+    refresh: PolicyRefresh, *, actor: Actor, enqueue: bool = True
+) -> PolicyRefresh:
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        if refresh.state != RefreshState.AWAITING_APPROVAL:
+            raise ApprovalNotAllowed(f"policy refresh #{refresh.pk} is not awaiting approval")
+        if actor.user is None or actor.user.pk == refresh.requested_by_id:
+            raise ApprovalNotAllowed("the requester cannot approve their own policy refresh")
+        refresh.state = RefreshState.GATING
+        refresh.approved_by = actor.user
+        refresh.approved_at = refresh.state_changed_at = timezone.now()
+        refresh.save(update_fields=["state", "approved_by", "approved_at", "state_changed_at"])
+        _audit(AuditAction.POLICY_REFRESH_APPROVED, refresh, actor)
+        _audit(AuditAction.POLICY_REFRESH_STARTED, refresh, actor)
+        if enqueue:
+            _enqueue(refresh.pk)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+def reject_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> PolicyRefresh:
+    if not reason or not reason.strip():
+        raise ValidationError("a rejection needs a reason")
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        if refresh.state != RefreshState.AWAITING_APPROVAL:
+            raise ApprovalNotAllowed(f"policy refresh #{refresh.pk} is not awaiting approval")
+        if actor.user is not None and actor.user.pk == refresh.requested_by_id:
+            raise ApprovalNotAllowed("the requester cannot reject their own policy refresh")
+        refresh.state = RefreshState.REJECTED
+        refresh.end_reason = reason.strip()
+        refresh.finished_at = refresh.state_changed_at = timezone.now()
+        refresh.save(update_fields=["state", "end_reason", "finished_at", "state_changed_at"])
+        release_scope(refresh, "")
+        _audit(AuditAction.POLICY_REFRESH_REJECTED, refresh, actor, reason=reason.strip())
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+def abort_policy_refresh(
+    refresh: PolicyRefresh, *, actor: Actor, resume_engines: bool = False
+) -> PolicyRefresh:
+    """Stop at the next call boundary. Ends held (gate closed) unless `resume_engines`."""
+    reason = f"aborted by {actor.label}"
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        state = refresh.state
+        if state in (RefreshState.PLANNED, RefreshState.AWAITING_APPROVAL):
+            # Nothing touched yet: end at once.
+            refresh.state = RefreshState.ABORTED
+            refresh.end_reason = reason
+            refresh.finished_at = refresh.state_changed_at = timezone.now()
+            refresh.save(update_fields=["state", "end_reason", "finished_at", "state_changed_at"])
+            release_scope(refresh, "")
+        elif state in EXECUTING_STATES and state != RefreshState.RELEASING:
+            refresh.abort_requested = True
+            refresh.end_reason = reason
+            refresh.end_state = RefreshState.ABORTED if resume_engines else ""
+            refresh.save(update_fields=["abort_requested", "end_reason", "end_state"])
+        elif state == RefreshState.HELD and resume_engines:
+            refresh.state = RefreshState.RELEASING
+            refresh.end_state = RefreshState.ABORTED
+            refresh.end_reason = reason
+            refresh.state_changed_at = timezone.now()
+            refresh.save(update_fields=["state", "end_state", "end_reason", "state_changed_at"])
+            _enqueue(refresh.pk)
+        else:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {state}; a held refresh is aborted by resuming "
+                "its engines, or resolved by retry, rollback or force-reopen"
+            )
+        _audit(AuditAction.POLICY_REFRESH_ABORTED, refresh, actor, resume_engines=resume_engines)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
+    """Re-run the failed step on failed or unreached workers only, then carry on."""
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        if refresh.state != RefreshState.HELD or not refresh.failed_step:
+            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+        step = StepName(refresh.failed_step)
+        refresh.state = STEP_STATE[step]
+        refresh.held_reason = ""
+        refresh.abort_requested = False
+        refresh.state_changed_at = timezone.now()
+        refresh.save(update_fields=["state", "held_reason", "abort_requested", "state_changed_at"])
+        _audit(AuditAction.POLICY_REFRESH_RETRIED, refresh, actor, step=step.value)
+        _enqueue(refresh.pk)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+def last_verified_policy(source: Source, namespaces: list[str]) -> dict[str, Any] | None:
+    gate = (
+        Gate.objects.filter(source=source, namespace__in=namespaces, verified_policy__isnull=False)
+        .order_by("-updated_at")
+        .first()
+    )
+    return gate.verified_policy if gate else None
+
+
+def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
+    """A new refresh of the same scope to its last verified policy; it inherits the scope."""
+    if refresh.state != RefreshState.HELD:
+        raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+    policy = last_verified_policy(refresh.source, refresh.namespaces)
+    if policy is None:
+        raise InvalidTransition("this scope has no verified policy to roll back to")
+    new = plan_policy_refresh(
+        source=refresh.source,
+        actor=actor,
+        target=policy,
+        namespaces=refresh.namespaces,
+        pause_mode=refresh.pause_mode,
+        verification=refresh.verification,
+        rollback_of=refresh,
+        flush_policy=refresh.flush_policy,
+    )
+    if new.plan_blockers:
+        raise PlanBlocked("the rollback plan has blockers: " + "; ".join(new.plan_blockers))
+    with transaction.atomic():
+        old = _locked(refresh)
+        if old.state != RefreshState.HELD:
+            raise InvalidTransition(f"policy refresh #{old.pk} is {old.state}, not held")
+        new = _locked(new)
+        # The rollback takes over the scope (and the paused workers) without a gap.
+        ScopeLock.objects.filter(refresh=old).update(refresh=new)
+        Gate.objects.filter(active_refresh=old).update(active_refresh=new)
+        old.state = RefreshState.FAILED
+        old.end_reason = f"rolled back by policy refresh #{new.pk}"
+        old.finished_at = old.state_changed_at = timezone.now()
+        old.save(update_fields=["state", "end_reason", "finished_at", "state_changed_at"])
+        needs_approval = new.source.require_approval
+        new.state = RefreshState.AWAITING_APPROVAL if needs_approval else RefreshState.GATING
+        new.started_at = new.state_changed_at = timezone.now()
+        new.save(update_fields=["state", "started_at", "state_changed_at"])
+        _audit(
+            AuditAction.POLICY_REFRESH_ROLLED_BACK,
+            old,
+            actor,
+            rollback_refresh_id=new.pk,
+            target=policy,
+        )
+        _audit(AuditAction.POLICY_REFRESH_REQUESTED, new, actor, needs_approval=needs_approval)
+        if needs_approval:
+            notify("refresh.awaiting_approval", refresh=new)
+        else:
+            _audit(AuditAction.POLICY_REFRESH_STARTED, new, actor)
+            _enqueue(new.pk)
+    transaction.on_commit(lambda: (publish_state(old), publish_state(new)))
+    return new
+
+
+def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
+    """Open a closed gate on a person's written say-so. A held refresh on it is closed out:
+    the executor resumes the engines it paused and ends it as failed."""
+    if not reason or not reason.strip():
+        raise ValidationError("force-reopening a gate needs a written reason")
+    reason = reason.strip()
+    with transaction.atomic():
+        gate = Gate.objects.select_for_update().select_related("source").get(pk=gate.pk)
+        refresh = gate.active_refresh
+        if refresh is not None:
+            refresh = _locked(refresh)
+            if refresh.state in EXECUTING_STATES:
+                raise InvalidTransition(
+                    f"policy refresh #{refresh.pk} is running ({refresh.state}); abort it first"
+                )
+            if refresh.state == RefreshState.HELD:
+                refresh.state = RefreshState.RELEASING
+                refresh.end_state = RefreshState.FAILED
+                refresh.end_reason = (
+                    f"gate {gate.namespace} force-reopened by {actor.label}: {reason}"
+                )
+                refresh.state_changed_at = timezone.now()
+                refresh.save(update_fields=["state", "end_state", "end_reason", "state_changed_at"])
+                _enqueue(refresh.pk)
+        elif gate.is_open:
+            raise InvalidTransition(f"gate {gate.source.name}/{gate.namespace} is already open")
+        gates.force_open([gate], actor=actor, refresh=refresh, reason=reason)
+        gate.refresh_from_db()
+        notify("gate.force_reopened", gate=gate, refresh=refresh, reason=reason)
+    if refresh is not None:
+        transaction.on_commit(lambda: publish_state(refresh))
+    return gate

@@ -1,0 +1,186 @@
+"""Journaling a step's calls as they finish: batched, fenced, and published as progress.
+
+Calls run on a helper thread's event loop; finished workers arrive on a queue. This thread
+collects them and every FLUSH_INTERVAL (or BATCH outcomes) writes one transaction: the lease
+guard (fencing token), the journal rows and the worker results with `bulk_create`, then one
+aggregated progress event. Between flushes it renews the lease, so a long call (up to the
+call timeout) never lets the lease lapse while the executor is alive. Each flush also reads the
+abort flag, so an abort reaches the runner within one flush interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.realtime import publish
+from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerOutcome, run_jobs
+from controlplane.refresh.executor.lease import Lease
+from controlplane.refresh.models import JournalEntry, PolicyRefresh, WorkerStepResult
+
+FLUSH_INTERVAL = 0.25
+BATCH = 200
+_DONE = object()
+
+
+def refresh_group(refresh_id: int) -> str:
+    return f"refresh.{refresh_id}"
+
+
+def journal_rows(refresh_id, token, step, attempt, outcome: WorkerOutcome) -> list[JournalEntry]:
+    return [
+        JournalEntry(
+            refresh_id=refresh_id,
+            planned_worker_id=outcome.planned_worker_id,
+            step=step,
+            operation=r.operation,
+            method=r.method,
+            url=r.url[:800],
+            request_body=r.request_body,
+            http_status=r.http_status,
+            response_body=r.response_body,
+            ok=r.ok,
+            error=r.error,
+            duration_ms=r.duration_ms,
+            attempt=attempt,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            lease_token=token,
+        )
+        for r in outcome.records
+    ]
+
+
+def cell_payload(outcome: WorkerOutcome, step: str) -> dict[str, Any]:
+    return {
+        "worker": outcome.planned_worker_id,
+        "step": step,
+        "status": outcome.status,
+        "error": outcome.error,
+        "ms": round(outcome.duration_ms, 1),
+        "calls": [
+            {
+                "op": r.operation,
+                "ok": r.ok,
+                "ms": round(r.duration_ms, 1),
+                "at": r.started_at.isoformat(),
+            }
+            for r in outcome.records
+        ],
+    }
+
+
+class StepJournal:
+    """Writes one step attempt's outcomes; `aborted` turns true once an abort is seen."""
+
+    def __init__(self, lease: Lease, step: str, attempt: int, total: int) -> None:
+        self.lease = lease
+        self.step = step
+        self.attempt = attempt
+        self.total = total
+        self.done = 0
+        self.aborted = False
+        self.outcomes: list[WorkerOutcome] = []
+
+    def flush(self, batch: list[WorkerOutcome]) -> None:
+        refresh_id, token = self.lease.refresh_id, self.lease.token
+        with transaction.atomic():
+            self.lease.guard()
+            if batch:
+                rows: list[JournalEntry] = []
+                for outcome in batch:
+                    rows += journal_rows(refresh_id, token, self.step, self.attempt, outcome)
+                JournalEntry.objects.bulk_create(rows)
+                WorkerStepResult.objects.bulk_create(
+                    WorkerStepResult(
+                        refresh_id=refresh_id,
+                        planned_worker_id=o.planned_worker_id,
+                        step=self.step,
+                        attempt=self.attempt,
+                        status=o.status,
+                        error=o.error[:2000],
+                        duration_ms=o.duration_ms,
+                        finished_at=o.finished_at,
+                    )
+                    for o in batch
+                )
+            abort = (
+                PolicyRefresh.objects.filter(pk=refresh_id)
+                .values_list("abort_requested", flat=True)
+                .get()
+            )
+        self.aborted = self.aborted or abort
+        if batch:
+            self.done += len(batch)
+            self.outcomes += batch
+            publish(
+                refresh_group(refresh_id),
+                "progress",
+                {
+                    "step": self.step,
+                    "done": self.done,
+                    "total": self.total,
+                    "cells": [cell_payload(o, self.step) for o in batch],
+                },
+            )
+
+
+def run_step_calls(
+    lease: Lease, step: str, attempt: int, jobs: list[WorkerJob], cfg: CallSettings
+) -> StepJournal:
+    """Run every job, journaling as they finish. Returns the journal with all outcomes."""
+    journal = StepJournal(lease, step, attempt, len(jobs))
+    publish(
+        refresh_group(lease.refresh_id),
+        "step.running",
+        {"step": step, "workers": [j.planned_worker_id for j in jobs]},
+    )
+    if not jobs:
+        return journal
+    outcomes: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(run_jobs(jobs, cfg, emit=outcomes.put, stop=stop))
+        except BaseException as exc:  # surfaced to the runner below
+            failure.append(exc)
+        finally:
+            outcomes.put(_DONE)
+
+    thread = threading.Thread(target=main, name=f"refresh-{lease.refresh_id}-{step}", daemon=True)
+    thread.start()
+    batch: list[WorkerOutcome] = []
+    last_flush = time.monotonic()
+    finished = False
+    try:
+        while not finished:
+            try:
+                item = outcomes.get(timeout=FLUSH_INTERVAL)
+            except queue.Empty:
+                item = None
+            if item is _DONE:
+                finished = True
+            elif item is not None:
+                batch.append(item)
+            due = time.monotonic() - last_flush >= FLUSH_INTERVAL
+            if finished or len(batch) >= BATCH or due:
+                journal.flush(batch)
+                batch = []
+                last_flush = time.monotonic()
+                if journal.aborted:
+                    stop.set()
+    except BaseException:
+        stop.set()  # a lost lease or a database error: stop calling workers at once
+        raise
+    finally:
+        thread.join()
+    if failure:
+        raise failure[0]
+    return journal

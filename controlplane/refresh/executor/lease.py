@@ -1,0 +1,86 @@
+"""The executor's lease on a refresh, with a fencing token.
+
+Claiming bumps `lease_token` with a conditional UPDATE that only matches when nobody holds a
+live lease. Every later write runs `guard()` first, in the same transaction: an UPDATE that
+matches only while the token is still ours. A stale executor (one whose lease expired and was
+taken over) matches nothing and its whole transaction — journal rows included — is rolled back.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh
+
+
+class LeaseLost(Exception):
+    """Another executor took the refresh over; this one must stop writing at once."""
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+@dataclass
+class Lease:
+    refresh_id: int
+    token: int
+    owner: str
+    seconds: float
+    #: The previous holder never released: this claim is a takeover after a crash.
+    takeover: bool = False
+
+    @classmethod
+    def claim(cls, refresh_id: int, owner: str | None = None) -> Lease | None:
+        owner = owner or default_owner()
+        seconds = settings.REFRESH_LEASE_SECONDS
+        now = timezone.now()
+        previous = (
+            PolicyRefresh.objects.filter(pk=refresh_id)
+            .values_list("lease_owner", flat=True)
+            .first()
+        )
+        claimed = (
+            PolicyRefresh.objects.filter(pk=refresh_id, state__in=EXECUTING_STATES)
+            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+            .update(
+                lease_token=F("lease_token") + 1,
+                lease_owner=owner[:200],
+                lease_expires_at=now + timedelta(seconds=seconds),
+            )
+        )
+        if not claimed:
+            return None
+        token = PolicyRefresh.objects.values_list("lease_token", flat=True).get(pk=refresh_id)
+        return cls(refresh_id, token, owner, seconds, takeover=bool(previous))
+
+    def guard(self, **fields) -> None:
+        """Renew the lease and apply `fields`, only if the token is still ours.
+
+        Call inside `transaction.atomic()` before the writes it protects.
+        """
+        fields.setdefault("lease_expires_at", timezone.now() + timedelta(seconds=self.seconds))
+        matched = PolicyRefresh.objects.filter(pk=self.refresh_id, lease_token=self.token).update(
+            **fields
+        )
+        if not matched:
+            raise LeaseLost(
+                f"policy refresh #{self.refresh_id}: fencing token {self.token} is stale"
+            )
+
+    def renew(self) -> None:
+        with transaction.atomic():
+            self.guard()
+
+    def release(self, **fields) -> None:
+        """Give the refresh up cleanly (held, finished): the reconciler will leave it alone."""
+        self.guard(lease_owner="", lease_expires_at=None, **fields)

@@ -1,0 +1,280 @@
+"""The executor: claim the lease, run steps in order from the refresh's state, end cleanly.
+
+Where to start is read from the database (the state names the step, the worker results say
+which workers are done), so a fresh start, a retry and a takeover after a crash are the same
+loop. Any failure holds the refresh: gate closed, reason recorded, lease released.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import record
+from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.realtime import publish
+from controlplane.refresh import gates
+from controlplane.refresh.executor.calls import CallSettings
+from controlplane.refresh.executor.journal import refresh_group
+from controlplane.refresh.executor.lease import Lease, LeaseLost
+from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
+from controlplane.refresh.models import (
+    EXECUTING_STATES,
+    PolicyRefresh,
+    RefreshState,
+    ScopeLock,
+    StepRun,
+    WorkerStepResult,
+)
+from controlplane.refresh.notify import notify
+from controlplane.refresh.planning import source_policy
+from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, StepName, next_step
+
+logger = logging.getLogger(__name__)
+
+
+def call_settings(source, transport=None) -> CallSettings:
+    return CallSettings(
+        # Invalid allowlist → empty policy → every call refused: fail closed.
+        policy=source_policy(source) or OutboundPolicy(()),
+        frontend_url=source.frontend_url,
+        timeout=settings.REFRESH_CALL_TIMEOUT_SECONDS,
+        concurrency=settings.REFRESH_CONCURRENCY,
+        transport=transport,
+    )
+
+
+def publish_state(refresh: PolicyRefresh) -> None:
+    payload = {
+        "id": refresh.pk,
+        "state": refresh.state,
+        "failed_step": refresh.failed_step,
+        "held_reason": refresh.held_reason,
+    }
+    publish(refresh_group(refresh.pk), "state", payload)
+    publish(f"fleet.source.{refresh.source_id}", "refresh.state", payload)
+    publish("fleet", "refresh.state", payload)
+
+
+def release_scope(refresh: PolicyRefresh, reason: str) -> None:
+    """The refresh no longer owns its scope: drop the locks and detach the gates."""
+    ScopeLock.objects.filter(refresh=refresh).delete()
+    gates.detach_refresh(refresh, reason)
+
+
+class Runner:
+    def __init__(self, lease: Lease, *, transport=None) -> None:
+        self.lease = lease
+        self.transport = transport
+        self.takeover_pending = lease.takeover
+
+    def load(self) -> PolicyRefresh:
+        return PolicyRefresh.objects.select_related("source").get(pk=self.lease.refresh_id)
+
+    def run(self, *, stop_after: str | None = None) -> str:
+        try:
+            return self._loop(stop_after)
+        except LeaseLost:
+            logger.warning("policy refresh #%s: lease lost, stopping", self.lease.refresh_id)
+            return "lease_lost"
+
+    def _loop(self, stop_after: str | None) -> str:
+        if self.takeover_pending:
+            refresh = self.load()
+            with transaction.atomic():
+                self.lease.guard()
+                record(
+                    AuditAction.POLICY_REFRESH_RECOVERED,
+                    actor=EXECUTOR,
+                    target=refresh,
+                    details={"state": refresh.state, "fencing_token": self.lease.token},
+                    correlation_id=refresh.correlation_id,
+                )
+        while True:
+            refresh = self.load()
+            if refresh.state not in EXECUTING_STATES:
+                with transaction.atomic():
+                    self.lease.release()
+                return refresh.state
+            if refresh.abort_requested and refresh.state != RefreshState.RELEASING:
+                self._abort(refresh)
+                continue
+            step = STATE_STEP[refresh.state]
+            result, step_run = self._run_step(refresh, step)
+            self.takeover_pending = False
+            refresh = self.load()
+            if (result.aborted and not result.ok) or (refresh.abort_requested and not result.ok):
+                self._finish_step_run(step_run, "failed", "aborted")
+                self._abort(refresh)
+                continue
+            if not result.ok:
+                self._hold(refresh, step, result.reason, step_run)
+                return RefreshState.HELD
+            self._advance(refresh, step, step_run, result)
+            if stop_after == step:
+                # Test seam: behave like an executor that died here (lease left to expire).
+                return "stopped"
+            refresh = self.load()
+            if refresh.state in (RefreshState.SUCCEEDED, RefreshState.ABORTED, RefreshState.FAILED):
+                return refresh.state
+
+    def _run_step(self, refresh: PolicyRefresh, step: StepName) -> tuple[StepResult, StepRun]:
+        attempt = StepRun.objects.filter(refresh=refresh, name=step).count() + 1
+        with transaction.atomic():
+            self.lease.guard()
+            step_run = StepRun.objects.create(
+                refresh=refresh, name=step, attempt=attempt, started_at=timezone.now()
+            )
+            record(
+                AuditAction.POLICY_REFRESH_STEP_STARTED,
+                actor=EXECUTOR,
+                target=refresh,
+                details={"step": step.value, "attempt": attempt},
+                correlation_id=refresh.correlation_id,
+            )
+        publish(refresh_group(refresh.pk), "step", {"step": step.value, "status": "running"})
+        ctx = StepContext(
+            refresh=refresh,
+            lease=self.lease,
+            cfg=call_settings(refresh.source, self.transport),
+            attempt=attempt,
+            takeover=self.takeover_pending,
+        )
+        return STEPS[step].run(ctx), step_run
+
+    def _finish_step_run(self, step_run: StepRun, status: str, detail: str) -> None:
+        now = timezone.now()
+        StepRun.objects.filter(pk=step_run.pk).update(
+            status=status,
+            detail=detail[:4000],
+            finished_at=now,
+            duration_ms=(now - step_run.started_at).total_seconds() * 1000.0,
+        )
+        publish(
+            refresh_group(step_run.refresh_id),
+            "step",
+            {"step": step_run.name, "status": status, "detail": detail[:500]},
+        )
+
+    def _advance(self, refresh, step: StepName, step_run: StepRun, result: StepResult) -> None:
+        if step == StepName.RELEASE:
+            self._end_after_release(refresh, step_run, result)
+            return
+        following = next_step(step)
+        with transaction.atomic():
+            if following is None:
+                self.lease.release(
+                    state=RefreshState.SUCCEEDED,
+                    finished_at=timezone.now(),
+                    state_changed_at=timezone.now(),
+                )
+            else:
+                self.lease.guard(state=STEP_STATE[following], state_changed_at=timezone.now())
+            self._finish_step_run(step_run, "ok", result.detail)
+            record(
+                AuditAction.POLICY_REFRESH_STEP_SUCCEEDED,
+                actor=EXECUTOR,
+                target=refresh,
+                details={"step": step.value, "detail": result.detail},
+                correlation_id=refresh.correlation_id,
+            )
+            if following is None:
+                release_scope(refresh, "")
+                record(
+                    AuditAction.POLICY_REFRESH_SUCCEEDED,
+                    actor=EXECUTOR,
+                    target=refresh,
+                    details={"weight_version": refresh.weight_version},
+                    correlation_id=refresh.correlation_id,
+                )
+                notify("refresh.succeeded", refresh=refresh)
+        publish_state(self.load())
+
+    def _hold(self, refresh, step: StepName, reason: str, step_run: StepRun | None) -> None:
+        failing = list(
+            WorkerStepResult.objects.filter(refresh=refresh, step=step)
+            .exclude(status__in=("ok", "skipped"))
+            .values_list("planned_worker__key", "error")[:50]
+        )
+        with transaction.atomic():
+            self.lease.release(
+                state=RefreshState.HELD,
+                failed_step=step.value,
+                held_reason=reason[:4000],
+                abort_requested=False,
+                # A failed release keeps its end state, so a retry still ends the same way.
+                end_state=refresh.end_state if step == StepName.RELEASE else "",
+                state_changed_at=timezone.now(),
+            )
+            if step_run is not None:
+                self._finish_step_run(step_run, "failed", reason)
+            record(
+                AuditAction.POLICY_REFRESH_STEP_FAILED,
+                actor=EXECUTOR,
+                target=refresh,
+                details={"step": step.value, "reason": reason, "failing_workers": failing},
+                correlation_id=refresh.correlation_id,
+            )
+            record(
+                AuditAction.POLICY_REFRESH_HELD,
+                actor=EXECUTOR,
+                target=refresh,
+                details={"step": step.value, "reason": reason},
+                correlation_id=refresh.correlation_id,
+            )
+            gates.update_gate_reason(refresh, f"policy refresh #{refresh.pk} held: {reason}")
+            notify("refresh.held", refresh=refresh, reason=reason)
+        publish_state(self.load())
+
+    def _abort(self, refresh: PolicyRefresh) -> None:
+        step = STATE_STEP[refresh.state]
+        reason = refresh.end_reason or "aborted by an operator"
+        if refresh.end_state:
+            with transaction.atomic():
+                self.lease.guard(
+                    state=RefreshState.RELEASING,
+                    abort_requested=False,
+                    failed_step=step.value,
+                    state_changed_at=timezone.now(),
+                )
+            publish_state(self.load())
+            return
+        self._hold(refresh, step, reason, None)
+
+    def _end_after_release(self, refresh, step_run: StepRun, result: StepResult) -> None:
+        end_state = refresh.end_state or RefreshState.ABORTED
+        with transaction.atomic():
+            self.lease.release(
+                state=end_state, finished_at=timezone.now(), state_changed_at=timezone.now()
+            )
+            self._finish_step_run(step_run, "ok", result.detail)
+            release_scope(
+                refresh, f"policy refresh #{refresh.pk} {end_state}: {refresh.end_reason}"
+            )
+            action = (
+                AuditAction.POLICY_REFRESH_ABORTED
+                if end_state == RefreshState.ABORTED
+                else AuditAction.POLICY_REFRESH_FAILED
+            )
+            record(
+                action,
+                actor=EXECUTOR,
+                target=refresh,
+                details={"reason": refresh.end_reason, "engines_resumed": True},
+                correlation_id=refresh.correlation_id,
+            )
+        publish_state(self.load())
+
+
+def execute_refresh(
+    refresh_id: int, *, owner: str | None = None, transport=None, stop_after: str | None = None
+) -> str:
+    """Run a refresh from wherever its state says, if nobody else holds a live lease."""
+    lease = Lease.claim(refresh_id, owner)
+    if lease is None:
+        return "not_claimed"
+    return Runner(lease, transport=transport).run(stop_after=stop_after)

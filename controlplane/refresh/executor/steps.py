@@ -1,0 +1,311 @@
+"""The step objects of a policy refresh. Each returns a typed `StepResult`.
+
+Worker steps run only on workers without an `ok` result for that step, which is what makes a
+retry touch only failed or unreached workers and a takeover resume from the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.audit.recorder import Actor
+from controlplane.dynamo.discovery import fetch_discovery
+from controlplane.dynamo.errors import DiscoveryError
+from controlplane.dynamo.http import make_client
+from controlplane.refresh import gates
+from controlplane.refresh.executor.calls import CallSettings, WorkerJob
+from controlplane.refresh.executor.journal import refresh_group, run_step_calls
+from controlplane.refresh.executor.lease import Lease
+from controlplane.refresh.models import (
+    JournalEntry,
+    PlannedWorker,
+    PolicyRefresh,
+    WorkerStepResult,
+)
+from controlplane.refresh.planning import update_is_idempotent
+from controlplane.refresh.sequence import StepName
+
+EXECUTOR = Actor.system("policy-refresh executor")
+MAX_NAMED_FAILURES = 5
+
+
+@dataclass(frozen=True)
+class StepResult:
+    ok: bool
+    reason: str = ""
+    detail: str = ""
+    aborted: bool = False
+
+
+@dataclass
+class StepContext:
+    refresh: PolicyRefresh
+    lease: Lease
+    cfg: CallSettings
+    attempt: int
+    #: This executor took the refresh over mid-step from one that died.
+    takeover: bool = False
+
+
+class Step:
+    name: StepName
+
+    def run(self, ctx: StepContext) -> StepResult:
+        raise NotImplementedError
+
+
+class CloseGate(Step):
+    name = StepName.GATE
+
+    def run(self, ctx: StepContext) -> StepResult:
+        with transaction.atomic():
+            ctx.lease.guard()
+            gates.close_gates(
+                ctx.refresh,
+                actor=EXECUTOR,
+                reason=f"policy refresh #{ctx.refresh.pk} to {ctx.refresh.weight_version!r}",
+            )
+        return StepResult(True, detail=f"closed {', '.join(ctx.refresh.namespaces)}")
+
+
+def membership_problem(ctx: StepContext, step: StepName) -> str | None:
+    """Read the listener now and compare the scope's membership with the plan's."""
+    refresh = ctx.refresh
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+
+    async def fetch():
+        async with make_client(timeout=ctx.cfg.timeout, transport=ctx.cfg.transport) as client:
+            return await fetch_discovery(
+                client, ctx.cfg.policy, refresh.source.listener_url, timeout=ctx.cfg.timeout
+            )
+
+    error = ""
+    current: set[str] = set()
+    try:
+        result = asyncio.run(fetch())
+        current = {
+            w.identity.key for w in result.workers if w.identity.namespace in refresh.namespaces
+        }
+    except DiscoveryError as exc:
+        error = exc.reason
+    with transaction.atomic():
+        ctx.lease.guard()
+        JournalEntry.objects.create(
+            refresh=refresh,
+            step=step,
+            operation="discovery",
+            method="GET",
+            url=refresh.source.listener_url[:800],
+            ok=not error,
+            error=error,
+            response_body={"in_scope": sorted(current)} if not error else None,
+            duration_ms=(time.perf_counter() - t0) * 1000.0,
+            attempt=ctx.attempt,
+            started_at=started,
+            finished_at=datetime.now(UTC),
+            lease_token=ctx.lease.token,
+        )
+    if error:
+        return f"discovery failed: {error}"
+    planned = set(refresh.plan_membership)
+    joined, left = sorted(current - planned), sorted(planned - current)
+    if joined or left:
+        parts = []
+        if left:
+            parts.append(f"left: {', '.join(left[:MAX_NAMED_FAILURES])}")
+        if joined:
+            parts.append(f"joined: {', '.join(joined[:MAX_NAMED_FAILURES])}")
+        return "membership changed since the plan (" + "; ".join(parts) + ")"
+    return None
+
+
+class Resolve(Step):
+    name = StepName.RESOLVE
+
+    def run(self, ctx: StepContext) -> StepResult:
+        problem = membership_problem(ctx, self.name)
+        if problem:
+            return StepResult(False, problem)
+        return StepResult(True, detail=f"{len(ctx.refresh.plan_membership)} workers as planned")
+
+
+def ok_worker_ids(refresh_id: int, step: str) -> set[int]:
+    return set(
+        WorkerStepResult.objects.filter(
+            refresh_id=refresh_id, step=step, status__in=("ok", "skipped")
+        ).values_list("planned_worker_id", flat=True)
+    )
+
+
+def summarize_failures(step: str, outcomes, total: int) -> str:
+    failed = [o for o in outcomes if o.status != "ok"]
+    named = "; ".join(f"{o.key}: {o.error}" for o in failed[:MAX_NAMED_FAILURES])
+    more = (
+        f" (+{len(failed) - MAX_NAMED_FAILURES} more)" if len(failed) > MAX_NAMED_FAILURES else ""
+    )
+    return f"{step} failed on {len(failed)} of {total} workers — {named}{more}"
+
+
+class WorkerStep(Step):
+    """Call every planned worker that has not yet succeeded at this step."""
+
+    def pending(self, ctx: StepContext) -> list[PlannedWorker]:
+        done = ok_worker_ids(ctx.refresh.pk, self.name)
+        return [w for w in ctx.refresh.workers.all() if w.pk not in done]
+
+    def job(self, ctx: StepContext, worker: PlannedWorker, step: str | None = None) -> WorkerJob:
+        return WorkerJob(
+            planned_worker_id=worker.pk,
+            key=worker.key,
+            system_url=worker.system_url,
+            family=worker.family,
+            calls=worker.calls.get(step or self.name, []),
+        )
+
+    def record_skipped(self, ctx: StepContext, workers: list[PlannedWorker]) -> None:
+        if not workers:
+            return
+        now = timezone.now()
+        with transaction.atomic():
+            ctx.lease.guard()
+            WorkerStepResult.objects.bulk_create(
+                WorkerStepResult(
+                    refresh=ctx.refresh,
+                    planned_worker=w,
+                    step=self.name,
+                    attempt=ctx.attempt,
+                    status="skipped",
+                    error=w.flush_skipped or "no calls planned for this step",
+                    finished_at=now,
+                )
+                for w in workers
+            )
+
+    def run_jobs(self, ctx: StepContext, jobs: list[WorkerJob], step: str | None = None):
+        return run_step_calls(ctx.lease, step or self.name, ctx.attempt, jobs, ctx.cfg)
+
+    def run(self, ctx: StepContext) -> StepResult:
+        pending = self.pending(ctx)
+        self.record_skipped(ctx, [w for w in pending if not w.calls.get(self.name)])
+        jobs = [self.job(ctx, w) for w in pending if w.calls.get(self.name)]
+        return self.judge(self.run_jobs(ctx, jobs), len(jobs))
+
+    def judge(self, journal, total: int) -> StepResult:
+        if any(o.status == "unreached" for o in journal.outcomes) and journal.aborted:
+            return StepResult(False, "aborted", aborted=True)
+        if any(o.status != "ok" for o in journal.outcomes):
+            return StepResult(False, summarize_failures(self.name, journal.outcomes, total))
+        if journal.aborted:
+            return StepResult(True, aborted=True)
+        return StepResult(True, detail=f"{total} workers ok")
+
+
+class Pause(WorkerStep):
+    name = StepName.PAUSE
+
+
+class Update(WorkerStep):
+    name = StepName.UPDATE
+
+    def run(self, ctx: StepContext) -> StepResult:
+        pending = [w for w in self.pending(ctx) if w.calls.get(self.name)]
+        if ctx.takeover and pending:
+            # The previous executor died during this step: for these workers we do not know
+            # whether the update landed. Only an idempotent update may simply be repeated.
+            unsafe = [w for w in pending if not update_is_idempotent(w.family, ctx.refresh.target)]
+            if unsafe:
+                names = ", ".join(w.key for w in unsafe[:MAX_NAMED_FAILURES])
+                return StepResult(
+                    False,
+                    f"executor lost during update; outcome unknown on {len(unsafe)} workers "
+                    f"whose {unsafe[0].family} {ctx.refresh.target['method']} update is not "
+                    f"safe to repeat ({names})",
+                )
+            # Re-pause first (idempotent): the worker may have been resumed by hand.
+            repause = self.run_jobs(
+                ctx, [self.job(ctx, w, StepName.PAUSE) for w in pending], StepName.PAUSE
+            )
+            if any(o.status != "ok" for o in repause.outcomes):
+                return StepResult(
+                    False,
+                    "re-pause before repeating the update: "
+                    + summarize_failures(StepName.PAUSE, repause.outcomes, len(pending)),
+                )
+        jobs = [self.job(ctx, w) for w in pending]
+        return self.judge(self.run_jobs(ctx, jobs), len(jobs))
+
+
+class Flush(WorkerStep):
+    name = StepName.FLUSH
+
+
+class ResumeEngines(WorkerStep):
+    name = StepName.RESUME_ENGINES
+
+
+class Verify(WorkerStep):
+    name = StepName.VERIFY
+
+    def job(self, ctx: StepContext, worker: PlannedWorker, step: str | None = None) -> WorkerJob:
+        job = super().job(ctx, worker, step)
+        if ctx.refresh.verification.get("version_readback", True):
+            job.expect_version = ctx.refresh.weight_version
+        return job
+
+
+class Reopen(Step):
+    name = StepName.REOPEN
+
+    def run(self, ctx: StepContext) -> StepResult:
+        problem = membership_problem(ctx, self.name)
+        if problem:
+            return StepResult(False, problem)
+        with transaction.atomic():
+            ctx.lease.guard()
+            gates.open_gates_verified(ctx.refresh, actor=EXECUTOR)
+        return StepResult(True, detail=f"opened at {ctx.refresh.weight_version!r}")
+
+
+class Release(WorkerStep):
+    """Resume every engine this refresh paused (abort with resume, force-reopen)."""
+
+    name = StepName.RELEASE
+
+    def run(self, ctx: StepContext) -> StepResult:
+        touched = set(
+            JournalEntry.objects.filter(refresh=ctx.refresh, step=StepName.PAUSE).values_list(
+                "planned_worker_id", flat=True
+            )
+        )
+        done = ok_worker_ids(ctx.refresh.pk, self.name)
+        workers = [w for w in ctx.refresh.workers.all() if w.pk in touched and w.pk not in done]
+        jobs = [self.job(ctx, w, StepName.RESUME_ENGINES) for w in workers]
+        journal = self.run_jobs(ctx, jobs)
+        if any(o.status != "ok" for o in journal.outcomes):
+            return StepResult(False, summarize_failures("release", journal.outcomes, len(jobs)))
+        return StepResult(True, detail=f"resumed {len(jobs)} workers")
+
+
+STEPS: dict[StepName, Step] = {
+    step.name: step
+    for step in (
+        CloseGate(),
+        Resolve(),
+        Pause(),
+        Update(),
+        Flush(),
+        ResumeEngines(),
+        Verify(),
+        Reopen(),
+        Release(),
+    )
+}
+
+__all__ = ["STEPS", "StepContext", "StepResult", "refresh_group"]

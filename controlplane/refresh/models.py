@@ -1,0 +1,295 @@
+"""Gates, policy refreshes, their stored plans, per-worker step results and the call journal.
+
+The journal is the truth about what was done to a worker: one row per admin or generation call
+attempt. Per-worker step results summarise it for the grid and for "retry only failed or
+unreached workers". Every executor write goes through a fencing-token check (see
+`executor/lease.py`), so a stale executor can never append after another has taken over.
+"""
+
+from django.conf import settings
+from django.db import models
+
+
+class RefreshState(models.TextChoices):
+    PLANNED = "planned"
+    AWAITING_APPROVAL = "awaiting_approval"
+    GATING = "gating"
+    RESOLVING = "resolving"
+    PAUSING = "pausing"
+    UPDATING = "updating"
+    FLUSHING = "flushing"
+    RESUMING_ENGINES = "resuming_engines"
+    VERIFYING = "verifying"
+    REOPENING = "reopening"
+    # Closing out a held/aborted refresh: resume the engines it paused, then end.
+    RELEASING = "releasing"
+    SUCCEEDED = "succeeded"
+    HELD = "held"
+    ABORTED = "aborted"
+    FAILED = "failed"
+    REJECTED = "rejected"
+
+
+#: States in which an executor owns the refresh (and the reconciler watches its lease).
+EXECUTING_STATES = frozenset(
+    {
+        RefreshState.GATING,
+        RefreshState.RESOLVING,
+        RefreshState.PAUSING,
+        RefreshState.UPDATING,
+        RefreshState.FLUSHING,
+        RefreshState.RESUMING_ENGINES,
+        RefreshState.VERIFYING,
+        RefreshState.REOPENING,
+        RefreshState.RELEASING,
+    }
+)
+#: States that hold the scope lock (the refresh is "active" for its scope).
+ACTIVE_STATES = EXECUTING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}
+TERMINAL_STATES = frozenset(
+    {RefreshState.SUCCEEDED, RefreshState.ABORTED, RefreshState.FAILED, RefreshState.REJECTED}
+)
+
+
+class PauseMode(models.TextChoices):
+    KEEP = "keep"
+    WAIT = "wait"
+    ABORT = "abort"
+
+
+class FlushPolicy(models.TextChoices):
+    # Skip the flush where the family says the update already dropped the old cache.
+    AUTO = "auto", "when the update does not already invalidate the cache"
+    ALWAYS = "always", "always (belt and braces)"
+
+
+class Gate(models.Model):
+    """Rollout admission for one namespace of one source, as trainers read it.
+
+    `revision` increments on every change so the gate API can serve it as an ETag.
+    `verified_policy` is the full target of the refresh that last verified the namespace, which
+    is what a rollback goes back to.
+    """
+
+    source = models.ForeignKey("fleet.Source", on_delete=models.CASCADE, related_name="gates")
+    namespace = models.CharField(max_length=200)
+    is_open = models.BooleanField(default=True)
+    verified_version = models.JSONField(null=True, blank=True)
+    verified_policy = models.JSONField(null=True, blank=True)
+    closed_reason = models.TextField(blank=True)
+    active_refresh = models.ForeignKey(
+        "PolicyRefresh", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revision = models.PositiveBigIntegerField(default=1)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["source", "namespace"]
+        constraints = [
+            models.UniqueConstraint(fields=["source", "namespace"], name="gate_unique_scope")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source.name}/{self.namespace} ({'open' if self.is_open else 'closed'})"
+
+
+class PolicyRefresh(models.Model):
+    """One gated fleet update of a scope (a source's namespaces) to one target policy.
+
+    `target` is `{"weight_version": V, "method": "disk", "model_path": P}` or
+    `{"weight_version": V, "method": "distributed", "group": {...}, "update": {...}}`.
+    `verification` is `{"liveness": bool, "version_readback": bool, "generation": bool,
+    "prompt_token_ids": [...], "max_tokens": n, "expected_model": str}`.
+    The lease fields belong to the executor; `lease_token` is the fencing token.
+    """
+
+    source = models.ForeignKey(
+        "fleet.Source", on_delete=models.PROTECT, related_name="policy_refreshes"
+    )
+    namespaces = models.JSONField(default=list)
+    worker_keys = models.JSONField(null=True, blank=True, help_text="subset; null = all")
+    target = models.JSONField()
+    pause_mode = models.CharField(max_length=16, choices=PauseMode.choices, default="keep")
+    flush_policy = models.CharField(max_length=16, choices=FlushPolicy.choices, default="auto")
+    verification = models.JSONField(default=dict)
+
+    state = models.CharField(
+        max_length=24, choices=RefreshState.choices, default=RefreshState.PLANNED, db_index=True
+    )
+    plan_blockers = models.JSONField(default=list, blank=True)
+    plan_membership = models.JSONField(default=list, blank=True)
+    discovery_run = models.ForeignKey(
+        "fleet.DiscoveryRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    failed_step = models.CharField(max_length=24, blank=True)
+    held_reason = models.TextField(blank=True)
+    end_reason = models.TextField(blank=True)
+    # After a release (abort with resume, force-reopen) the executor ends in this state.
+    end_state = models.CharField(max_length=24, blank=True)
+    abort_requested = models.BooleanField(default=False)
+
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_by_label = models.CharField(max_length=200, blank=True)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    approved_at = models.DateTimeField(null=True, blank=True)
+    rollback_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="rollbacks"
+    )
+
+    lease_token = models.PositiveBigIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["source", "state"], name="refresh_source_state_idx")]
+
+    def __str__(self) -> str:
+        return f"policy refresh #{self.pk} ({self.state})"
+
+    @property
+    def correlation_id(self) -> str:
+        return f"policy-refresh-{self.pk}"
+
+    @property
+    def weight_version(self):
+        return self.target.get("weight_version")
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def is_executing(self) -> bool:
+        return self.state in EXECUTING_STATES
+
+
+class ScopeLock(models.Model):
+    """The database's guarantee of one active refresh per (source, namespace).
+
+    A refresh inserts one row per namespace when it starts; the unique constraint makes a
+    concurrent second start fail, and the rows go away when the refresh ends.
+    """
+
+    source = models.ForeignKey("fleet.Source", on_delete=models.CASCADE, related_name="+")
+    namespace = models.CharField(max_length=200)
+    refresh = models.ForeignKey(PolicyRefresh, on_delete=models.CASCADE, related_name="locks")
+    acquired_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["source", "namespace"], name="scope_lock_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_id}/{self.namespace} held by #{self.refresh_id}"
+
+
+class PlannedWorker(models.Model):
+    """One worker in a stored plan: its family, each step's exact calls, and what blocks it.
+
+    `calls` maps step name → list of `{"operation", "method", "path", "body"}`; a `generation`
+    entry's path is relative to the source's frontend. `flush_skipped` carries the reason the
+    family gives when its update already invalidates the cache.
+    """
+
+    refresh = models.ForeignKey(PolicyRefresh, on_delete=models.CASCADE, related_name="workers")
+    worker = models.ForeignKey(
+        "fleet.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    key = models.CharField(max_length=700)
+    namespace = models.CharField(max_length=200)
+    instance_id = models.CharField(max_length=20)
+    system_url = models.CharField(max_length=500, blank=True)
+    family = models.CharField(max_length=32, blank=True)
+    model = models.CharField(max_length=300, blank=True)
+    calls = models.JSONField(default=dict)
+    blockers = models.JSONField(default=list, blank=True)
+    flush_skipped = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["namespace", "key"]
+        constraints = [
+            models.UniqueConstraint(fields=["refresh", "key"], name="planned_worker_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class StepRun(models.Model):
+    """One attempt at one step of a refresh (fleet-wide), with its outcome."""
+
+    refresh = models.ForeignKey(PolicyRefresh, on_delete=models.CASCADE, related_name="steps")
+    name = models.CharField(max_length=24)
+    attempt = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=16, default="running")  # running|ok|failed|skipped
+    detail = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"#{self.refresh_id} {self.name} attempt {self.attempt}: {self.status}"
+
+
+class WorkerStepResult(models.Model):
+    """The outcome of one step on one worker for one attempt (latest attempt wins)."""
+
+    refresh = models.ForeignKey(PolicyRefresh, on_delete=models.CASCADE, related_name="results")
+    planned_worker = models.ForeignKey(PlannedWorker, on_delete=models.CASCADE, related_name="+")
+    step = models.CharField(max_length=24)
+    attempt = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=16)  # ok|failed|skipped|unreached
+    error = models.TextField(blank=True)
+    duration_ms = models.FloatField(default=0)
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["refresh", "step"], name="wsr_refresh_step_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.planned_worker_id} {self.step}: {self.status}"
+
+
+class JournalEntry(models.Model):
+    """One admin or generation call attempt: what was sent, what came back, how long it took."""
+
+    refresh = models.ForeignKey(PolicyRefresh, on_delete=models.CASCADE, related_name="journal")
+    planned_worker = models.ForeignKey(
+        PlannedWorker, null=True, blank=True, on_delete=models.CASCADE, related_name="journal"
+    )
+    step = models.CharField(max_length=24)
+    operation = models.CharField(max_length=32)
+    method = models.CharField(max_length=8)
+    url = models.CharField(max_length=800)
+    request_body = models.JSONField(null=True, blank=True)
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    ok = models.BooleanField()
+    error = models.TextField(blank=True)
+    duration_ms = models.FloatField()
+    attempt = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    lease_token = models.PositiveBigIntegerField()
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "journal entries"
+
+    def __str__(self) -> str:
+        return f"#{self.refresh_id} {self.step} {self.operation} {'ok' if self.ok else 'failed'}"

@@ -1,0 +1,17 @@
+"""Celery adapters: take ids, call the executor or the reconciler. No logic lives here."""
+
+from celery import shared_task
+
+from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
+
+
+@shared_task(name="refresh.execute_policy_refresh", ignore_result=True)
+def execute_policy_refresh(refresh_id: int) -> str:
+    # No Celery retry: a lost executor is recovered by the reconciler from the journal.
+    return execute_refresh(refresh_id)
+
+
+@shared_task(name="refresh.reconcile_policy_refreshes", ignore_result=True)
+def reconcile_policy_refreshes() -> list[int]:
+    return reconcile()

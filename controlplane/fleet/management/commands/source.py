@@ -1,0 +1,155 @@
+"""`manage.py source add|list|remove|add-static|remove-static` — sources from the command line.
+
+Goes through the same services as the UI, so input is validated the same way and every change
+is audited (actor: the system user `cli:<os user>`).
+"""
+
+from __future__ import annotations
+
+import getpass
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.audit.recorder import Actor
+from controlplane.fleet import services
+from controlplane.fleet.models import FAMILY_CHOICES, Source, StaticWorker
+
+
+def _actor() -> Actor:
+    try:
+        who = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        who = "unknown"
+    return Actor.system(f"cli:{who}")
+
+
+def _one_line(exc: ValidationError) -> str:
+    if hasattr(exc, "error_dict"):
+        return "; ".join(f"{f}: {' '.join(m)}" for f, m in exc.message_dict.items())
+    return "; ".join(exc.messages)
+
+
+class Command(BaseCommand):
+    help = "Manage discovery sources and their static workers."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        add = sub.add_parser("add", help="register a source")
+        add.add_argument("name")
+        add.add_argument("--listener-url", required=True)
+        add.add_argument("--frontend-url", default="")
+        add.add_argument(
+            "--admin-network",
+            action="append",
+            default=[],
+            metavar="CIDR",
+            help="allowed admin network (repeat for several)",
+        )
+        add.add_argument("--interval", type=float, default=10.0, metavar="SECONDS")
+        add.add_argument("--require-approval", action="store_true")
+        add.add_argument("--expected-namespace", default="")
+        add.add_argument("--expected-prefix", default="")
+        add.add_argument("--expected-worker-suffix", default="")
+        add.add_argument("--disabled", action="store_true")
+        sub.add_parser("list", help="list sources")
+        remove = sub.add_parser("remove", help="remove a source and its history")
+        remove.add_argument("name")
+        static = sub.add_parser("add-static", help="add a static worker to a source")
+        static.add_argument("source")
+        static.add_argument("name")
+        static.add_argument("--namespace", required=True)
+        static.add_argument("--system-url", required=True)
+        static.add_argument("--family", required=True, choices=[c for c, _ in FAMILY_CHOICES])
+        static.add_argument(
+            "--route",
+            action="append",
+            default=[],
+            dest="routes",
+            help="allowlisted engine route (repeat for several)",
+        )
+        static.add_argument("--component", default="backend")
+        static.add_argument("--model", default="")
+        remove_static = sub.add_parser("remove-static", help="remove a static worker")
+        remove_static.add_argument("source")
+        remove_static.add_argument("name")
+
+    def handle(self, *args, action: str, **opts):
+        try:
+            getattr(self, "_" + action.replace("-", "_"))(opts)
+        except ValidationError as exc:
+            raise CommandError(_one_line(exc)) from None
+
+    def _source(self, name: str) -> Source:
+        try:
+            return Source.objects.get(name=name)
+        except Source.DoesNotExist:
+            raise CommandError(f"no source named {name!r}") from None
+
+    def _add(self, o):
+        source = services.create_source(
+            actor=_actor(),
+            name=o["name"],
+            listener_url=o["listener_url"],
+            frontend_url=o["frontend_url"],
+            allowed_networks=o["admin_network"],
+            refresh_interval_seconds=o["interval"],
+            require_approval=o["require_approval"],
+            expected_namespace=o["expected_namespace"],
+            expected_prefix=o["expected_prefix"],
+            expected_worker_suffix=o["expected_worker_suffix"],
+            enabled=not o["disabled"],
+        )
+        self.stdout.write(f"created source {source.name} (id {source.pk})")
+
+    def _list(self, o):
+        rows = [("NAME", "LISTENER", "NETWORKS", "INTERVAL", "APPROVAL", "STATE")]
+        for s in Source.objects.all():
+            state = "stale: " + s.stale_reason if s.stale else ("ok" if s.enabled else "disabled")
+            rows.append(
+                (
+                    s.name,
+                    s.listener_url,
+                    ",".join(s.allowed_networks),
+                    f"{s.refresh_interval_seconds:g}s",
+                    "yes" if s.require_approval else "no",
+                    state,
+                )
+            )
+        self.stdout.write(format_table(rows))
+
+    def _remove(self, o):
+        source = self._source(o["name"])
+        services.remove_source(source, actor=_actor())
+        self.stdout.write(f"removed source {o['name']}")
+
+    def _add_static(self, o):
+        source = self._source(o["source"])
+        static = services.add_static_worker(
+            source,
+            actor=_actor(),
+            name=o["name"],
+            namespace=o["namespace"],
+            system_url=o["system_url"],
+            family=o["family"],
+            allowed_routes=o["routes"],
+            component=o["component"],
+            model=o["model"],
+        )
+        self.stdout.write(f"added static worker {static} ({', '.join(static.allowed_routes)})")
+
+    def _remove_static(self, o):
+        source = self._source(o["source"])
+        try:
+            static = source.static_workers.get(name=o["name"])
+        except StaticWorker.DoesNotExist:
+            raise CommandError(f"source {source.name} has no static worker {o['name']!r}") from None
+        services.remove_static_worker(static, actor=_actor())
+        self.stdout.write(f"removed static worker {o['name']}")
+
+
+def format_table(rows: list[tuple]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )

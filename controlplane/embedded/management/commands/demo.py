@@ -1,0 +1,192 @@
+"""`manage.py demo`: the whole product on embedded defaults, with a simulated fleet.
+
+Starts an embedded Redis, migrates the SQLite database, creates one demo user per role, starts
+a simulated Dynamo fleet and registers it as the source `sim`, then runs a Celery worker,
+Celery beat and the ASGI server until Ctrl-C / SIGTERM stops them all.
+"""
+
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.embedded.credentials import ensure_demo_users
+from controlplane.embedded.redis import free_port, start_embedded_redis
+from controlplane.embedded.supervisor import Supervisor, python_argv
+
+SIM_SOURCE = "sim"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum, frame):
+    raise _Stop()
+
+
+def _port_is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _point_this_process_at(redis_url: str) -> None:
+    """The demo's own settings were read before the embedded Redis existed; nothing has
+    connected yet (caches and channel layers are created lazily), so repoint them here."""
+    from controlplane.celery import app
+
+    settings.REDIS_URL = redis_url
+    settings.CACHES["default"]["LOCATION"] = redis_url
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [redis_url]
+    settings.CELERY_BROKER_URL = redis_url
+    app.conf.broker_url = redis_url
+
+
+def _wait_for_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise CommandError(f"{url} did not answer within {timeout:.0f} s")
+
+
+class Command(BaseCommand):
+    help = "Run the whole product locally: embedded Redis, Celery, ASGI server, simulated fleet."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=8000, help="web port (default 8000)")
+        parser.add_argument("--workers", type=int, default=12, help="simulated workers")
+        parser.add_argument(
+            "--namespaces", default="rl-a,rl-b,rl-c", help="simulated worker namespaces"
+        )
+        parser.add_argument("--no-simfleet", action="store_true", help="no simulated fleet")
+
+    def handle(self, *args, port, workers, namespaces, no_simfleet, **options):
+        if settings.PRODUCTION:
+            raise CommandError("demo runs the embedded defaults; unset CONTROLPLANE_ENV")
+        if not _port_is_free(port):
+            raise CommandError(f"127.0.0.1:{port} is in use; pick another with --port")
+        var_dir = Path(settings.VAR_DIR)
+        supervisor = Supervisor(log_dir=var_dir / "logs")
+        redis = start_embedded_redis(var_dir / "redis")
+        previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            supervisor.env["REDIS_URL"] = redis.url
+            _point_this_process_at(redis.url)
+            call_command("migrate", interactive=False, verbosity=0)
+            users = ensure_demo_users(var_dir)
+            if not no_simfleet:
+                self._start_simfleet(supervisor, workers, namespaces)
+            celery = ["-m", "celery", "-A", "controlplane"]
+            supervisor.start(
+                "celery-worker",
+                python_argv(*celery, "worker", "--pool", "threads", "-c", "8", "-l", "INFO"),
+            )
+            supervisor.start(
+                "celery-beat",
+                python_argv(
+                    *celery, "beat", "-l", "INFO", "-s", str(var_dir / "celerybeat-schedule")
+                ),
+            )
+            supervisor.start(
+                "web",
+                python_argv(
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "controlplane.asgi:application",
+                ),
+            )
+            _wait_for_http(f"http://127.0.0.1:{port}/accounts/login/", timeout=30)
+            self._print_welcome(port, users, supervisor)
+            while (exited := supervisor.first_exited()) is None:
+                time.sleep(0.5)
+            self.stderr.write(
+                f"{exited.name} exited with code {exited.process.returncode}; "
+                f"see {exited.log_path}. Stopping."
+            )
+        except _Stop:
+            self.stdout.write("\nStopping…")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            supervisor.stop_all()
+            redis.stop()
+        self.stdout.write("Stopped.")
+
+    def _start_simfleet(self, supervisor: Supervisor, workers: int, namespaces: str) -> None:
+        from controlplane.audit.recorder import Actor
+        from controlplane.fleet import services
+        from controlplane.fleet.models import Source
+
+        ports = [p if _port_is_free(p) else free_port() for p in (18000, 18001, 18002)]
+        child = supervisor.start(
+            "simfleet",
+            python_argv(
+                "-m",
+                "controlplane.simfleet",
+                "--workers",
+                str(workers),
+                "--namespaces",
+                namespaces,
+                "--prefix",
+                "rl",
+                "--frontend-port",
+                str(ports[0]),
+                "--listener-port",
+                str(ports[1]),
+                "--admin-port",
+                str(ports[2]),
+                "--seed",
+                "7",
+            ),
+            capture_stdout=True,
+        )
+        urls = supervisor.read_lines_until(child, {"listener_url", "frontend_url"}, timeout=30)
+        values = {
+            "listener_url": urls["listener_url"],
+            "frontend_url": urls["frontend_url"],
+            "expected_prefix": "rl",
+            "allowed_networks": ["127.0.0.0/8"],
+            "refresh_interval_seconds": 5.0,
+        }
+        actor = Actor.system("demo")
+        source = Source.objects.filter(name=SIM_SOURCE).first()
+        if source is None:
+            services.create_source(actor=actor, name=SIM_SOURCE, **values)
+        elif any(getattr(source, k) != v for k, v in values.items()):
+            services.update_source(source, actor=actor, **values)
+        self.sim_urls = urls
+
+    def _print_welcome(self, port: int, users, supervisor: Supervisor) -> None:
+        w = self.stdout.write
+        w("")
+        w(f"Dynamo RL control plane is running at http://127.0.0.1:{port}/")
+        w("")
+        w("Sign in as one of:")
+        for role, (username, password) in users.items():
+            w(f"  {role:<9} {username:<16} {password}")
+        if hasattr(self, "sim_urls"):
+            w("")
+            w("Simulated fleet (source 'sim'):")
+            for key, url in sorted(self.sim_urls.items()):
+                if key.endswith("_url"):
+                    w(f"  {key:<13} {url}")
+        w("")
+        w(f"Logs: {supervisor.log_dir}/   Press Ctrl-C to stop everything.")

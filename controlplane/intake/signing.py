@@ -93,7 +93,7 @@ def verify(
     webhook_id = headers.get("webhook-id")
     raw_ts = headers.get("webhook-timestamp")
     raw_sig = headers.get("webhook-signature")
-    if not webhook_id or raw_ts is None or raw_sig is None:
+    if not webhook_id or not raw_ts or not raw_sig:
         missing = [
             name
             for name, value in (

@@ -10,7 +10,7 @@ import zlib
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
 from controlplane.accounts.roles import Perm
@@ -100,7 +100,7 @@ def get_gate(request: HttpRequest, response: HttpResponse, source: str, namespac
     response["ETag"] = etag
     response["Cache-Control"] = CACHE_CONTROL
     if _not_modified(request, etag):
-        return 304, None
+        return Status(304, None)
     if gate is None:
         return gate_state(found, namespace)
     gate.source = found

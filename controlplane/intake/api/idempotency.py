@@ -17,6 +17,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from ninja import Status
 
 from controlplane.intake.api.errors import ApiError
 from controlplane.intake.models import IdempotencyRecord, IdempotencyState
@@ -56,18 +57,18 @@ def _fingerprint(request: HttpRequest) -> str:
 
 def run(
     request: HttpRequest, response: HttpResponse, action: Callable[[], tuple[int, Any]]
-) -> tuple[int, Any]:
+) -> Status:
     """Run `action` (returning status and a JSON-safe body) at most once per key."""
     key = request.headers.get(HEADER)
     if key is None:
-        return action()
+        return Status(*action())
     if not _KEY.match(key):
         raise ApiError(400, "bad_idempotency_key", f"{HEADER} must be 1-200 printable characters")
     principal, fingerprint = _principal(request), _fingerprint(request)
     record = _claim(request, principal, key, fingerprint)
     if record.state == IdempotencyState.DONE:
         response["Idempotent-Replayed"] = "true"
-        return record.status_code, record.response_body
+        return Status(record.status_code, record.response_body)
     try:
         status, body = action()
     except BaseException:
@@ -80,7 +81,7 @@ def run(
         response_body=body,
         completed_at=timezone.now(),
     )
-    return status, body
+    return Status(status, body)
 
 
 def _claim(request, principal: str, key: str, fingerprint: str) -> IdempotencyRecord:

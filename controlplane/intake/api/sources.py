@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
 from controlplane.accounts.roles import Perm
@@ -93,7 +93,7 @@ def create_source(request: HttpRequest, payload: SourceIn):
     require(request, Perm.MANAGE_SOURCES)
     require_unlimited(request)
     source = services.create_source(actor=actor(request), **payload.model_dump())
-    return 201, serialize_source(source)
+    return Status(201, serialize_source(source))
 
 
 @router.get("/sources/{name}", response={200: SourceOut, **COMMON_ERRORS})
@@ -116,7 +116,7 @@ def delete_source(request: HttpRequest, name: str):
     require(request, Perm.MANAGE_SOURCES)
     source = source_or_404(request, name)
     services.remove_source(source, actor=actor(request))
-    return 204, None
+    return Status(204, None)
 
 
 @router.post(

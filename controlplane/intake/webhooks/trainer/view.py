@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
-from ninja import Router, Schema
+from ninja import Router, Schema, Status
 
 from controlplane.audit.recorder import client_ip
 from controlplane.intake.api.errors import ErrorOut
@@ -90,17 +90,17 @@ _BODY = {
     },
     openapi_extra={"parameters": _HEADERS, "requestBody": _BODY},
 )
-def trainer_webhook(request: HttpRequest, endpoint: str) -> tuple[int, dict[str, Any]]:
+def trainer_webhook(request: HttpRequest, endpoint: str) -> Status:
     """A trainer's "checkpoint ready" event, signed with the Standard Webhooks scheme."""
     declared = request.META.get("CONTENT_LENGTH") or "0"
     if declared.isdigit() and int(declared) > settings.WEBHOOK_MAX_BODY_BYTES:
         answer = too_large(endpoint, source_ip=client_ip(request))
-        return answer.status, answer.body
+        return Status(answer.status, answer.body)
     try:
         body = request.body
     except RequestDataTooBig:
         answer = too_large(endpoint, source_ip=client_ip(request))
-        return answer.status, answer.body
+        return Status(answer.status, answer.body)
     headers = {name.lower(): value for name, value in request.headers.items()}
     answer = receive(endpoint, headers, body, source_ip=client_ip(request))
-    return answer.status, answer.body
+    return Status(answer.status, answer.body)

@@ -5,18 +5,16 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 import pytest
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
 
-T = TypeVar("T")
 LOOPBACK = ["127.0.0.0/8"]
 
 
-def wait_for(predicate: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.05) -> T:
+def wait_for[T](predicate: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.05) -> T:
     """Poll `predicate` until it returns something truthy; fail with a clear message at the
     deadline instead of sleeping a guessed amount."""
     deadline = time.monotonic() + timeout

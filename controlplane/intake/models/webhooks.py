@@ -43,6 +43,8 @@ class ReceivedWebhookOutcome(models.TextChoices):
     PROCESSING = "processing"
     STARTED = "started"
     AWAITING_APPROVAL = "awaiting_approval"
+    # Planned, left for an operator to start (approval wanted but not expressible, see receive).
+    PLANNED = "planned"
     PLAN_BLOCKED = "plan_blocked"
     CONFLICT = "conflict"
     FAILED = "failed"

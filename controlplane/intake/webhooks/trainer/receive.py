@@ -185,6 +185,13 @@ def _start(actions, refresh, actor, *, require_approval: bool):
     params = inspect.signature(actions.start_policy_refresh).parameters
     if "require_approval" in params:
         return actions.start_policy_refresh(refresh, actor=actor, require_approval=require_approval)
+    if require_approval and not refresh.source.require_approval:
+        # The refresh actions cannot yet be asked for approval per refresh, and starting would
+        # run it unapproved: leave it planned for a person to start, and tell them.
+        from controlplane.intake.notifications import notify
+
+        notify("refresh.awaiting_approval", refresh=refresh, reason="planned by a trainer webhook")
+        return refresh
     return actions.start_policy_refresh(refresh, actor=actor)
 
 
@@ -244,8 +251,10 @@ def _checkpoint_ready(endpoint, received, event: CheckpointReady, actor, source_
         _finish(received, Outcome.FAILED, answer, detail="internal error", refresh=refresh)
         return answer
     refresh.refresh_from_db()
-    waiting = refresh.state == "awaiting_approval"
-    outcome = Outcome.AWAITING_APPROVAL if waiting else Outcome.STARTED
+    outcome = {
+        "awaiting_approval": Outcome.AWAITING_APPROVAL,
+        "planned": Outcome.PLANNED,
+    }.get(refresh.state, Outcome.STARTED)
     detail = "; ".join(reasons) if reasons else ""
     answer = Answer(
         202,

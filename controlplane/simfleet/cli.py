@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listener-port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--frontend-port", type=int, default=0)
     parser.add_argument("--admin-port", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    parser.add_argument(
+        "--advertise-host", default=None, help="host name put in URLs, when binding 0.0.0.0"
+    )
     parser.add_argument("--config", default=None, help="JSON fleet config (overrides the above)")
     parser.add_argument("--churn", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--seed", type=int, default=None)
@@ -41,6 +45,8 @@ def build_config(args: argparse.Namespace) -> FleetConfig:
             family=args.family,
             model=args.model,
         )
+    config.host = args.host
+    config.advertise_host = args.advertise_host
     # Explicit ports, churn and seed on the command line win over the config file.
     for name in ("listener_port", "frontend_port", "admin_port"):
         if getattr(args, name):

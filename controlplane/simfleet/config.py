@@ -84,7 +84,10 @@ class FleetConfig:
     workers: list[WorkerSpec] = field(default_factory=list)
     #: The frontend's environment as seen by the RL listener (`DYN_NAMESPACE`, `DYN_RL_*`, ...).
     listener_env: dict[str, str] = field(default_factory=dict)
+    #: Bind address. Loopback by default; a container deployment binds 0.0.0.0 and sets
+    #: `advertise_host` to the name other containers reach it by.
     host: str = "127.0.0.1"
+    advertise_host: str | None = None
     listener_port: int = 0
     frontend_port: int = 0
     admin_port: int = 0

@@ -51,12 +51,14 @@ class SimFleetServer:
 
     async def start(self) -> None:
         config, host = self.config, self.config.host
+        # URLs (system_url in discovery, the printed URLs) use the advertised name, if any.
+        public = config.advertise_host or host
         # The admin port comes first: workers' system_url needs its number. Handlers look the
         # fleet up lazily, so binding before the fleet exists is safe.
         admin = HttpServer(lambda r: self._systems.handle(r), host, config.admin_port)
         admin_port = await admin.start()
         self._servers.append(admin)
-        self.admin_url = f"http://{host}:{admin_port}"
+        self.admin_url = f"http://{public}:{admin_port}"
         fleet = self.fleet = SimFleet(config, self.admin_url)
         self._systems = SystemServers(fleet, ControlApi(fleet, self.urls).handle)
         listener = Listener(fleet, config.listener_env, admin_port)
@@ -67,7 +69,7 @@ class SimFleetServer:
             server = HttpServer(handler, host, port)
             bound = await server.start()
             self._servers.append(server)
-            setattr(self, attr, f"http://{host}:{bound}")
+            setattr(self, attr, f"http://{public}:{bound}")
         for spec in config.workers:
             fleet.add_worker(spec)
         if config.churn_interval:

@@ -72,14 +72,23 @@ def _membership(workers) -> list[str]:
     return sorted(w.key for w in workers if w.static_worker_id is None)
 
 
-def _fresh_discovery(source: Source):
-    """A fresh discovery refresh through the fleet app, once it provides one."""
-    try:
-        from controlplane.fleet import discovery
-        from controlplane.fleet.models import DiscoveryTrigger
-    except ImportError:  # discovery not installed: plan from the rows as they are
-        return None
-    return discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.PLAN)
+#: How long a plan waits for a scheduled discovery refresh that holds the source.
+PLAN_DISCOVERY_WAIT_SECONDS = 15.0
+
+
+def _fresh_discovery(source: Source) -> tuple[object | None, str]:
+    """A fresh discovery refresh through the fleet app: (run, problem)."""
+    from controlplane.fleet import discovery
+    from controlplane.fleet.models import DiscoveryTrigger
+
+    run = discovery.refresh_source(
+        source.pk, trigger=DiscoveryTrigger.PLAN, wait=PLAN_DISCOVERY_WAIT_SECONDS
+    )
+    if run is None:
+        return None, "no fresh discovery: the source is disabled or another refresh holds it"
+    if not run.ok:
+        return run, f"discovery failed: {run.error or 'listener unreachable'}"
+    return run, ""
 
 
 def plan_policy_refresh(
@@ -104,10 +113,8 @@ def plan_policy_refresh(
     namespaces = sorted(set(namespaces)) if namespaces else None
 
     last_view = set(_membership(_live_workers(source, namespaces)))
-    run = _fresh_discovery(source)  # network I/O: outside any transaction
-    blockers: list[str] = []
-    if run is not None and not run.ok:
-        blockers.append(f"discovery failed: {run.error or 'listener unreachable'}")
+    run, problem = _fresh_discovery(source)  # network I/O: outside any transaction
+    blockers: list[str] = [problem] if problem else []
 
     workers = list(_live_workers(source, namespaces))
     membership = _membership(workers)

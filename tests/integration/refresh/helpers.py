@@ -5,13 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import httpx
-from django.utils import timezone
-
 from controlplane.audit.recorder import Actor
-from controlplane.dynamo.discovery import parse_discovery
-from controlplane.dynamo.families import detect_family
-from controlplane.fleet.models import Source, Worker, WorkerState
+from controlplane.fleet import discovery
+from controlplane.fleet.models import DiscoveryTrigger, Source
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import PolicyRefresh
@@ -43,45 +39,8 @@ def make_source(fleet, name: str = "sim", **fields) -> Source:
 
 
 def sync_workers(source: Source) -> None:
-    """What discovery does for the planner, for when the fleet app's discovery is absent.
-
-    Upserts Worker rows from the listener and marks missing ones gone.
-    """
-    try:
-        from controlplane.fleet import discovery
-        from controlplane.fleet.models import DiscoveryTrigger
-    except ImportError:
-        pass
-    else:
-        discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
-        return
-    result = parse_discovery(httpx.get(source.listener_url + "/v1/rl/workers").content)
-    now = timezone.now()
-    seen = set()
-    for w in result.workers:
-        family = detect_family(w.routes)
-        row, _ = Worker.objects.update_or_create(
-            source=source,
-            namespace=w.identity.namespace,
-            component=w.identity.component,
-            endpoint=w.identity.endpoint,
-            instance_id=str(w.identity.instance_id),
-            defaults={
-                "family": family.name if family else "",
-                "system_url": w.system_url or "",
-                "routes": list(w.routes),
-                "model": w.model or "",
-                "error": w.error or "",
-                "state": WorkerState.ERRORING if w.error else WorkerState.LIVE,
-                "first_seen_at": now,
-                "last_seen_at": now,
-                "gone_at": None,
-            },
-        )
-        seen.add(row.pk)
-    Worker.objects.filter(source=source).exclude(pk__in=seen).update(
-        state=WorkerState.GONE, gone_at=now
-    )
+    """A discovery refresh, so the planner's "last view" matches the fleet."""
+    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
 
 
 def actor_for(user) -> Actor:

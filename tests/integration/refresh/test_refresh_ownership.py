@@ -1,0 +1,156 @@
+"""One refresh per scope, fencing tokens, crash takeover by the reconciler, real Celery."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import close_old_connections
+from django.utils import timezone
+
+from controlplane.refresh import actions
+from controlplane.refresh.errors import RefreshConflict
+from controlplane.refresh.executor import Lease, LeaseLost, execute_refresh
+from controlplane.refresh.models import (
+    JournalEntry,
+    PolicyRefresh,
+    RefreshState,
+    ScopeLock,
+)
+from controlplane.refresh.reconcile import reconcile_policy_refreshes
+from controlplane.simfleet import Fault
+from tests.integration.refresh.helpers import (
+    actor_for,
+    fleet_config,
+    fleet_versions,
+    make_source,
+    paused_workers,
+    plan,
+    wait_for,
+)
+
+
+@pytest.fixture
+def fleet(simfleet_factory):
+    return simfleet_factory(fleet_config(6))
+
+
+@pytest.fixture
+def source(fleet, transactional_db):
+    return make_source(fleet)
+
+
+def test_two_concurrent_starts_on_one_scope_yield_exactly_one_refresh(source, operator):
+    first, second = plan(source, operator), plan(source, operator)
+    barrier = threading.Barrier(2)
+    outcomes: dict[int, object] = {}
+
+    def start(refresh):
+        try:
+            barrier.wait(5)
+            actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+            outcomes[refresh.pk] = "started"
+        except RefreshConflict as exc:
+            outcomes[refresh.pk] = exc
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=start, args=(r,)) for r in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+
+    assert sorted(str(type(v).__name__) for v in outcomes.values()) == ["RefreshConflict", "str"]
+    winner = next(pk for pk, v in outcomes.items() if v == "started")
+    loser = next(v for v in outcomes.values() if isinstance(v, RefreshConflict))
+    assert loser.active_refresh_id == winner and f"#{winner}" in loser.message
+    assert set(ScopeLock.objects.values_list("refresh_id", flat=True)) == {winner}
+    assert PolicyRefresh.objects.exclude(state=RefreshState.PLANNED).count() == 1
+
+
+def started(source, operator, version="v2"):
+    refresh = plan(source, operator, version)
+    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    return refresh
+
+
+def test_a_stale_fencing_token_cannot_write(source, operator):
+    refresh = started(source, operator)
+    stale = Lease.claim(refresh.pk, "executor-a")
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(lease_expires_at=timezone.now())
+    fresh = Lease.claim(refresh.pk, "executor-b")
+    assert fresh.token == stale.token + 1 and fresh.takeover
+
+    with pytest.raises(LeaseLost):
+        stale.guard(state=RefreshState.SUCCEEDED)
+    fresh.guard()  # the current holder still writes
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.GATING and refresh.lease_owner == "executor-b"
+
+
+def expire_lease(refresh):
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+
+
+def test_executor_lost_mid_update_is_completed_from_the_journal(fleet, source, operator):
+    refresh = started(source, operator)
+    # The first executor gets as far as updating and dies with its lease held.
+    assert execute_refresh(refresh.pk, stop_after="pause") == "stopped"
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.UPDATING and refresh.lease_owner
+    assert len(paused_workers(fleet)) == 6
+    assert reconcile_policy_refreshes(inline=True) == []  # lease still live: leave it alone
+
+    expire_lease(refresh)
+    assert reconcile_policy_refreshes(inline=True) == [refresh.pk]
+
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
+    assert set(fleet_versions(fleet).values()) == {"v2"}
+    assert paused_workers(fleet) == []
+    # The vLLM disk update is idempotent, so the new executor re-paused and re-ran it.
+    tokens = set(JournalEntry.objects.filter(refresh=refresh).values_list("lease_token", flat=True))
+    assert tokens == {1, 2}
+    assert refresh.journal.filter(step="pause", lease_token=2).count() == 6
+
+
+def test_unknown_non_idempotent_update_is_held_not_repeated(fleet, source, operator):
+    refresh = started(source, operator)
+    execute_refresh(refresh.pk, stop_after="pause")
+    # Pretend the target was a distributed update (not safe to repeat).
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(
+        target={"weight_version": "v2", "method": "distributed", "group": {}, "update": {}}
+    )
+    expire_lease(refresh)
+    reconcile_policy_refreshes(inline=True)
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.HELD
+    assert "not safe to repeat" in refresh.held_reason
+    assert all(w["update_count"] == 0 for w in fleet.workers())
+    # Still owned: the held refresh keeps the scope and its paused workers.
+    assert ScopeLock.objects.filter(refresh=refresh).exists()
+
+
+def test_celery_worker_runs_the_refresh_and_aborts_at_a_call_boundary(
+    fleet, source, operator, celery_worker
+):
+    refresh = plan(source, operator)
+    actions.start_policy_refresh(refresh, actor=actor_for(operator))
+    wait_for(lambda: PolicyRefresh.objects.get(pk=refresh.pk).state == RefreshState.SUCCEEDED, 30)
+    assert set(fleet_versions(fleet).values()) == {"v2"}
+
+    slow = fleet.workers()[0]["key"]
+    fleet.inject(slow, "update_weights_from_disk", Fault.latency(2.0))
+    second = plan(source, operator, "v3")
+    actions.start_policy_refresh(second, actor=actor_for(operator))
+    wait_for(lambda: PolicyRefresh.objects.get(pk=second.pk).state == RefreshState.UPDATING, 30)
+    actions.abort_policy_refresh(second, actor=actor_for(operator))
+    wait_for(lambda: PolicyRefresh.objects.get(pk=second.pk).state == RefreshState.HELD, 30)
+    second.refresh_from_db()
+    assert "aborted by operator-1" in second.held_reason
+    # Held after an abort still owns its scope; nothing was opened.
+    assert ScopeLock.objects.filter(refresh=second).exists()

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.db import models
 
-from controlplane.audit.actions import ActorType, AuditAction
+from controlplane.audit.actions import ActorType
 
 
 class AuditEventQuerySet(models.QuerySet):
@@ -35,7 +35,8 @@ class AuditEvent(models.Model):
     )
     actor_label = models.CharField(max_length=200, db_index=True)
     source_ip = models.GenericIPAddressField(null=True, blank=True)
-    action = models.CharField(max_length=64, choices=AuditAction.choices, db_index=True)
+    # Names come from AuditAction; no `choices` here so adding an action needs no migration.
+    action = models.CharField(max_length=64, db_index=True)
     target_type = models.CharField(max_length=64, blank=True)
     target_id = models.CharField(max_length=200, blank=True)
     target_label = models.CharField(max_length=300, blank=True)

@@ -41,6 +41,7 @@ def gate_state(source, namespace: str) -> dict[str, Any]:
 def serialize_gate(gate: Gate) -> dict[str, Any]:
     return {
         "source": gate.source.name,
+        "source_id": gate.source_id,
         "namespace": gate.namespace,
         "open": gate.is_open,
         "verified_version": gate.verified_version,
@@ -51,16 +52,22 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
     }
 
 
+def announce_to_fleet_pages(source_ids) -> None:
+    """Fleet pages render our gate badges; ask their streams to redraw (they resync)."""
+    for source_id in source_ids:
+        publish(f"fleet.source.{source_id}", "refresh.gate_changed", {"resync": True})
+    if source_ids:
+        publish("fleet", "refresh.gate_changed", {"source_ids": sorted(source_ids)})
+
+
 def _announce(gates: list[Gate]) -> None:
     payloads = [serialize_gate(g) for g in gates]
-    source_ids = {g.source_id for g in gates}
 
     def send() -> None:
+        # One group for every gate change: the gate page, banners and the gate API stream.
         for payload in payloads:
             publish(GATES_GROUP, "gate.changed", payload)
-        for source_id in source_ids:
-            publish(f"fleet.source.{source_id}", "gate.changed", {"source_id": source_id})
-        publish("fleet", "gate.changed", {"source_ids": sorted(source_ids)})
+        announce_to_fleet_pages({p["source_id"] for p in payloads})
 
     transaction.on_commit(send)
 

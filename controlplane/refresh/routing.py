@@ -1,1 +1,8 @@
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from controlplane.refresh import consumers
+
+websocket_urlpatterns: list = [
+    path("ws/refreshes/<int:refresh_id>/", consumers.RefreshConsumer.as_asgi()),
+    path("ws/refresh-banner/<int:source_id>/", consumers.BannerConsumer.as_asgi()),
+]

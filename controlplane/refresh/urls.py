@@ -1,5 +1,19 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from controlplane.refresh import views
 
 app_name = "refresh"
 
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.refresh_list, name="list"),
+    path("new/", views.plan, name="plan"),
+    path("gates/", views.gate_list, name="gates"),
+    path("gates/<int:pk>/force-reopen/", views.force_reopen, name="force_reopen"),
+    path("<int:pk>/", views.detail, name="detail"),
+    path("<int:pk>/start/", views.start, name="start"),
+    path("<int:pk>/approve/", views.approve, name="approve"),
+    path("<int:pk>/reject/", views.reject, name="reject"),
+    path("<int:pk>/abort/", views.abort, name="abort"),
+    path("<int:pk>/retry/", views.retry, name="retry"),
+    path("<int:pk>/rollback/", views.rollback, name="rollback"),
+]

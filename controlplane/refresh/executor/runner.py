@@ -35,6 +35,7 @@ from controlplane.refresh.planning import source_policy
 from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, StepName, next_step
 
 logger = logging.getLogger(__name__)
+REFRESHES_GROUP = "refreshes"
 
 
 def call_settings(source, transport=None) -> CallSettings:
@@ -56,8 +57,9 @@ def publish_state(refresh: PolicyRefresh) -> None:
         "held_reason": refresh.held_reason,
     }
     publish(refresh_group(refresh.pk), "state", payload)
-    publish(f"fleet.source.{refresh.source_id}", "refresh.state", payload)
-    publish("fleet", "refresh.state", payload)
+    # Lists and banners follow every refresh through one group.
+    publish(REFRESHES_GROUP, "refresh.state", {**payload, "source_id": refresh.source_id})
+    gates.announce_to_fleet_pages({refresh.source_id})
 
 
 def release_scope(refresh: PolicyRefresh, reason: str) -> None:

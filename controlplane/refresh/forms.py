@@ -1,0 +1,95 @@
+"""The plan form: source, scope subset, target policy, pause mode, verification."""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from controlplane.fleet.models import Source
+from controlplane.refresh.models import FlushPolicy, PauseMode
+
+
+def _csv(value: str) -> list[str]:
+    return [part.strip() for part in value.replace("\n", ",").split(",") if part.strip()]
+
+
+def _json_object(value: str, name: str) -> dict:
+    if not value.strip():
+        return {}
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise ValidationError(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValidationError(f"{name} must be a JSON object")
+    return data
+
+
+class PlanForm(forms.Form):
+    source = forms.ModelChoiceField(Source.objects.filter(enabled=True), to_field_name="name")
+    namespaces = forms.CharField(required=False, help_text="comma-separated; empty = all")
+    worker_ids = forms.CharField(required=False, help_text="comma-separated worker ids; optional")
+    weight_version = forms.CharField(max_length=200)
+    method = forms.ChoiceField(choices=[("disk", "disk"), ("distributed", "distributed")])
+    model_path = forms.CharField(required=False, max_length=1000)
+    group_params = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    update_params = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    pause_mode = forms.ChoiceField(choices=PauseMode.choices, initial=PauseMode.KEEP)
+    flush_policy = forms.ChoiceField(choices=FlushPolicy.choices, initial=FlushPolicy.AUTO)
+    version_readback = forms.BooleanField(required=False, initial=True)
+    liveness = forms.BooleanField(required=False, initial=True)
+    generation = forms.BooleanField(required=False, initial=True)
+    prompt_token_ids = forms.CharField(required=False, initial="5, 6, 7, 8")
+    max_tokens = forms.IntegerField(min_value=1, max_value=64, initial=4)
+    expected_model = forms.CharField(required=False, max_length=300)
+
+    def clean_worker_ids(self) -> list[int]:
+        try:
+            return [int(part) for part in _csv(self.cleaned_data["worker_ids"])]
+        except ValueError:
+            raise ValidationError("worker ids are numbers") from None
+
+    def clean_prompt_token_ids(self) -> list[int]:
+        try:
+            return [int(part) for part in _csv(self.cleaned_data["prompt_token_ids"])]
+        except ValueError:
+            raise ValidationError("prompt token ids are integers") from None
+
+    def clean(self):
+        data = super().clean()
+        if data.get("method") == "disk" and not data.get("model_path"):
+            self.add_error("model_path", "a disk update needs a model path")
+        for name in ("group_params", "update_params"):
+            try:
+                data[name] = _json_object(data.get(name) or "", name.replace("_", " "))
+            except ValidationError as exc:
+                self.add_error(name, exc)
+        if data.get("generation") and not data.get("prompt_token_ids"):
+            self.add_error("prompt_token_ids", "the generation check needs prompt token ids")
+        return data
+
+    def plan_kwargs(self) -> dict:
+        data = self.cleaned_data
+        target = {"weight_version": data["weight_version"], "method": data["method"]}
+        if data["method"] == "disk":
+            target["model_path"] = data["model_path"]
+        else:
+            target |= {"group": data["group_params"], "update": data["update_params"]}
+        return {
+            "source": data["source"],
+            "target": target,
+            "namespaces": _csv(data["namespaces"]) or None,
+            "worker_ids": data["worker_ids"] or None,
+            "pause_mode": data["pause_mode"],
+            "flush_policy": data["flush_policy"],
+            "verification": {
+                "version_readback": data["version_readback"],
+                "liveness": data["liveness"],
+                "generation": data["generation"],
+                "prompt_token_ids": data["prompt_token_ids"],
+                "max_tokens": data["max_tokens"],
+                "expected_model": data["expected_model"],
+            },
+        }

@@ -1,0 +1,134 @@
+"""What the refresh pages show, built from the database (the journal is the truth)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.refresh.models import (
+    ACTIVE_STATES,
+    Gate,
+    JournalEntry,
+    PolicyRefresh,
+    RefreshState,
+    StepRun,
+    WorkerStepResult,
+)
+from controlplane.refresh.sequence import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
+
+
+@dataclass
+class Cell:
+    worker_id: int
+    step: str
+    status: str = "pending"  # pending|running|ok|failed|skipped|unreached
+    error: str = ""
+    ms: float | None = None
+
+    @property
+    def dom_id(self) -> str:
+        return f"cell-{self.worker_id}-{self.step}"
+
+
+@dataclass
+class GridRow:
+    worker: Any
+    cells: list[Cell] = field(default_factory=list)
+    #: The worker's call timeline: one dict per journaled call, oldest first.
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class StepLine:
+    name: str
+    label: str
+    status: str = "pending"
+    detail: str = ""
+    ms: float | None = None
+    attempts: int = 0
+
+
+def current_step(refresh: PolicyRefresh) -> str | None:
+    step = STATE_STEP.get(refresh.state)
+    return step.value if step else None
+
+
+def step_lines(refresh: PolicyRefresh) -> list[StepLine]:
+    runs: dict[str, StepRun] = {}
+    counts: dict[str, int] = {}
+    for run in StepRun.objects.filter(refresh=refresh).order_by("id"):
+        runs[run.name] = run
+        counts[run.name] = counts.get(run.name, 0) + 1
+    names = list(ORDER) + ([StepName.RELEASE] if StepName.RELEASE in runs else [])
+    lines = []
+    for name in names:
+        run = runs.get(name)
+        line = StepLine(name.value, STEP_LABELS[name], attempts=counts.get(name, 0))
+        if run is not None:
+            line.status, line.detail, line.ms = run.status, run.detail, run.duration_ms
+        lines.append(line)
+    return lines
+
+
+def grid(refresh: PolicyRefresh) -> list[GridRow]:
+    latest: dict[tuple[int, str], WorkerStepResult] = {}
+    for result in WorkerStepResult.objects.filter(refresh=refresh).order_by("id"):
+        latest[(result.planned_worker_id, result.step)] = result
+    timeline: dict[int, list[dict[str, Any]]] = {}
+    for call in (
+        JournalEntry.objects.filter(refresh=refresh, planned_worker__isnull=False)
+        .order_by("id")
+        .values("planned_worker_id", "step", "operation", "ok", "duration_ms", "started_at")
+    ):
+        timeline.setdefault(call["planned_worker_id"], []).append(
+            {
+                "op": call["operation"],
+                "ok": call["ok"],
+                "ms": call["duration_ms"],
+                "at": call["started_at"],
+                "step": call["step"],
+            }
+        )
+    running = current_step(refresh)
+    rows = []
+    for worker in refresh.workers.all():
+        row = GridRow(worker, calls=timeline.get(worker.pk, []))
+        for step in WORKER_STEPS:
+            cell = Cell(worker.pk, step.value)
+            result = latest.get((worker.pk, step.value))
+            if result is not None:
+                cell.status, cell.error, cell.ms = result.status, result.error, result.duration_ms
+            if step.value == running and (result is None or result.status != "ok"):
+                cell.status = "running"
+            row.cells.append(cell)
+        rows.append(row)
+    return rows
+
+
+def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
+    return {
+        "refresh": refresh,
+        "steps": step_lines(refresh),
+        "grid": grid(refresh),
+        "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
+        "is_active": refresh.state in ACTIVE_STATES,
+    }
+
+
+def active_refreshes(source=None):
+    refreshes = PolicyRefresh.objects.filter(state__in=ACTIVE_STATES).select_related("source")
+    if source is not None:
+        refreshes = refreshes.filter(source=source)
+    return list(refreshes)
+
+
+def banner_context(source=None) -> dict[str, Any]:
+    gates = Gate.objects.select_related("source", "active_refresh")
+    if source is not None:
+        gates = gates.filter(source=source)
+    return {
+        "banner_source": source,
+        "banner_gates": list(gates),
+        "banner_refreshes": active_refreshes(source),
+        "held_state": RefreshState.HELD,
+    }

@@ -1,0 +1,25 @@
+"""`{% load refresh_tags %}{% refresh_banner source %}` — gates and the active-refresh banner.
+
+For fleet pages: with a source it shows that source's gates and active refresh; without one,
+every source's. It connects its own websocket and keeps itself current.
+"""
+
+from django import template
+
+from controlplane.refresh import presenters
+
+register = template.Library()
+
+
+@register.inclusion_tag("refresh/banner.html", takes_context=True)
+def refresh_banner(context, source=None):
+    return presenters.banner_context(source) | {
+        "perms": context.get("perms"),
+        "banner_ws": f"/ws/refresh-banner/{source.pk if source else 0}/",
+    }
+
+
+@register.inclusion_tag("refresh/gate_badges.html")
+def gate_badges(source):
+    """Compact gate and refresh badges for one source, without a socket of its own."""
+    return presenters.banner_context(source)

@@ -85,8 +85,8 @@ def _concrete(route: str) -> str:
 
 
 # Paths that must answer without a session: sign-in itself and machine-facing endpoints that
-# carry their own authentication (bearer tokens, webhook signatures).
-PUBLIC_PREFIXES = ("/accounts/login/", "/api/", "/static/")
+# carry their own authentication (bearer tokens, webhook signatures, a scraper address list).
+PUBLIC_PREFIXES = ("/accounts/login/", "/api/", "/static/", "/metrics")
 
 
 def test_every_page_requires_sign_in():

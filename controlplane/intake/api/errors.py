@@ -11,7 +11,8 @@ from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import DataError
+from django.db import DataError, IntegrityError
+from django.db.models import ProtectedError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError
@@ -123,6 +124,19 @@ def install(api: NinjaAPI) -> None:
     def data_error(request, exc):
         return error_response(api, request, 400, "invalid_input", "a value is not acceptable")
 
+    def protected(request, exc: ProtectedError):
+        return error_response(
+            api,
+            request,
+            409,
+            "conflict",
+            "other records still refer to this one (e.g. its "
+            "policy refreshes); it cannot be deleted",
+        )
+
+    def integrity(request, exc: IntegrityError):
+        return error_response(api, request, 409, "conflict", "conflicts with existing data")
+
     def anything(request, exc: Exception):
         code = getattr(exc, "code", None)
         if code in _REFRESH_STATUS or _is_refresh_error(exc):
@@ -145,6 +159,8 @@ def install(api: NinjaAPI) -> None:
     on(PermissionDenied, forbidden)
     on(DjangoValidationError, django_validation)
     on(DataError, data_error)
+    on(ProtectedError, protected)
+    on(IntegrityError, integrity)
     on(Exception, anything)
 
 

@@ -35,7 +35,8 @@ def test_list_helper_drops_blanks(monkeypatch):
 
 
 def _run_check(extra_env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DATABASE_URL"}}
+    skip = {"SECRET_KEY", "DATABASE_URL", "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    environ = {k: v for k, v in os.environ.items() if k not in skip}
     environ.update(extra_env)
     return subprocess.run(
         [sys.executable, "manage.py", "check", *args],

@@ -60,7 +60,7 @@ class _Stream(AsyncWebsocketConsumer):
 
 
 class RefreshConsumer(_Stream):
-    """`ws/refreshes/<id>/`: the step list, the worker × step grid and call timelines."""
+    """`ws/refreshes/<id>/`: the step list, the worker-by-step grid and call timelines."""
 
     async def prepare(self) -> bool:
         self.refresh_id = int(self.scope["url_route"]["kwargs"]["refresh_id"])

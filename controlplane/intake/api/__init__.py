@@ -24,7 +24,7 @@ api = NinjaAPI(
         "Dynamo RL control plane; trainer webhooks. Errors are always "
         '`{"error": {"code", "message", "details"}}`.'
     ),
-    urls_namespace="api-v1",
+    urls_namespace="intake:api-v1",
     auth=API_AUTH,
     docs_url=None,
 )

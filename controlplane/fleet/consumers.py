@@ -34,37 +34,39 @@ class _FleetStream(AsyncWebsocketConsumer):
             return
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
-        await self.send(text_data=await database_sync_to_async(self.resync)())
+        for frame in await database_sync_to_async(self.resync)():
+            await self.send(text_data=frame)
 
     async def disconnect(self, code: int) -> None:
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def stream_event(self, message: dict) -> None:
-        html = await database_sync_to_async(self.render)(message["event"], message["payload"])
-        if html:
-            await self.send(text_data=html)
+        frames = await database_sync_to_async(self.render)(message["event"], message["payload"])
+        for frame in frames:
+            if frame:
+                await self.send(text_data=frame)
 
     async def prepare(self) -> bool:
         return True
 
-    def resync(self) -> str:
+    def resync(self) -> list[str]:
         raise NotImplementedError
 
-    def render(self, event: str, payload: dict) -> str:
+    def render(self, event: str, payload: dict) -> list[str]:
         raise NotImplementedError
 
 
 class FleetOverviewConsumer(_FleetStream):
     group = live.FLEET_GROUP
 
-    def resync(self) -> str:
-        return live.overview_html()
+    def resync(self) -> list[str]:
+        return [live.overview_html()]
 
-    def render(self, event: str, payload: dict) -> str:
+    def render(self, event: str, payload: dict) -> list[str]:
         if event == live.EVENT_SOURCE_REFRESHED:
-            return payload["html"]
-        return live.overview_html()
+            return [payload["html"]]
+        return [live.overview_html()]
 
 
 class SourceStreamConsumer(_FleetStream):
@@ -82,22 +84,34 @@ class SourceStreamConsumer(_FleetStream):
     def _source(self) -> Source | None:
         return Source.objects.filter(pk=self.source_id).first()
 
-    def resync(self) -> str:
+    # Table fragments travel in frames of their own: htmx parses a message in a <template>,
+    # where <tr>/<tbody> are only table content when they come first; after a <section> the
+    # parser would drop the table tags and keep their cells as loose elements.
+
+    def resync(self) -> list[str]:
         source = self._source()
         if source is None:
-            return ""
+            return []
         table, self.shown = live.table_html(source, self.filter)
-        return live.summary_html(source) + live.timeline_html(source) + table
+        return [live.summary_html(source) + live.timeline_html(source), table]
 
-    def render(self, event: str, payload: dict) -> str:
+    def render(self, event: str, payload: dict) -> list[str]:
         if payload.get("resync"):
             return self.resync()
-        parts = [payload.get("summary_html", ""), payload.get("timeline_html", "")]
+        replaced: list[str] = []
+        appended: list[str] = []
         for row in payload.get("rows", ()):
-            parts.append(self._row(row))
-        return "".join(parts)
+            self._row(row, replaced, appended)
+        frames = [payload.get("summary_html", "") + payload.get("timeline_html", "")]
+        if replaced:
+            frames.append("".join(replaced))
+        if appended:
+            frames.append(
+                f'<tbody hx-swap-oob="beforeend:#worker-rows">{"".join(appended)}</tbody>'
+            )
+        return frames
 
-    def _row(self, row: dict) -> str:
+    def _row(self, row: dict, replaced: list[str], appended: list[str]) -> None:
         flt, pk = self.filter, row["id"]
         wanted = (
             (not flt.namespace or row["namespace"] == flt.namespace)
@@ -108,9 +122,9 @@ class SourceStreamConsumer(_FleetStream):
         if not wanted:
             if pk in self.shown:
                 self.shown.discard(pk)
-                return f'<tr id="worker-{pk}" hx-swap-oob="delete"></tr>'
-            return ""
-        if pk in self.shown:
-            return row["html"].replace("<tr ", '<tr hx-swap-oob="true" ', 1)
-        self.shown.add(pk)
-        return f'<tbody hx-swap-oob="beforeend:#worker-rows">{row["html"]}</tbody>'
+                replaced.append(f'<tr id="worker-{pk}" hx-swap-oob="delete"></tr>')
+        elif pk in self.shown:
+            replaced.append(row["html"].replace("<tr ", '<tr hx-swap-oob="true" ', 1))
+        else:
+            self.shown.add(pk)
+            appended.append(row["html"])

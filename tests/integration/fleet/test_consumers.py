@@ -63,17 +63,19 @@ async def test_viewer_gets_a_resync_then_only_the_changed_row(prefilled, viewer,
     communicator = _communicator(f"/ws/fleet/sources/{prefilled.pk}/", viewer)
     connected, _ = await communicator.connect()
     assert connected
-    resync = await communicator.receive_from(timeout=10)
-    assert '<tbody id="worker-rows" hx-swap-oob="true">' in resync
-    assert resync.count('<tr id="worker-') == 4
+    header = await communicator.receive_from(timeout=10)
+    assert 'id="source-summary" hx-swap-oob="true"' in header
+    table = await communicator.receive_from(timeout=10)
+    assert table.startswith('<tbody id="worker-rows" hx-swap-oob="true">')
+    assert table.count('<tr id="worker-') == 4
 
     victim = simfleet.workers()[0]["instance_id"]
     simfleet.set_version(victim, "v42")
     await database_sync_to_async(refresh_source)(prefilled.pk, trigger=DiscoveryTrigger.MANUAL)
 
-    frame = await _receive_until(communicator, lambda f: "worker-" in f)
+    frame = await _receive_until(communicator, lambda f: f.startswith("<tr "))
     worker = await database_sync_to_async(Worker.objects.get)(instance_id=str(victim))
-    assert f'<tr hx-swap-oob="true" id="worker-{worker.pk}"' in frame
+    assert frame.startswith(f'<tr hx-swap-oob="true" id="worker-{worker.pk}"')
     assert "v42" in frame
     assert frame.count("<tr ") == 1  # only the changed row is pushed
     await communicator.disconnect()
@@ -86,16 +88,16 @@ async def test_new_worker_is_appended_and_filtered_out_rows_are_not_sent(
 
     communicator = _communicator(f"/ws/fleet/sources/{prefilled.pk}/?namespace=rl-a", viewer)
     assert (await communicator.connect())[0]
-    resync = await communicator.receive_from(timeout=10)
-    assert resync.count('<tr id="worker-') == 2
+    await communicator.receive_from(timeout=10)  # summary and timeline
+    table = await communicator.receive_from(timeout=10)
+    assert table.count('<tr id="worker-') == 2
 
     simfleet.add_worker(WorkerSpec(namespace="rl-a", version="fresh"))
     simfleet.add_worker(WorkerSpec(namespace="rl-b", version="other"))
     await database_sync_to_async(refresh_source)(prefilled.pk, trigger=DiscoveryTrigger.MANUAL)
 
-    frame = await _receive_until(communicator, lambda f: "worker-" in f)
-    assert '<tbody hx-swap-oob="beforeend:#worker-rows">' in frame
-    rows = frame[frame.index("<tbody hx-swap-oob") :]
+    rows = await _receive_until(communicator, lambda f: f.startswith("<tbody "))
+    assert rows.startswith('<tbody hx-swap-oob="beforeend:#worker-rows">')
     assert rows.count("<tr ") == 1  # the rl-b newcomer is outside this client's filter
     assert "fresh" in rows and "other" not in rows
     await communicator.disconnect()

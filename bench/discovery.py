@@ -1,0 +1,200 @@
+"""Discovery benchmark: prints figures, asserts nothing.
+
+    .venv/bin/python bench/discovery.py [--workers 2000] [--latency-ms 20]
+
+1. A simulated source of N vLLM workers whose admin routes answer after `latency` ms.
+   One full refresh (listener + version/liveness probes + upsert + diff + publish) is timed,
+   cold (every worker joins) and steady (nothing changed), next to a bare aiohttp client doing
+   only the same HTTP calls with the same concurrency, in the same run.
+2. Server time and SQL query count to render the source page at 100 and N workers.
+
+Uses a throwaway SQLite database unless DATABASE_URL is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="bench-var-"))
+if not os.environ.get("DATABASE_URL"):
+    os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='bench-db-')}/bench.sqlite3"
+
+
+def setup_django() -> None:
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+async def bare_client(listener_url: str, concurrency: int) -> tuple[float, int]:
+    """The same calls as a refresh (listener, then version + liveness per worker), nothing else."""
+    import aiohttp
+
+    from controlplane.dynamo.families import VLLM_WORKER, Operation
+
+    calls = [VLLM_WORKER.build(op)[0] for op in (Operation.GET_WEIGHT_VERSION, Operation.LIVENESS)]
+    t0 = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(listener_url.rstrip("/") + "/v1/rl/workers") as response:
+            payload = await response.json(content_type=None)
+        permits = asyncio.Semaphore(concurrency)
+
+        async def one(system_url: str, call) -> None:
+            async with permits:
+                url = system_url.rstrip("/") + "/" + call.path
+                kwargs = {} if call.method == "GET" else {"json": call.body or {}}
+                async with session.request(call.method, url, **kwargs) as r:
+                    await r.read()
+
+        jobs = [one(w["system_url"], c) for w in payload["workers"] for c in calls]
+        await asyncio.gather(*jobs)
+    return time.perf_counter() - t0, len(jobs) + 1
+
+
+def render_page(source, user) -> tuple[float, int, int]:
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client()
+    client.force_login(user)
+    client.get(f"/sources/{source.pk}/")  # warm caches (templates, permissions)
+    best = float("inf")
+    for _ in range(3):
+        with CaptureQueriesContext(connection) as queries:
+            t0 = time.perf_counter()
+            response = client.get(f"/sources/{source.pk}/")
+            best = min(best, time.perf_counter() - t0)
+    assert response.status_code == 200, response.status_code
+    return best, len(queries.captured_queries), response.content.decode().count('<tr id="worker-')
+
+
+def synthetic_source(name: str, n: int):
+    from django.utils import timezone
+
+    from controlplane.audit.recorder import Actor
+    from controlplane.fleet import services
+    from controlplane.fleet.models import Worker
+
+    source = services.create_source(
+        actor=Actor.system("bench"),
+        name=name,
+        listener_url="http://10.0.0.1:8001",
+        allowed_networks=["10.0.0.0/8"],
+        expected_prefix="rl",
+    )
+    now = timezone.now()
+    routes = [
+        "get_weight_version",
+        "liveness_probe",
+        "pause_generation",
+        "resume_generation",
+        "update_weights_from_disk",
+        "flush_cache",
+    ]
+    Worker.objects.bulk_create(
+        Worker(
+            source=source,
+            namespace=f"rl-{i % 4}",
+            component="backend",
+            endpoint="rl",
+            instance_id=str(2**63 + i),
+            routes=routes,
+            family="vllm",
+            system_url=f"http://10.0.{i // 250}.{i % 250}:9000/w/x{i}",
+            model="sim-model",
+            weight_version=f"step-{i % 3}",
+            version_probed_at=now,
+            liveness="alive",
+            first_seen_at=now,
+            last_seen_at=now,
+        )
+        for i in range(n)
+    )
+    return source
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2000)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    setup_django()
+
+    from django.conf import settings
+
+    from controlplane.accounts.roles import Role
+    from controlplane.accounts.services import create_user_with_role
+    from controlplane.audit.recorder import Actor
+    from controlplane.fleet import services
+    from controlplane.fleet.discovery import refresh_source
+    from controlplane.fleet.models import DiscoveryTrigger
+    from controlplane.simfleet import Fault, FleetConfig, run_fleet
+
+    n, concurrency = args.workers, settings.DISCOVERY_PROBE_CONCURRENCY
+    config = FleetConfig.generate(
+        workers=n,
+        namespaces=["rl-a", "rl-b", "rl-c"],
+        prefix="rl",
+        seed=7,
+        listener_env={"DYN_RL_MAX_CONCURRENT_PROBES": "4096"},
+    )
+    print(
+        f"discovery bench: {n} workers, admin routes answer in {args.latency_ms:g} ms, "
+        f"probe concurrency {concurrency}, database {settings.DATABASES['default']['ENGINE']}"
+    )
+    with run_fleet(config) as fleet:
+        latency = Fault(kind="latency", seconds=args.latency_ms / 1000.0)
+        for w in fleet.workers():
+            fleet.inject(w["instance_id"], "*", latency)
+        source = services.create_source(
+            actor=Actor.system("bench"),
+            name="bench",
+            listener_url=fleet.listener_url,
+            allowed_networks=["127.0.0.0/8"],
+            expected_prefix="rl",
+        )
+        bare_s, bare_requests = asyncio.run(bare_client(fleet.listener_url, concurrency))
+        figures = []
+        for label in ("cold (all join)", "steady (no change)"):
+            t0 = time.perf_counter()
+            run = refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
+            wall = time.perf_counter() - t0
+            assert run is not None and run.ok, run and run.error
+            figures.append((label, wall, run))
+        bare_s2, _ = asyncio.run(bare_client(fleet.listener_url, concurrency))
+        bare = min(bare_s, bare_s2)
+
+    print(
+        f"\nbare aiohttp client: {bare * 1000:8.0f} ms  {bare_requests / bare:8.0f} req/s "
+        f"({bare_requests} requests)"
+    )
+    for label, wall, run in figures:
+        print(
+            f"refresh {label:19}: {wall * 1000:8.0f} ms  {bare_requests / wall:8.0f} req/s  "
+            f"ratio {wall / bare:4.2f}  (workers {run.workers_total}, +{run.joined} "
+            f"-{run.left} ~{run.changed})"
+        )
+
+    viewer = create_user_with_role("bench-viewer", Role.VIEWER, "x", validate=False)
+    print("\nsource page render (best of 3, Django test client, in-process):")
+    for size in (100, n):
+        src = synthetic_source(f"page-{size}", size)
+        seconds, queries, rows = render_page(src, viewer)
+        print(f"  {size:5} workers: {seconds * 1000:7.1f} ms  {queries:3} SQL queries  {rows} rows")
+    print(f"\ntargets: refresh ratio <= 2; page queries constant; page < 300 ms at {n} workers")
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from django.http import HttpRequest, StreamingHttpResponse
@@ -58,6 +58,16 @@ def _filtered(request: HttpRequest, filters: AuditFilters):
     require(request, Perm.VIEW)
     require_unlimited(request)
     data = filters.model_dump(include=set(AuditFilters.model_fields), exclude_none=True)
+    for bound in ("since", "until"):
+        if bound in data:
+            # PostgreSQL accepts offsets only up to ±15:59; a UTC instant is always in range.
+            moment = data[bound]
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            try:
+                data[bound] = moment.astimezone(UTC)
+            except OverflowError:
+                raise ApiError(422, "validation_error", f"{bound} is out of range") from None
     form = AuditFilterForm(
         {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in data.items()}
     )

@@ -23,6 +23,7 @@ from controlplane.dynamo.families import FAMILIES, AdminCall, Operation
 from controlplane.dynamo.generation import run_generation_check
 from controlplane.dynamo.http import make_client
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.refresh.executor.transport import AiohttpTransport
 from controlplane.refresh.planning import GENERATION, generation_check_from_call
 
 _UNSET = object()
@@ -133,8 +134,10 @@ async def run_jobs(
     stop: threading.Event,
 ) -> None:
     semaphore = asyncio.Semaphore(cfg.concurrency)
+    # The generation checks go to the frontend, so allow a connection or two beyond the bound.
+    transport = cfg.transport or AiohttpTransport(max_connections=cfg.concurrency + 2)
     async with make_client(
-        timeout=cfg.timeout, max_connections=cfg.concurrency, transport=cfg.transport
+        timeout=cfg.timeout, max_connections=cfg.concurrency + 2, transport=transport
     ) as client:
 
         async def run(job: WorkerJob) -> None:

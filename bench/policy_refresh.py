@@ -1,0 +1,171 @@
+"""Policy refresh benchmark: prints figures, asserts nothing.
+
+    .venv/bin/python bench/policy_refresh.py [--workers 500] [--latency-ms 20]
+
+A simulated source of N vLLM workers whose admin routes (and pinned generations) answer after
+`latency` ms. One full policy refresh is executed (close gate → resolve → pause → update →
+flush (skipped: the disk update invalidates the cache) → resume → verify (version readback,
+liveness, pinned generation) → re-resolve → reopen), with journal writes, audit rows and
+websocket publishing included. In the same run a bare aiohttp client makes the same HTTP calls
+with the same concurrency bound and no bookkeeping. Their ratio is the figure of merit.
+
+Uses a throwaway SQLite database unless DATABASE_URL is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="bench-var-"))
+if not os.environ.get("DATABASE_URL"):
+    os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='bench-db-')}/bench.sqlite3"
+
+
+def setup_django() -> None:
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def planned_calls(refresh) -> tuple[str, list[list[list[tuple]]]]:
+    """The refresh's calls as steps → workers → calls (method, url, body), read synchronously."""
+    frontend = refresh.source.frontend_url.rstrip("/") + "/v1/completions"
+    steps = []
+    workers = list(refresh.workers.all())
+    for step in ("pause", "update", "flush", "resume_engines", "verify"):
+        per_worker = []
+        for worker in workers:
+            calls = []
+            for call in worker.calls.get(step, []):
+                if call["operation"] == "generation":
+                    calls.append(("POST", frontend, call["body"]))
+                else:
+                    url = worker.system_url.rstrip("/") + "/" + call["path"]
+                    calls.append((call["method"], url, call["body"]))
+            if calls:
+                per_worker.append(calls)
+        steps.append(per_worker)
+    return refresh.source.listener_url.rstrip("/") + "/v1/rl/workers", steps
+
+
+async def bare_client(listener: str, steps, concurrency: int) -> tuple[float, int]:
+    """The same calls with the same shape (steps in order; per step every worker's calls in
+    sequence, `concurrency` workers at a time) and no bookkeeping at all."""
+    import aiohttp
+
+    semaphore = asyncio.Semaphore(concurrency)
+    count = 0
+    t0 = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def get_listener():
+            async with session.get(listener) as response:
+                await response.read()
+
+        async def worker_calls(calls):
+            nonlocal count
+            async with semaphore:
+                for method, url, body in calls:
+                    async with session.request(method, url, json=body) as response:
+                        await response.read()
+                    count += 1
+
+        await get_listener()
+        for per_worker in steps:
+            await asyncio.gather(*(worker_calls(calls) for calls in per_worker))
+        await get_listener()
+    return time.perf_counter() - t0, count + 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=500)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    setup_django()
+
+    from django.conf import settings
+
+    from controlplane.accounts.roles import Role
+    from controlplane.accounts.services import create_user_with_role
+    from controlplane.audit.recorder import Actor
+    from controlplane.fleet import services
+    from controlplane.fleet.discovery import refresh_source
+    from controlplane.fleet.models import DiscoveryTrigger
+    from controlplane.refresh import actions
+    from controlplane.refresh.executor import execute_refresh
+    from controlplane.refresh.models import JournalEntry, RefreshState
+    from controlplane.simfleet import Fault, FleetConfig, run_fleet
+
+    n, concurrency = args.workers, settings.REFRESH_CONCURRENCY
+    config = FleetConfig.generate(
+        workers=n,
+        namespaces=["rl-a", "rl-b", "rl-c"],
+        prefix="rl",
+        seed=7,
+        listener_env={"DYN_RL_MAX_CONCURRENT_PROBES": "4096"},
+    )
+    print(
+        f"policy refresh bench: {n} workers, routes answer in {args.latency_ms:g} ms, "
+        f"concurrency {concurrency}, database {settings.DATABASES['default']['ENGINE']}"
+    )
+    user = create_user_with_role("bench-operator", Role.OPERATOR, "x", validate=False)
+    actor = Actor.for_user(user)
+    with run_fleet(config) as fleet:
+        latency = Fault(kind="latency", seconds=args.latency_ms / 1000.0)
+        for w in fleet.workers():
+            fleet.inject(w["instance_id"], "*", latency)
+            fleet.inject(w["instance_id"], "generate", latency)
+        source = services.create_source(
+            actor=actor,
+            name="bench",
+            listener_url=fleet.listener_url,
+            frontend_url=fleet.frontend_url,
+            allowed_networks=["127.0.0.0/8"],
+            expected_prefix="rl",
+        )
+        refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
+
+        figures = []
+        bares = []
+        for version in ("v1", "v2"):
+            refresh = actions.plan_policy_refresh(
+                source=source,
+                actor=actor,
+                target={"weight_version": version, "method": "disk", "model_path": "/ckpt"},
+            )
+            assert not refresh.plan_blockers, refresh.plan_blockers
+            actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
+            t0 = time.perf_counter()
+            state = execute_refresh(refresh.pk)
+            wall = time.perf_counter() - t0
+            refresh.refresh_from_db()
+            assert state == RefreshState.SUCCEEDED, refresh.held_reason
+            calls = JournalEntry.objects.filter(refresh=refresh).count()
+            figures.append((version, wall, calls))
+            listener, steps = planned_calls(refresh)
+            bares.append(asyncio.run(bare_client(listener, steps, concurrency)))
+
+    bare, bare_calls = min(bares)
+    print(f"\nbare aiohttp client: {bare * 1000:8.0f} ms  ({bare_calls} requests)")
+    for version, wall, calls in figures:
+        print(
+            f"refresh to {version}:     {wall * 1000:8.0f} ms  ({calls} journaled calls incl. "
+            f"2 listener reads)  ratio {wall / bare:4.2f}"
+        )
+    print("\ntarget: ratio <= 2")
+
+
+if __name__ == "__main__":
+    main()

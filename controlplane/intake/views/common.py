@@ -1,0 +1,28 @@
+"""What every admin-tools view shares: the typed htmx request and the permission check."""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.utils.cache import add_never_cache_headers
+from django_htmx.middleware import HtmxDetails
+
+from controlplane.accounts.roles import Perm
+
+#: Any one of these opens the admin-tools index (matches the nav link in base.html).
+ADMIN_PERMS = (Perm.MANAGE_SOURCES, Perm.MANAGE_TOKENS, Perm.MANAGE_WEBHOOKS)
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def require(request: HttpRequest, perm: Perm) -> None:
+    if not request.user.has_perm(perm):
+        raise PermissionDenied
+
+
+def secret_response(response: HttpResponse) -> HttpResponse:
+    """A page showing a secret once must not be kept by the browser or a proxy."""
+    add_never_cache_headers(response)
+    return response

@@ -114,7 +114,7 @@ def create_webhook_endpoint(
         {
             "name": name,
             "source": source,
-            "namespaces": list(namespaces),
+            "namespaces": namespaces,
             "policy": policy,
             "rules": list(rules),
             "pause_mode": pause_mode,

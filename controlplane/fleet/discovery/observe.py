@@ -8,7 +8,6 @@ touches the database: the caller passes plain data in and gets plain data out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,35 +116,28 @@ def _from_static(source_id: int, spec: StaticSpec) -> Observation:
     )
 
 
-#: Connections per client. httpcore's pool scans every connection for every queued request,
-#: which is quadratic in the pool size; several small pools keep 2,000-worker refreshes
-#: close to the speed of a bare client.
-CONNECTIONS_PER_CLIENT = 8
-
-
 class Prober:
     """Version and liveness probes for many workers, bounded and timed out per call.
 
-    Workers are spread over `clients` (each with its own permits), so at most
-    `len(clients) * per_client` calls are in flight.
+    One client (one aiohttp connection pool) and one semaphore: at most `concurrency` calls
+    are in flight, whatever the number of workers.
     """
 
     def __init__(
-        self, clients: list[httpx.AsyncClient], policy: OutboundPolicy, *, timeout, per_client: int
+        self, client: httpx.AsyncClient, policy: OutboundPolicy, *, timeout, concurrency: int
     ):
-        self.lanes = [(c, asyncio.Semaphore(per_client)) for c in clients]
+        self.client = client
+        self.permits = asyncio.Semaphore(concurrency)
         self.policy = policy
         self.timeout = timeout
         self.requests = 0
-        self._next = 0
 
-    async def _call(self, obs: Observation, family: AdminFamily, op: Operation, lane: int):
+    async def _call(self, obs: Observation, family: AdminFamily, op: Operation):
         (call,) = family.build(op)
-        client, permits = self.lanes[lane]
-        async with permits:
+        async with self.permits:
             self.requests += 1
             return await call_admin(
-                client, self.policy, obs.system_url, family, call, timeout=self.timeout
+                self.client, self.policy, obs.system_url, family, call, timeout=self.timeout
             )
 
     async def probe(self, obs: Observation) -> None:
@@ -165,8 +157,7 @@ class Prober:
             for op in (Operation.GET_WEIGHT_VERSION, Operation.LIVENESS)
             if family.supports(op, obs.routes)
         ]
-        lane = self._next = (self._next + 1) % len(self.lanes)
-        results = await asyncio.gather(*(self._call(obs, family, op, lane) for op in ops))
+        results = await asyncio.gather(*(self._call(obs, family, op) for op in ops))
         for op, result in zip(ops, results, strict=True):
             if op == Operation.GET_WEIGHT_VERSION:
                 obs.version_probed = True
@@ -194,22 +185,14 @@ async def observe(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> ObservedFleet:
     """Fetch discovery and probe every worker. Raises DiscoveryError for listener problems."""
-    per_client = min(CONNECTIONS_PER_CLIENT, concurrency)
-    lanes = max(1, -(-concurrency // per_client))
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(
-                make_client(
-                    timeout=max(listener_timeout, probe_timeout),
-                    max_connections=per_client,
-                    transport=transport,
-                )
-            )
-            for _ in range(lanes)
-        ]
-        result = await fetch_discovery(clients[0], policy, listener_url, timeout=listener_timeout)
+    async with make_client(
+        timeout=max(listener_timeout, probe_timeout),
+        max_connections=concurrency,
+        transport=transport,
+    ) as client:
+        result = await fetch_discovery(client, policy, listener_url, timeout=listener_timeout)
         workers = [_from_discovered(w) for w in result.workers]
         workers += [_from_static(source_id, s) for s in statics]
-        prober = Prober(clients, policy, timeout=probe_timeout, per_client=per_client)
+        prober = Prober(client, policy, timeout=probe_timeout, concurrency=concurrency)
         await asyncio.gather(*(prober.probe(obs) for obs in workers))
     return ObservedFleet(result, workers, prober.requests + 1)

@@ -36,7 +36,6 @@ REFRESHED_FIELDS = [
     "weight_version",
     "weight_version_declared",
     "version_error",
-    "version_probed_at",
     "liveness",
     "liveness_error",
     "gone_at",
@@ -88,7 +87,11 @@ def _row_values(w: Worker) -> tuple:
 
 
 def _apply(w: Worker, o: Observation, now: datetime) -> None:
-    """Write an observation onto a row (new or existing). Versions survive a failed probe."""
+    """Write an observation onto a row (new or existing). Versions survive a failed probe.
+
+    `version_probed_at` is set here only for new rows; existing rows get it from one UPDATE in
+    `store_observation`, so an unchanged fleet does not rewrite every row each refresh.
+    """
     w.family = o.family
     w.transport = o.transport
     w.request_plane_url = o.request_plane_url
@@ -105,7 +108,8 @@ def _apply(w: Worker, o: Observation, now: datetime) -> None:
         w.weight_version = o.weight_version
         w.weight_version_declared = o.weight_version_declared
         w.version_error = ""
-        w.version_probed_at = now
+        if w.pk is None:
+            w.version_probed_at = now
     elif o.version_probed:
         w.version_error = o.version_error
     else:
@@ -162,6 +166,14 @@ def store_observation(
     Worker.objects.filter(source=source).exclude(state=WorkerState.GONE).update(
         last_seen_at=now, last_probed_at=now
     )
+    version_read = [existing[o.key].pk for o in observed if o.version_ok]
+    for start in range(0, len(version_read), BATCH):
+        Worker.objects.filter(pk__in=version_read[start : start + BATCH]).update(
+            version_probed_at=now
+        )
+    for row in existing.values():
+        if row.key in by_key and by_key[row.key].version_ok:
+            row.version_probed_at = now
     events = [
         WorkerEvent(
             source=source,

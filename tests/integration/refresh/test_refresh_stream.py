@@ -7,6 +7,7 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import channel_layers
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
@@ -36,6 +37,14 @@ async def frames_until(c, predicate, timeout: float = 30.0) -> list[str]:
         frames.append(frame)
         if predicate(frame):
             return frames
+
+
+@pytest.fixture(autouse=True)
+def _fresh_channel_layer():
+    """Drop the layer these async tests bound to their event loop: a live server forked later
+    in the session would otherwise inherit it and never deliver a websocket message."""
+    yield
+    channel_layers.backends.clear()
 
 
 def run_and_close(refresh_id: int) -> None:

@@ -414,3 +414,69 @@ def test_destination_list_shows_each_destination(admin_client, db):
         reverse("intake:destination", args=[NotificationDestination.objects.get(name="b").pk])
         in body
     )
+
+
+def test_a_destination_subscribed_to_stale_sources_hears_from_discovery(
+    admin_client, source, django_capture_on_commit_callbacks
+):
+    # The conftest source's listener is port 9 on loopback, where nothing answers.
+    from controlplane.fleet.discovery import refresh_source
+    from controlplane.fleet.models import DiscoveryTrigger
+
+    admin_client.post(
+        reverse("intake:destination_create"),
+        {**DESTINATION_FORM, "events": ["source.stale"], "source": source.pk},
+    )
+    with django_capture_on_commit_callbacks(execute=False):
+        run = refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
+        refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=5)
+    assert not run.ok
+    # Once when it went stale, not again while it stays stale.
+    delivery = NotificationDelivery.objects.get()
+    assert delivery.event == "source.stale"
+    assert delivery.payload["data"]["source"]["name"] == source.name
+    assert delivery.payload["data"]["reason"] == run.error
+
+
+def test_list_pages_cost_the_same_queries_for_one_or_many_rows(admin_client, admin_user, source):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.accounts.tokens import create_token
+
+    def make(i: int) -> None:
+        create_token(user=admin_user, label=f"t{i}", actor=SYSTEM, sources=[source])
+        services.create_webhook_endpoint(actor=SYSTEM, name=f"e{i}", source=source)
+        services.create_notification_destination(
+            actor=SYSTEM,
+            name=f"d{i}",
+            kind="slack",
+            url="http://127.0.0.1/x",
+            allowed_networks=["127.0.0.0/8"],
+            source=source,
+        )
+        # Every delivery (with its attempts) goes to the first destination, whose log we read.
+        delivery = NotificationDelivery.objects.create(
+            destination=NotificationDestination.objects.get(name="d0"), event="test"
+        )
+        delivery.attempt_log.create(number=1, attempted_at=delivery.created_at, error="x")
+
+    def costs() -> list[int]:
+        first = NotificationDestination.objects.get(name="d0")
+        counts = []
+        for url in (
+            reverse("intake:token_list"),
+            reverse("intake:endpoint_list"),
+            reverse("intake:destination_list"),
+            reverse("intake:destination", args=[first.pk]),
+        ):
+            with CaptureQueriesContext(connection) as ctx:
+                assert admin_client.get(url).status_code == 200
+            counts.append(len(ctx.captured_queries))
+        return counts
+
+    make(0)
+    one = costs()
+    for i in range(1, 6):
+        make(i)
+    assert costs() == one

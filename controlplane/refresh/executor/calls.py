@@ -23,7 +23,6 @@ from controlplane.dynamo.families import FAMILIES, AdminCall, Operation
 from controlplane.dynamo.generation import run_generation_check
 from controlplane.dynamo.http import make_client
 from controlplane.dynamo.policy import OutboundPolicy
-from controlplane.refresh.executor.transport import AiohttpTransport
 from controlplane.refresh.planning import GENERATION, generation_check_from_call
 
 _UNSET = object()
@@ -135,9 +134,8 @@ async def run_jobs(
 ) -> None:
     semaphore = asyncio.Semaphore(cfg.concurrency)
     # The generation checks go to the frontend, so allow a connection or two beyond the bound.
-    transport = cfg.transport or AiohttpTransport(max_connections=cfg.concurrency + 2)
     async with make_client(
-        timeout=cfg.timeout, max_connections=cfg.concurrency + 2, transport=transport
+        timeout=cfg.timeout, max_connections=cfg.concurrency + 2, transport=cfg.transport
     ) as client:
 
         async def run(job: WorkerJob) -> None:

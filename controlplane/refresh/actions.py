@@ -226,10 +226,12 @@ def _locked(refresh: PolicyRefresh) -> PolicyRefresh:
 
 
 def start_policy_refresh(
-    refresh: PolicyRefresh, *, actor: Actor, enqueue: bool = True
+    refresh: PolicyRefresh, *, actor: Actor, enqueue: bool = True, require_approval: bool = False
 ) -> PolicyRefresh:
     """Take the scope (database-enforced) and run, or wait for approval where required.
 
+    Approval is required when the source demands it or the caller asks (`require_approval`,
+    e.g. a trainer webhook whose endpoint policy or metric rule says so).
     `enqueue=False` leaves execution to the caller (the management command runs in-process).
     """
     with transaction.atomic():
@@ -246,7 +248,7 @@ def start_policy_refresh(
                 )
         except IntegrityError:
             raise _conflict(refresh.source, refresh.namespaces) from None
-        needs_approval = refresh.source.require_approval
+        needs_approval = refresh.source.require_approval or require_approval
         refresh.state = (
             RefreshState.AWAITING_APPROVAL if needs_approval else STEP_STATE[StepName.GATE]
         )

@@ -123,11 +123,9 @@ def test_signed_checkpoint_webhook_refreshes_the_fleet_and_a_replay_starts_nothi
 def test_approval_required_refresh_waits_for_an_approver_then_succeeds(
     client, simfleet, wired, approver
 ):
-    # `start_policy_refresh` has no per-refresh `require_approval` yet, so the source asks for
-    # approval; the endpoint's own policy would otherwise leave the refresh planned.
+    # The source itself does not require approval: the endpoint's policy alone asks for it.
     source, endpoint, secret = wired(WebhookPolicy.REQUIRE_APPROVAL)
-    source.require_approval = True
-    source.save(update_fields=["require_approval"])
+    assert not source.require_approval
 
     response = post_webhook(
         client,

@@ -7,7 +7,6 @@ a 202 body, since the webhook itself was valid and retrying it cannot change the
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import re
@@ -182,17 +181,7 @@ def _finish(received, outcome: str, answer: Answer, *, detail: str = "", refresh
 
 def _start(actions, refresh, actor, *, require_approval: bool):
     """Start through the refresh actions; ask for approval when the endpoint or a rule says so."""
-    params = inspect.signature(actions.start_policy_refresh).parameters
-    if "require_approval" in params:
-        return actions.start_policy_refresh(refresh, actor=actor, require_approval=require_approval)
-    if require_approval and not refresh.source.require_approval:
-        # The refresh actions cannot yet be asked for approval per refresh, and starting would
-        # run it unapproved: leave it planned for a person to start, and tell them.
-        from controlplane.intake.notifications import notify
-
-        notify("refresh.awaiting_approval", refresh=refresh, reason="planned by a trainer webhook")
-        return refresh
-    return actions.start_policy_refresh(refresh, actor=actor)
+    return actions.start_policy_refresh(refresh, actor=actor, require_approval=require_approval)
 
 
 def _checkpoint_ready(endpoint, received, event: CheckpointReady, actor, source_ip) -> Answer:

@@ -181,8 +181,7 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-# Discovery defaults (per-source values override the interval).
-DISCOVERY_DEFAULT_INTERVAL_SECONDS = env_float("DISCOVERY_DEFAULT_INTERVAL_SECONDS", 10.0)
+# Discovery (each source has its own refresh interval; the tick only looks for due sources).
 # Above Dynamo's own 30 s probe deadline, so a hung worker shows up as a per-worker error
 # instead of failing the whole listener call.
 DISCOVERY_LISTENER_TIMEOUT_SECONDS = env_float("DISCOVERY_LISTENER_TIMEOUT_SECONDS", 35.0)

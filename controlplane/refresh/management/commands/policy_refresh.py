@@ -72,7 +72,13 @@ class Command(BaseCommand):
             sys.exit(EXIT_REFUSED)
         self.print_plan(refresh)
         if refresh.plan_blockers:
-            self.stderr.write("refused at plan time: " + "; ".join(refresh.plan_blockers))
+            # Name each blocked worker and why, so the one line is enough to act on.
+            blocked = [
+                f"{w.key}: {', '.join(w.blockers)}" for w in refresh.workers.all() if w.blockers
+            ]
+            self.stderr.write(
+                "refused at plan time: " + "; ".join([*refresh.plan_blockers, *blocked])
+            )
             sys.exit(EXIT_REFUSED)
         if not opts["yes"] and input("Start this refresh? [y/N] ").strip().lower() != "y":
             self.stderr.write("declined")

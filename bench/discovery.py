@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/discovery.py [--workers 2000] [--latency-ms 20]
 
-1. A simulated source of N vLLM workers whose admin routes answer after `latency` ms.
+1. A simulated source of N vLLM workers whose admin routes answer after `latency` ms, served from
+   a child process (`--fleet-in-thread` serves it from a thread of this process, as before).
    One full refresh (listener + version/liveness probes + upsert + diff + publish) is timed,
    cold (every worker joins) and steady (nothing changed), next to a bare aiohttp client doing
    only the same HTTP calls with the same concurrency, in the same run.
@@ -26,6 +27,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="bench-var-"))
 if not os.environ.get("DATABASE_URL"):
     os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='bench-db-')}/bench.sqlite3"
+
+
+from _fleet import serve_fleet  # bench/ is sys.path[0] when a bench runs as a script
 
 
 def setup_django() -> None:
@@ -129,6 +133,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2000)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--fleet-in-thread",
+        action="store_true",
+        help="serve the simulated fleet from a thread of this process (shares the GIL)",
+    )
     args = parser.parse_args()
     setup_django()
 
@@ -140,7 +149,7 @@ def main() -> None:
     from controlplane.fleet import services
     from controlplane.fleet.discovery import refresh_source
     from controlplane.fleet.models import DiscoveryTrigger
-    from controlplane.simfleet import Fault, FleetConfig, run_fleet
+    from controlplane.simfleet import FleetConfig
 
     n, concurrency = args.workers, settings.DISCOVERY_PROBE_CONCURRENCY
     config = FleetConfig.generate(
@@ -152,20 +161,19 @@ def main() -> None:
     )
     print(
         f"discovery bench: {n} workers, admin routes answer in {args.latency_ms:g} ms, "
-        f"probe concurrency {concurrency}, database {settings.DATABASES['default']['ENGINE']}"
+        f"probe concurrency {concurrency}, database {settings.DATABASES['default']['ENGINE']}, "
+        f"fleet in {'a thread' if args.fleet_in_thread else 'a child process'}"
     )
-    with run_fleet(config) as fleet:
-        latency = Fault(kind="latency", seconds=args.latency_ms / 1000.0)
-        for w in fleet.workers():
-            fleet.inject(w["instance_id"], "*", latency)
+    with serve_fleet(config, args.latency_ms / 1000.0, ["*"], args.fleet_in_thread) as urls:
+        listener_url = urls["listener_url"]
         source = services.create_source(
             actor=Actor.system("bench"),
             name="bench",
-            listener_url=fleet.listener_url,
+            listener_url=listener_url,
             allowed_networks=["127.0.0.0/8"],
             expected_prefix="rl",
         )
-        bare_s, bare_requests = asyncio.run(bare_client(fleet.listener_url, concurrency))
+        bare_s, bare_requests = asyncio.run(bare_client(listener_url, concurrency))
         figures = []
         for label in ("cold (all join)", "steady (no change)"):
             t0 = time.perf_counter()
@@ -173,7 +181,7 @@ def main() -> None:
             wall = time.perf_counter() - t0
             assert run is not None and run.ok, run and run.error
             figures.append((label, wall, run))
-        bare_s2, _ = asyncio.run(bare_client(fleet.listener_url, concurrency))
+        bare_s2, _ = asyncio.run(bare_client(listener_url, concurrency))
         bare = min(bare_s, bare_s2)
 
     print(

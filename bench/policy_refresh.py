@@ -3,7 +3,8 @@
     .venv/bin/python bench/policy_refresh.py [--workers 500] [--latency-ms 20]
 
 A simulated source of N vLLM workers whose admin routes (and pinned generations) answer after
-`latency` ms. One full policy refresh is executed (close gate → resolve → pause → update →
+`latency` ms, served from a child process (`--fleet-in-thread`: from a thread of this process).
+One full policy refresh is executed (close gate → resolve → pause → update →
 flush (skipped: the disk update invalidates the cache) → resume → verify (version readback,
 liveness, pinned generation) → re-resolve → reopen), with journal writes, audit rows and
 websocket publishing included. In the same run a bare aiohttp client makes the same HTTP calls
@@ -27,6 +28,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="bench-var-"))
 if not os.environ.get("DATABASE_URL"):
     os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='bench-db-')}/bench.sqlite3"
+
+
+from _fleet import serve_fleet  # bench/ is sys.path[0] when a bench runs as a script
 
 
 def setup_django() -> None:
@@ -92,6 +96,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=500)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--fleet-in-thread",
+        action="store_true",
+        help="serve the simulated fleet from a thread of this process (shares the GIL)",
+    )
     args = parser.parse_args()
     setup_django()
 
@@ -106,7 +115,7 @@ def main() -> None:
     from controlplane.refresh import actions
     from controlplane.refresh.executor import execute_refresh
     from controlplane.refresh.models import JournalEntry, RefreshState
-    from controlplane.simfleet import Fault, FleetConfig, run_fleet
+    from controlplane.simfleet import FleetConfig
 
     n, concurrency = args.workers, settings.REFRESH_CONCURRENCY
     config = FleetConfig.generate(
@@ -118,20 +127,18 @@ def main() -> None:
     )
     print(
         f"policy refresh bench: {n} workers, routes answer in {args.latency_ms:g} ms, "
-        f"concurrency {concurrency}, database {settings.DATABASES['default']['ENGINE']}"
+        f"concurrency {concurrency}, database {settings.DATABASES['default']['ENGINE']}, "
+        f"fleet in {'a thread' if args.fleet_in_thread else 'a child process'}"
     )
     user = create_user_with_role("bench-operator", Role.OPERATOR, "x", validate=False)
     actor = Actor.for_user(user)
-    with run_fleet(config) as fleet:
-        latency = Fault(kind="latency", seconds=args.latency_ms / 1000.0)
-        for w in fleet.workers():
-            fleet.inject(w["instance_id"], "*", latency)
-            fleet.inject(w["instance_id"], "generate", latency)
+    latency = args.latency_ms / 1000.0
+    with serve_fleet(config, latency, ["*", "generate"], args.fleet_in_thread) as urls:
         source = services.create_source(
             actor=actor,
             name="bench",
-            listener_url=fleet.listener_url,
-            frontend_url=fleet.frontend_url,
+            listener_url=urls["listener_url"],
+            frontend_url=urls["frontend_url"],
             allowed_networks=["127.0.0.0/8"],
             expected_prefix="rl",
         )

@@ -46,12 +46,14 @@ class AuditAction(models.TextChoices):
     WEBHOOK_ENDPOINT_CREATED = "webhook_endpoint.created"
     WEBHOOK_ENDPOINT_UPDATED = "webhook_endpoint.updated"
     WEBHOOK_ENDPOINT_REMOVED = "webhook_endpoint.removed"
+    WEBHOOK_ENDPOINT_TEST_SENT = "webhook_endpoint.test_sent"
     WEBHOOK_ACCEPTED = "webhook.accepted"
     WEBHOOK_REJECTED = "webhook.rejected"
     WEBHOOK_REPLAYED = "webhook.replayed"
     NOTIFICATION_DESTINATION_CREATED = "notification_destination.created"
     NOTIFICATION_DESTINATION_UPDATED = "notification_destination.updated"
     NOTIFICATION_DESTINATION_REMOVED = "notification_destination.removed"
+    NOTIFICATION_DESTINATION_TEST_SENT = "notification_destination.test_sent"
     API_REQUEST = "api.request"
 
 

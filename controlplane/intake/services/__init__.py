@@ -20,6 +20,7 @@ from controlplane.intake.services.endpoints import (
     remove_webhook_endpoint,
     remove_webhook_secret,
     secret_fingerprint,
+    send_test_webhook_event,
     update_webhook_endpoint,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "remove_webhook_secret",
     "secret_fingerprint",
     "send_test_notification",
+    "send_test_webhook_event",
     "update_notification_destination",
     "update_webhook_endpoint",
 ]

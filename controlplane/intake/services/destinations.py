@@ -223,5 +223,11 @@ def send_test_notification(
         delivery = NotificationDelivery.objects.create(
             destination=destination, event=NotificationEvent.TEST, payload=payload
         )
+        record(
+            AuditAction.NOTIFICATION_DESTINATION_TEST_SENT,
+            actor=actor,
+            target=destination,
+            details={"name": destination.name, "delivery_id": delivery.pk},
+        )
         enqueue_delivery(delivery.pk)
     return delivery

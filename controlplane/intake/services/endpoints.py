@@ -1,4 +1,4 @@
-"""Webhook endpoint actions: create, update, remove, and secret rotation.
+"""Webhook endpoint actions: create, update, remove, secret rotation, and the test event.
 
 Rotation is two steps so no trainer is cut off mid-flight: `add_webhook_secret` lists a new
 secret next to the old ones (a signature by any of them verifies), and once every sender signs
@@ -20,6 +20,7 @@ from controlplane.audit.recorder import Actor, record
 from controlplane.intake.models import WebhookEndpoint, WebhookPolicy
 from controlplane.intake.signing import generate_secret
 from controlplane.intake.webhooks.trainer.events import validate_rules
+from controlplane.intake.webhooks.trainer.receive import Answer, send_test_event
 
 #: Old and new during a rotation, plus room for a slow rollout; more means a forgotten secret.
 MAX_SECRETS = 3
@@ -224,3 +225,26 @@ def remove_webhook_secret(endpoint: WebhookEndpoint, *, actor: Actor, fingerprin
             },
         )
     endpoint.refresh_from_db()
+
+
+def send_test_webhook_event(endpoint: WebhookEndpoint, *, actor: Actor) -> Answer:
+    """Push a signed `test.ping` through the real receive path, and record who pressed it.
+
+    The receive path audits the delivery itself as the webhook (`webhook.accepted` or
+    `webhook.rejected`); this row names the person behind it and how it was answered.
+    """
+    answer = send_test_event(endpoint)
+    error = answer.body.get("error") or {}
+    record(
+        AuditAction.WEBHOOK_ENDPOINT_TEST_SENT,
+        actor=actor,
+        target=endpoint,
+        details={
+            "name": endpoint.name,
+            "status": answer.status,
+            "outcome": answer.body.get("outcome"),
+            "error": error.get("code"),
+            "webhook_id": answer.body.get("webhook_id"),
+        },
+    )
+    return answer

@@ -18,7 +18,6 @@ from controlplane.intake.forms import WebhookEndpointForm
 from controlplane.intake.models import WebhookEndpoint
 from controlplane.intake.notifications import absolute_url
 from controlplane.intake.views.common import HtmxHttpRequest, require, secret_response
-from controlplane.intake.webhooks.trainer.receive import send_test_event
 
 RECEIVED_SHOWN = 20
 
@@ -141,9 +140,10 @@ def endpoint_remove_secret(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def endpoint_test(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Send a signed `test.ping` through the real receive path (audited there as
-    `webhook.accepted`, or `webhook.rejected` with the reason)."""
+    `webhook.accepted`, or `webhook.rejected` with the reason, and as
+    `webhook_endpoint.test_sent` naming who pressed the button)."""
     endpoint = _get_endpoint(request, pk)
-    answer = send_test_event(endpoint)
+    answer = services.send_test_webhook_event(endpoint, actor=actor_from_request(request))
     ok = answer.status < 300
     if request.htmx:
         context = _detail_context(endpoint, answer=answer, ok=ok, oob=True)

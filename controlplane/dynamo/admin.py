@@ -18,7 +18,7 @@ import httpx
 
 from .errors import one_line
 from .families.base import AdminCall, AdminFamily
-from .http import MAX_RESPONSE_BYTES, read_capped
+from .http import MAX_RESPONSE_BYTES, NO_BODY, send_capped
 from .policy import OutboundPolicy
 
 
@@ -82,20 +82,20 @@ async def call_admin(
     if problem is not None:
         return result(False, None, None, f"outbound policy: {problem}")
 
-    kwargs: dict[str, Any] = {}
-    if call.method.upper() not in ("GET", "HEAD"):
-        kwargs["json"] = call.body if call.body is not None else {}
+    if call.method.upper() in ("GET", "HEAD"):
+        json_body = NO_BODY
+    else:
+        json_body = call.body if call.body is not None else {}
     try:
         async with asyncio.timeout(timeout):
-            async with client.stream(
+            reply = await send_capped(
+                client,
                 call.method,
                 url,
-                timeout=httpx.Timeout(timeout),
-                follow_redirects=False,
-                **kwargs,
-            ) as response:
-                status = response.status_code
-                raw = await read_capped(response, MAX_RESPONSE_BYTES)
+                json_body=json_body,
+                timeout=timeout,
+                limit=MAX_RESPONSE_BYTES,
+            )
     except (TimeoutError, httpx.TimeoutException):
         return result(False, None, None, f"timed out after {timeout:g}s")
     except httpx.ConnectError as exc:
@@ -107,11 +107,12 @@ async def call_admin(
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         return result(False, None, None, f"request failed: {type(exc).__name__}: {exc}")
 
+    status, raw = reply.status, reply.raw
     if raw is None:
         return result(False, status, None, f"response body over {MAX_RESPONSE_BYTES} bytes")
     body = decode_body(raw)
     if 300 <= status < 400:
-        location = response.headers.get("location", "")
+        location = reply.headers.get("location", "")
         return result(False, status, body, f"HTTP {status} redirect to {location!r} not followed")
     outcome = family.interpret(call, status, body)
     return result(outcome.ok, status, body, outcome.error, outcome.data)

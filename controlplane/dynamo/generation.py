@@ -17,7 +17,7 @@ import httpx
 from .admin import decode_body
 from .errors import one_line
 from .families.base import body_message
-from .http import MAX_RESPONSE_BYTES, read_capped
+from .http import MAX_RESPONSE_BYTES, send_capped
 from .policy import OutboundPolicy
 
 EXTRA_FIELDS = ("completion_token_ids", "prompt_token_ids", "detailed_finish_reason")
@@ -213,15 +213,15 @@ async def run_generation_check(
         return GenerationVerdict(False, f"outbound policy: {problem}")
     try:
         async with asyncio.timeout(timeout):
-            async with client.stream(
+            reply = await send_capped(
+                client,
                 "POST",
                 url,
-                json=check.request_body(),
-                timeout=httpx.Timeout(timeout),
-                follow_redirects=False,
-            ) as response:
-                status = response.status_code
-                raw = await read_capped(response, MAX_RESPONSE_BYTES)
+                json_body=check.request_body(),
+                timeout=timeout,
+                limit=MAX_RESPONSE_BYTES,
+            )
+        status, raw = reply.status, reply.raw
     except (TimeoutError, httpx.TimeoutException):
         return GenerationVerdict(False, f"frontend timed out after {timeout:g}s")
     except httpx.HTTPError as exc:

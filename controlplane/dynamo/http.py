@@ -8,16 +8,66 @@ are ignored (admin traffic must go straight to the allowlisted addresses).
 The transport underneath is aiohttp (through `httpx-aiohttp`): a policy refresh or a discovery
 refresh fans out to thousands of workers at once, and httpx's own pool costs several times more
 per call than aiohttp's at that fan-out. Callers still see the httpx API and httpx exceptions.
+
+The fan-out calls themselves (`send_capped`: admin calls, generation checks) skip the httpx
+layers and go straight to the transport's aiohttp session: at thousands of calls per refresh,
+httpx's request building, URL parsing, cookie and redirect handling and response wrapping cost
+as much CPU as aiohttp's whole request. The wire request (method, URL, headers, JSON bytes),
+the pool, the timeouts and the httpx exceptions raised are the same as through the transport.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import AIOHTTP_EXC_MAP
 
 #: Default cap on a response body read from a worker or frontend.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+USER_AGENT = "dynamo-rl-controlplane"
+#: What httpx sends by default (besides the user agent), so both paths look alike on the wire.
+_BASE_HEADERS = {
+    "accept": "*/*",
+    "accept-encoding": "gzip, deflate",
+    "connection": "keep-alive",
+    "user-agent": USER_AGENT,
+}
+_JSON_HEADERS = {**_BASE_HEADERS, "content-type": "application/json"}
+
+
+def _upstream_error(exc: BaseException) -> BaseException:
+    """The httpx exception `httpx_aiohttp` raises for an aiohttp one (itself when unmapped)."""
+    mapped = None
+    for from_exc, to_exc in AIOHTTP_EXC_MAP.items():
+        if isinstance(exc, from_exc) and (mapped is None or issubclass(to_exc, mapped)):
+            mapped = to_exc
+    if mapped is None:
+        return exc
+    error = mapped(str(exc))
+    error.__cause__ = exc
+    return error
+
+
+def _sending_error(exc: BaseException) -> BaseException:
+    """`_upstream_error`, with a dropped or refused connection named for what it is."""
+    error = _upstream_error(exc)
+    if not isinstance(error, httpx.ConnectTimeout):
+        return error
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(str(exc))
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return httpx.RemoteProtocolError(str(exc) or "server disconnected")
+    if isinstance(exc, aiohttp.ClientConnectionError) and not isinstance(
+        exc, aiohttp.ServerTimeoutError
+    ):
+        return httpx.ReadError(str(exc) or type(exc).__name__)
+    return error
 
 
 class _FanOutTransport(AiohttpTransport):
@@ -33,15 +83,23 @@ class _FanOutTransport(AiohttpTransport):
             return await super().handle_async_request(request)
         except httpx.ConnectTimeout as exc:
             cause = exc.__cause__
-            if isinstance(cause, aiohttp.ClientConnectorError):
-                raise httpx.ConnectError(str(cause)) from cause
-            if isinstance(cause, aiohttp.ServerDisconnectedError):
-                raise httpx.RemoteProtocolError(str(cause) or "server disconnected") from cause
-            if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(
-                cause, aiohttp.ServerTimeoutError
-            ):
-                raise httpx.ReadError(str(cause) or type(cause).__name__) from cause
-            raise
+            error = _sending_error(cause) if cause is not None else exc
+            if isinstance(error, httpx.ConnectTimeout):
+                raise
+            raise error from cause
+
+    def session(self) -> aiohttp.ClientSession:
+        """The aiohttp session under this transport (created on first use, as upstream does)."""
+        if not isinstance(self.client, aiohttp.ClientSession):
+            self.client = self.get_client()
+        return self.client
+
+
+class DynamoClient(httpx.AsyncClient):
+    """The httpx client `make_client` returns; `fanout` is its aiohttp transport, or None when
+    a test or benchmark swapped the transport (then every call goes through httpx)."""
+
+    fanout: _FanOutTransport | None = None
 
 
 def make_client(
@@ -49,7 +107,7 @@ def make_client(
     timeout: float,
     max_connections: int = 100,
     transport: httpx.AsyncBaseTransport | None = None,
-) -> httpx.AsyncClient:
+) -> DynamoClient:
     """An AsyncClient with no redirects, explicit timeouts and bounded connection pool.
 
     `transport` lets tests and benchmarks swap the transport (e.g. `httpx.MockTransport`)
@@ -59,7 +117,17 @@ def make_client(
         raise ValueError("timeout must be positive")
     if max_connections <= 0:
         raise ValueError("max_connections must be positive")
-    return httpx.AsyncClient(
+    fanout = None
+    if transport is None:
+        transport = fanout = _FanOutTransport(
+            trust_env=False,
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=30.0,
+            ),
+        )
+    client = DynamoClient(
         follow_redirects=False,
         timeout=httpx.Timeout(timeout),
         limits=httpx.Limits(
@@ -68,17 +136,11 @@ def make_client(
             keepalive_expiry=30.0,
         ),
         trust_env=False,
-        transport=transport
-        or _FanOutTransport(
-            trust_env=False,
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=30.0,
-            ),
-        ),
-        headers={"user-agent": "dynamo-rl-controlplane"},
+        transport=transport,
+        headers={"user-agent": USER_AGENT},
     )
+    client.fanout = fanout
+    return client
 
 
 async def read_capped(response: httpx.Response, limit: int) -> bytes | None:
@@ -89,6 +151,84 @@ async def read_capped(response: httpx.Response, limit: int) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Status, headers and body (None when over the cap) of one capped request."""
+
+    status: int
+    headers: Mapping[str, str]
+    raw: bytes | None
+
+
+def _json_bytes(body: Any) -> bytes:
+    # Byte for byte what httpx sends for `json=body`.
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+async def send_capped(
+    client: httpx.AsyncClient, method: str, url: str, *, json_body: Any, timeout: float, limit: int
+) -> Reply:
+    """One request, redirects not followed, body read up to `limit` bytes.
+
+    `json_body` is sent as JSON unless it is `NO_BODY`. Raises the httpx exceptions the httpx
+    path raises (`httpx.TimeoutException`, `httpx.ConnectError`, ...), whichever path is taken.
+    """
+    fanout = getattr(client, "fanout", None)
+    if fanout is None:
+        kwargs = {} if json_body is NO_BODY else {"json": json_body}
+        async with client.stream(
+            method, url, timeout=httpx.Timeout(timeout), follow_redirects=False, **kwargs
+        ) as response:
+            raw = await read_capped(response, limit)
+            return Reply(response.status_code, response.headers, raw)
+
+    data = None if json_body is NO_BODY else _json_bytes(json_body)
+    reading = False
+    try:
+        async with fanout.session().request(
+            method,
+            url,
+            data=data,
+            headers=_BASE_HEADERS if data is None else _JSON_HEADERS,
+            allow_redirects=False,
+            compress=False,
+            timeout=aiohttp.ClientTimeout(sock_connect=timeout, sock_read=timeout, connect=timeout),
+        ) as response:
+            reading = True
+            raw = await _read_aiohttp_capped(response, limit)
+            return Reply(response.status, response.headers, raw)
+    except aiohttp.ClientError as exc:
+        # Reading the body, the transport's stream maps errors without the connect-phase
+        # renaming; both paths raise the same httpx exception for the same failure.
+        error = _upstream_error(exc) if reading else _sending_error(exc)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+#: `send_capped(json_body=NO_BODY)`: a request without a body (GET, HEAD).
+NO_BODY = object()
+
+
+async def _read_aiohttp_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            return None
+        # aiohttp stops at the declared length, so this read is bounded (and decoded, as the
+        # httpx path's `aiter_bytes` is; the cap then applies to the decoded size below).
+        if not response.headers.get("content-encoding"):
+            return await response.read()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(16 * 1024):
         size += len(chunk)
         if size > limit:
             return None

@@ -72,7 +72,11 @@ class RefreshConsumer(_Stream):
     def resync(self) -> str:
         refresh = PolicyRefresh.objects.select_related("source").get(pk=self.refresh_id)
         context = presenters.detail_context(refresh) | {"oob": True}
-        return render_to_string("refresh/detail.html#live", context)
+        # State and step changes also refresh the journal table; per-call progress between
+        # them only touches the grid cells and timelines (see `render`).
+        return render_to_string("refresh/detail.html#live", context) + render_to_string(
+            "refresh/detail.html#journal", context
+        )
 
     def render(self, event: str, payload: dict) -> str:
         if event != "progress":

@@ -82,6 +82,10 @@ async def test_journal_events_reach_an_authorised_subscriber(started, viewer):
     cells = [f for f in frames if 'id="cell-' in f and 'data-status="ok"' in f]
     assert cells, "no per-worker progress cell was pushed"
     assert any('hx-swap-oob="beforeend:#timeline-' in f for f in frames), [f[:90] for f in frames]
+    # The final state frame carries the journal table too, with the calls just made.
+    final = frames[-1]
+    assert 'id="refresh-journal" hx-swap-oob="true"' in final
+    assert "engine/update_weights_from_disk" in final and "No calls yet" not in final
     await runner
     await c.disconnect()
 

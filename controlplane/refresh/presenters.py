@@ -105,13 +105,27 @@ def grid(refresh: PolicyRefresh) -> list[GridRow]:
     return rows
 
 
+#: Journal rows shown on the refresh page (newest first); the API serves the full journal.
+JOURNAL_LIMIT = 500
+
+
+def latest_journal(refresh: PolicyRefresh):
+    return (
+        JournalEntry.objects.filter(refresh=refresh)
+        .select_related("planned_worker")
+        .order_by("-id")[:JOURNAL_LIMIT]
+    )
+
+
 def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
+    """Everything the refresh page and its live stream render, from the database."""
     return {
         "refresh": refresh,
         "steps": step_lines(refresh),
         "grid": grid(refresh),
         "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
         "is_active": refresh.state in ACTIVE_STATES,
+        "journal": latest_journal(refresh),
     }
 
 

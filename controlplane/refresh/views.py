@@ -23,12 +23,9 @@ from controlplane.refresh.forms import PlanForm
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
-    JournalEntry,
     PolicyRefresh,
     RefreshState,
 )
-
-JOURNAL_LIMIT = 500
 
 
 def _refresh_for(request: HttpRequest, pk: int, perm: Perm = Perm.VIEW) -> PolicyRefresh:
@@ -73,11 +70,6 @@ def plan(request: HttpRequest) -> HttpResponse:
 def detail(request: HttpRequest, pk: int) -> HttpResponse:
     refresh = _refresh_for(request, pk)
     context = presenters.detail_context(refresh)
-    context["journal"] = (
-        JournalEntry.objects.filter(refresh=refresh)
-        .select_related("planned_worker")
-        .order_by("-id")[:JOURNAL_LIMIT]
-    )
     template = "refresh/detail.html#live" if request.htmx else "refresh/detail.html"
     return render(request, template, context)
 

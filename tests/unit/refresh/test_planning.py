@@ -1,0 +1,451 @@
+"""The stored plan, per admin route family: the exact calls of every step, and what blocks it.
+
+Workers are plain unsaved rows: `plan_worker` judges what discovery wrote and touches neither
+the database nor the network (IP-literal URLs need no DNS).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.refresh.planning import generation_check_from_call, update_is_idempotent
+from tests.unit.refresh.builders import (
+    BIG_INSTANCE_ID,
+    DISK,
+    MODEL,
+    SGLANG_ROUTES,
+    SIDECAR_ROUTES,
+    VLLM_ROUTES,
+    call,
+    discovered,
+    plan,
+    sglang_static_worker,
+    sidecar_worker,
+    vllm_worker,
+)
+
+GENERATION_BODY = {
+    "model": MODEL,
+    "prompt": [5, 6, 7, 8],
+    "max_tokens": 4,
+    "temperature": 0,
+    "logprobs": 0,
+    "n": 1,
+    "stream": False,
+    "nvext": {
+        "extra_fields": ["completion_token_ids", "prompt_token_ids", "detailed_finish_reason"],
+        "backend_instance_id": BIG_INSTANCE_ID,
+    },
+}
+GENERATION = {**call("generation", "v1/completions", GENERATION_BODY), "expected_model": None}
+DISTRIBUTED_VLLM = {
+    "weight_version": "v8",
+    "method": "distributed",
+    "group": {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1},
+    "update": {"names": ["lm_head.weight"], "dtypes": ["bfloat16"], "shapes": [[8, 8]]},
+}
+DISTRIBUTED_SIDECAR = {
+    "weight_version": "v8",
+    "method": "distributed",
+    "group": {"init_info": {"master_address": "10.0.0.1", "master_port": 29500}},
+    "update": {"update_infos": [{"names": ["a"]}, {"names": ["b"]}]},
+}
+
+
+def skipped_reason(family: str, operation: str) -> str:
+    return f"{family} {operation} already invalidates the prefix cache (DYNAMO_CONTRACT §4/§5)"
+
+
+# -- vLLM Python worker ---------------------------------------------------------------------------
+
+
+def test_vllm_disk_plan_has_the_exact_call_of_every_step():
+    p = plan(vllm_worker())
+    assert (p.family, p.blockers) == ("vllm", [])
+    assert p.calls == {
+        "pause": [call("pause", "engine/pause_generation", {"mode": "keep"})],
+        "update": [
+            call(
+                "update_from_disk",
+                "engine/update_weights_from_disk",
+                {"model_path": "/ckpt/v7", "weight_version": "v7"},
+            )
+        ],
+        "flush": [],
+        "resume_engines": [call("resume", "engine/resume_generation", {})],
+        "verify": [
+            call("get_weight_version", "engine/get_weight_version", {}),
+            call("liveness", "engine/liveness_probe", {}),
+            GENERATION,
+        ],
+    }
+    assert p.flush_skipped == skipped_reason("vllm", "update_from_disk")
+
+
+@pytest.mark.parametrize("mode", ["keep", "wait", "abort"])
+def test_vllm_pause_sends_the_chosen_mode(mode):
+    p = plan(vllm_worker(), pause_mode=mode)
+    assert p.calls["pause"] == [call("pause", "engine/pause_generation", {"mode": mode})]
+    assert p.blockers == []
+
+
+def test_vllm_flush_policy_always_plans_the_flush():
+    p = plan(vllm_worker(), flush_policy="always")
+    assert p.calls["flush"] == [call("flush_cache", "engine/flush_cache", {})]
+    assert p.flush_skipped == ""
+
+
+def test_vllm_distributed_update_inits_the_group_then_updates_with_the_version():
+    p = plan(vllm_worker(), DISTRIBUTED_VLLM)
+    assert p.blockers == []
+    assert p.calls["update"] == [
+        call("init_weights_group", "engine/init_weights_update_group", DISTRIBUTED_VLLM["group"]),
+        call(
+            "update_from_distributed",
+            "engine/update_weights_from_distributed",
+            {**DISTRIBUTED_VLLM["update"], "weight_version": "v8"},
+        ),
+    ]
+    assert p.calls["flush"] == []
+    assert p.flush_skipped == skipped_reason("vllm", "update_from_distributed")
+
+
+def test_vllm_distributed_update_that_keeps_the_old_cache_is_a_blocker():
+    target = {**DISTRIBUTED_VLLM, "update": {"reset_prefix_cache": False}}
+    p = plan(vllm_worker(), target)
+    assert p.blockers == ["update: reset_prefix_cache=false would keep the old-weights cache"]
+
+
+def test_a_worker_without_a_stored_family_is_planned_by_its_routes():
+    p = plan(discovered("", VLLM_ROUTES))
+    assert p.family == "vllm" and p.blockers == []
+
+
+# -- vLLM native sidecar --------------------------------------------------------------------------
+
+
+def test_sidecar_distributed_plan_has_the_exact_call_of_every_step():
+    p = plan(sidecar_worker(), DISTRIBUTED_SIDECAR, pause_mode="abort")
+    assert (p.family, p.blockers) == ("vllm-sidecar", [])
+    assert p.calls == {
+        # No flush route: the cache is dropped at pause, so clear_cache is always sent.
+        "pause": [
+            call("pause", "engine/control/pause_generation", {"mode": "abort", "clear_cache": True})
+        ],
+        "update": [
+            call(
+                "init_weights_group",
+                "engine/update/init_weight_transfer_engine",
+                DISTRIBUTED_SIDECAR["group"],
+            ),
+            call("update_from_distributed", "engine/update/start_weight_update", {}),
+            call(
+                "update_from_distributed",
+                "engine/update/update_weights",
+                {"update_info": {"names": ["a"]}},
+            ),
+            call(
+                "update_from_distributed",
+                "engine/update/update_weights",
+                {"update_info": {"names": ["b"]}},
+            ),
+            call(
+                "update_from_distributed",
+                "engine/update/finish_weight_update",
+                {"weight_version": "v8"},
+            ),
+        ],
+        "flush": [],
+        "resume_engines": [call("resume", "engine/control/resume_generation", {})],
+        "verify": [
+            call("get_weight_version", "engine/control/get_weight_version", {}),
+            call("liveness", "health", None, method="GET"),
+            GENERATION,
+        ],
+    }
+    assert p.flush_skipped == skipped_reason("vllm-sidecar", "update_from_distributed")
+
+
+@pytest.mark.parametrize("mode", ["keep", "wait", "abort"])
+def test_sidecar_pause_sends_the_chosen_mode_and_clears_the_cache(mode):
+    p = plan(sidecar_worker(), DISTRIBUTED_SIDECAR, pause_mode=mode)
+    assert p.calls["pause"] == [
+        call("pause", "engine/control/pause_generation", {"mode": mode, "clear_cache": True})
+    ]
+
+
+def test_sidecar_flush_policy_always_still_skips_since_it_has_no_flush_route():
+    p = plan(sidecar_worker(), DISTRIBUTED_SIDECAR, flush_policy="always")
+    assert p.blockers == []
+    assert p.calls["flush"] == []
+    assert p.flush_skipped == skipped_reason("vllm-sidecar", "update_from_distributed")
+
+
+def test_sidecar_cannot_update_from_disk_nor_flush_after_it():
+    p = plan(sidecar_worker())
+    assert p.blockers == [
+        "update: vllm-sidecar cannot update_from_disk",
+        "flush: vllm-sidecar cannot flush_cache",
+    ]
+    assert p.calls["update"] == [] and p.calls["flush"] == []
+
+
+# -- SGLang, registered as a static worker --------------------------------------------------------
+
+
+def test_sglang_disk_plan_has_the_exact_call_of_every_step():
+    p = plan(sglang_static_worker(), pause_mode="abort")
+    assert (p.family, p.blockers) == ("sglang", [])
+    assert p.calls == {
+        "pause": [call("pause", "engine/pause_generation", {"mode": "abort"})],
+        "update": [
+            call(
+                "update_from_disk",
+                "engine/control/update_weights_from_disk",
+                {"model_path": "/ckpt/v7", "weight_version": "v7"},
+            )
+        ],
+        "flush": [],
+        "resume_engines": [call("resume", "engine/continue_generation", {})],
+        "verify": [
+            call("get_weight_version", "engine/get_weight_version", {}),
+            call("liveness", "health", None, method="GET"),
+            GENERATION,
+        ],
+    }
+    assert p.flush_skipped == skipped_reason("sglang", "update_from_disk")
+
+
+def test_sglang_flush_policy_always_plans_the_flush():
+    p = plan(sglang_static_worker(), pause_mode="abort", flush_policy="always")
+    assert p.calls["flush"] == [call("flush_cache", "engine/flush_cache", {})]
+    assert p.flush_skipped == ""
+
+
+def test_sglang_distributed_update_inits_the_group_then_updates_with_the_version():
+    p = plan(sglang_static_worker(), DISTRIBUTED_VLLM, pause_mode="abort")
+    assert p.blockers == []
+    assert p.calls["update"] == [
+        call("init_weights_group", "engine/init_weights_update_group", DISTRIBUTED_VLLM["group"]),
+        call(
+            "update_from_distributed",
+            "engine/control/update_weights_from_distributed",
+            {**DISTRIBUTED_VLLM["update"], "weight_version": "v8"},
+        ),
+    ]
+    assert p.flush_skipped == skipped_reason("sglang", "update_from_distributed")
+
+
+@pytest.mark.parametrize("mode", ["keep", "wait"])
+def test_sglang_refuses_a_pause_mode_it_does_not_have(mode):
+    p = plan(sglang_static_worker(), pause_mode=mode)
+    assert p.blockers == [
+        f"pause: invalid pause mode {mode!r}; expected abort|retract|in_place",
+    ]
+    assert p.calls["pause"] == []
+
+
+def test_sglang_routes_come_from_the_operator_allowlist_not_the_worker_row():
+    allowed = [r for r in SGLANG_ROUTES if r != "get_weight_version"]
+    p = plan(sglang_static_worker(allowed, routes=SGLANG_ROUTES), pause_mode="abort")
+    assert p.blockers == ["verify: missing route get_weight_version"]
+
+
+# -- missing routes, per operation ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("route", "target", "blocker"),
+    [
+        ("pause_generation", None, "pause: missing route pause_generation"),
+        ("update_weights_from_disk", None, "update: missing route update_weights_from_disk"),
+        (
+            "init_weights_update_group",
+            DISTRIBUTED_VLLM,
+            "update: missing route init_weights_update_group",
+        ),
+        (
+            "update_weights_from_distributed",
+            DISTRIBUTED_VLLM,
+            "update: missing route update_weights_from_distributed",
+        ),
+        ("resume_generation", None, "resume_engines: missing route resume_generation"),
+        ("get_weight_version", None, "verify: missing route get_weight_version"),
+        ("liveness_probe", None, "verify: missing route liveness_probe"),
+    ],
+)
+def test_vllm_missing_route_blocks_its_step(route, target, blocker):
+    worker = vllm_worker(routes=[r for r in VLLM_ROUTES if r != route])
+    assert plan(worker, target or DISK).blockers == [blocker]
+
+
+@pytest.mark.parametrize(
+    ("route", "blocker"),
+    [
+        ("control/pause_generation", "pause: missing route control/pause_generation"),
+        (
+            "update/init_weight_transfer_engine",
+            "update: missing route update/init_weight_transfer_engine",
+        ),
+        ("update/start_weight_update", "update: missing route update/start_weight_update"),
+        ("update/update_weights", "update: missing route update/update_weights"),
+        ("update/finish_weight_update", "update: missing route update/finish_weight_update"),
+        ("control/resume_generation", "resume_engines: missing route control/resume_generation"),
+        ("control/get_weight_version", "verify: missing route control/get_weight_version"),
+    ],
+)
+def test_sidecar_missing_route_blocks_its_step(route, blocker):
+    worker = sidecar_worker(routes=[r for r in SIDECAR_ROUTES if r != route])
+    assert plan(worker, DISTRIBUTED_SIDECAR).blockers == [blocker]
+
+
+@pytest.mark.parametrize(
+    ("route", "target", "blocker"),
+    [
+        ("pause_generation", None, "pause: missing route pause_generation"),
+        (
+            "control/update_weights_from_disk",
+            None,
+            "update: missing route control/update_weights_from_disk",
+        ),
+        (
+            "init_weights_update_group",
+            DISTRIBUTED_VLLM,
+            "update: missing route init_weights_update_group",
+        ),
+        (
+            "control/update_weights_from_distributed",
+            DISTRIBUTED_VLLM,
+            "update: missing route control/update_weights_from_distributed",
+        ),
+        ("continue_generation", None, "resume_engines: missing route continue_generation"),
+        ("get_weight_version", None, "verify: missing route get_weight_version"),
+    ],
+)
+def test_sglang_missing_route_blocks_its_step(route, target, blocker):
+    worker = sglang_static_worker([r for r in SGLANG_ROUTES if r != route])
+    p = plan(worker, target or DISK, pause_mode="abort")
+    assert p.blockers == [blocker]
+
+
+@pytest.mark.parametrize(
+    "worker",
+    [
+        vllm_worker(routes=[r for r in VLLM_ROUTES if r != "flush_cache"]),
+        sglang_static_worker([r for r in SGLANG_ROUTES if r != "flush_cache"]),
+    ],
+    ids=["vllm", "sglang"],
+)
+def test_flush_always_without_a_flush_route_skips_since_the_update_already_invalidates(worker):
+    p = plan(worker, pause_mode="abort", flush_policy="always")
+    assert p.blockers == [] and p.calls["flush"] == []
+    assert p.flush_skipped.endswith("already invalidates the prefix cache (DYNAMO_CONTRACT §4/§5)")
+
+
+def test_unknown_route_family_is_a_blocker_and_plans_no_calls():
+    p = plan(discovered("", ["update/model_taints", "clear_kv_blocks"]))
+    assert p.family == "" and p.calls == {}
+    assert p.blockers == ["no known admin route family in the advertised routes"]
+
+
+# -- worker blockers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "blocker"),
+    [
+        ({"error": "connection refused"}, "probe error: connection refused"),
+        ({"state": "erroring"}, "probe error: worker reported an error"),
+        ({"system_url": ""}, "no system_url advertised (worker started without a system port)"),
+        (
+            {"system_url": "http://192.168.1.5:9090"},
+            "system_url outside the allowed networks: "
+            "host '192.168.1.5' resolves to 192.168.1.5, outside the allowed networks",
+        ),
+        (
+            {"system_url": "http://169.254.169.254:80"},
+            "system_url outside the allowed networks: "
+            "host '169.254.169.254' resolves to 169.254.169.254, outside the allowed networks",
+        ),
+        ({"model": ""}, "verify: no model name for the generation check"),
+    ],
+    ids=["probe-error", "erroring", "no-system-url", "private", "metadata", "no-model"],
+)
+@pytest.mark.parametrize(
+    ("make", "target", "pause_mode"),
+    [
+        (vllm_worker, None, "keep"),
+        (sidecar_worker, DISTRIBUTED_SIDECAR, "keep"),
+        (sglang_static_worker, None, "abort"),
+    ],
+    ids=["vllm", "sidecar", "sglang"],
+)
+def test_worker_blockers(make, target, pause_mode, fields, blocker):
+    p = plan(make(**fields), target or DISK, pause_mode=pause_mode)
+    assert p.blockers == [blocker]
+
+
+def test_a_system_url_host_name_is_judged_by_every_address_it_resolves_to():
+    from controlplane.dynamo.policy import OutboundPolicy
+
+    policy = OutboundPolicy.from_cidrs(
+        ["10.0.0.0/8"], resolver=lambda host: ["10.0.0.5", "169.254.169.254"]
+    )
+    p = plan(vllm_worker(system_url="http://worker-1.internal:9090"), policy=policy)
+    assert p.blockers == [
+        "system_url outside the allowed networks: host 'worker-1.internal' resolves to "
+        "169.254.169.254, outside the allowed networks"
+    ]
+
+
+# -- the generation check -------------------------------------------------------------------------
+
+
+def test_generation_check_pins_the_exact_u64_instance_id():
+    assert BIG_INSTANCE_ID > 2**63
+    (check,) = [c for c in plan(vllm_worker()).calls["verify"] if c["operation"] == "generation"]
+    pinned = check["body"]["nvext"]["backend_instance_id"]
+    assert type(pinned) is int and pinned == BIG_INSTANCE_ID
+    # Stored as JSON and read back, the id is still exact (a float would round it).
+    stored = json.loads(json.dumps(check))
+    assert f'"backend_instance_id": {BIG_INSTANCE_ID}' in json.dumps(check)
+    assert generation_check_from_call(stored).backend_instance_id == BIG_INSTANCE_ID
+    assert float(BIG_INSTANCE_ID) != BIG_INSTANCE_ID  # why the exactness matters
+
+
+def test_generation_check_uses_the_expected_model_and_custom_prompt():
+    verification = {"expected_model": "policy-v7", "prompt_token_ids": [1, 2], "max_tokens": 2}
+    (check,) = [
+        c
+        for c in plan(vllm_worker(), verification=verification).calls["verify"]
+        if c["operation"] == "generation"
+    ]
+    assert check["expected_model"] == "policy-v7"
+    assert check["body"]["model"] == "policy-v7"
+    assert (check["body"]["prompt"], check["body"]["max_tokens"]) == ([1, 2], 2)
+
+
+def test_verification_switches_drop_their_calls():
+    verification = {"version_readback": False, "liveness": False, "generation": False}
+    p = plan(vllm_worker(model=""), verification=verification)
+    # Without a generation check a missing model blocks nothing.
+    assert p.calls["verify"] == [] and p.blockers == []
+
+
+# -- idempotence of the update, for an executor takeover ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("family", "method", "idempotent"),
+    [
+        ("vllm", "disk", True),
+        ("sglang", "disk", True),
+        ("vllm", "distributed", False),
+        ("sglang", "distributed", False),
+        ("vllm-sidecar", "distributed", False),
+    ],
+)
+def test_only_a_disk_reload_is_safe_to_repeat(family, method, idempotent):
+    assert update_is_idempotent(family, {"method": method}) is idempotent

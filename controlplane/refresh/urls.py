@@ -10,6 +10,7 @@ urlpatterns = [
     path("gates/", views.gate_list, name="gates"),
     path("gates/<int:pk>/force-reopen/", views.force_reopen, name="force_reopen"),
     path("<int:pk>/", views.detail, name="detail"),
+    path("<int:pk>/actions/", views.refresh_actions, name="actions"),
     path("<int:pk>/start/", views.start, name="start"),
     path("<int:pk>/approve/", views.approve, name="approve"),
     path("<int:pk>/reject/", views.reject, name="reject"),

@@ -74,6 +74,18 @@ def detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, template, context)
 
 
+@require_GET
+@login_required
+def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
+    """The action buttons alone, rendered for this user (permissions, CSRF token).
+
+    The live stream cannot render them — it has no request — so its fragment asks for them.
+    """
+    refresh = _refresh_for(request, pk)
+    context = {"refresh": refresh, "is_active": refresh.state in ACTIVE_STATES}
+    return render(request, "refresh/detail.html#actions", context)
+
+
 def _act(perm: Perm, run: Callable, success: str):
     """A POST view that runs one action and reports its outcome as a message."""
 

@@ -105,3 +105,33 @@ def test_approval_by_another_user(source, operator, operator_client, approver_cl
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.GATING
     assert refresh.approved_by.get_username() == "approver-1"
+
+
+def test_live_fragments_fetch_the_action_buttons_for_the_viewing_user(source, operator, viewer):
+    """The stream has no request (no permissions, no CSRF token), so its fragment loads the
+    buttons over HTTP; what comes back depends on who asks."""
+    from django.template.loader import render_to_string
+    from django.test import Client
+
+    from controlplane.refresh import presenters
+    from tests.integration.refresh.helpers import plan
+
+    refresh = plan(source, operator)
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(state=RefreshState.HELD)
+    refresh.refresh_from_db()
+
+    pushed = render_to_string(
+        "refresh/detail.html#live", presenters.detail_context(refresh) | {"oob": True}
+    )
+    actions_url = f"/refreshes/{refresh.pk}/actions/"
+    assert f'hx-get="{actions_url}"' in pushed and "Retry" not in pushed
+
+    as_operator = Client()
+    as_operator.force_login(operator)
+    buttons = as_operator.get(actions_url).content.decode()
+    assert "Retry" in buttons and "Roll back" in buttons
+    assert 'name="csrfmiddlewaretoken"' in buttons
+
+    as_viewer = Client()
+    as_viewer.force_login(viewer)
+    assert "Retry" not in as_viewer.get(actions_url).content.decode()

@@ -158,7 +158,9 @@ class Command(BaseCommand):
             ),
             capture_stdout=True,
         )
-        urls = supervisor.read_lines_until(child, {"listener_url", "frontend_url"}, timeout=30)
+        urls = supervisor.read_lines_until(
+            child, {"listener_url", "frontend_url", "control_url"}, timeout=30
+        )
         values = {
             "listener_url": urls["listener_url"],
             "frontend_url": urls["frontend_url"],
@@ -185,8 +187,13 @@ class Command(BaseCommand):
         if hasattr(self, "sim_urls"):
             w("")
             w("Simulated fleet (source 'sim'):")
-            for key, url in sorted(self.sim_urls.items()):
-                if key.endswith("_url"):
-                    w(f"  {key:<13} {url}")
+            for key in ("listener_url", "frontend_url", "control_url"):
+                w(f"  {key:<13} {self.sim_urls[key]}")
+            w("  Break a worker to see a held refresh, e.g.:")
+            w(
+                f"    curl -X POST {self.sim_urls['control_url']}/workers/<instance_id>/faults "
+                """-d '{"route": "update_weights_from_disk", "fault": {"kind": "error_body"}}'"""
+            )
+            w(f"    curl -X DELETE {self.sim_urls['control_url']}/faults   # heal everything")
         w("")
         w(f"Logs: {supervisor.log_dir}/   Press Ctrl-C to stop everything.")

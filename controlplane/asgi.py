@@ -9,15 +9,37 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.security.websocket import OriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
+
+
+class BrowserOriginValidator(OriginValidator):
+    """Refuse a websocket opened by a page from another site; admit clients that send no Origin.
+
+    Browsers always send Origin on a websocket handshake, so a missing one cannot be a
+    cross-site page (what this check is for). Bearer-token clients of `ws/gates/` — rollout
+    frameworks using e.g. `websockets` or `aiohttp` — send none by default, and channels'
+    `AllowedHostsOriginValidator` would refuse them all.
+    """
+
+    def valid_origin(self, parsed_origin):
+        return parsed_origin is None or super().valid_origin(parsed_origin)
+
+
+def _allowed_origins() -> list[str]:
+    # As channels' AllowedHostsOriginValidator: ALLOWED_HOSTS, loopback under DEBUG when unset.
+    if settings.DEBUG and not settings.ALLOWED_HOSTS:
+        return ["localhost", "127.0.0.1", "[::1]"]
+    return list(settings.ALLOWED_HOSTS)
+
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        "websocket": BrowserOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), _allowed_origins()
         ),
     }
 )

@@ -1,0 +1,183 @@
+"""`ws/gates/` through the deployed ASGI application and a real Redis channel layer: who may
+connect, the snapshot first, then each gate change — and only the sources a token may see."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import channel_layers
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import Client
+
+from controlplane.accounts.tokens import create_token
+from controlplane.audit.recorder import Actor
+from controlplane.fleet.models import Source
+from controlplane.refresh import actions
+from controlplane.refresh.models import Gate
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SETUP = Actor.system("gate stream test")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_channel_layer():
+    """Drop the layer bound to this test's event loop (see tests/integration/refresh)."""
+    yield
+    channel_layers.backends.clear()
+
+
+@pytest.fixture
+def gates(db):
+    """Two sources, one closed gate each."""
+    made = {}
+    for name, namespace in (("fleet-a", "rl-a"), ("fleet-b", "rl-b")):
+        source = Source.objects.create(
+            name=name, listener_url="http://127.0.0.1:9/", allowed_networks=["127.0.0.0/8"]
+        )
+        made[name] = Gate.objects.create(
+            source=source, namespace=namespace, is_open=False, closed_reason="held by hand"
+        )
+    return made
+
+
+def bearer(secret: str) -> list[tuple[bytes, bytes]]:
+    # No Origin header: what a rollout framework's websocket client sends by default.
+    return [(b"authorization", f"Bearer {secret}".encode())]
+
+
+def token_for(user, *, label: str = "rollout", sources=()) -> str:
+    _, secret = create_token(user=user, label=label, actor=SETUP, sources=sources)
+    return secret
+
+
+def session_headers(user, origin: str = "http://testserver") -> list[tuple[bytes, bytes]]:
+    client = Client()
+    client.force_login(user)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    return [(b"cookie", cookie.encode()), (b"origin", origin.encode())]
+
+
+def communicator(headers, path: str = "/ws/gates/") -> WebsocketCommunicator:
+    from controlplane.asgi import application
+
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+async def connected(headers, path: str = "/ws/gates/") -> WebsocketCommunicator:
+    c = communicator(headers, path)
+    ok, code = await c.connect(timeout=10)
+    assert ok, f"refused with close code {code}"
+    return c
+
+
+def reopen(gate: Gate, user) -> None:
+    actions.force_reopen_gate(gate, actor=Actor.for_user(user), reason="checked by hand")
+
+
+def view(gate: Gate) -> tuple:
+    return (gate["source"], gate["namespace"], gate["open"], gate["revision"])
+
+
+# -- who may connect ------------------------------------------------------------------------------
+
+
+async def test_anonymous_and_bad_credentials_are_refused(gates, django_user_model):
+    nobody = await database_sync_to_async(django_user_model.objects.create_user)("nobody", "x")
+    no_role_secret = await database_sync_to_async(token_for)(nobody, label="no-role")
+    for headers in (
+        [],  # anonymous, no Origin
+        [(b"origin", b"http://testserver")],  # anonymous browser
+        bearer("cpt_000000000000_" + "x" * 43),  # unknown token
+        [(b"authorization", b"Basic dXNlcjpwYXNz")],
+        bearer(no_role_secret),  # a real token of a user without the view permission
+    ):
+        ok, code = await communicator(headers).connect(timeout=10)
+        assert (ok, code) == (False, 4401), headers
+
+
+async def test_a_session_from_another_site_is_refused(gates, viewer):
+    headers = await database_sync_to_async(session_headers)(viewer, "http://evil.example")
+    ok, _ = await communicator(headers).connect(timeout=10)
+    assert not ok
+
+
+async def test_a_bearer_token_without_an_origin_gets_the_snapshot_first(gates, viewer):
+    secret = await database_sync_to_async(token_for)(viewer)
+    c = await connected(bearer(secret))
+    first = await c.receive_json_from(timeout=10)
+    assert first["event"] == "gates.snapshot"
+    assert [view(g) for g in first["gates"]] == [
+        ("fleet-a", "rl-a", False, 1),
+        ("fleet-b", "rl-b", False, 1),
+    ]
+    assert first["gates"][0]["reason"] == "held by hand"
+    await c.disconnect()
+
+
+async def test_a_session_from_this_site_gets_the_snapshot_first(gates, viewer):
+    headers = await database_sync_to_async(session_headers)(viewer)
+    c = await connected(headers)
+    first = await c.receive_json_from(timeout=10)
+    assert first["event"] == "gates.snapshot" and len(first["gates"]) == 2
+    await c.disconnect()
+
+
+# -- changes --------------------------------------------------------------------------------------
+
+
+async def test_a_gate_change_reaches_the_subscriber(gates, viewer, approver):
+    secret = await database_sync_to_async(token_for)(viewer)
+    c = await connected(bearer(secret))
+    await c.receive_json_from(timeout=10)  # snapshot
+
+    await database_sync_to_async(reopen)(gates["fleet-a"], approver)
+    change = await c.receive_json_from(timeout=10)
+    assert change["event"] == "gate.changed"
+    assert view(change["gate"]) == ("fleet-a", "rl-a", True, 2)
+    assert change["gate"]["reason"] == ""
+    await c.disconnect()
+
+
+async def test_a_token_limited_to_one_source_sees_only_that_source(gates, viewer, approver):
+    only_b = gates["fleet-b"].source
+    secret = await database_sync_to_async(token_for)(viewer, label="only-b", sources=[only_b])
+    c = await connected(bearer(secret))
+    snapshot = await c.receive_json_from(timeout=10)
+    assert [view(g) for g in snapshot["gates"]] == [("fleet-b", "rl-b", False, 1)]
+
+    # fleet-a changes first; the layer keeps one channel's messages in order, so had it been
+    # forwarded it would arrive before fleet-b's.
+    await database_sync_to_async(reopen)(gates["fleet-a"], approver)
+    await database_sync_to_async(reopen)(gates["fleet-b"], approver)
+    change = await c.receive_json_from(timeout=10)
+    assert view(change["gate"]) == ("fleet-b", "rl-b", True, 2)
+    assert await c.receive_nothing(timeout=0.5)
+    await c.disconnect()
+
+
+async def test_the_source_filter_narrows_an_unlimited_stream(gates, viewer, approver):
+    secret = await database_sync_to_async(token_for)(viewer)
+    c = await connected(bearer(secret), "/ws/gates/?source=fleet-b")
+    snapshot = await c.receive_json_from(timeout=10)
+    assert [g["source"] for g in snapshot["gates"]] == ["fleet-b"]
+
+    await database_sync_to_async(reopen)(gates["fleet-a"], approver)
+    await database_sync_to_async(reopen)(gates["fleet-b"], approver)
+    change = await c.receive_json_from(timeout=10)
+    assert view(change["gate"]) == ("fleet-b", "rl-b", True, 2)
+    await c.disconnect()
+
+
+async def test_messages_from_the_client_are_ignored(gates, viewer):
+    secret = await database_sync_to_async(token_for)(viewer)
+    c = await connected(bearer(secret))
+    await c.receive_json_from(timeout=10)
+    await c.send_to(text_data=json.dumps({"event": "gate.open", "namespace": "rl-a"}))
+    assert await c.receive_nothing(timeout=0.5)
+    gate = await database_sync_to_async(Gate.objects.get)(namespace="rl-a")
+    assert not gate.is_open
+    await c.disconnect()

@@ -71,10 +71,13 @@ def test_two_thousand_workers(simfleet_factory):
             assert client.post(f"{url}/engine/liveness_probe").json()["alive"] is True
 
 
-def test_python_dash_m_runner(tmp_path):
+@pytest.mark.parametrize(
+    "entry", [["-m", "controlplane.simfleet"], ["manage.py", "simfleet"]], ids=["module", "manage"]
+)
+def test_standalone_runner_serves_the_listener(entry):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.simfleet", "--workers", "6", "--prefix", "rl"],
+        [sys.executable, *entry, "--workers", "6", "--prefix", "rl"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

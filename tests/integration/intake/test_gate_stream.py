@@ -10,6 +10,7 @@ from channels.db import database_sync_to_async
 from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db import connections
 from django.test import Client
 
 from controlplane.accounts.tokens import create_token
@@ -24,10 +25,13 @@ SETUP = Actor.system("gate stream test")
 
 
 @pytest.fixture(autouse=True)
-def _fresh_channel_layer():
-    """Drop the layer bound to this test's event loop (see tests/integration/refresh)."""
+async def _fresh_channel_layer():
+    """Drop the layer bound to this test's event loop (see tests/integration/refresh), and the
+    database connection the shared sync thread keeps (Postgres would refuse to drop the test
+    database while it is open)."""
     yield
     channel_layers.backends.clear()
+    await database_sync_to_async(connections.close_all)()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ by a trusted resolver; see the note in docs/dynamo-client-api.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable
@@ -44,6 +45,9 @@ def _parse_address(text: str) -> IPAddress:
     return addr
 
 
+# A pure function of the host text: a refresh checks thousands of URLs on a few hundred
+# distinct IP literals, and parsing one costs more than the rest of the check.
+@functools.lru_cache(maxsize=4096)
 def _literal_host(host: str) -> IPAddress | None:
     try:
         return _parse_address(host)
@@ -98,6 +102,12 @@ class OutboundPolicy:
             return "URL has no host", None
         return None, host
 
+    def _judge_literal(self, host: str, addr: IPAddress) -> str | None:
+        """`_judge(host, [str(addr)])` for an already parsed literal."""
+        if not self._allowed(addr):
+            return f"host {host!r} resolves to {addr}, outside the allowed networks"
+        return None
+
     def _judge(self, host: str, addresses: list[str]) -> str | None:
         if not addresses:
             return f"host {host!r} resolved to no addresses"
@@ -117,7 +127,7 @@ class OutboundPolicy:
             return problem
         literal = _literal_host(host)
         if literal is not None:
-            return self._judge(host, [str(literal)])
+            return self._judge_literal(host, literal)
         try:
             addresses = self.resolver(host)
         except (OSError, UnicodeError) as exc:
@@ -129,8 +139,9 @@ class OutboundPolicy:
         problem, host = self._static_violation(url)
         if problem or host is None:
             return problem
-        if _literal_host(host) is not None:
-            return self.violation(url)
+        literal = _literal_host(host)
+        if literal is not None:
+            return self._judge_literal(host, literal)
         return await asyncio.to_thread(self.violation, url)
 
     def check(self, url: str) -> None:

@@ -18,7 +18,9 @@ the pool, the timeouts and the httpx exceptions raised are the same as through t
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +97,13 @@ class _FanOutTransport(AiohttpTransport):
         return self.client
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Loading the CA bundle costs ~45 ms, and a policy refresh builds a client per step; the
+    # context is read-only once built, so every client shares one (same CAs as before).
+    return httpx.create_ssl_context(verify=True, trust_env=False)
+
+
 class DynamoClient(httpx.AsyncClient):
     """The httpx client `make_client` returns; `fanout` is its aiohttp transport, or None when
     a test or benchmark swapped the transport (then every call goes through httpx)."""
@@ -120,6 +129,7 @@ def make_client(
     fanout = None
     if transport is None:
         transport = fanout = _FanOutTransport(
+            verify=_tls_context(),
             trust_env=False,
             limits=httpx.Limits(
                 max_connections=max_connections,

@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connections, router
-from django.db.models import Model
-
+from controlplane.fleet.discovery.bulk import insert_objects
 from controlplane.fleet.discovery.diff import MembershipDiff, Snapshot, diff_membership
 from controlplane.fleet.discovery.observe import Observation
 from controlplane.fleet.models import (
@@ -121,42 +119,9 @@ def _apply(w: Worker, o: Observation, now: datetime) -> None:
     w.liveness_error = o.liveness_error
 
 
-def _insert(model: type[Model], objs: list, *, batch: int = BATCH) -> None:
-    """`bulk_create` without primary keys coming back, as one prepared statement per batch.
-
-    A cold refresh inserts 2,000 workers (28 columns) and 2,000 events; Django's bulk INSERT
-    compiler spends ~7 µs per value building one giant statement, several times what the
-    database needs. Values are still prepared by each field (`get_db_prep_save`: JSON,
-    time zones, foreign keys), so what lands in the table is the same. Callers needing the
-    new primary keys read them back (see `_read_back_pks`).
-    """
-    if not objs:
-        return
-    db = router.db_for_write(model)
-    connection = connections[db]
-    opts = model._meta
-    fields = [f for f in opts.concrete_fields if not f.primary_key]
-    qn = connection.ops.quote_name
-    sql = "INSERT INTO {} ({}) VALUES ({})".format(
-        qn(opts.db_table),
-        ", ".join(qn(f.column) for f in fields),
-        ", ".join(["%s"] * len(fields)),
-    )
-    prepared = [(f, f.get_db_prep_save) for f in fields]
-    with connection.cursor() as cursor:
-        for start in range(0, len(objs), batch):
-            rows = [
-                [prep(f.pre_save(obj, True), connection) for f, prep in prepared]
-                for obj in objs[start : start + batch]
-            ]
-            cursor.executemany(sql, rows)
-    for obj in objs:
-        obj._state.adding = False
-        obj._state.db = db
-
-
 def _read_back_pks(source: Source, created: list[Worker]) -> None:
-    """Give freshly inserted workers their primary keys (one SELECT of identity columns)."""
+    """Give workers inserted by `insert_objects` their primary keys (one SELECT of identity
+    columns, so the query count stays constant)."""
     wanted = {w.key: w for w in created}
     rows = Worker.objects.filter(source=source).values_list(
         "pk", "namespace", "component", "endpoint", "instance_id"
@@ -211,7 +176,7 @@ def store_observation(
         updated.append(row)
 
     if created:
-        _insert(Worker, created)
+        insert_objects(Worker, created)
         _read_back_pks(source, created)
     if updated:
         Worker.objects.bulk_update(updated, REFRESHED_FIELDS, batch_size=BATCH)
@@ -240,6 +205,6 @@ def store_observation(
         )
         for change in diff.changes()
     ]
-    _insert(WorkerEvent, events)
+    insert_objects(WorkerEvent, events)
     erroring = sum(1 for o in observed if o.error)
     return StoredRefresh(diff, existing, len(observed), len(observed) - erroring, erroring)

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db import transaction
 
+from controlplane.fleet.discovery.bulk import insert_values
 from controlplane.realtime import publish
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerOutcome, run_jobs
 from controlplane.refresh.executor.lease import Lease
@@ -32,25 +33,57 @@ def refresh_group(refresh_id: int) -> str:
     return f"refresh.{refresh_id}"
 
 
-def journal_rows(refresh_id, token, step, attempt, outcome: WorkerOutcome) -> list[JournalEntry]:
+JOURNAL_FIELDS = (
+    "refresh",
+    "planned_worker",
+    "step",
+    "operation",
+    "method",
+    "url",
+    "request_body",
+    "http_status",
+    "response_body",
+    "ok",
+    "error",
+    "duration_ms",
+    "attempt",
+    "started_at",
+    "finished_at",
+    "lease_token",
+)
+RESULT_FIELDS = (
+    "refresh",
+    "planned_worker",
+    "step",
+    "attempt",
+    "status",
+    "error",
+    "duration_ms",
+    "finished_at",
+)
+
+
+def journal_rows(refresh_id, token, step, attempt, outcome: WorkerOutcome) -> list[tuple]:
+    """`JOURNAL_FIELDS` values of one worker's calls (plain tuples: a step journals thousands
+    of calls, and building model instances for `bulk_create` cost more than inserting them)."""
     return [
-        JournalEntry(
-            refresh_id=refresh_id,
-            planned_worker_id=outcome.planned_worker_id,
-            step=step,
-            operation=r.operation,
-            method=r.method,
-            url=r.url[:800],
-            request_body=r.request_body,
-            http_status=r.http_status,
-            response_body=r.response_body,
-            ok=r.ok,
-            error=r.error,
-            duration_ms=r.duration_ms,
-            attempt=attempt,
-            started_at=r.started_at,
-            finished_at=r.finished_at,
-            lease_token=token,
+        (
+            refresh_id,
+            outcome.planned_worker_id,
+            step,
+            r.operation,
+            r.method,
+            r.url[:800],
+            r.request_body,
+            r.http_status,
+            r.response_body,
+            r.ok,
+            r.error,
+            r.duration_ms,
+            attempt,
+            r.started_at,
+            r.finished_at,
+            token,
         )
         for r in outcome.records
     ]
@@ -92,22 +125,26 @@ class StepJournal:
         with transaction.atomic():
             self.lease.guard()
             if batch:
-                rows: list[JournalEntry] = []
+                rows: list[tuple] = []
                 for outcome in batch:
                     rows += journal_rows(refresh_id, token, self.step, self.attempt, outcome)
-                JournalEntry.objects.bulk_create(rows)
-                WorkerStepResult.objects.bulk_create(
-                    WorkerStepResult(
-                        refresh_id=refresh_id,
-                        planned_worker_id=o.planned_worker_id,
-                        step=self.step,
-                        attempt=self.attempt,
-                        status=o.status,
-                        error=o.error[:2000],
-                        duration_ms=o.duration_ms,
-                        finished_at=o.finished_at,
-                    )
-                    for o in batch
+                insert_values(JournalEntry, JOURNAL_FIELDS, rows)
+                insert_values(
+                    WorkerStepResult,
+                    RESULT_FIELDS,
+                    (
+                        (
+                            refresh_id,
+                            o.planned_worker_id,
+                            self.step,
+                            self.attempt,
+                            o.status,
+                            o.error[:2000],
+                            o.duration_ms,
+                            o.finished_at,
+                        )
+                        for o in batch
+                    ),
                 )
             abort = (
                 PolicyRefresh.objects.filter(pk=refresh_id)

@@ -78,4 +78,5 @@ pytest_plugins = [
     "tests.fixtures.simfleet",
     "tests.fixtures.celery_worker",
     "tests.fixtures.live_server",
+    "tests.fixtures.channels",
 ]

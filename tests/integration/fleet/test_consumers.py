@@ -12,7 +12,10 @@ from controlplane.fleet.discovery import refresh_source
 from controlplane.fleet.models import DiscoveryTrigger, Worker
 from controlplane.fleet.routing import websocket_urlpatterns
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("release_async_resources"),
+]
 
 
 def _communicator(path: str, user) -> WebsocketCommunicator:

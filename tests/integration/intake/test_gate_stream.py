@@ -7,10 +7,8 @@ import json
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
-from django.db import connections
 from django.test import Client
 
 from controlplane.accounts.tokens import create_token
@@ -19,19 +17,12 @@ from controlplane.fleet.models import Source
 from controlplane.refresh import actions
 from controlplane.refresh.models import Gate
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("release_async_resources"),
+]
 
 SETUP = Actor.system("gate stream test")
-
-
-@pytest.fixture(autouse=True)
-async def _fresh_channel_layer():
-    """Drop the layer bound to this test's event loop (see tests/integration/refresh), and the
-    database connection the shared sync thread keeps (Postgres would refuse to drop the test
-    database while it is open)."""
-    yield
-    channel_layers.backends.clear()
-    await database_sync_to_async(connections.close_all)()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.layers import channel_layers
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
@@ -18,7 +17,10 @@ from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.routing import websocket_urlpatterns
 from tests.integration.refresh.helpers import actor_for, fleet_config, make_source, plan
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("release_async_resources"),
+]
 
 
 def communicator(path: str, user) -> WebsocketCommunicator:
@@ -37,14 +39,6 @@ async def frames_until(c, predicate, timeout: float = 30.0) -> list[str]:
         frames.append(frame)
         if predicate(frame):
             return frames
-
-
-@pytest.fixture(autouse=True)
-def _fresh_channel_layer():
-    """Drop the layer these async tests bound to their event loop: a live server forked later
-    in the session would otherwise inherit it and never deliver a websocket message."""
-    yield
-    channel_layers.backends.clear()
 
 
 def run_and_close(refresh_id: int) -> None:

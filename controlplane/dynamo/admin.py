@@ -7,7 +7,6 @@ as an `AdminCallResult` with `ok=False` and a one-line `error`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -87,15 +86,9 @@ async def call_admin(
     else:
         json_body = call.body if call.body is not None else {}
     try:
-        async with asyncio.timeout(timeout):
-            reply = await send_capped(
-                client,
-                call.method,
-                url,
-                json_body=json_body,
-                timeout=timeout,
-                limit=MAX_RESPONSE_BYTES,
-            )
+        reply = await send_capped(
+            client, call.method, url, json_body=json_body, timeout=timeout, limit=MAX_RESPONSE_BYTES
+        )
     except (TimeoutError, httpx.TimeoutException):
         return result(False, None, None, f"timed out after {timeout:g}s")
     except httpx.ConnectError as exc:

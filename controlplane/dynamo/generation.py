@@ -7,7 +7,6 @@ log-probabilities with the ids, ends in a real terminal state, and names the exp
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,15 +211,14 @@ async def run_generation_check(
     if problem is not None:
         return GenerationVerdict(False, f"outbound policy: {problem}")
     try:
-        async with asyncio.timeout(timeout):
-            reply = await send_capped(
-                client,
-                "POST",
-                url,
-                json_body=check.request_body(),
-                timeout=timeout,
-                limit=MAX_RESPONSE_BYTES,
-            )
+        reply = await send_capped(
+            client,
+            "POST",
+            url,
+            json_body=check.request_body(),
+            timeout=timeout,
+            limit=MAX_RESPONSE_BYTES,
+        )
         status, raw = reply.status, reply.raw
     except (TimeoutError, httpx.TimeoutException):
         return GenerationVerdict(False, f"frontend timed out after {timeout:g}s")

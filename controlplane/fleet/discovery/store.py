@@ -1,8 +1,9 @@
 """The database half of a discovery refresh: upsert by identity, diff, history rows.
 
 Query count is constant in the number of workers: one SELECT of the source's workers, one
-bulk INSERT for newcomers, one bulk UPDATE for rows that look different, one UPDATE stamping
-everyone still present, one bulk INSERT of events. A steady fleet touches almost nothing.
+bulk INSERT for newcomers (plus one SELECT reading back their keys), one bulk UPDATE for rows
+that look different, one UPDATE stamping everyone still present, one bulk INSERT of events.
+A steady fleet touches almost nothing. (Batches of `BATCH` rows each.)
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from controlplane.fleet.discovery.bulk import insert_objects
+from controlplane.fleet.discovery.bulk import insert_objects, insert_values
 from controlplane.fleet.discovery.diff import MembershipDiff, Snapshot, diff_membership
 from controlplane.fleet.discovery.observe import Observation
 from controlplane.fleet.models import (
@@ -194,17 +195,12 @@ def store_observation(
     for row in existing.values():
         if row.key in by_key and by_key[row.key].version_ok:
             row.version_probed_at = now
-    events = [
-        WorkerEvent(
-            source=source,
-            worker=existing[change.key],
-            run=run,
-            occurred_at=now,
-            kind=change.kind,
-            details=change.details,
-        )
-        for change in diff.changes()
-    ]
-    insert_objects(WorkerEvent, events)
+    # Plain rows: a cold refresh records one event per joining worker, and nothing reads
+    # the event instances back.
+    insert_values(
+        WorkerEvent,
+        ("source", "worker", "run", "occurred_at", "kind", "details"),
+        ((source.pk, existing[c.key].pk, run.pk, now, c.kind, c.details) for c in diff.changes()),
+    )
     erroring = sum(1 for o in observed if o.error)
     return StoredRefresh(diff, existing, len(observed), len(observed) - erroring, erroring)

@@ -55,12 +55,26 @@ def _literal_host(host: str) -> IPAddress | None:
         return None
 
 
+#: Verdicts one policy remembers before starting over (a fleet has far fewer hosts).
+MEMO_LIMIT = 4096
+_MISS = object()
+
+
 @dataclass(frozen=True, slots=True)
 class OutboundPolicy:
-    """The networks one source may reach. Compare/hash ignore the resolver (a test seam)."""
+    """The networks one source may reach. Compare/hash ignore the resolver (a test seam).
+
+    Verdicts that need no DNS (an IP-literal host, or a URL refused before any lookup) depend
+    only on the URL's scheme and authority, so each policy remembers them by that pair: a
+    refresh checks thousands of URLs on the same few hundred hosts. Verdicts for host names
+    are never remembered; each check resolves again, as the DNS answer may change.
+    """
 
     allowed_networks: tuple[IPNetwork, ...]
     resolver: Resolver = field(default=system_resolver, compare=False, repr=False)
+    _memo: dict[tuple[str, str], str | None] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @classmethod
     def from_cidrs(cls, cidrs: Iterable[str], resolver: Resolver | None = None) -> OutboundPolicy:
@@ -120,14 +134,39 @@ class OutboundPolicy:
                 return f"host {host!r} resolves to {addr}, outside the allowed networks"
         return None
 
-    def violation(self, url: str) -> str | None:
-        """Why `url` may not be called, or None when it may. Blocks on DNS for host names."""
+    def _memo_key(self, url: str) -> tuple[str, str] | None:
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            return None
+        return parts.scheme, parts.netloc
+
+    def _without_dns(self, url: str) -> tuple[bool, str | None, str | None]:
+        """(decided, verdict, host): the verdict when no DNS lookup is needed, else the host."""
+        key = self._memo_key(url)
+        if key is not None:
+            verdict = self._memo.get(key, _MISS)
+            if verdict is not _MISS:
+                return True, verdict, None
         problem, host = self._static_violation(url)
         if problem or host is None:
-            return problem
-        literal = _literal_host(host)
-        if literal is not None:
-            return self._judge_literal(host, literal)
+            verdict = problem
+        else:
+            literal = _literal_host(host)
+            if literal is None:
+                return False, None, host
+            verdict = self._judge_literal(host, literal)
+        if key is not None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = verdict
+        return True, verdict, None
+
+    def violation(self, url: str) -> str | None:
+        """Why `url` may not be called, or None when it may. Blocks on DNS for host names."""
+        decided, verdict, host = self._without_dns(url)
+        if decided or host is None:
+            return verdict
         try:
             addresses = self.resolver(host)
         except (OSError, UnicodeError) as exc:
@@ -136,12 +175,9 @@ class OutboundPolicy:
 
     async def aviolation(self, url: str) -> str | None:
         """`violation` for async callers: IP literals inline, DNS names off the event loop."""
-        problem, host = self._static_violation(url)
-        if problem or host is None:
-            return problem
-        literal = _literal_host(host)
-        if literal is not None:
-            return self._judge_literal(host, literal)
+        decided, verdict, _host = self._without_dns(url)
+        if decided:
+            return verdict
         return await asyncio.to_thread(self.violation, url)
 
     def check(self, url: str) -> None:

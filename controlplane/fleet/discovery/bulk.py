@@ -16,6 +16,7 @@ from django.db import connections, router
 from django.db.models import Model
 
 BATCH = 500
+_UNSET = object()
 
 
 def insert_values(
@@ -34,11 +35,24 @@ def insert_values(
         ", ".join(["%s"] * len(fields)),
     )
     preps = [f.get_db_prep_save for f in fields]
+    # Rows of one refresh repeat values column by column (the same `now` in four timestamp
+    # columns of every row, the same source, state, family): a value that is the very object
+    # the previous row had in that column is prepared once. Preparing is a pure function of
+    # the value, so identity is a safe key.
+    last: list = [_UNSET] * len(fields)
+    last_prepared: list = [None] * len(fields)
     pending: list[list] = []
     with connection.cursor() as cursor:
         for row in rows:
-            values = zip(preps, row, strict=True)
-            pending.append([prep(value, connection) for prep, value in values])
+            if len(row) != len(fields):
+                raise ValueError(f"row has {len(row)} values for {len(fields)} columns")
+            prepared = []
+            for i, value in enumerate(row):
+                if value is not last[i]:
+                    last[i] = value
+                    last_prepared[i] = preps[i](value, connection)
+                prepared.append(last_prepared[i])
+            pending.append(prepared)
             if len(pending) >= batch:
                 cursor.executemany(sql, pending)
                 pending = []

@@ -86,7 +86,10 @@ class Listener:
 
     async def workers_payload(self) -> dict[str, Any]:
         selected = [w for w in self.fleet.workers.values() if self.settings.selects(w)]
-        entries = await asyncio.gather(*(self._entry(w) for w in selected))
+        # Dynamo starts every probe at once (join_all), each with the same per-worker timeout,
+        # so one deadline per listing is what a worker waiting for a probe permit races against.
+        deadline = asyncio.get_running_loop().time() + self.settings.timeout
+        entries = await asyncio.gather(*(self._entry(w, deadline) for w in selected))
         listed = [e for e in entries if e is not None]
         listed.sort(key=lambda e: (e["namespace"], e["component"], e["endpoint"], e["instance_id"]))
         return {
@@ -95,7 +98,7 @@ class Listener:
             "workers": listed,
         }
 
-    async def _entry(self, worker: SimWorker) -> dict[str, Any] | None:
+    async def _entry(self, worker: SimWorker, deadline: float) -> dict[str, Any] | None:
         ns, component, endpoint = worker.namespace, worker.component, worker.endpoint
         entry: dict[str, Any] = {
             "namespace": ns,
@@ -111,8 +114,12 @@ class Listener:
         try:
             if timeout == 0:
                 raise TimeoutError
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout_at(deadline):
                 async with self.permits:
+                    # A permit freed by a probe that just timed out can be granted a moment
+                    # after the shared deadline; the waiting time counted, so this one is late too.
+                    if asyncio.get_running_loop().time() >= deadline:
+                        raise TimeoutError
                     fields = await self._probe(worker)
             error = None
         except TimeoutError:

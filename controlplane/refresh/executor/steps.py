@@ -193,18 +193,22 @@ class WorkerStep(Step):
 
     def run(self, ctx: StepContext) -> StepResult:
         pending = self.pending(ctx)
-        self.record_skipped(ctx, [w for w in pending if not w.calls.get(self.name)])
+        skipped = [w for w in pending if not w.calls.get(self.name)]
+        self.record_skipped(ctx, skipped)
         jobs = [self.job(ctx, w) for w in pending if w.calls.get(self.name)]
-        return self.judge(self.run_jobs(ctx, jobs), len(jobs))
+        return self.judge(self.run_jobs(ctx, jobs), len(jobs), skipped=len(skipped))
 
-    def judge(self, journal, total: int) -> StepResult:
+    def judge(self, journal, total: int, *, skipped: int = 0) -> StepResult:
         if any(o.status == "unreached" for o in journal.outcomes) and journal.aborted:
             return StepResult(False, "aborted", aborted=True)
         if any(o.status != "ok" for o in journal.outcomes):
             return StepResult(False, summarize_failures(self.name, journal.outcomes, total))
         if journal.aborted:
             return StepResult(True, aborted=True)
-        return StepResult(True, detail=f"{total} workers ok")
+        detail = f"{total} worker{'' if total == 1 else 's'} ok"
+        if skipped:
+            detail += f", {skipped} skipped"
+        return StepResult(True, detail=detail)
 
 
 class Pause(WorkerStep):

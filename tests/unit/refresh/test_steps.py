@@ -102,7 +102,7 @@ def test_flush_skips_workers_whose_update_invalidated_and_calls_the_rest(refresh
     fan_out = FanOut()
     result = install(monkeypatch, Flush(), fan_out).run(context(refresh))
 
-    assert result == StepResult(True, detail="1 workers ok")
+    assert result == StepResult(True, detail="1 worker ok, 1 skipped")
     ((_, jobs),) = fan_out.batches
     assert [(j.key, j.calls) for j in jobs] == [(flushed.key, FLUSH)]
     assert results(refresh, "flush") == {
@@ -142,7 +142,7 @@ def test_a_failed_worker_fails_the_step_and_is_named(refresh, monkeypatch):
     [
         ("unreached", True, StepResult(False, "aborted", aborted=True)),
         ("ok", True, StepResult(True, aborted=True)),
-        ("ok", False, StepResult(True, detail="1 workers ok")),
+        ("ok", False, StepResult(True, detail="1 worker ok")),
     ],
 )
 def test_an_abort_mid_step_is_reported_as_such(refresh, monkeypatch, status, aborted, expected):

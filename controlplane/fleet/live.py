@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from functools import lru_cache
 
-from django.template import TemplateDoesNotExist
-from django.template.loader import get_template, render_to_string
+from django.template.loader import render_to_string
 from django.utils import timezone
 
 from controlplane.fleet.filters import WorkerFilter
@@ -38,16 +36,6 @@ def source_group(source_id: int) -> str:
     return f"fleet.source.{source_id}"
 
 
-@lru_cache(maxsize=1)
-def gate_template() -> str:
-    """The policy-refresh app's gate badge if it ships one, else an empty slot."""
-    try:
-        get_template("refresh/gate_state.html")
-    except TemplateDoesNotExist:
-        return "fleet/_gate_slot.html"
-    return "refresh/gate_state.html"
-
-
 def timeline(source: Source):
     since = timezone.now() - TIMELINE_WINDOW
     return (
@@ -60,7 +48,7 @@ def timeline(source: Source):
 def card_html(source: Source) -> str:
     return render_to_string(
         "fleet/overview.html#source-card",
-        {"summary": summarise(source), "gate_template": gate_template(), "card_oob": True},
+        {"summary": summarise(source), "card_oob": True},
     )
 
 
@@ -68,14 +56,14 @@ def overview_html() -> str:
     summaries = [summarise(s) for s in Source.objects.all()]
     return render_to_string(
         "fleet/overview.html#source-cards",
-        {"summaries": summaries, "gate_template": gate_template(), "oob": True},
+        {"summaries": summaries, "oob": True},
     )
 
 
 def summary_html(source: Source, *, oob: bool = True) -> str:
     return render_to_string(
         "fleet/source.html#summary",
-        {"summary": summarise(source), "gate_template": gate_template(), "oob": oob},
+        {"summary": summarise(source), "oob": oob},
     )
 
 

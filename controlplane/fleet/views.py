@@ -52,7 +52,7 @@ def _get_static_worker(request: HttpRequest, pk: int, perm: Perm) -> StaticWorke
 def overview(request: HtmxHttpRequest) -> HttpResponse:
     _require(request, Perm.VIEW)
     summaries = [summarise(s) for s in Source.objects.all()]
-    context = {"summaries": summaries, "gate_template": live.gate_template()}
+    context = {"summaries": summaries}
     return render(request, "fleet/overview.html", context)
 
 
@@ -76,7 +76,6 @@ def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "versions": sorted({_label(w) for w in workers}),
         "routes": sorted({r for w in workers for r in (w.routes or ())}),
         "events": live.timeline(source),
-        "gate_template": live.gate_template(),
         "query": request.GET.urlencode(),
         "can_refresh": request.user.has_perm(Perm.RUN_DISCOVERY),
         "can_manage": request.user.has_perm(Perm.MANAGE_SOURCES),

@@ -16,6 +16,7 @@ from django.utils import timezone
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source, Worker, WorkerState
+from controlplane.intake.notifications import notify
 from controlplane.refresh import gates
 from controlplane.refresh.errors import (
     ApprovalNotAllowed,
@@ -34,7 +35,6 @@ from controlplane.refresh.models import (
     RefreshState,
     ScopeLock,
 )
-from controlplane.refresh.notify import notify
 from controlplane.refresh.planning import (
     normalize_target,
     normalize_verification,

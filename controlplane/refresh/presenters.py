@@ -136,13 +136,17 @@ def active_refreshes(source=None):
     return list(refreshes)
 
 
-def banner_context(source=None) -> dict[str, Any]:
+def gates_of(source=None) -> list[Gate]:
     gates = Gate.objects.select_related("source", "active_refresh")
     if source is not None:
         gates = gates.filter(source=source)
+    return list(gates)
+
+
+def banner_context(source=None) -> dict[str, Any]:
+    """The active refreshes of one source (or all); gate rows are asked for separately."""
     return {
         "banner_source": source,
-        "banner_gates": list(gates),
         "banner_refreshes": active_refreshes(source),
         "held_state": RefreshState.HELD,
     }

@@ -144,7 +144,7 @@ rollback = _act(
 @require_GET
 @permission_required(Perm.VIEW, raise_exception=True)
 def gate_list(request: HttpRequest) -> HttpResponse:
-    context = presenters.banner_context()
+    context = {"banner_gates": presenters.gates_of()}
     template = "refresh/gates.html#gates" if request.htmx else "refresh/gates.html"
     return render(request, template, context)
 

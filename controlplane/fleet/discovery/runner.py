@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
 import logging
 import time
 from datetime import timedelta
@@ -83,12 +82,10 @@ def _run_coroutine(coro):
 
 
 def _notify_stale(source: Source, reason: str) -> None:
-    # The notifications module belongs to the intake app and may not exist yet.
-    try:
-        notifications = importlib.import_module("controlplane.intake.notifications")
-    except ImportError:
-        return
-    notifications.notify("source.stale", source=source, reason=reason)
+    # Imported here: intake builds on fleet, so fleet must not import it at module load.
+    from controlplane.intake.notifications import notify
+
+    notify("source.stale", source=source, reason=reason)
 
 
 def refresh_source(

@@ -18,6 +18,8 @@ from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
+from controlplane.refresh.errors import RefreshError
+
 logger = logging.getLogger(__name__)
 
 _CODES = {
@@ -139,7 +141,7 @@ def install(api: NinjaAPI) -> None:
 
     def anything(request, exc: Exception):
         code = getattr(exc, "code", None)
-        if code in _REFRESH_STATUS or _is_refresh_error(exc):
+        if code in _REFRESH_STATUS or isinstance(exc, RefreshError):
             details = {}
             if getattr(exc, "active_refresh_id", None) is not None:
                 details["active_refresh_id"] = exc.active_refresh_id
@@ -162,11 +164,3 @@ def install(api: NinjaAPI) -> None:
     on(ProtectedError, protected)
     on(IntegrityError, integrity)
     on(Exception, anything)
-
-
-def _is_refresh_error(exc: Exception) -> bool:
-    try:
-        from controlplane.refresh.errors import RefreshError
-    except ImportError:  # pragma: no cover - the refresh app always ships errors.py
-        return False
-    return isinstance(exc, RefreshError)

@@ -16,6 +16,7 @@ from django.utils import timezone
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.intake.notifications import notify
 from controlplane.realtime import publish
 from controlplane.refresh import gates
 from controlplane.refresh.executor.calls import CallSettings
@@ -30,7 +31,6 @@ from controlplane.refresh.models import (
     StepRun,
     WorkerStepResult,
 )
-from controlplane.refresh.notify import notify
 from controlplane.refresh.planning import source_policy
 from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, StepName, next_step
 

@@ -22,4 +22,4 @@ def refresh_banner(context, source=None):
 @register.inclusion_tag("refresh/gate_badges.html")
 def gate_badges(source):
     """Compact gate and refresh badges for one source, without a socket of its own."""
-    return presenters.banner_context(source)
+    return presenters.banner_context(source) | {"banner_gates": presenters.gates_of(source)}

@@ -179,11 +179,6 @@ def _finish(received, outcome: str, answer: Answer, *, detail: str = "", refresh
     )
 
 
-def _start(actions, refresh, actor, *, require_approval: bool):
-    """Start through the refresh actions; ask for approval when the endpoint or a rule says so."""
-    return actions.start_policy_refresh(refresh, actor=actor, require_approval=require_approval)
-
-
 def _checkpoint_ready(endpoint, received, event: CheckpointReady, actor, source_ip) -> Answer:
     from controlplane.refresh import actions
     from controlplane.refresh.errors import RefreshError
@@ -216,7 +211,9 @@ def _checkpoint_ready(endpoint, received, event: CheckpointReady, actor, source_
             namespaces=event.namespaces or endpoint.namespaces or None,
             pause_mode=endpoint.pause_mode,
         )
-        refresh = _start(actions, refresh, actor, require_approval=require_approval)
+        refresh = actions.start_policy_refresh(
+            refresh, actor=actor, require_approval=require_approval
+        )
     except RefreshError as exc:
         outcome = Outcome.CONFLICT if exc.code == "refresh_conflict" else Outcome.PLAN_BLOCKED
         answer = Answer(

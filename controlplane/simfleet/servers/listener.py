@@ -14,10 +14,10 @@ from typing import Any
 
 from aiohttp import web
 
-from controlplane.dynamo.scope import Scope
 from controlplane.simfleet.faults import PROBE
 from controlplane.simfleet.fleet import SimFleet
 from controlplane.simfleet.probe import ProbeError, validate_descriptor
+from controlplane.simfleet.scope import listener_scope
 from controlplane.simfleet.servers.common import empty_response, json_response, pause_for
 from controlplane.simfleet.workers import SimWorker
 
@@ -43,7 +43,7 @@ class ListenerSettings:
     """What the listener reads from its environment (contract §1.6)."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        self.scope = Scope.from_env(env)
+        self.scope = listener_scope(env)
         self.endpoint = env.get("DYN_RL_ENDPOINT") or "rl"
         self.timeout = _parse_u64(
             env.get("DYN_RL_REQUEST_TIMEOUT_SECS"), DEFAULT_TIMEOUT_SECS, zero_ok=True
@@ -94,7 +94,7 @@ class Listener:
         listed.sort(key=lambda e: (e["namespace"], e["component"], e["endpoint"], e["instance_id"]))
         return {
             "protocol_version": 1,
-            "namespace": self.settings.scope.namespace,
+            "namespace": self.settings.scope.reported,
             "workers": listed,
         }
 

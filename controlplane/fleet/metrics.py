@@ -1,19 +1,24 @@
-"""`/metrics`: Prometheus text computed from the database at scrape time.
+"""`/metrics`: Prometheus exposition through `prometheus-client`, computed from the database.
 
-Labels stay low-cardinality: source name and worker state only — never worker ids or
-versions. Access is limited to `METRICS_ALLOWED_NETWORKS` (default: loopback), since the page
-is unauthenticated for scrapers.
+A custom collector reads the current state at scrape time (the database is the truth, and
+several web processes answer scrapes, so per-process counters would disagree). Labels stay
+low-cardinality: source name and worker state only — never worker ids or versions. Access is
+limited to `METRICS_ALLOWED_NETWORKS` (default: loopback), since scrapers do not sign in.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterator
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from controlplane.fleet.models import DiscoveryRun, Source, Worker
 
@@ -29,8 +34,66 @@ def _allowed(request: HttpRequest) -> bool:
     return any(addr in ipaddress.ip_network(n) for n in networks)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class FleetCollector(Collector):
+    """Workers, staleness and discovery history per source, read fresh on every scrape."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        names = dict(Source.objects.values_list("pk", "name"))
+
+        workers = GaugeMetricFamily(
+            "controlplane_workers", "Workers by source and state.", labels=["source", "state"]
+        )
+        for row in Worker.objects.values("source_id", "state").annotate(n=Count("id")).order_by():
+            workers.add_metric([names[row["source_id"]], row["state"]], row["n"])
+        yield workers
+
+        stale = GaugeMetricFamily(
+            "controlplane_source_stale",
+            "1 when the source's listener failed its last refresh.",
+            labels=["source"],
+        )
+        for name, is_stale in Source.objects.values_list("name", "stale"):
+            stale.add_metric([name], int(is_stale))
+        yield stale
+
+        runs = GaugeMetricFamily(
+            "controlplane_discovery_runs", "Discovery refreshes kept in history.", labels=["source"]
+        )
+        errors = GaugeMetricFamily(
+            "controlplane_discovery_listener_errors",
+            "Refreshes whose listener call failed.",
+            labels=["source"],
+        )
+        history = (
+            DiscoveryRun.objects.values("source_id")
+            .annotate(
+                total=Count("id"),
+                failed=Count("id", filter=Q(ok=False)),
+                latest=Max("started_at", filter=Q(duration_ms__isnull=False)),
+            )
+            .order_by()
+        )
+        latest_started = {}
+        for row in history:
+            runs.add_metric([names[row["source_id"]]], row["total"])
+            errors.add_metric([names[row["source_id"]]], row["failed"])
+            latest_started[row["source_id"]] = row["latest"]
+        yield runs
+        yield errors
+
+        duration = GaugeMetricFamily(
+            "controlplane_discovery_last_duration_seconds",
+            "Duration of the latest refresh.",
+            labels=["source"],
+        )
+        latest_runs = DiscoveryRun.objects.filter(
+            duration_ms__isnull=False,
+            started_at__in=[t for t in latest_started.values() if t is not None],
+        ).values_list("source_id", "started_at", "duration_ms")
+        for source_id, started_at, duration_ms in latest_runs:
+            if latest_started.get(source_id) == started_at:
+                duration.add_metric([names[source_id]], duration_ms / 1000.0)
+        yield duration
 
 
 @login_not_required
@@ -38,53 +101,6 @@ def _escape(value: str) -> str:
 def metrics(request: HttpRequest) -> HttpResponse:
     if not _allowed(request):
         return HttpResponseForbidden("metrics are not served to this address\n")
-    names = dict(Source.objects.values_list("pk", "name"))
-    lines = [
-        "# HELP controlplane_workers Workers by source and state.",
-        "# TYPE controlplane_workers gauge",
-    ]
-    for row in Worker.objects.values("source_id", "state").annotate(n=Count("id")).order_by():
-        lines.append(
-            f'controlplane_workers{{source="{_escape(names[row["source_id"]])}",'
-            f'state="{row["state"]}"}} {row["n"]}'
-        )
-    lines += [
-        "# HELP controlplane_source_stale 1 when the source's listener failed its last refresh.",
-        "# TYPE controlplane_source_stale gauge",
-    ]
-    for source in Source.objects.only("name", "stale"):
-        lines.append(
-            f'controlplane_source_stale{{source="{_escape(source.name)}"}} {int(source.stale)}'
-        )
-    runs = (
-        DiscoveryRun.objects.values("source_id")
-        .annotate(total=Count("id"), failed=Count("id", filter=Q(ok=False)))
-        .order_by()
-    )
-    lines += [
-        "# HELP controlplane_discovery_runs Discovery refreshes kept in history.",
-        "# TYPE controlplane_discovery_runs gauge",
-        "# HELP controlplane_discovery_listener_errors Refreshes whose listener call failed.",
-        "# TYPE controlplane_discovery_listener_errors gauge",
-    ]
-    for row in runs:
-        label = _escape(names[row["source_id"]])
-        lines.append(f'controlplane_discovery_runs{{source="{label}"}} {row["total"]}')
-        lines.append(f'controlplane_discovery_listener_errors{{source="{label}"}} {row["failed"]}')
-    lines += [
-        "# HELP controlplane_discovery_last_duration_seconds Duration of the latest refresh.",
-        "# TYPE controlplane_discovery_last_duration_seconds gauge",
-    ]
-    for pk, name in names.items():  # sources are few; one indexed lookup each
-        duration = (
-            DiscoveryRun.objects.filter(source_id=pk, duration_ms__isnull=False)
-            .order_by("-started_at")
-            .values_list("duration_ms", flat=True)
-            .first()
-        )
-        if duration is not None:
-            lines.append(
-                f'controlplane_discovery_last_duration_seconds{{source="{_escape(name)}"}} '
-                f"{duration / 1000.0:.6f}"
-            )
-    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

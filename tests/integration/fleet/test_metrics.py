@@ -39,14 +39,23 @@ def _samples(body: str) -> dict[tuple[str, tuple], float]:
 def test_families_parse_and_carry_database_figures(client, sources):
     alpha, odd = sources
     now = timezone.now()
+    beat = {"source": alpha, "trigger": "beat"}
     DiscoveryRun.objects.create(
-        source=alpha, trigger="beat", started_at=now - timedelta(minutes=2), duration_ms=900, ok=True
+        source=alpha,
+        trigger="beat",
+        started_at=now - timedelta(minutes=2),
+        duration_ms=900,
+        ok=True,
     )
     DiscoveryRun.objects.create(
-        source=alpha, trigger="beat", started_at=now - timedelta(minutes=1), duration_ms=250, ok=False
+        source=alpha,
+        trigger="beat",
+        started_at=now - timedelta(minutes=1),
+        duration_ms=250,
+        ok=False,
     )
     # The newest run is still in progress (no duration): the latest *finished* one is reported.
-    DiscoveryRun.objects.create(source=alpha, trigger="beat", started_at=now, ok=False)
+    DiscoveryRun.objects.create(**beat, started_at=now, ok=False)
     odd.stale = True
     odd.save(update_fields=["stale"])
 

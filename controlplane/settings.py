@@ -114,9 +114,33 @@ _database_url = env_str("DATABASE_URL", None if PRODUCTION else _default_db)
 if _database_url is None:
     raise ImproperlyConfigured("DATABASE_URL must be set in production")
 try:
-    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+    DATABASES = {"default": dj_database_url.parse(_database_url)}
 except Exception as exc:  # dj-database-url raises several types for bad URLs
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+
+# Which kind of process this is decides how it holds PostgreSQL connections (see
+# controlplane/celery.py, which sets "celery" for the `celery` command; docker-compose and
+# `manage.py demo` also set it explicitly):
+# - web (Daphne, manage.py, tests): Django runs each ASGI request's sync code in a thread of its
+#   own, and a persistent connection per thread piles up one idle connection per thread that
+#   ever served a request. So no persistent connections, and a bounded psycopg pool instead:
+#   at most DATABASE_POOL_MAX_SIZE connections per process however many requests arrive.
+# - celery (worker, beat): a fixed number of threads (the worker's -c), each keeps its own
+#   connection for DATABASE_CONN_MAX_AGE seconds — bounded by the concurrency, and cheaper than
+#   reconnecting for every task.
+# Budget on one server: (web replicas * DATABASE_POOL_MAX_SIZE) + (sum of worker concurrency)
+# + 1 for beat must stay below max_connections (100 by default, shared by all its databases).
+PROCESS_KIND = env_choice("CONTROLPLANE_PROCESS", "web", ("web", "celery"))
+DATABASE_POOL_MIN_SIZE = env_int("DATABASE_POOL_MIN_SIZE", 2, minimum=0)
+DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 10, minimum=1)
+DATABASE_POOL_TIMEOUT_SECONDS = env_float("DATABASE_POOL_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+DATABASE_CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+if DATABASE_POOL_MIN_SIZE > DATABASE_POOL_MAX_SIZE:
+    raise ImproperlyConfigured(
+        "DATABASE_POOL_MIN_SIZE must not exceed DATABASE_POOL_MAX_SIZE "
+        f"({DATABASE_POOL_MIN_SIZE} > {DATABASE_POOL_MAX_SIZE})"
+    )
+
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL and a busy timeout let the web server, Celery worker and beat share one SQLite file.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
@@ -127,22 +151,62 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     # A file, not memory: live-server and Celery-worker tests reach it from other processes.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+else:
+    _db_options = DATABASES["default"].setdefault("OPTIONS", {})
+    # Names each connection's process kind in pg_stat_activity (a DATABASE_URL
+    # `?application_name=` wins), so an operator can see who holds the server's connections.
+    _db_options.setdefault("application_name", f"controlplane-{PROCESS_KIND}")
+    if PROCESS_KIND == "web":
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses a pool with persistent ones
+        _db_options["pool"] = {
+            "min_size": DATABASE_POOL_MIN_SIZE,
+            "max_size": DATABASE_POOL_MAX_SIZE,
+            "timeout": DATABASE_POOL_TIMEOUT_SECONDS,
+        }
+    else:
+        DATABASES["default"]["CONN_MAX_AGE"] = DATABASE_CONN_MAX_AGE
+        # A connection kept across tasks may have been cut (database restart, idle timeout).
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Put before every key this deployment writes (cache, channel layer, Celery broker), so several
+# deployments — or test runs, see controlplane/embedded/pytest_plugin.py — can share one Redis
+# database without touching each other's keys. Empty by default: changing it moves the broker
+# queues, so set it before the first start, not on a running deployment.
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "") or ""
 
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "controlplane",
+        "KEY_PREFIX": f"{REDIS_KEY_PREFIX}controlplane",
     }
 }
 
+# channels-redis waits for a consumer's next message with BZPOPMIN for up to 5 s
+# (RedisChannelLayer.brpop_timeout), and redis-py 8 gives every socket read a default timeout of
+# 5 s: the read gave up first, the idle consumer died with `TimeoutError` and its browser
+# reconnected every ~6 s. The read timeout must stay well above the blocking wait; keepalive
+# and a health check catch a connection that died silently while idle.
+CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 20.0
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+        "CONFIG": {
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS,
+                    "socket_connect_timeout": 5.0,
+                    "socket_keepalive": True,
+                    "health_check_interval": 30,
+                }
+            ],
+            "prefix": f"{REDIS_KEY_PREFIX}asgi",
+            "capacity": 1500,
+            "expiry": 30,
+        },
     }
 }
 
@@ -158,6 +222,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+if REDIS_KEY_PREFIX:
+    # kombu prefixes every broker key (queues, bindings, unacked sets) with it.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": REDIS_KEY_PREFIX}
 
 # Periodic work: one schedule, in one place. `expires` sits just under the interval so a tick
 # that was delivered late is dropped instead of piling up behind the next one.

@@ -1,18 +1,19 @@
 """Shared fixtures: named personas (viewer, operator, approver, admin) and a clean cache."""
 
 import pytest
-from django.core.cache import cache
 
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
+from controlplane.embedded.pytest_plugin import clear_run_cache
 
 PASSWORD = "correct-horse-battery-staple"
 
 
 @pytest.fixture(autouse=True)
 def _clean_cache():
-    """Throttle counters and cached gate state must not leak between tests."""
-    cache.clear()
+    """Throttle counters and cached gate state must not leak between tests. Only this run's
+    keys go (never FLUSHDB): other test runs may share the Redis database."""
+    clear_run_cache()
     yield
 
 

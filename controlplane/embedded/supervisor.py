@@ -34,7 +34,14 @@ class Supervisor:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     children: list[Child] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str], *, capture_stdout: bool = False) -> Child:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        capture_stdout: bool = False,
+        extra_env: dict[str, str] | None = None,
+    ) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115  (owned by the child for its lifetime)
@@ -43,7 +50,7 @@ class Supervisor:
             stdout=subprocess.PIPE if capture_stdout else log,
             stderr=log,
             stdin=subprocess.DEVNULL,
-            env=self.env,
+            env=self.env | (extra_env or {}),
             start_new_session=True,
         )
         child = Child(name, process, log_path)

@@ -47,7 +47,8 @@ def _point_this_process_at(redis_url: str) -> None:
 
     settings.REDIS_URL = redis_url
     settings.CACHES["default"]["LOCATION"] = redis_url
-    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [redis_url]
+    for host in settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]:
+        host["address"] = redis_url
     settings.CELERY_BROKER_URL = redis_url
     app.conf.broker_url = redis_url
 
@@ -90,16 +91,21 @@ class Command(BaseCommand):
             users = ensure_demo_users(var_dir)
             if not no_simfleet:
                 self._start_simfleet(supervisor, workers, namespaces)
+            # The process kind decides how each child holds database connections (see
+            # DATABASES in settings.py): a pool for the web server, persistent ones for Celery.
             celery = ["-m", "celery", "-A", "controlplane"]
+            celery_env = {"CONTROLPLANE_PROCESS": "celery"}
             supervisor.start(
                 "celery-worker",
                 python_argv(*celery, "worker", "--pool", "threads", "-c", "8", "-l", "INFO"),
+                extra_env=celery_env,
             )
             supervisor.start(
                 "celery-beat",
                 python_argv(
                     *celery, "beat", "-l", "INFO", "-s", str(var_dir / "celerybeat-schedule")
                 ),
+                extra_env=celery_env,
             )
             supervisor.start(
                 "web",
@@ -112,6 +118,7 @@ class Command(BaseCommand):
                     str(port),
                     "controlplane.asgi:application",
                 ),
+                extra_env={"CONTROLPLANE_PROCESS": "web"},
             )
             _wait_for_http(f"http://127.0.0.1:{port}/accounts/login/", timeout=30)
             self._print_welcome(port, users, supervisor)

@@ -16,9 +16,9 @@ from django.urls import reverse
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from controlplane.html import neutralize_bidi
 from controlplane.fleet.models import Worker
 from controlplane.fleet.presenters import capabilities, route_groups, version_label
+from controlplane.html import neutralize_bidi
 
 HEADERS = (
     ("identity", "Worker"),

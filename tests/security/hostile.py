@@ -83,3 +83,21 @@ def unescaped(html: str) -> list[str]:
         near = html[start : match.end()]
         problems.append(f"raw bidi control U+{ord(match.group()):04X} near {near!r}")
     return problems
+
+
+def csp_problems(response) -> list[str]:
+    """Why `response`'s Content-Security-Policy does not hold scripts to our own files."""
+    header = response.get("Content-Security-Policy")
+    if not header:
+        return ["no Content-Security-Policy header"]
+    directives = {
+        name: values
+        for name, _, values in (d.strip().partition(" ") for d in header.split(";") if d.strip())
+    }
+    scripts = directives.get("script-src", directives.get("default-src", ""))
+    problems = []
+    if "'unsafe-inline'" in scripts or "'unsafe-eval'" in scripts or "*" in scripts.split():
+        problems.append(f"script-src allows inline or foreign script: {scripts!r}")
+    if directives.get("object-src") != "'none'":
+        problems.append("object-src is not 'none'")
+    return problems

@@ -38,7 +38,7 @@ from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, PolicyRefresh, RefreshState
 from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
 from tests.integration.intake.conftest import SECRET, post_webhook
-from tests.security.hostile import PAYLOAD, Hostile, unescaped
+from tests.security.hostile import PAYLOAD, Hostile, csp_problems, unescaped
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -499,6 +499,7 @@ class Tally:
         self.problems += [f"{where}: {p}" for p in unescaped(body)]
 
     def response(self, where: str, response) -> None:
+        self.problems += [f"{where}: {p}" for p in csp_problems(response)]
         content_type = response.get("Content-Type", "")
         body = b"".join(response.streaming_content) if response.streaming else response.content
         text = body.decode("utf-8", "replace")
@@ -708,3 +709,16 @@ def test_no_page_partial_or_frame_shows_a_hostile_string_unescaped(
     assert not tally.problems, "\n".join(markup_first[:40])
     # A value no page ever showed proves nothing: the channel would not have been exercised.
     assert not never_shown, f"hostile values that reached no page or frame: {never_shown}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="audit/views.py answers an unknown export format with a text/html 400 that echoes "
+    "it (repr, unescaped); the CSP stops scripts, but it is still markup injection. Owned by "
+    "the audit app: answer text/plain. This test then passes and strict xfail flags it.",
+)
+def test_audit_export_does_not_reflect_an_unknown_format_as_markup(admin_client):
+    response = admin_client.get("/history/export", {"format": PAYLOAD})
+    assert response.status_code == 400
+    is_html = "text/html" in response["Content-Type"]
+    assert not (is_html and unescaped(response.content.decode()))

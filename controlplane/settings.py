@@ -262,6 +262,7 @@ MIDDLEWARE.insert(
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
 )
 TEMPLATES[0]["BACKEND"] = "controlplane.html.TemplateEngine"
+TEMPLATES[0]["NAME"] = "django"  # the alias the default backend would have had
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
 SECURE_CSP = {
     "default-src": [CSP.SELF],

@@ -312,6 +312,37 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 
+# Content-Security-Policy on every response (pages, partials, JSON, error pages, static files).
+# Kept in one block with what it needs (the middleware, the nonce context processor, the
+# engine that neutralises bidi controls: see controlplane/html.py) so it reads as one decision.
+# Scripts come only from our own static files: no inline script, no event-handler attributes,
+# no `javascript:` URLs, no eval (htmx runs with allowEval and allowScriptTags off, set in
+# base.html). A future inline script must carry `nonce="{{ csp_nonce }}"`; the nonce appears in
+# the header only on responses that used it. Styles are likewise our stylesheet only: no
+# template uses a `style=` attribute and htmx's injected indicator style is turned off (its CSS
+# ships in app.css); the nonce serves Django's own CSRF-failure page. `connect-src 'self'` lets
+# the page open same-origin websockets (CSP Level 3: 'self' matches ws:/wss: of our origin).
+from django.utils.csp import CSP  # noqa: E402
+
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
+)
+TEMPLATES[0]["BACKEND"] = "controlplane.html.TemplateEngine"
+TEMPLATES[0]["NAME"] = "django"  # the alias the default backend would have had
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF, CSP.NONCE],
+    "style-src": [CSP.SELF, CSP.NONCE],
+    "img-src": [CSP.SELF],
+    "connect-src": [CSP.SELF],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "form-action": [CSP.SELF],
+}
+
 if PRODUCTION:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True

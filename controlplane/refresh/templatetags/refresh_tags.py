@@ -2,7 +2,11 @@
 
 For fleet pages: with a source it shows that source's gates and active refresh; without one,
 every source's. It connects its own websocket and keeps itself current.
+
+`{{ body|json_text }}` shows a planned call's JSON body as text (autoescaped like any text).
 """
+
+import json
 
 from django import template
 
@@ -23,3 +27,16 @@ def refresh_banner(context, source=None):
 def gate_badges(source):
     """Compact gate and refresh badges for one source, without a socket of its own."""
     return presenters.banner_context(source) | {"banner_gates": presenters.gates_of(source)}
+
+
+@register.filter
+def json_text(value) -> str:
+    """A JSON-able value as compact JSON text, for showing an exact request body.
+
+    Returns a plain string, so autoescaping applies: a model path such as
+    `/c/</code><script>…` is shown, never parsed. Non-ASCII stays readable; the engine makes
+    bidi controls visible (`controlplane.html`).
+    """
+    if value is None:
+        return ""
+    return json.dumps(value, ensure_ascii=False, default=str)

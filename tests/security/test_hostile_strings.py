@@ -1,0 +1,724 @@
+"""Hostile strings through every input channel; no page, partial or websocket frame shows one
+as markup.
+
+Each channel below stores (or tries to store) tagged hostile values the way an outsider would
+reach it: the simulated fleet's discovery payloads and worker replies, forms, the JSON API,
+signed trainer webhooks, the command line. Then every named GET route (enumerated from the URL
+configuration, so a new page cannot be skipped silently), its htmx partial and each websocket
+stream are read as an admin and parsed like a browser would. Add a channel by appending a
+function to CHANNELS; add a page by giving its route name URLs in `_route_urls`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import channel_layers
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.core.management import CommandError, call_command
+from django.db import connections
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from controlplane.audit.recorder import Actor
+from controlplane.fleet import discovery
+from controlplane.fleet.models import DiscoveryTrigger, Source, Worker
+from controlplane.intake.models import NotificationDestination, WebhookEndpoint
+from controlplane.refresh import actions
+from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.models import Gate, PolicyRefresh, RefreshState
+from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
+from tests.integration.intake.conftest import SECRET, post_webhook
+from tests.security.hostile import PAYLOAD, Hostile, csp_problems, unescaped
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+SETUP = Actor.system("hostile-input suite")
+
+
+@dataclass
+class World:
+    """What the channels stored, for building URLs and stream paths."""
+
+    hostile: Hostile
+    admin: object
+    client: Client
+    fleet_factory: Callable | None = None
+    fleet: object = None
+    by_ns: dict[str, list[str]] = field(default_factory=dict)
+    sim: Source | None = None
+    planned: PolicyRefresh | None = None
+    sources: list[Source] = field(default_factory=list)
+    refreshes: list[PolicyRefresh] = field(default_factory=list)
+    #: Responses to refused form posts: the form comes back with the hostile value in it.
+    refusals: list[tuple[str, str]] = field(default_factory=list)
+
+
+# -- channels -------------------------------------------------------------------------------
+
+
+def discovery_payloads(w: World) -> None:
+    """What a Dynamo deployment advertises: names, models, routes, URLs, probe errors."""
+    h = w.hostile
+    # rl-a, rl-b and rl-c stay plannable (the refreshes below run there); rl-d collects the
+    # workers whose discovery entries are themselves hostile.
+    specs = [
+        WorkerSpec(namespace="rl-a", component=h("discovery component"), model=h("model name")),
+        WorkerSpec(namespace="rl-a", model="m"),
+        WorkerSpec(namespace="rl-a", model="m"),
+        WorkerSpec(namespace="rl-b", model="m"),
+        WorkerSpec(namespace="rl-b", model="m"),
+        WorkerSpec(namespace="rl-c", model="m"),
+        WorkerSpec(namespace="rl-c", model="m"),
+        WorkerSpec(namespace="rl-d", model="m"),
+        WorkerSpec(namespace="rl-d", model="m"),
+        WorkerSpec(namespace="rl-d", model="m"),
+        WorkerSpec(namespace="rl-d", model="m"),
+        WorkerSpec(namespace=f"rl-{h('discovery namespace')}", model="m"),
+    ]
+    config = FleetConfig(
+        workers=specs,
+        listener_env={"DYN_NAMESPACE_PREFIX": "rl", "DYN_RL_REQUEST_TIMEOUT_SECS": "2"},
+        seed=99,
+    )
+    w.fleet = w.fleet_factory(config)
+    for worker in w.fleet.workers():
+        w.by_ns.setdefault(worker["namespace"], []).append(worker["key"])
+    odd = w.by_ns["rl-d"]
+    # Routes and system_url variants in a descriptor, and a probe that fails with a message.
+    routes = [h("route name"), "update_weights_from_disk", "pause_generation"]
+    w.fleet.inject(
+        odd[1],
+        "probe",
+        Fault.reply({"status": "ok", "routes": routes, "system_url": h.url("system_url")}),
+    )
+    w.fleet.inject(
+        odd[2],
+        "probe",
+        Fault.reply(
+            {"status": "ok", "routes": routes, "system_url": "http://127.0.0.1:9/" + h("url")}
+        ),
+    )
+    w.fleet.inject(odd[3], "probe", Fault.probe_error(h("probe error message")))
+    # Liveness shows the status, never the body (errors carry reasons, not bodies).
+    w.fleet.inject(odd[0], "health", Fault.http(503, h("health error body", shown=False)))
+    # A version the worker reports about itself.
+    w.fleet.set_version(w.by_ns["rl-c"][0], h("reported weight version"))
+    w.sim = Source.objects.create(
+        name="sim",
+        listener_url=w.fleet.listener_url,
+        frontend_url=w.fleet.frontend_url,
+        expected_prefix="rl",
+        allowed_networks=["127.0.0.0/8"],
+    )
+    _discover(w.sim)
+
+
+def _discover(source: Source) -> None:
+    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+
+
+def sources_via_forms_and_api(w: World) -> None:
+    h = w.hostile
+    # Refused: a hostile name comes back in the re-rendered form.
+    refused = w.client.post(
+        "/sources/new/",
+        {
+            "name": h("source name (form)"),
+            "listener_url": h.url("listener url (form)"),
+            "allowed_networks": h("allowed networks (form)"),
+            "refresh_interval_seconds": "10",
+        },
+    )
+    assert refused.status_code in (200, 400), refused.status_code
+    w.refusals.append(("fleet:source_create (refused)", refused.content.decode()))
+    # Accepted: URL paths and scope fields are free text.
+    accepted = w.client.post(
+        "/sources/new/",
+        {
+            "name": "hostile-form",
+            "listener_url": "http://127.0.0.1:9/" + h("listener url path (form)"),
+            "frontend_url": "http://127.0.0.1:9/" + h("frontend url path (form)"),
+            "expected_prefix": h("expected prefix (form)"),
+            "allowed_networks": "127.0.0.0/8",
+            "refresh_interval_seconds": "3600",
+            "enabled": "on",
+        },
+    )
+    assert accepted.status_code == 302, accepted.content.decode()[:2000]
+    api = w.client.post(
+        "/api/v1/sources",
+        json.dumps(
+            {
+                "name": "hostile-api",
+                "listener_url": "http://127.0.0.1:9/" + h("listener url path (api)"),
+                "expected_namespace": h("expected namespace (api)"),
+                "allowed_networks": ["127.0.0.0/8"],
+                "refresh_interval_seconds": 3600,
+            }
+        ),
+        content_type="application/json",
+    )
+    assert api.status_code == 201, api.content
+    refused_api = w.client.post(
+        "/api/v1/sources",
+        json.dumps({"name": h("source name (api)", shown=False), "listener_url": "x"}),
+        content_type="application/json",
+    )
+    assert refused_api.status_code in (400, 422), refused_api.content
+    w.sources = list(Source.objects.exclude(pk=w.sim.pk))
+    for source in w.sources:
+        _discover(source)  # fails (nothing listens): the error lands in the observation
+
+
+def static_workers_via_form(w: World) -> None:
+    h = w.hostile
+    response = w.client.post(
+        f"/sources/{w.sim.pk}/static-workers/new/",
+        {
+            "name": "static-1",
+            "namespace": "rl-s",
+            "component": h("static worker component"),
+            "system_url": "http://127.0.0.1:9/" + h("static worker url"),
+            "family": "vllm",
+            "allowed_routes": h("static worker route").replace(" ", ""),
+            "model": h("static worker model"),
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    _discover(w.sim)
+
+
+def webhook_endpoints_tokens_destinations(w: World) -> None:
+    h = w.hostile
+    refused = w.client.post(
+        "/admin-tools/webhooks/new/",
+        {"name": h("endpoint name"), "source": w.sim.pk, "policy": "require_approval"},
+    )
+    w.refusals.append(("intake:endpoint_create (refused)", refused.content.decode()))
+    rules = [{"metric": h("endpoint rule metric"), "op": "lt", "value": 0.2}]
+    created = w.client.post(
+        "/admin-tools/webhooks/new/",
+        {
+            "name": "trainer-a",
+            "source": w.sim.pk,
+            "namespaces": "rl-b",
+            "policy": "require_approval",
+            "rules": json.dumps(rules),
+            "pause_mode": "keep",
+            "enabled": "on",
+        },
+    )
+    assert created.status_code == 200 and WebhookEndpoint.objects.filter(name="trainer-a")
+    endpoint = WebhookEndpoint.objects.get(name="trainer-a")
+    endpoint.secrets = [SECRET]
+    endpoint.save(update_fields=["secrets"])
+    # Tokens: the form refuses a hostile label; the command line takes any text.
+    refused = w.client.post(
+        "/admin-tools/tokens/new/", {"label": h("token label (form)"), "user": w.admin.pk}
+    )
+    w.refusals.append(("intake:token_create (refused)", refused.content.decode()))
+    # The command line refuses one too (with a message that does not repeat it).
+    with pytest.raises(CommandError):
+        label = h("token label (cli)", shown=False)
+        call_command("token", "create", "--user", w.admin.username, "--label", label)
+    refused = w.client.post(
+        "/admin-tools/notifications/new/",
+        {
+            "name": h("destination name"),
+            "kind": "webhook",
+            "url": h.url("destination url"),
+            "allowed_networks": "127.0.0.0/8",
+        },
+    )
+    w.refusals.append(("intake:destination_create (refused)", refused.content.decode()))
+    created = w.client.post(
+        "/admin-tools/notifications/new/",
+        {
+            "name": "hook-1",
+            "kind": "webhook",
+            "url": "http://127.0.0.1:9/" + h("destination url path"),
+            "allowed_networks": "127.0.0.0/8",
+            "enabled": "on",
+        },
+    )
+    assert created.status_code == 200, created.status_code
+    assert NotificationDestination.objects.filter(name="hook-1").exists()
+
+
+def _checkpoint(h: Hostile, n: int, *, shown: bool = True) -> bytes:
+    return json.dumps(
+        {
+            "type": "checkpoint.ready",
+            "data": {
+                "weight_version": h(f"webhook {n} weight_version", shown=shown),
+                "model_path": "/ckpt/" + h(f"webhook {n} model_path", shown=shown),
+                "step": 7,
+                "metrics": {h(f"webhook {n} metrics key", shown=shown): 0.5},
+                "checkpoint_digest": h(f"webhook {n} checkpoint digest", shown=shown),
+            },
+        }
+    ).encode()
+
+
+def trainer_webhooks(w: World) -> None:
+    """Signed checkpoint events (and refused ones, which are audited with their details).
+
+    The first delivery's refresh is rejected with a hostile reason; the second stays awaiting
+    approval, so the approver's page shows it."""
+    h = w.hostile
+    for n in (1, 2):
+        answer = post_webhook(Client(), _checkpoint(h, n), webhook_id=f"msg_{n:020d}")
+        assert answer.status_code in (200, 202), answer.content
+        awaiting = PolicyRefresh.objects.filter(state=RefreshState.AWAITING_APPROVAL).first()
+        assert awaiting is not None, answer.content
+        if n == 1:
+            w.client.post(f"/refreshes/{awaiting.pk}/reject/", {"reason": h("reject reason")})
+            awaiting.refresh_from_db()
+            assert awaiting.state != RefreshState.AWAITING_APPROVAL
+    # Refused deliveries leave `webhook.rejected` audit rows carrying what was sent.
+    unsigned = post_webhook(
+        Client(),
+        _checkpoint(h, 3, shown=False),  # an unsigned body is not stored
+        headers={"webhook-id": h("webhook id header (unsigned)"), "webhook-timestamp": "1"},
+    )
+    assert 400 <= unsigned.status_code < 500, unsigned.content
+    bad_type = post_webhook(
+        Client(),
+        json.dumps({"type": h("webhook event type"), "data": {}}).encode(),
+        webhook_id="msg_" + "b" * 20,
+    )
+    assert 400 <= bad_type.status_code < 500, bad_type.content
+
+
+def api_refresh_plan(w: World) -> None:
+    """A planned refresh from the JSON API: its preview shows the exact call bodies."""
+    h = w.hostile
+    answer = w.client.post(
+        "/api/v1/refreshes",
+        json.dumps(
+            {
+                "source": "sim",
+                "namespaces": ["rl-c"],
+                "target": {
+                    "weight_version": h("api weight_version"),
+                    "method": "disk",
+                    "model_path": "/c/" + h("api model_path"),
+                },
+            }
+        ),
+        content_type="application/json",
+    )
+    assert answer.status_code in (200, 201), answer.content
+    w.planned = PolicyRefresh.objects.get(pk=answer.json()["id"])
+    assert w.planned.state == RefreshState.PLANNED
+
+
+def cli_policy_refresh_with_failing_workers(w: World) -> None:
+    """`manage.py policy_refresh`, run to the end: one worker answers its update with a hostile
+    error body and another with a hostile HTTP 500, so the refresh holds with their words in
+    the step details, grid cells and journal; the others report the hostile version back."""
+    h = w.hostile
+    first, second = w.by_ns["rl-a"][:2]
+    w.fleet.inject(first, "update_weights_from_disk", Fault.error(h("worker error body")))
+    w.fleet.inject(second, "update_weights_from_disk", Fault.http(500, h("worker http 500")))
+    with contextlib.suppress(SystemExit):  # exit 2: held, as intended
+        call_command(
+            "policy_refresh",
+            "sim",
+            "--version",
+            h("cli weight_version"),
+            "--model-path",
+            "/c/" + h("cli model_path"),
+            "--namespace",
+            "rl-a",
+            "--yes",
+        )
+    held = PolicyRefresh.objects.filter(state=RefreshState.HELD).first()
+    assert held is not None, list(
+        PolicyRefresh.objects.values("state", "held_reason", "plan_blockers", "namespaces")
+    )
+    _discover(w.sim)  # the workers now report the hostile version they were given
+
+
+def gate_force_reopen_reason(w: World) -> None:
+    """Free text an approver types when forcing a gate open (audited)."""
+    gate = Gate.objects.filter(source=w.sim, is_open=False).first()
+    if gate is None:
+        gate = Gate.objects.create(source=w.sim, namespace="rl-z", is_open=False)
+    w.client.post(f"/refreshes/gates/{gate.pk}/force-reopen/", {"reason": w.hostile("reason")})
+
+
+CHANNELS: list[Callable[[World], None]] = [
+    discovery_payloads,
+    sources_via_forms_and_api,
+    static_workers_via_form,
+    webhook_endpoints_tokens_destinations,
+    trainer_webhooks,
+    api_refresh_plan,
+    cli_policy_refresh_with_failing_workers,
+    gate_force_reopen_reason,
+]
+
+
+# -- pages ----------------------------------------------------------------------------------
+
+#: Named routes that are not pages: they only accept POST (checked to answer GET with 405).
+POST_ONLY = {
+    "fleet:refresh_now",
+    "fleet:static_worker_delete",
+    "refresh:start",
+    "refresh:approve",
+    "refresh:reject",
+    "refresh:abort",
+    "refresh:retry",
+    "refresh:rollback",
+    "refresh:force_reopen",
+    "intake:token_revoke",
+    "intake:endpoint_rotate",
+    "intake:endpoint_remove_secret",
+    "intake:endpoint_test",
+    "intake:destination_secret",
+    "intake:destination_test",
+    "accounts:logout",
+}
+#: API operations that share a GET path with a listing, so GET reaches the listing instead.
+API_WRITES = {
+    "create_source",
+    "update_source",
+    "delete_source",
+    "refresh_source_now",
+    "plan_refresh",
+    "start_refresh",
+    "approve_refresh",
+    "reject_refresh",
+    "abort_refresh",
+    "retry_refresh",
+    "rollback_refresh",
+    "force_reopen",
+    "trainer_webhook",
+}
+#: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
+REFLECTED = ("namespace", "state", "version", "route", "sort", "actor", "target", "page", "q")
+
+
+def named_routes() -> dict[str, str]:
+    """Every named URL pattern: name → pattern text."""
+
+    def walk(patterns, prefix="", namespace=""):
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                ns = namespace + (f"{p.namespace}:" if p.namespace else "")
+                yield from walk(p.url_patterns, prefix + str(p.pattern), ns)
+            elif isinstance(p, URLPattern) and p.name:
+                yield namespace + p.name, prefix + str(p.pattern)
+
+    return dict(walk(get_resolver().url_patterns))
+
+
+def _route_urls(w: World) -> dict[str, list[str]]:
+    sim = w.sim
+    refreshes = list(PolicyRefresh.objects.order_by("pk"))
+    workers = list(Worker.objects.filter(source=sim))
+    endpoint = WebhookEndpoint.objects.get(name="trainer-a")
+    destination = NotificationDestination.objects.get(name="hook-1")
+    all_sources = [sim, *w.sources]
+    r = [p.pk for p in refreshes]
+    return {
+        "fleet:overview": ["/"],
+        "fleet:source_create": ["/sources/new/"],
+        "fleet:source": [f"/sources/{s.pk}/" for s in all_sources],
+        "fleet:source_edit": [f"/sources/{s.pk}/edit/" for s in all_sources],
+        "fleet:source_delete": [f"/sources/{s.pk}/delete/" for s in all_sources],
+        "fleet:static_worker_create": [f"/sources/{sim.pk}/static-workers/new/"],
+        "fleet:worker": [f"/workers/{x.pk}/" for x in workers],
+        "fleet:metrics": ["/metrics"],
+        "refresh:list": ["/refreshes/"],
+        "refresh:plan": ["/refreshes/new/"],
+        "refresh:gates": ["/refreshes/gates/"],
+        "refresh:detail": [f"/refreshes/{pk}/" for pk in r],
+        "refresh:actions": [f"/refreshes/{pk}/actions/" for pk in r],
+        "intake:admin_index": ["/admin-tools/"],
+        "intake:token_list": ["/admin-tools/tokens/"],
+        "intake:token_create": ["/admin-tools/tokens/new/"],
+        "intake:endpoint_list": ["/admin-tools/webhooks/"],
+        "intake:endpoint_create": ["/admin-tools/webhooks/new/"],
+        "intake:endpoint": [f"/admin-tools/webhooks/{endpoint.pk}/"],
+        "intake:endpoint_edit": [f"/admin-tools/webhooks/{endpoint.pk}/edit/"],
+        "intake:endpoint_delete": [f"/admin-tools/webhooks/{endpoint.pk}/delete/"],
+        "intake:destination_list": ["/admin-tools/notifications/"],
+        "intake:destination_create": ["/admin-tools/notifications/new/"],
+        "intake:destination": [f"/admin-tools/notifications/{destination.pk}/"],
+        "intake:destination_edit": [f"/admin-tools/notifications/{destination.pk}/edit/"],
+        "intake:destination_delete": [f"/admin-tools/notifications/{destination.pk}/delete/"],
+        "accounts:login": ["/accounts/login/"],
+        "audit:history": ["/history/", "/history/?page=2"],
+        "audit:export": ["/history/export?format=jsonl", "/history/export?format=csv"],
+        "intake:api-v1:openapi-json": ["/api/v1/openapi.json"],
+        "intake:api-v1:api-root": ["/api/v1/"],
+        "intake:api-v1:docs": ["/api/v1/docs"],
+        "intake:api-v1:list_sources": ["/api/v1/sources"],
+        "intake:api-v1:get_source": [f"/api/v1/sources/{s.name}" for s in all_sources],
+        "intake:api-v1:list_workers": ["/api/v1/workers"],
+        "intake:api-v1:get_worker": [f"/api/v1/workers/{x.pk}" for x in workers],
+        "intake:api-v1:list_observations": ["/api/v1/observations"],
+        "intake:api-v1:get_observation": [
+            f"/api/v1/observations/{pk}"
+            for pk in sim.discovery_runs.values_list("pk", flat=True)[:5]
+        ],
+        "intake:api-v1:list_gates": ["/api/v1/gates"],
+        "intake:api-v1:get_gate": [
+            f"/api/v1/gates/{g.source.name}/{g.namespace}" for g in Gate.objects.all()
+        ],
+        "intake:api-v1:list_refreshes": ["/api/v1/refreshes"],
+        "intake:api-v1:get_refresh": [f"/api/v1/refreshes/{pk}" for pk in r],
+        "intake:api-v1:list_audit_events": ["/api/v1/audit/events"],
+        "intake:api-v1:export_audit_events": ["/api/v1/audit/events/export"],
+    }
+
+
+@dataclass
+class Tally:
+    checked: int = 0
+    frames: int = 0
+    problems: list[str] = field(default_factory=list)
+    bodies: list[str] = field(default_factory=list)  # every checked body, for coverage
+
+    def html(self, where: str, body: str) -> None:
+        self.checked += 1
+        self.bodies.append(body)
+        self.problems += [f"{where}: {p}" for p in unescaped(body)]
+
+    def response(self, where: str, response) -> None:
+        self.problems += [f"{where}: {p}" for p in csp_problems(response)]
+        content_type = response.get("Content-Type", "")
+        body = b"".join(response.streaming_content) if response.streaming else response.content
+        text = body.decode("utf-8", "replace")
+        if "text/html" in content_type:
+            self.html(where, text)
+        else:
+            # Not HTML: must say so (nosniff is on), so a browser never renders it as markup.
+            self.checked += 1
+            self.bodies.append(text)
+            if not content_type or "html" in content_type:
+                self.problems.append(f"{where}: served as {content_type!r}")
+
+
+def _check_pages(w: World, tally: Tally) -> set[str]:
+    """GET every named route (plain, as an htmx partial, with hostile query parameters)."""
+    urls = _route_urls(w)
+    routes = named_routes()
+    missing = []
+    for name in routes:
+        short = name.rsplit(":", 1)[-1]
+        if name in POST_ONLY or (name.startswith("intake:api-v1:") and short in API_WRITES):
+            continue
+        if not urls.get(name):
+            missing.append(name)
+    assert not missing, f"named GET routes with no coverage in this suite: {missing}"
+    for name in POST_ONLY:
+        pattern = routes[name]
+        url = "/" + pattern.replace("<int:pk>", "1")
+        status = w.client.get(url).status_code
+        assert status in (405, 404), f"{name} answers GET with {status}: make it a covered page"
+    hostile_query = "&".join(f"{p}={_quote(w.hostile('reflected ' + p))}" for p in REFLECTED)
+    for name, url_list in urls.items():
+        for url in url_list:
+            response = w.client.get(url)
+            assert response.status_code < 500, (url, response.status_code)
+            tally.response(url, response)
+            partial = w.client.get(url, HTTP_HX_REQUEST="true")
+            tally.response(f"{url} (htmx)", partial)
+            if name == "audit:export":
+                continue  # reflected `format` is test_audit_export_reflects_format below
+            sep = "&" if "?" in url else "?"
+            reflected = w.client.get(f"{url}{sep}{hostile_query}")
+            assert reflected.status_code < 500, (url, reflected.status_code)
+            tally.response(f"{url} (hostile query)", reflected)
+    for where, body in w.refusals:
+        tally.html(where, body)
+    return set(urls)
+
+
+def _quote(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe="")
+
+
+# -- websocket streams ----------------------------------------------------------------------
+
+
+def _stream_paths(w: World) -> dict[str, list[str]]:
+    return {
+        "ws/fleet/": ["/ws/fleet/"],
+        "ws/fleet/sources/<int:source_id>/": [
+            f"/ws/fleet/sources/{s.pk}/" for s in [w.sim, *w.sources]
+        ]
+        + [f"/ws/fleet/sources/{w.sim.pk}/?namespace=rl-a&version={_quote(PAYLOAD)}"],
+        "ws/refreshes/<int:refresh_id>/": [
+            f"/ws/refreshes/{pk}/" for pk in PolicyRefresh.objects.values_list("pk", flat=True)
+        ],
+        "ws/refresh-banner/<int:source_id>/": [
+            "/ws/refresh-banner/0/",
+            f"/ws/refresh-banner/{w.sim.pk}/",
+        ],
+        "ws/gates/": ["/ws/gates/"],
+    }
+
+
+async def _frames(path: str, user, *, then: Callable | None = None, until=None) -> list[str]:
+    """The resync frame, then (with `then`) every frame until `until(frames)` holds.
+
+    `then` runs on its own thread (like a Celery worker) while the consumer keeps running on
+    this loop, so its pushes queue up; each read then has one overall deadline (a communicator
+    read that times out cancels the application, so it is not a polling tool).
+    """
+    from controlplane.routing import websocket_urlpatterns
+
+    communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    communicator.scope["user"] = user
+    connected, code = await communicator.connect()
+    assert connected, (path, code)
+    frames = [await communicator.receive_from(timeout=20)]
+    if then is not None:
+        await asyncio.to_thread(then)
+        deadline = time.monotonic() + 30
+        while not until(frames):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{path}: no expected push in {len(frames)} frames"
+            frames.append(await communicator.receive_from(timeout=remaining))
+    await communicator.disconnect()
+    return frames
+
+
+def _in_thread(fn: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        finally:
+            connections.close_all()
+
+    return run
+
+
+def _check_streams(w: World, tally: Tally) -> None:
+    from controlplane.routing import websocket_urlpatterns
+
+    paths = _stream_paths(w)
+    uncovered = [str(p.pattern) for p in websocket_urlpatterns if str(p.pattern) not in paths]
+    assert not uncovered, f"websocket routes with no coverage in this suite: {uncovered}"
+
+    async def read_all() -> list[tuple[str, list[str]]]:
+        read = []
+        for path_list in paths.values():
+            for path in path_list:
+                read.append((path, await _frames(path, w.admin)))
+        # Pushed, not resynced: a discovery refresh while the source stream listens (rows
+        # built by fleet.rows), and a refresh executing while its own stream listens.
+        source_path = f"/ws/fleet/sources/{w.sim.pk}/"
+        pushed = w.hostile("pushed worker version")
+        w.fleet.set_version(w.by_ns["rl-b"][0], pushed)
+        read.append(
+            (
+                source_path + " (push)",
+                await _frames(
+                    source_path,
+                    w.admin,
+                    then=_in_thread(lambda: _discover(w.sim)),
+                    until=lambda frames: any(pushed[:6] in f for f in frames[1:]),
+                ),
+            )
+        )
+        planned = w.planned
+        w.fleet.inject(
+            w.by_ns["rl-c"][0], "update_weights_from_disk", Fault.error(w.hostile("pushed error"))
+        )
+        await database_sync_to_async(actions.start_policy_refresh)(
+            planned, actor=SETUP, enqueue=False
+        )
+        read.append(
+            (
+                f"/ws/refreshes/{planned.pk}/ (push)",
+                await _frames(
+                    f"/ws/refreshes/{planned.pk}/",
+                    w.admin,
+                    then=_in_thread(lambda: execute_refresh(planned.pk)),
+                    until=lambda frames: any('data-state="held"' in f for f in frames),
+                ),
+            )
+        )
+        return read
+
+    try:
+        streams = async_to_sync(read_all)()
+    finally:
+        channel_layers.backends.clear()
+    for path, frames in streams:
+        tally.frames += len(frames)
+        for i, frame in enumerate(frames):
+            if path.startswith("/ws/gates/"):
+                json.loads(frame)  # data for machines, never markup
+                tally.checked += 1
+                tally.bodies.append(frame)
+                if any(c in frame for c in "\u202e\u2066"):
+                    tally.problems.append(f"{path} frame {i}: raw bidi control in JSON")
+            else:
+                tally.html(f"{path} frame {i}", frame)
+
+
+# -- the test -------------------------------------------------------------------------------
+
+
+def test_no_page_partial_or_frame_shows_a_hostile_string_unescaped(
+    simfleet_factory, admin_user, settings
+):
+    settings.NOTIFICATION_MAX_ATTEMPTS = 1
+    client = Client()
+    client.force_login(admin_user)
+    world = World(
+        hostile=Hostile(), admin=admin_user, client=client, fleet_factory=simfleet_factory
+    )
+    for channel in CHANNELS:
+        channel(world)
+
+    tally = Tally()
+    _check_pages(world, tally)
+    _check_streams(world, tally)
+
+    seen = "\n".join(tally.bodies)
+    never_shown = [
+        f"{v.channel} ({v.tag})" for v in world.hostile.values if v.shown and v.tag not in seen
+    ]
+    strings = len(world.hostile.values)
+    print(
+        f"\nhostile input: {tally.checked} pages, partials and websocket frames "
+        f"({tally.frames} frames) x {strings} hostile strings checked, "
+        f"{len(tally.problems)} unescaped"
+    )
+    markup_first = sorted(tally.problems, key=lambda p: "bidi" in p)
+    assert not tally.problems, "\n".join(markup_first[:40])
+    # A value no page ever showed proves nothing: the channel would not have been exercised.
+    assert not never_shown, f"hostile values that reached no page or frame: {never_shown}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="audit/views.py answers an unknown export format with a text/html 400 that echoes "
+    "it (repr, unescaped); the CSP stops scripts, but it is still markup injection. Owned by "
+    "the audit app: answer text/plain. This test then passes and strict xfail flags it.",
+)
+def test_audit_export_does_not_reflect_an_unknown_format_as_markup(admin_client):
+    response = admin_client.get("/history/export", {"format": PAYLOAD})
+    assert response.status_code == 400
+    is_html = "text/html" in response["Content-Type"]
+    assert not (is_html and unescaped(response.content.decode()))

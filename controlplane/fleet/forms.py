@@ -6,7 +6,8 @@ from __future__ import annotations
 from django import forms
 from django.core.exceptions import ValidationError
 
-from controlplane.fleet.models import FAMILY_CHOICES, Source
+from controlplane.dynamo import fingerprint as fp
+from controlplane.fleet.models import FAMILY_CHOICES, AgreementRule, Source
 from controlplane.fleet.validation import clean_source_values, clean_static_worker_values
 
 
@@ -32,6 +33,25 @@ class SourceForm(forms.Form):
     refresh_interval_seconds = forms.FloatField(initial=10.0, label="Refresh interval (s)")
     require_approval = forms.BooleanField(required=False)
     enabled = forms.BooleanField(required=False, initial=True)
+    agreement_rule = forms.ChoiceField(
+        choices=AgreementRule.choices,
+        initial=AgreementRule.EXACT,
+        label="Worker agreement rule",
+        help_text="how the verify step decides that workers of one model generate alike",
+    )
+    agreement_tokens = forms.IntegerField(
+        min_value=1,
+        max_value=fp.MAX_FINGERPRINT_TOKENS,
+        initial=fp.DEFAULT_AGREEMENT_TOKENS,
+        label="Agreement tokens (k)",
+        help_text="compare the first k completion tokens (short: greedy replicas can diverge "
+        "at near-ties later on)",
+    )
+    agreement_epsilon = forms.FloatField(
+        initial=fp.DEFAULT_EPSILON,
+        label="Logprob epsilon",
+        help_text="logprob rule only: largest allowed difference of a chosen token's logprob",
+    )
 
     @classmethod
     def for_source(cls, source: Source, data=None) -> SourceForm:

@@ -246,10 +246,11 @@ def _reference_of(rule: AgreementRule, members: list[Sample]) -> Sample:
     """A bucket's representative: its ids, with per-position median logprobs (robust to one
     jittery member)."""
     ids = members[0].ids[: rule.tokens]
-    if any(m.logprobs is None for m in members):
+    measured = [m.logprobs for m in members if m.logprobs is not None]
+    if not measured:
         return Sample("reference", ids, None)
-    width = min(len(ids), *(len(m.logprobs or ()) for m in members))
-    medians = tuple(statistics.median(m.logprobs[i] for m in members) for i in range(width))
+    width = min(len(ids), *(len(lp) for lp in measured))
+    medians = tuple(statistics.median(lp[i] for lp in measured) for i in range(width))
     return Sample("reference", ids, medians)
 
 

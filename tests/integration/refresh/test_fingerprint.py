@@ -284,3 +284,21 @@ def test_a_fingerprint_may_bring_its_own_prompt(fleet, operator):
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     sent = JournalEntry.objects.filter(refresh=refresh, operation="generation").first()
     assert sent.request_body["prompt"] == prompt
+
+
+def test_the_refresh_page_names_the_odd_worker_and_the_rule(fleet, operator, client):
+    source = make_source(fleet)
+    bad = key_of(fleet, 0)
+    fleet.inject(bad, "generate", Fault.wrong_tokens())
+    refresh = run_inline(source, operator, "v2")
+    assert_held_at_verify(refresh, source)
+
+    client.force_login(operator)
+    page = client.get(f"/refreshes/{refresh.pk}/").content.decode()
+
+    held = page.split('id="held-reason"', 1)[1].split("</p>", 1)[0]
+    assert "workers disagree" in held and identity_of(fleet, bad) in held
+    assert '<dd id="agreement-rule">exact agreement on the first 8 tokens</dd>' in page
+    # The odd worker's verify cell carries the reason; the journal has the agreement rows.
+    assert "agreement: differs at token 0" in page
+    assert "cross-worker agreement on sim-model" in page

@@ -3,6 +3,9 @@
 After a refresh, each worker must prove it generates: a pinned, greedy, token-id request whose
 reply carries the generated ids in the **top-level** `nvext`, echoes the prompt ids, aligns
 log-probabilities with the ids, ends in a real terminal state, and names the expected model.
+With a trainer fingerprint (`fingerprint.Fingerprint`) the completion must also be the one the
+trainer's weights produce; agreement *between* workers is judged afterwards over all of them
+(`fingerprint.cross_check`), from the samples `completion_sample` reads back out of the journal.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import httpx
 from .admin import decode_body
 from .errors import one_line
 from .families.base import body_message
+from .fingerprint import Fingerprint, Sample
 from .http import MAX_RESPONSE_BYTES, send_capped
 from .policy import OutboundPolicy
 
@@ -40,6 +44,8 @@ class GenerationCheck:
     max_tokens: int = 4
     backend_instance_id: int | None = None
     expected_model: str | None = None
+    #: What the trainer says the new policy generates for this prompt.
+    fingerprint: Fingerprint | None = None
 
     def __post_init__(self) -> None:
         ids = tuple(self.prompt_token_ids)
@@ -79,6 +85,8 @@ class GenerationVerdict:
     detailed_finish_reason: str | None = None
     http_status: int | None = None
     body: Any = field(default=None, repr=False)
+    #: The chosen tokens' log-probabilities, when the engine reported them.
+    logprobs: tuple[float, ...] | None = None
 
 
 def evaluate_completion(check: GenerationCheck, http_status: int, body: Any) -> GenerationVerdict:
@@ -174,7 +182,39 @@ def evaluate_completion(check: GenerationCheck, http_status: int, body: Any) -> 
         return verdict(
             f"model {body.get('model')!r} is not the expected {check.expected_model!r}", **facts
         )
+    facts["logprobs"] = _chosen_logprobs(logprobs)
+    if check.fingerprint is not None:
+        problem = check.fingerprint.mismatch(completion, facts["logprobs"])
+        if problem:
+            return verdict(problem, **facts)
     return verdict(None, **facts)
+
+
+def _chosen_logprobs(logprobs: Any) -> tuple[float, ...] | None:
+    """The validated `token_logprobs` of a choice, or None when the engine sent none."""
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("token_logprobs"), list):
+        return None
+    return tuple(float(v) for v in logprobs["token_logprobs"])
+
+
+def completion_sample(key: str, body: Any) -> Sample | None:
+    """A verified reply's completion ids and logprobs, read back from a stored body.
+
+    Only called on replies `evaluate_completion` accepted; anything else gives None.
+    """
+    if not isinstance(body, dict):
+        return None
+    nvext = body.get("nvext")
+    choices = body.get("choices")
+    if not isinstance(nvext, dict) or not isinstance(choices, list) or len(choices) != 1:
+        return None
+    ids = nvext.get("completion_token_ids")
+    if not _is_token_list(ids) or not isinstance(choices[0], dict):
+        return None
+    logprobs = choices[0].get("logprobs")
+    if logprobs is not None and _logprobs_problem(logprobs, len(ids)):
+        return None
+    return Sample(key, tuple(ids), _chosen_logprobs(logprobs))
 
 
 def _logprobs_problem(logprobs: Any, n: int) -> str | None:

@@ -6,8 +6,13 @@ from __future__ import annotations
 from django import forms
 from django.core.exceptions import ValidationError
 
-from controlplane.fleet.models import FAMILY_CHOICES, Source
-from controlplane.fleet.validation import clean_source_values, clean_static_worker_values
+from controlplane.dynamo import fingerprint as fp
+from controlplane.fleet.models import FAMILY_CHOICES, AgreementRule, Source
+from controlplane.fleet.validation import (
+    AGREEMENT_DEFAULTS,
+    clean_source_values,
+    clean_static_worker_values,
+)
 
 
 def _attach(form: forms.Form, exc: ValidationError) -> None:
@@ -32,6 +37,28 @@ class SourceForm(forms.Form):
     refresh_interval_seconds = forms.FloatField(initial=10.0, label="Refresh interval (s)")
     require_approval = forms.BooleanField(required=False)
     enabled = forms.BooleanField(required=False, initial=True)
+    agreement_rule = forms.ChoiceField(
+        choices=AgreementRule.choices,
+        initial=AgreementRule.EXACT,
+        required=False,
+        label="Worker agreement rule",
+        help_text="how the verify step decides that workers of one model generate alike",
+    )
+    agreement_tokens = forms.IntegerField(
+        min_value=1,
+        max_value=fp.MAX_FINGERPRINT_TOKENS,
+        initial=fp.DEFAULT_AGREEMENT_TOKENS,
+        required=False,
+        label="Agreement tokens (k)",
+        help_text="compare the first k completion tokens (short: greedy replicas can diverge "
+        "at near-ties later on)",
+    )
+    agreement_epsilon = forms.FloatField(
+        initial=fp.DEFAULT_EPSILON,
+        required=False,
+        label="Logprob epsilon",
+        help_text="logprob rule only: largest allowed difference of a chosen token's logprob",
+    )
 
     @classmethod
     def for_source(cls, source: Source, data=None) -> SourceForm:
@@ -43,6 +70,11 @@ class SourceForm(forms.Form):
         data = super().clean()
         if self.errors:
             return data
+        # Left empty (or posted by a client that predates them): keep what the source has,
+        # or the defaults for a new one.
+        for name in AGREEMENT_DEFAULTS:
+            if data.get(name) in (None, ""):
+                data[name] = self.initial.get(name, AGREEMENT_DEFAULTS[name])
         try:
             return clean_source_values(data)
         except ValidationError as exc:

@@ -1,7 +1,9 @@
 """Sources, the workers discovered behind them, and what each discovery refresh observed."""
 
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+
+from controlplane.dynamo import fingerprint as fp
 
 # Names match `controlplane.dynamo.families.FAMILIES`.
 FAMILY_CHOICES = [
@@ -13,6 +15,11 @@ FAMILY_CHOICES = [
 instance_id_validator = RegexValidator(
     r"^(0|[1-9][0-9]{0,19})$", "instance_id must be an unsigned 64-bit integer"
 )
+
+
+class AgreementRule(models.TextChoices):
+    EXACT = fp.EXACT, "exact agreement on the first k tokens"
+    LOGPROB = fp.LOGPROB, "chosen-token logprobs within epsilon over the first k tokens"
 
 
 class Source(models.Model):
@@ -35,6 +42,18 @@ class Source(models.Model):
     refresh_interval_seconds = models.FloatField(default=10.0, validators=[MinValueValidator(1.0)])
     require_approval = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True)
+
+    # How the verify step decides that workers of one model agree (dynamo/fingerprint.py says
+    # why greedy replicas need a rule at all): exact ids on the first `agreement_tokens`, or
+    # chosen-token logprobs within `agreement_epsilon` over them.
+    agreement_rule = models.CharField(
+        max_length=16, choices=AgreementRule.choices, default=AgreementRule.EXACT
+    )
+    agreement_tokens = models.PositiveSmallIntegerField(
+        default=fp.DEFAULT_AGREEMENT_TOKENS,
+        validators=[MinValueValidator(1), MaxValueValidator(fp.MAX_FINGERPRINT_TOKENS)],
+    )
+    agreement_epsilon = models.FloatField(default=fp.DEFAULT_EPSILON)
 
     reported_namespace = models.CharField(max_length=200, blank=True)
     stale = models.BooleanField(default=False)

@@ -21,6 +21,7 @@ from controlplane.fleet.models import (
     WorkerState,
 )
 from controlplane.fleet.validation import (
+    AGREEMENT_DEFAULTS,
     SOURCE_FIELDS,
     clean_source_values,
     clean_static_worker_values,
@@ -48,6 +49,9 @@ def create_source(
     refresh_interval_seconds: float = 10.0,
     require_approval: bool = False,
     enabled: bool = True,
+    agreement_rule: str = AGREEMENT_DEFAULTS["agreement_rule"],
+    agreement_tokens: int = AGREEMENT_DEFAULTS["agreement_tokens"],
+    agreement_epsilon: float = AGREEMENT_DEFAULTS["agreement_epsilon"],
 ) -> Source:
     """Register a source. Raises ValidationError (keyed by field) and changes nothing on bad
     input."""
@@ -63,6 +67,9 @@ def create_source(
             "refresh_interval_seconds": refresh_interval_seconds,
             "require_approval": require_approval,
             "enabled": enabled,
+            "agreement_rule": agreement_rule,
+            "agreement_tokens": agreement_tokens,
+            "agreement_epsilon": agreement_epsilon,
         }
     )
     if _name_taken(values["name"]):

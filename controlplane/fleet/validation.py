@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 
 from controlplane.dynamo.families import FAMILIES
+from controlplane.dynamo.fingerprint import AgreementRule
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.dynamo.scope import Scope, resolve_scope
 
@@ -34,7 +35,16 @@ SOURCE_FIELDS = (
     "refresh_interval_seconds",
     "require_approval",
     "enabled",
+    "agreement_rule",
+    "agreement_tokens",
+    "agreement_epsilon",
 )
+#: Defaults for the agreement fields, so callers that predate them still validate.
+AGREEMENT_DEFAULTS = {
+    "agreement_rule": AgreementRule().kind,
+    "agreement_tokens": AgreementRule().tokens,
+    "agreement_epsilon": AgreementRule().epsilon,
+}
 
 
 def url_problem(url: str) -> str | None:
@@ -142,9 +152,35 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
         clean[field] = str(values.get(field) or "")
     clean["require_approval"] = bool(values.get("require_approval", False))
     clean["enabled"] = bool(values.get("enabled", True))
+    clean.update(_clean_agreement(values, errors))
     if errors:
         raise ValidationError(errors)
     return clean
+
+
+def _clean_agreement(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+    """The cross-worker agreement rule, judged by the same class the verify step uses."""
+    raw = {f: values.get(f, AGREEMENT_DEFAULTS[f]) for f in AGREEMENT_DEFAULTS}
+    if raw["agreement_rule"] not in ("exact", "logprob"):
+        errors["agreement_rule"] = "agreement rule must be exact or logprob"
+        return {}
+    try:
+        tokens = raw["agreement_tokens"]
+        if isinstance(tokens, str) and tokens.strip().isdigit():
+            tokens = int(tokens)
+        epsilon = raw["agreement_epsilon"]
+        if isinstance(epsilon, str):
+            epsilon = float(epsilon)  # "nan"/"inf" parse here and are refused just below
+        rule = AgreementRule(kind=raw["agreement_rule"], tokens=tokens, epsilon=epsilon)
+    except ValueError as exc:
+        field = "agreement_epsilon" if "epsilon" in str(exc) else "agreement_tokens"
+        errors[field] = str(exc)
+        return {}
+    return {
+        "agreement_rule": rule.kind,
+        "agreement_tokens": rule.tokens,
+        "agreement_epsilon": rule.epsilon,
+    }
 
 
 def clean_static_worker_values(values: dict[str, Any], *, allowed_networks) -> dict[str, Any]:

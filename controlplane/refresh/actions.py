@@ -36,6 +36,8 @@ from controlplane.refresh.models import (
     ScopeLock,
 )
 from controlplane.refresh.planning import (
+    agreement_rule_of,
+    normalize_fingerprint,
     normalize_target,
     normalize_verification,
     plan_level_blockers,
@@ -102,10 +104,19 @@ def plan_policy_refresh(
     verification: dict[str, Any] | None = None,
     rollback_of: PolicyRefresh | None = None,
     flush_policy: str = "auto",
+    fingerprint: dict[str, Any] | None = None,
 ) -> PolicyRefresh:
-    """Run a fresh discovery and store the plan; blockers are stored, never raised."""
+    """Run a fresh discovery and store the plan; blockers are stored, never raised.
+
+    `fingerprint` is the trainer's optional statement of what the new policy generates
+    (`dynamo.fingerprint.Fingerprint`); bad input raises ValidationError before anything runs.
+    """
     target = normalize_target(target)
     verification = normalize_verification(verification)
+    verification["agreement"] = agreement_rule_of(source).to_dict()
+    fingerprint = normalize_fingerprint(fingerprint)
+    if fingerprint and not verification["generation"]:
+        raise ValidationError("a fingerprint needs the generation check, which is turned off")
     if pause_mode not in PauseMode.values:
         raise ValidationError(f"unknown pause mode {pause_mode!r}")
     if flush_policy not in FlushPolicy.values:
@@ -146,6 +157,7 @@ def plan_policy_refresh(
             flush_policy=flush_policy,
             verification=verification,
             policy=policy or _empty_policy(),
+            fingerprint=fingerprint,
         )
         for w in selected
     ]
@@ -162,6 +174,7 @@ def plan_policy_refresh(
             pause_mode=pause_mode,
             flush_policy=flush_policy,
             verification=verification,
+            fingerprint=fingerprint,
             plan_blockers=blockers,
             plan_membership=membership,
             discovery_run=run,
@@ -195,6 +208,8 @@ def plan_policy_refresh(
             workers=len(plans),
             blockers=blockers,
             rollback_of=rollback_of.pk if rollback_of else None,
+            agreement=verification["agreement"],
+            fingerprint=fingerprint,
         )
     return refresh
 

@@ -7,6 +7,7 @@ import json
 from django import forms
 from django.core.exceptions import ValidationError
 
+from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.fleet.models import Source
 from controlplane.refresh.models import FlushPolicy, PauseMode
 
@@ -27,6 +28,15 @@ def _json_object(value: str, name: str) -> dict:
     return data
 
 
+def _fingerprint_field(message: str) -> str:
+    """The plan form field a fingerprint validation message is about."""
+    if "tolerance" in message:
+        return "logprob_tolerance"
+    if message.startswith(("expected tokens", "completion_token_ids")):
+        return "expect_tokens"
+    return "expect_logprobs"
+
+
 class PlanForm(forms.Form):
     source = forms.ModelChoiceField(Source.objects.filter(enabled=True), to_field_name="name")
     namespaces = forms.CharField(required=False, help_text="comma-separated; empty = all")
@@ -44,6 +54,20 @@ class PlanForm(forms.Form):
     prompt_token_ids = forms.CharField(required=False, initial="5, 6, 7, 8")
     max_tokens = forms.IntegerField(min_value=1, max_value=64, initial=4)
     expected_model = forms.CharField(required=False, max_length=300)
+    # The trainer's fingerprint of the new policy on the verification prompt (optional).
+    expect_tokens = forms.CharField(
+        required=False,
+        max_length=4096,
+        label="Expected completion token ids",
+        help_text="comma-separated; every worker must generate exactly these first",
+    )
+    expect_logprobs = forms.CharField(
+        required=False,
+        max_length=8192,
+        label="Reference logprobs",
+        help_text="comma-separated chosen-token logprobs, compared within the tolerance",
+    )
+    logprob_tolerance = forms.FloatField(required=False, min_value=0, label="Logprob tolerance")
 
     def clean_worker_ids(self) -> list[int]:
         try:
@@ -68,6 +92,17 @@ class PlanForm(forms.Form):
                 self.add_error(name, exc)
         if data.get("generation") and not data.get("prompt_token_ids"):
             self.add_error("prompt_token_ids", "the generation check needs prompt token ids")
+        try:
+            data["fingerprint"] = fingerprint_from_text(
+                data.get("expect_tokens") or "",
+                data.get("expect_logprobs") or "",
+                data.get("logprob_tolerance"),
+            )
+        except ValueError as exc:
+            self.add_error(_fingerprint_field(str(exc)), str(exc))
+        else:
+            if data["fingerprint"] and not data.get("generation"):
+                self.add_error("generation", "a fingerprint needs the generation check")
         return data
 
     def plan_kwargs(self) -> dict:
@@ -92,4 +127,5 @@ class PlanForm(forms.Form):
                 "max_tokens": data["max_tokens"],
                 "expected_model": data["expected_model"],
             },
+            "fingerprint": data.get("fingerprint"),
         }

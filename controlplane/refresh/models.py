@@ -99,7 +99,8 @@ class PolicyRefresh(models.Model):
     `target` is `{"weight_version": V, "method": "disk", "model_path": P}` or
     `{"weight_version": V, "method": "distributed", "group": {...}, "update": {...}}`.
     `verification` is `{"liveness": bool, "version_readback": bool, "generation": bool,
-    "prompt_token_ids": [...], "max_tokens": n, "expected_model": str}`.
+    "prompt_token_ids": [...], "max_tokens": n, "expected_model": str, "agreement": {"kind",
+    "tokens", "epsilon"}}`; the agreement rule is the source's at plan time.
     The lease fields belong to the executor; `lease_token` is the fencing token.
     """
 
@@ -112,6 +113,9 @@ class PolicyRefresh(models.Model):
     pause_mode = models.CharField(max_length=16, choices=PauseMode.choices, default="keep")
     flush_policy = models.CharField(max_length=16, choices=FlushPolicy.choices, default="auto")
     verification = models.JSONField(default=dict)
+    #: The trainer's statement of what the new policy generates (`dynamo.fingerprint.
+    #: Fingerprint.to_dict()`); null when none was given. Every worker is verified against it.
+    fingerprint = models.JSONField(null=True, blank=True)
 
     state = models.CharField(
         max_length=24, choices=RefreshState.choices, default=RefreshState.PLANNED, db_index=True

@@ -13,6 +13,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from controlplane.dynamo.families import FAMILIES, AdminCall, AdminFamily, Operation, detect_family
+from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint
 from controlplane.dynamo.generation import GenerationCheck
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet.models import Worker, WorkerState
@@ -26,7 +27,39 @@ DEFAULT_VERIFICATION = {
     "prompt_token_ids": [5, 6, 7, 8],
     "max_tokens": 4,
     "expected_model": "",
+    # Copied from the source at plan time (see `agreement_rule_of`), so the rule a refresh was
+    # planned with is the one it is verified with.
+    "agreement": AgreementRule().to_dict(),
 }
+
+
+def agreement_rule_of(source) -> AgreementRule:
+    """The source's cross-worker agreement rule (fleet.Source agreement_* fields)."""
+    return AgreementRule(
+        kind=source.agreement_rule,
+        tokens=source.agreement_tokens,
+        epsilon=source.agreement_epsilon,
+    )
+
+
+def normalize_fingerprint(raw: Any) -> dict[str, Any] | None:
+    """Validate a trainer fingerprint (None or empty = none); raises ValidationError."""
+    if raw is None or raw == {}:
+        return None
+    try:
+        return Fingerprint.from_dict(raw).to_dict()
+    except ValueError as exc:
+        raise ValidationError(f"fingerprint: {exc}") from None
+
+
+def generation_tokens(verification: dict[str, Any], fingerprint: dict[str, Any] | None) -> int:
+    """How many tokens the generation check asks for: enough for the agreement window and for
+    every fingerprint value, never fewer than the operator asked."""
+    rule = AgreementRule.from_dict(verification.get("agreement"))
+    wanted = [verification["max_tokens"], rule.tokens]
+    if fingerprint:
+        wanted.append(Fingerprint.from_dict(fingerprint).length)
+    return max(wanted)
 
 
 def normalize_target(target: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +102,10 @@ def normalize_verification(verification: dict[str, Any] | None) -> dict[str, Any
         except (TypeError, ValueError) as exc:
             raise ValidationError(f"generation check: {exc}") from None
     merged["expected_model"] = merged.get("expected_model") or ""
+    try:
+        merged["agreement"] = AgreementRule.from_dict(merged.get("agreement")).to_dict()
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"agreement rule: {exc}") from None
     return merged
 
 
@@ -123,6 +160,7 @@ def plan_worker(
     flush_policy: str,
     verification: dict[str, Any],
     policy: OutboundPolicy,
+    fingerprint: dict[str, Any] | None = None,
 ) -> WorkerPlan:
     plan = WorkerPlan(worker)
     blockers = plan.blockers
@@ -199,22 +237,25 @@ def plan_worker(
         if not model:
             blockers.append("verify: no model name for the generation check")
         else:
+            # A trainer fingerprint may bring its own prompt: the one its ids were made from.
+            prompt = (fingerprint or {}).get("prompt_token_ids") or verification["prompt_token_ids"]
             check = GenerationCheck(
                 model=model,
-                prompt_token_ids=tuple(verification["prompt_token_ids"]),
-                max_tokens=verification["max_tokens"],
+                prompt_token_ids=tuple(prompt),
+                max_tokens=generation_tokens(verification, fingerprint),
                 backend_instance_id=int(worker.instance_id),
                 expected_model=verification["expected_model"] or None,
             )
-            verify.append(
-                {
-                    "operation": GENERATION,
-                    "method": "POST",
-                    "path": "v1/completions",
-                    "body": check.request_body(),
-                    "expected_model": check.expected_model,
-                }
-            )
+            spec = {
+                "operation": GENERATION,
+                "method": "POST",
+                "path": "v1/completions",
+                "body": check.request_body(),
+                "expected_model": check.expected_model,
+            }
+            if fingerprint:
+                spec["fingerprint"] = fingerprint
+            verify.append(spec)
     plan.calls[StepName.VERIFY] = verify
     return plan
 
@@ -248,4 +289,5 @@ def generation_check_from_call(call: dict[str, Any]) -> GenerationCheck:
         max_tokens=body["max_tokens"],
         backend_instance_id=nvext.get("backend_instance_id"),
         expected_model=call.get("expected_model"),
+        fingerprint=Fingerprint.from_dict(call["fingerprint"]) if call.get("fingerprint") else None,
     )

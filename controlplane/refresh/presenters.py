@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
@@ -117,6 +118,37 @@ def latest_journal(refresh: PolicyRefresh):
     )
 
 
+def agreement_summary(refresh: PolicyRefresh) -> str:
+    """The cross-worker rule this refresh is verified with, in words."""
+    verification = refresh.verification or {}
+    if not verification.get("generation"):
+        return "off (no generation check)"
+    try:
+        return AgreementRule.from_dict(verification.get("agreement")).describe()
+    except ValueError:
+        return "invalid rule stored"
+
+
+def fingerprint_summary(refresh: PolicyRefresh) -> str:
+    """The trainer fingerprint in words, with the expected ids quoted; "" when none."""
+    if not refresh.fingerprint:
+        return ""
+    try:
+        fp = Fingerprint.from_dict(refresh.fingerprint)
+    except ValueError:
+        return "invalid fingerprint stored"
+    text = fp.describe()
+    if fp.completion_token_ids:
+        text += f": expected ids {quote(fp.completion_token_ids)}"
+    return text
+
+
+def verification_summary(refresh: PolicyRefresh) -> str:
+    fingerprint = fingerprint_summary(refresh)
+    text = f"workers must agree: {agreement_summary(refresh)}"
+    return f"{text}; trainer fingerprint: {fingerprint}" if fingerprint else text
+
+
 def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
     """Everything the refresh page and its live stream render, from the database."""
     return {
@@ -126,6 +158,8 @@ def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
         "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
         "is_active": refresh.state in ACTIVE_STATES,
         "journal": latest_journal(refresh),
+        "agreement": agreement_summary(refresh),
+        "fingerprint": fingerprint_summary(refresh),
     }
 
 

@@ -29,6 +29,10 @@ FaultKind = Literal[
     "revert_version",  # after the route succeeds, the worker silently reverts its version
     "cancel",  # generate only: the request is cancelled part-way (finish `stop`/`cancelled`)
     "wrong_tokens",  # generate only: the worker emits ids that do not match its version
+    # generate only: the right weights under different batching numerics: every chosen
+    # logprob moves by up to `magnitude`; with `position` set, the first near-tie at or after
+    # it flips to the runner-up token and the completion continues from there
+    "logprob_jitter",
 ]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
@@ -53,6 +57,9 @@ class Fault:
     body: Any = None
     #: How many more times the fault fires; None is persistent.
     times: int | None = None
+    #: logprob_jitter: the largest logprob offset, and where a near-tie may first flip.
+    magnitude: float = 0.0
+    position: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -61,6 +68,10 @@ class Fault:
             self.seconds = DEFAULT_HANG_SECONDS
         if self.times is not None and self.times < 1:
             raise ValueError("times must be positive or None (persistent)")
+        if not isinstance(self.magnitude, int | float) or not 0 <= self.magnitude < 10:
+            raise ValueError("magnitude must be a number in [0, 10)")
+        if self.position is not None and (not isinstance(self.position, int) or self.position < 0):
+            raise ValueError("position must be a non-negative integer or None")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | Fault) -> Fault:
@@ -126,6 +137,14 @@ class Fault:
     @classmethod
     def wrong_tokens(cls, *, once: bool = False) -> Fault:
         return cls("wrong_tokens", times=1 if once else None)
+
+    @classmethod
+    def logprob_jitter(
+        cls, magnitude: float = 0.002, *, flip_from: int | None = None, once: bool = False
+    ) -> Fault:
+        return cls(
+            "logprob_jitter", magnitude=magnitude, position=flip_from, times=1 if once else None
+        )
 
 
 class FaultBook:

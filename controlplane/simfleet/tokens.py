@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,63 @@ def wrong_completion_ids(version: Any, prompt_token_ids: Sequence[int], max_toke
     bad = expected_completion_ids(version, prompt_token_ids, max_tokens, salt="corrupt")
     pairs = zip(good, bad, strict=True)
     return [b if b != g else FIRST_EMITTED_ID + (g + 1) % VOCAB_SIZE for g, b in pairs]
+
+
+#: The chosen token of a near-tie has probability at most one half.
+NEAR_TIE_LOGPROB = math.log(0.5)
+
+
+def completion_logprobs(ids: Sequence[int]) -> list[float]:
+    """The chosen tokens' log-probabilities of a healthy worker (numerically exact)."""
+    return [token_logprob(i) for i in ids]
+
+
+def _jitter(seed: str, position: int, magnitude: float) -> float:
+    """A reproducible offset in [-magnitude, magnitude] for one position of one worker."""
+    digest = hashlib.sha256(f"{seed}:{position}".encode()).digest()
+    unit = int.from_bytes(digest[:8], "big") / 2**64  # [0, 1)
+    return (2 * unit - 1) * magnitude
+
+
+def jittered_completion(
+    version: Any,
+    prompt_token_ids: Sequence[int],
+    max_tokens: int,
+    *,
+    magnitude: float,
+    flip_from: int | None,
+    seed: str,
+) -> tuple[list[int], list[float]]:
+    """What the same weights produce under different batching numerics.
+
+    Every chosen logprob moves by at most `magnitude` (a different reduction order). With
+    `flip_from`, the first *uncertain* position at or after it (chosen probability at most one
+    half, where a runner-up can be that close) flips to the runner-up, whose logprob is within
+    `magnitude` of the original's; the rest continues greedily from that different prefix.
+    A confident position never flips: no jitter this small can overturn it.
+    """
+    ids = expected_completion_ids(version, prompt_token_ids, max_tokens)
+    logprobs = [lp + _jitter(seed, i, magnitude) for i, lp in enumerate(completion_logprobs(ids))]
+    if flip_from is None:
+        return ids, [min(lp, 0.0) for lp in logprobs]
+    for pos in range(max(flip_from, 0), len(ids)):
+        if token_logprob(ids[pos]) > NEAR_TIE_LOGPROB:
+            continue
+        runner_up = FIRST_EMITTED_ID + (ids[pos] + 1 - FIRST_EMITTED_ID) % (
+            VOCAB_SIZE - FIRST_EMITTED_ID
+        )
+        prefix = [*ids[:pos], runner_up]
+        rest = expected_completion_ids(
+            version, [*prompt_token_ids, *prefix], max_tokens - len(prefix)
+        )
+        flipped_lp = token_logprob(ids[pos]) - abs(_jitter(seed, pos, magnitude))
+        rest_lp = [
+            token_logprob(t) + _jitter(seed, len(prefix) + i, magnitude) for i, t in enumerate(rest)
+        ]
+        new_ids = [*prefix, *rest]
+        new_lp = [*logprobs[:pos], flipped_lp, *rest_lp]
+        return new_ids, [min(lp, 0.0) for lp in new_lp]
+    return ids, [min(lp, 0.0) for lp in logprobs]
 
 
 def token_logprob(token_id: int) -> float:

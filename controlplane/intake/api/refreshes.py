@@ -16,6 +16,7 @@ from controlplane.intake.api import idempotency
 from controlplane.intake.api.auth import actor, limit_to_sources, require, source_or_404
 from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
+from controlplane.intake.fingerprint import FingerprintIn
 
 router = Router(tags=["policy refreshes"])
 
@@ -41,6 +42,10 @@ class PlanIn(Schema):
     )
     pause_mode: Literal["keep", "wait", "abort"] = "keep"
     verification: dict[str, Any] | None = None
+    fingerprint: FingerprintIn | None = Field(
+        None,
+        description="the trainer's fingerprint of the new policy; every worker must match it",
+    )
 
 
 class RejectIn(Schema):
@@ -58,6 +63,7 @@ class RefreshOut(Schema):
     target: dict[str, Any]
     state: str
     pause_mode: str
+    fingerprint: dict[str, Any] | None = None
     plan_blockers: list[Any]
     failed_step: str
     held_reason: str
@@ -134,6 +140,7 @@ def serialize_refresh(refresh) -> dict[str, Any]:
         "target": refresh.target if isinstance(refresh.target, dict) else {},
         "state": refresh.state,
         "pause_mode": refresh.pause_mode,
+        "fingerprint": refresh.fingerprint,
         "plan_blockers": list(refresh.plan_blockers or []),
         "failed_step": refresh.failed_step,
         "held_reason": refresh.held_reason,
@@ -211,6 +218,7 @@ def plan_refresh(request: HttpRequest, response: HttpResponse, payload: PlanIn):
             worker_ids=payload.worker_ids,
             pause_mode=payload.pause_mode,
             verification=payload.verification,
+            fingerprint=payload.fingerprint.as_dict() if payload.fingerprint else None,
         )
         return 201, _json(serialize_refresh(refresh))
 

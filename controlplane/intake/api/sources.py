@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router, Schema, Status
@@ -24,6 +25,9 @@ from controlplane.intake.api.pagination import PageParams, page_of, paginate
 router = Router(tags=["sources"])
 
 Text = Field(max_length=500)
+#: The verify step's cross-worker agreement rule (see controlplane/dynamo/fingerprint.py).
+AgreementKind = Literal["exact", "logprob"]
+AGREEMENT_TOKENS_HELP = "how many leading completion tokens workers of one model must agree on"
 
 
 class SourceOut(Schema):
@@ -38,6 +42,9 @@ class SourceOut(Schema):
     refresh_interval_seconds: float
     require_approval: bool
     enabled: bool
+    agreement_rule: str
+    agreement_tokens: int
+    agreement_epsilon: float
     reported_namespace: str
     stale: bool
     stale_reason: str
@@ -57,6 +64,9 @@ class SourceIn(Schema):
     refresh_interval_seconds: float = Field(10.0, ge=1.0, le=86400.0)
     require_approval: bool = False
     enabled: bool = True
+    agreement_rule: AgreementKind = "exact"
+    agreement_tokens: int = Field(8, ge=1, le=256, description=AGREEMENT_TOKENS_HELP)
+    agreement_epsilon: float = Field(0.05, gt=0, le=10, allow_inf_nan=False)
 
 
 class SourcePatch(Schema):
@@ -70,6 +80,9 @@ class SourcePatch(Schema):
     refresh_interval_seconds: float | None = Field(None, ge=1.0, le=86400.0)
     require_approval: bool | None = None
     enabled: bool | None = None
+    agreement_rule: AgreementKind | None = None
+    agreement_tokens: int | None = Field(None, ge=1, le=256, description=AGREEMENT_TOKENS_HELP)
+    agreement_epsilon: float | None = Field(None, gt=0, le=10, allow_inf_nan=False)
 
 
 class Accepted(Schema):

@@ -19,6 +19,7 @@ from controlplane.dynamo.discovery import fetch_discovery
 from controlplane.dynamo.errors import DiscoveryError
 from controlplane.dynamo.http import make_client
 from controlplane.refresh import gates
+from controlplane.refresh.executor.agreement import check_agreement
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob
 from controlplane.refresh.executor.journal import refresh_group, run_step_calls
 from controlplane.refresh.executor.lease import Lease
@@ -255,13 +256,36 @@ class ResumeEngines(WorkerStep):
 
 
 class Verify(WorkerStep):
+    """Each worker's own checks (version, liveness, generation, trainer fingerprint), then
+    cross-worker agreement of the generated completions (see `executor/agreement.py`)."""
+
     name = StepName.VERIFY
+
+    def pending(self, ctx: StepContext) -> list[PlannedWorker]:
+        # The latest result counts here: the agreement check can fail a worker whose own
+        # checks passed earlier in the same attempt, and a retry must verify it again.
+        latest: dict[int, str] = dict(
+            WorkerStepResult.objects.filter(refresh_id=ctx.refresh.pk, step=self.name)
+            .order_by("id")
+            .values_list("planned_worker_id", "status")
+        )
+        return [w for w in ctx.refresh.workers.all() if latest.get(w.pk) not in ("ok", "skipped")]
 
     def job(self, ctx: StepContext, worker: PlannedWorker, step: str | None = None) -> WorkerJob:
         job = super().job(ctx, worker, step)
         if ctx.refresh.verification.get("version_readback", True):
             job.expect_version = ctx.refresh.weight_version
         return job
+
+    def run(self, ctx: StepContext) -> StepResult:
+        result = super().run(ctx)
+        if not result.ok or result.aborted or not ctx.refresh.verification.get("generation"):
+            return result
+        agreement = check_agreement(ctx.refresh, ctx.lease, ctx.attempt)
+        if not agreement.ok:
+            return StepResult(False, agreement.summary)
+        detail = f"{result.detail}; {agreement.summary}" if result.detail else agreement.summary
+        return StepResult(True, detail=detail)
 
 
 class Reopen(Step):

@@ -17,12 +17,13 @@ from typing import Any
 
 from aiohttp import web
 
-from controlplane.simfleet.faults import GENERATE
+from controlplane.simfleet.faults import GENERATE, Fault
 from controlplane.simfleet.fleet import SimFleet
 from controlplane.simfleet.servers.common import DropConnection, dumps, json_response, pause_for
 from controlplane.simfleet.tokens import (
+    completion_logprobs,
     expected_completion_ids,
-    token_logprob,
+    jittered_completion,
     token_text,
     tokenize,
     wrong_completion_ids,
@@ -162,8 +163,10 @@ class Frontend:
         return candidates[next(self._rotation) % len(candidates)]
 
     async def _generate(self, worker: SimWorker, prompt: list[int], max_tokens: int):
-        """(ids, detailed_finish_reason) as the engine produced them, with generate faults."""
+        """(ids, detailed_finish_reason, chosen logprobs) as the engine produced them, with
+        generate faults."""
         cancelled = wrong = False
+        jitter: Fault | None = None
         for fault in worker.faults.take(GENERATE, wildcard=False):
             if fault.kind in ("latency", "hang"):
                 await pause_for(fault.seconds, self.fleet.stopping)
@@ -171,6 +174,8 @@ class Frontend:
                 cancelled = True
             elif fault.kind == "wrong_tokens":
                 wrong = True
+            elif fault.kind == "logprob_jitter":
+                jitter = fault
             elif fault.kind in ("http_error", "error_body"):
                 status = fault.status if fault.kind == "http_error" else 500
                 raise GenerationFailed(oai_error(fault.message, status, "Internal Server Error"))
@@ -194,18 +199,32 @@ class Frontend:
         version = worker.generation_version
         if wrong:
             ids = wrong_completion_ids(version, prompt, max_tokens)
+            logprobs = completion_logprobs(ids)
+        elif jitter is not None:
+            ids, logprobs = jittered_completion(
+                version,
+                prompt,
+                max_tokens,
+                magnitude=jitter.magnitude,
+                flip_from=jitter.position,
+                seed=f"{worker.instance_id}:{worker.generation_count}",
+            )
         else:
             ids = expected_completion_ids(version, prompt, max_tokens)
+            logprobs = completion_logprobs(ids)
         if cancelled:
-            return ids[: max(0, max_tokens // 2)], "cancelled"
-        return ids, "length"
+            keep = max(0, max_tokens // 2)
+            return ids[:keep], "cancelled", logprobs[:keep]
+        return ids, "length", logprobs
 
     @staticmethod
-    def _logprobs(ids: list[int], top: int) -> dict[str, Any]:
+    def _logprobs(ids: list[int], values: list[float], top: int) -> dict[str, Any]:
         return {
             "tokens": [token_text(i) for i in ids],
-            "token_logprobs": [token_logprob(i) for i in ids],
-            "top_logprobs": [{token_text(i): token_logprob(i)} for i in ids] if top > 0 else [],
+            "token_logprobs": values,
+            "top_logprobs": (
+                [{token_text(i): v} for i, v in zip(ids, values, strict=True)] if top > 0 else []
+            ),
             "text_offset": [],
         }
 
@@ -228,12 +247,12 @@ class Frontend:
         return nvext
 
     def _unary_body(self, req, worker, prompt, result, extra) -> dict[str, Any]:
-        ids, detailed = result
+        ids, detailed, values = result
         # Cancellation maps to `stop`; only `detailed_finish_reason` tells it apart.
         finish = "length" if detailed == "length" else "stop"
         choice: dict[str, Any] = {"text": "".join(token_text(i) for i in ids), "index": 0}
         if req.get("logprobs") is not None:
-            choice["logprobs"] = self._logprobs(ids, int(req["logprobs"]))
+            choice["logprobs"] = self._logprobs(ids, values, int(req["logprobs"]))
         choice["finish_reason"] = finish
         body: dict[str, Any] = {
             "id": f"cmpl-{uuid.uuid4()}",
@@ -254,7 +273,7 @@ class Frontend:
 
     async def _stream(self, request, req, worker, prompt, result, extra, headers):
         """SSE: one chunk per token carrying only its new id; the final chunk finishes."""
-        ids, detailed = result
+        ids, detailed, values = result
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await response.prepare(request)
         completion_id = f"cmpl-{uuid.uuid4()}"
@@ -263,7 +282,7 @@ class Frontend:
             last = index == len(ids) - 1
             choice: dict[str, Any] = {"text": token_text(token), "index": 0}
             if req.get("logprobs") is not None:
-                choice["logprobs"] = self._logprobs([token], int(req["logprobs"]))
+                choice["logprobs"] = self._logprobs([token], [values[index]], int(req["logprobs"]))
             choice["finish_reason"] = (
                 ("length" if detailed == "length" else "stop") if last else None
             )

@@ -29,7 +29,8 @@ from tests.unit.refresh.builders import (
 GENERATION_BODY = {
     "model": MODEL,
     "prompt": [5, 6, 7, 8],
-    "max_tokens": 4,
+    # max(the requested 4, the default agreement window of 8 tokens)
+    "max_tokens": 8,
     "temperature": 0,
     "logprobs": 0,
     "n": 1,
@@ -424,7 +425,8 @@ def test_generation_check_uses_the_expected_model_and_custom_prompt():
     ]
     assert check["expected_model"] == "policy-v7"
     assert check["body"]["model"] == "policy-v7"
-    assert (check["body"]["prompt"], check["body"]["max_tokens"]) == ([1, 2], 2)
+    # The check asks for at least the agreement window (8 tokens by default).
+    assert (check["body"]["prompt"], check["body"]["max_tokens"]) == ([1, 2], 8)
 
 
 def test_verification_switches_drop_their_calls():

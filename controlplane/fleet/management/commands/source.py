@@ -52,6 +52,26 @@ class Command(BaseCommand):
         add.add_argument("--expected-prefix", default="")
         add.add_argument("--expected-worker-suffix", default="")
         add.add_argument("--disabled", action="store_true")
+        add.add_argument(
+            "--agreement-rule",
+            choices=["exact", "logprob"],
+            default="exact",
+            help="how workers of one model must agree after an update (default exact)",
+        )
+        add.add_argument(
+            "--agreement-tokens",
+            type=int,
+            default=8,
+            metavar="K",
+            help="compare the first K completion tokens (default 8)",
+        )
+        add.add_argument(
+            "--agreement-epsilon",
+            type=float,
+            default=0.05,
+            metavar="EPS",
+            help="logprob rule: largest allowed chosen-token logprob difference (default 0.05)",
+        )
         sub.add_parser("list", help="list sources")
         remove = sub.add_parser("remove", help="remove a source and its history")
         remove.add_argument("name")
@@ -99,6 +119,9 @@ class Command(BaseCommand):
             expected_prefix=o["expected_prefix"],
             expected_worker_suffix=o["expected_worker_suffix"],
             enabled=not o["disabled"],
+            agreement_rule=o["agreement_rule"],
+            agreement_tokens=o["agreement_tokens"],
+            agreement_epsilon=o["agreement_epsilon"],
         )
         self.stdout.write(f"created source {source.name} (id {source.pk})")
 

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controlplane.intake.fingerprint import FingerprintIn
+
 CHECKPOINT_READY = "checkpoint.ready"
 TEST_PING = "test.ping"
 EVENT_TYPES = (CHECKPOINT_READY, TEST_PING)
@@ -32,6 +34,9 @@ class CheckpointReady(BaseModel):
     namespaces: list[str] | None = Field(
         None, description="a subset of the endpoint's namespaces; default all of them"
     )
+    fingerprint: FingerprintIn | None = Field(
+        None, description="what the new policy generates; every worker is verified against it"
+    )
 
     @model_validator(mode="after")
     def _one_method(self):
@@ -40,6 +45,9 @@ class CheckpointReady(BaseModel):
         if isinstance(self.weight_version, str) and not self.weight_version.strip():
             raise ValueError("weight_version must not be empty")
         return self
+
+    def fingerprint_dict(self) -> dict[str, Any] | None:
+        return self.fingerprint.as_dict() if self.fingerprint is not None else None
 
     def target(self) -> dict[str, Any]:
         if self.distributed is not None:

@@ -210,6 +210,7 @@ def _checkpoint_ready(endpoint, received, event: CheckpointReady, actor, source_
             target=event.target(),
             namespaces=event.namespaces or endpoint.namespaces or None,
             pause_mode=endpoint.pause_mode,
+            fingerprint=event.fingerprint_dict(),
         )
         refresh = actions.start_policy_refresh(
             refresh, actor=actor, require_approval=require_approval

@@ -7,21 +7,46 @@ printed), 1 refused before starting (blockers, conflict, approval needed, declin
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.audit.recorder import Actor
+from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.fleet.models import Source
 from controlplane.refresh import actions
 from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.executor.runner import Runner
 from controlplane.refresh.models import RefreshState, StepRun
+from controlplane.refresh.presenters import verification_summary
 
 EXIT_REFUSED = 1
 EXIT_HELD = 2
+#: A fingerprint file holds at most a few hundred numbers; anything bigger is a mistake.
+MAX_FINGERPRINT_FILE_BYTES = 64 * 1024
+
+
+def read_fingerprint(opts) -> dict | None:
+    """The trainer fingerprint from the options or a JSON file; raises ValueError."""
+    inline = opts["expect_tokens"] or opts["expect_logprobs"] or opts["logprob_tolerance"]
+    if opts["fingerprint_file"]:
+        if inline:
+            raise ValueError("give the fingerprint either inline or as --fingerprint-file")
+        path = Path(opts["fingerprint_file"])
+        try:
+            if path.stat().st_size > MAX_FINGERPRINT_FILE_BYTES:
+                raise ValueError(f"{path} is larger than {MAX_FINGERPRINT_FILE_BYTES} bytes")
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ValueError(f"cannot read fingerprint file {path}: {exc}") from None
+        return data  # validated by plan_policy_refresh, like any other entry point
+    return fingerprint_from_text(
+        opts["expect_tokens"] or "", opts["expect_logprobs"] or "", opts["logprob_tolerance"]
+    )
 
 
 class Command(BaseCommand):
@@ -42,6 +67,27 @@ class Command(BaseCommand):
         parser.add_argument("--no-generation", action="store_true", help="skip generation check")
         parser.add_argument("--prompt-token-ids", default="5,6,7,8")
         parser.add_argument("--expected-model", default="")
+        parser.add_argument(
+            "--expect-tokens",
+            metavar="IDS",
+            help="trainer fingerprint: comma-separated completion ids every worker must generate",
+        )
+        parser.add_argument(
+            "--expect-logprobs",
+            metavar="LPS",
+            help="trainer fingerprint: comma-separated reference logprobs of the chosen tokens",
+        )
+        parser.add_argument(
+            "--logprob-tolerance",
+            metavar="TOL",
+            help="largest allowed |Δ| per reference logprob (default 0.05)",
+        )
+        parser.add_argument(
+            "--fingerprint-file",
+            metavar="PATH",
+            help='JSON {"completion_token_ids": [...], "logprobs": [...], '
+            '"logprob_tolerance": x, "prompt_token_ids": [...]}',
+        )
         parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     def handle(self, *args, **opts):
@@ -50,6 +96,7 @@ class Command(BaseCommand):
             raise CommandError(f"no source named {opts['source']!r}")
         actor = Actor.system("manage.py policy_refresh")
         try:
+            fingerprint = read_fingerprint(opts)
             refresh = actions.plan_policy_refresh(
                 source=source,
                 actor=actor,
@@ -66,6 +113,7 @@ class Command(BaseCommand):
                     "prompt_token_ids": [int(t) for t in opts["prompt_token_ids"].split(",")],
                     "expected_model": opts["expected_model"],
                 },
+                fingerprint=fingerprint,
             )
         except (ValidationError, ValueError) as exc:
             self.stderr.write(f"refused: {exc}")
@@ -107,6 +155,7 @@ class Command(BaseCommand):
             f"Plan #{refresh.pk}: {refresh.source.name} {', '.join(refresh.namespaces)} → "
             f"{refresh.weight_version} ({refresh.target['model_path']})"
         )
+        self.stdout.write(f"  verify: {verification_summary(refresh)}")
         for worker in refresh.workers.all():
             self.stdout.write(f"  {worker.key} [{worker.family or '?'}] {worker.system_url}")
             for step, calls in worker.calls.items():

@@ -168,3 +168,13 @@ def test_beat_schedules_the_checkpoint_task():
     entry = settings.CELERY_BEAT_SCHEDULE["audit-checkpoint"]
     assert entry["task"] == checkpoint_chain_head_task.name
     assert entry["schedule"].total_seconds() == settings.AUDIT_CHECKPOINT_SECONDS
+
+
+def test_history_page_names_each_rows_key(audit_settings, client):
+    from controlplane.accounts.roles import Role
+    from controlplane.accounts.services import create_user_with_role
+
+    write_legacy_rows(1)
+    client.force_login(create_user_with_role("auditor", Role.VIEWER, "x", validate=False))
+    page = client.get("/history/").content.decode()
+    assert 'title="HMAC, key k1"' in page and 'title="legacy row, unkeyed SHA-256"' in page

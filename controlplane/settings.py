@@ -14,6 +14,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from controlplane.audit.keys import local_key, parse_keys
 from controlplane.env import (
     env_bool,
     env_choice,
@@ -283,6 +284,22 @@ LOGOUT_REDIRECT_URL = "accounts:login"
 # Failed logins per (username, client address) before the login form refuses for a while.
 LOGIN_THROTTLE_ATTEMPTS = env_int("LOGIN_THROTTLE_ATTEMPTS", 5, minimum=1)
 LOGIN_THROTTLE_WINDOW_SECONDS = env_int("LOGIN_THROTTLE_WINDOW_SECONDS", 900, minimum=1)
+
+# Audit chain anchoring (README "Audit trail and its threat model"). Rows are HMAC-signed with
+# keys held outside the database (`id:secret` pairs, newest first; required in production, a
+# generated key file in development), and a beat task appends signed checkpoints of the chain
+# head to a file the database cannot reach. AUDIT_ANCHOR_KEY, if set, signs checkpoints instead.
+_audit_keys = env_str("AUDIT_HMAC_KEY", required=PRODUCTION) or local_key(VAR_DIR)
+AUDIT_HMAC_KEYS = parse_keys(_audit_keys, "AUDIT_HMAC_KEY")
+_anchor_keys = env_str("AUDIT_ANCHOR_KEY")
+AUDIT_ANCHOR_KEYS = parse_keys(_anchor_keys, "AUDIT_ANCHOR_KEY") if _anchor_keys else ()
+AUDIT_ANCHOR_FILE = Path(env_str("AUDIT_ANCHOR_FILE", str(VAR_DIR / "audit-anchors.jsonl")))
+AUDIT_CHECKPOINT_SECONDS = env_float("AUDIT_CHECKPOINT_SECONDS", 300.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE["audit-checkpoint"] = {
+    "task": "audit.checkpoint_chain_head",
+    "schedule": timedelta(seconds=AUDIT_CHECKPOINT_SECONDS),
+    "options": {"expires": AUDIT_CHECKPOINT_SECONDS * 0.9},
+}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

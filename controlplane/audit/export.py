@@ -19,6 +19,7 @@ FIELDS = [
     "correlation_id",
     "previous_hash",
     "entry_hash",
+    "key_id",
 ]
 
 
@@ -37,6 +38,7 @@ def _row(event) -> dict:
         "correlation_id": event.correlation_id,
         "previous_hash": event.previous_hash,
         "entry_hash": event.entry_hash,
+        "key_id": event.key_id,
     }
 
 

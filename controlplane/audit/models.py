@@ -15,10 +15,12 @@ class AuditEventQuerySet(models.QuerySet):
 class AuditEvent(models.Model):
     """One audited action: who did what to which object, when, and why.
 
-    Rows are append-only and hash-chained: `entry_hash` covers this row's canonical content and
-    the previous row's hash, so changing, deleting or reordering any row breaks the chain from
-    that row on (`manage.py audit verify`). `sequence` is gap-free, which is what reveals a
-    deleted row in the middle; the chain head reveals a deleted last row.
+    Rows are append-only and hash-chained: `entry_hash` is an HMAC, under a key held outside
+    the database, of this row's canonical content and the previous row's hash, so changing,
+    deleting or reordering any row breaks the chain from that row on (`manage.py audit
+    verify`). `sequence` is gap-free, which is what reveals a deleted row in the middle; signed
+    checkpoints kept outside the database reveal deleted rows at the end (controlplane/audit/
+    anchors.py).
     """
 
     sequence = models.PositiveBigIntegerField(unique=True)
@@ -44,6 +46,9 @@ class AuditEvent(models.Model):
     correlation_id = models.CharField(max_length=64, blank=True, db_index=True)
     previous_hash = models.CharField(max_length=64)
     entry_hash = models.CharField(max_length=64)
+    # Which key signed `entry_hash` (an HMAC-SHA256). Blank on rows written before keying,
+    # whose hash is a plain SHA-256; they verify as legacy rows and can only form a prefix.
+    key_id = models.CharField(max_length=32, blank=True, default="")
 
     objects = AuditEventQuerySet.as_manager()
 

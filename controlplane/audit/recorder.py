@@ -12,7 +12,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.audit.actions import ActorType, AuditAction
-from controlplane.audit.chain import entry_hash
+from controlplane.audit.chain import sign_entry
+from controlplane.audit.keys import hmac_keyring
 from controlplane.audit.models import AuditChainHead, AuditEvent
 from controlplane.correlation import current_correlation_id
 
@@ -113,7 +114,7 @@ def record(
             correlation_id=correlation_id[:64],
             previous_hash=head.last_hash,
         )
-        event.entry_hash = entry_hash(event)
+        sign_entry(event, hmac_keyring().signing)  # HMAC under the newest key, id stored
         event.save()
         AuditChainHead.objects.filter(pk=1).update(last_hash=event.entry_hash)
     return event

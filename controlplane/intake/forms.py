@@ -95,7 +95,7 @@ class DestinationForm(ServiceErrorsMixin, forms.Form):
         choices=[(e, e) for e in SUBSCRIBABLE],
         required=False,
         widget=forms.CheckboxSelectMultiple,
-        help_text="none selected means every event",
+        help_text="none selected means every event except audit.checkpoint, which is opt-in",
     )
     source = forms.ModelChoiceField(
         queryset=Source.objects.order_by("name"),

@@ -67,6 +67,7 @@ def test_production_settings_pass_deploy_check_without_warnings(tmp_path):
             "SECRET_KEY": "k" * 20 + "production-secret-for-the-deploy-check-only-0123456789",
             "ALLOWED_HOSTS": "cp.example",
             "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+            "AUDIT_HMAC_KEY": "k1:" + "audit-key-for-the-deploy-check-only-0123456789",
         },
         "--deploy",
         "--fail-level",

@@ -11,6 +11,8 @@ class NotificationEvent(models.TextChoices):
     REFRESH_HELD = "refresh.held"
     GATE_FORCE_REOPENED = "gate.force_reopened"
     SOURCE_STALE = "source.stale"
+    # Signed checkpoints of the audit chain head; only destinations that select it get it.
+    AUDIT_CHECKPOINT = "audit.checkpoint"
     TEST = "test"
 
 

@@ -40,7 +40,9 @@ def history(request: HttpRequest) -> HttpResponse:
 def export(request: HttpRequest) -> HttpResponse:
     fmt = request.GET.get("format", "jsonl")
     if fmt not in EXPORTERS:
-        return HttpResponse(f"unknown format {fmt!r}; use jsonl or csv", status=400)
+        return HttpResponse(
+            f"unknown format {fmt!r}; use jsonl or csv", status=400, content_type="text/plain"
+        )
     _, events = _filtered_events(request)
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     response = StreamingHttpResponse(

@@ -711,12 +711,6 @@ def test_no_page_partial_or_frame_shows_a_hostile_string_unescaped(
     assert not never_shown, f"hostile values that reached no page or frame: {never_shown}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="audit/views.py answers an unknown export format with a text/html 400 that echoes "
-    "it (repr, unescaped); the CSP stops scripts, but it is still markup injection. Owned by "
-    "the audit app: answer text/plain. This test then passes and strict xfail flags it.",
-)
 def test_audit_export_does_not_reflect_an_unknown_format_as_markup(admin_client):
     response = admin_client.get("/history/export", {"format": PAYLOAD})
     assert response.status_code == 400

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.refresh.actions import can_end
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
@@ -125,6 +126,7 @@ def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
         "grid": grid(refresh),
         "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
         "is_active": refresh.state in ACTIVE_STATES,
+        "can_end": can_end(refresh),
         "journal": latest_journal(refresh),
     }
 

@@ -124,16 +124,15 @@ def summary(request):
             f"fault matrix: {TALLY['tried']} faults x steps tried, "
             f"{TALLY['recoverable']} recoverable to an unlocked scope; first run "
             f"{TALLY['first:held']} held, {TALLY['first:succeeded']} finished; "
-            f"ended by retry {TALLY['by:retry']}, abort-with-resume "
+            f"held ones ended by retry {TALLY['by:retry']}, abort-with-resume "
             f"{TALLY['by:abort_with_resume']}, force-reopen {TALLY['by:force_reopen']}, "
             f"end {TALLY['by:end']}; {TALLY['paused_named']} with engines left paused "
             "and named by the refresh"
         )
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(line)
-        else:
-            print(line)
+        # Printed past output capture, so the figure shows in every run (CI included).
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print("\n" + line)
 
 
 @pytest.fixture(autouse=True)
@@ -205,7 +204,7 @@ def named_as_left_paused(refresh) -> set[str]:
 
 @pytest.mark.parametrize(("step", "where", "kind", "closer"), cases())
 def test_every_fault_is_recoverable_to_an_unlocked_scope(
-    fleet, source, operator, approver, step, where, kind, closer
+    fleet, source, operator, approver, settings, step, where, kind, closer
 ):
     TALLY["tried"] += 1
     victim = next(w["key"] for w in fleet.workers() if w["namespace"] == "rl-a")
@@ -217,7 +216,8 @@ def test_every_fault_is_recoverable_to_an_unlocked_scope(
 
     refresh = run(refresh)
     assert refresh.state in (RefreshState.HELD, RefreshState.SUCCEEDED), refresh.state
-    TALLY[f"first:{refresh.state}"] += 1
+    first = refresh.state
+    TALLY[f"first:{first}"] += 1
 
     ended_by = "retry"
     for _ in range(2):
@@ -229,7 +229,7 @@ def test_every_fault_is_recoverable_to_an_unlocked_scope(
         ended_by = closer
         refresh = close_out(refresh, closer, operator, approver)
     assert refresh.state in TERMINAL_STATES, (refresh.state, refresh.held_reason)
-    if refresh.state != RefreshState.SUCCEEDED or ended_by != "retry":
+    if first == RefreshState.HELD:
         TALLY[f"by:{ended_by}"] += 1
 
     # The scope is free and no gate names the refresh.
@@ -244,6 +244,7 @@ def test_every_fault_is_recoverable_to_an_unlocked_scope(
 
     # Repaired, the same scope takes a new refresh, which leaves every engine running.
     fleet.clear_faults()
+    settings.REFRESH_CALL_TIMEOUT_SECONDS = 10.0  # healthy workers on a busy machine
     later = run_inline(source, operator, "v3")
     assert later.state == RefreshState.SUCCEEDED, later.held_reason
     assert paused_workers(fleet) == []

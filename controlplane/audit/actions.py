@@ -42,6 +42,8 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_SUCCEEDED = "policy_refresh.succeeded"
     POLICY_REFRESH_FAILED = "policy_refresh.failed"
     POLICY_REFRESH_RECOVERED = "policy_refresh.recovered"
+    POLICY_REFRESH_WORKERS_DEPARTED = "policy_refresh.workers_departed"
+    POLICY_REFRESH_ENDED = "policy_refresh.ended"
     # trainer integration
     WEBHOOK_ENDPOINT_CREATED = "webhook_endpoint.created"
     WEBHOOK_ENDPOINT_UPDATED = "webhook_endpoint.updated"

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
@@ -350,7 +351,7 @@ def abort_policy_refresh(
         else:
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is {state}; a held refresh is aborted by resuming "
-                "its engines, or resolved by retry, rollback or force-reopen"
+                "its engines, or resolved by retry, rollback, force-reopen or ending it"
             )
         _audit(AuditAction.POLICY_REFRESH_ABORTED, refresh, actor, resume_engines=resume_engines)
     transaction.on_commit(lambda: publish_state(refresh))
@@ -371,6 +372,107 @@ def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefre
         refresh.save(update_fields=["state", "held_reason", "abort_requested", "state_changed_at"])
         _audit(AuditAction.POLICY_REFRESH_RETRIED, refresh, actor, step=step.value)
         _enqueue(refresh.pk)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+#: States an approver may end a refresh from (executing ones only once no executor is alive).
+ENDABLE_STATES = EXECUTING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}
+
+
+def _executor_alive(refresh: PolicyRefresh) -> bool:
+    # A claimed lease that has not expired: an executor is calling workers right now.
+    return refresh.lease_expires_at is not None and refresh.lease_expires_at > timezone.now()
+
+
+def can_end(refresh: PolicyRefresh) -> bool:
+    """Whether `end_policy_refresh` would accept this refresh now (for the page's button)."""
+    if refresh.state not in ENDABLE_STATES:
+        return False
+    return refresh.state not in EXECUTING_STATES or not _executor_alive(refresh)
+
+
+def left_paused_keys(refresh: PolicyRefresh) -> list[str]:
+    """Workers this refresh paused and has not resumed since (nor seen leave the fleet)."""
+    from controlplane.refresh.executor.departures import DEPARTED
+
+    paused = set(
+        refresh.journal.filter(step=StepName.PAUSE).values_list("planned_worker_id", flat=True)
+    )
+    # The latest result per worker at resume/release decides whether it is running again.
+    latest: dict[int, str] = {}
+    for worker_id, status in (
+        refresh.results.filter(step__in=(StepName.RESUME_ENGINES, StepName.RELEASE))
+        .order_by("id")
+        .values_list("planned_worker_id", "status")
+    ):
+        latest[worker_id] = status
+    departed = set(
+        refresh.results.filter(status=DEPARTED).values_list("planned_worker_id", flat=True)
+    )
+    left = paused - departed - {pk for pk, status in latest.items() if status == "ok"}
+    return sorted(refresh.workers.filter(pk__in=left).values_list("key", flat=True))
+
+
+def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> PolicyRefresh:
+    """Close a refresh out on an approver's written say-so, whatever its workers do.
+
+    The way out that never depends on a worker answering: no call is made. The refresh ends
+    `aborted` with the reason, its scope is free at once and its gates stay closed (force-reopen
+    is a separate, deliberate act). Workers it paused are left as they are and named in the end
+    reason and the audit event, so a person can look at them; the next refresh of the scope
+    pauses and resumes them anyway.
+
+    A refresh whose executor is alive must be aborted first (it stops at the next call
+    boundary and holds); one whose executor died (lease expired or never claimed) can be ended
+    directly. Ending bumps the fencing token, so a stalled executor can never write again.
+    """
+    if not reason or not reason.strip():
+        raise ValidationError("ending a policy refresh needs a written reason")
+    reason = reason.strip()
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        if refresh.state not in ENDABLE_STATES:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {refresh.state}; only an active refresh ends"
+            )
+        if refresh.state in EXECUTING_STATES and _executor_alive(refresh):
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is running ({refresh.state}); abort it first "
+                "(it stops at the next call boundary), then end it"
+            )
+        left_paused = left_paused_keys(refresh)
+        end_reason = f"ended by {actor.label}: {reason}"
+        if left_paused:
+            end_reason += (
+                f" — {len(left_paused)} worker{'' if len(left_paused) == 1 else 's'} this refresh "
+                f"paused left as they are ({', '.join(left_paused[:5])}"
+                f"{', …' if len(left_paused) > 5 else ''})"
+            )
+        previous = refresh.state
+        PolicyRefresh.objects.filter(pk=refresh.pk).update(
+            state=RefreshState.ABORTED,
+            end_reason=end_reason[:4000],
+            end_state="",
+            abort_requested=False,
+            lease_token=F("lease_token") + 1,
+            lease_owner="",
+            lease_expires_at=None,
+            finished_at=timezone.now(),
+            state_changed_at=timezone.now(),
+        )
+        refresh.refresh_from_db()
+        release_scope(refresh, f"policy refresh #{refresh.pk} {end_reason}")
+        _audit(
+            AuditAction.POLICY_REFRESH_ENDED,
+            refresh,
+            actor,
+            reason=reason,
+            previous_state=previous,
+            failed_step=refresh.failed_step,
+            left_paused=left_paused,
+            gates="unchanged: closed gates stay closed",
+        )
     transaction.on_commit(lambda: publish_state(refresh))
     return refresh
 

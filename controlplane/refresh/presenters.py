@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
+from controlplane.refresh.actions import can_end
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
@@ -157,6 +158,7 @@ def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
         "grid": grid(refresh),
         "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
         "is_active": refresh.state in ACTIVE_STATES,
+        "can_end": can_end(refresh),
         "journal": latest_journal(refresh),
         "agreement": agreement_summary(refresh),
         "fingerprint": fingerprint_summary(refresh),

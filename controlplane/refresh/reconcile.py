@@ -4,6 +4,13 @@ A refresh is orphaned when its executor's lease expired (the Celery worker died)
 was enqueued but never claimed (the broker lost the message). Resuming is just enqueueing the
 executor again: it claims the lease with a new fencing token and continues from the journal,
 so a duplicate tick or a second beat does no harm.
+
+It also frees orphaned scope locks: rows whose refresh is no longer active (ended by a path that
+crashed between its writes, or by an older version). A lock nobody can act on would make every
+later refresh of that namespace answer `refresh_conflict` for ever. An active refresh's lock is
+never touched here: a held refresh is always ended by a person (retry, rollback, force-reopen,
+abort with resume, or end), and an executing one is resumed or, once its executor is dead,
+ended by an approver.
 """
 
 from __future__ import annotations
@@ -11,10 +18,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor, record
+from controlplane.refresh.models import ACTIVE_STATES, EXECUTING_STATES, PolicyRefresh, ScopeLock
+
+RECONCILER = Actor.system("policy-refresh reconciler")
 
 
 def orphaned_refresh_ids() -> list[int]:
@@ -31,11 +43,45 @@ def orphaned_refresh_ids() -> list[int]:
     )
 
 
+def release_orphaned_locks() -> list[int]:
+    """Drop the scope locks of refreshes that are no longer active; returns their ids."""
+    from controlplane.refresh.executor.runner import release_scope
+
+    ids = list(
+        ScopeLock.objects.exclude(refresh__state__in=ACTIVE_STATES)
+        .values_list("refresh_id", flat=True)
+        .distinct()
+    )
+    for refresh_id in ids:
+        with transaction.atomic():
+            refresh = PolicyRefresh.objects.select_for_update().get(pk=refresh_id)
+            if refresh.state in ACTIVE_STATES:
+                continue  # became active again between the query and the lock
+            locks = list(
+                ScopeLock.objects.filter(refresh=refresh).values_list("namespace", flat=True)
+            )
+            release_scope(refresh, "")
+            record(
+                AuditAction.POLICY_REFRESH_RECOVERED,
+                actor=RECONCILER,
+                target=refresh,
+                details={
+                    "refresh_id": refresh.pk,
+                    "state": refresh.state,
+                    "released_orphaned_locks": sorted(locks),
+                },
+                correlation_id=refresh.correlation_id,
+            )
+    return ids
+
+
 def reconcile_policy_refreshes(*, inline: bool = False) -> list[int]:
-    """Enqueue (or with `inline`, run here) the executor for every orphaned refresh."""
+    """Free orphaned scope locks, then enqueue (or with `inline`, run here) the executor for
+    every orphaned refresh."""
     from controlplane.refresh.executor import execute_refresh
     from controlplane.refresh.tasks import execute_policy_refresh
 
+    release_orphaned_locks()
     ids = orphaned_refresh_ids()
     for refresh_id in ids:
         if inline:

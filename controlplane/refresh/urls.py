@@ -17,4 +17,5 @@ urlpatterns = [
     path("<int:pk>/abort/", views.abort, name="abort"),
     path("<int:pk>/retry/", views.retry, name="retry"),
     path("<int:pk>/rollback/", views.rollback, name="rollback"),
+    path("<int:pk>/end/", views.end, name="end"),
 ]

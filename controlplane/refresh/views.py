@@ -82,7 +82,11 @@ def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
     The live stream cannot render them — it has no request — so its fragment asks for them.
     """
     refresh = _refresh_for(request, pk)
-    context = {"refresh": refresh, "is_active": refresh.state in ACTIVE_STATES}
+    context = {
+        "refresh": refresh,
+        "is_active": refresh.state in ACTIVE_STATES,
+        "can_end": actions.can_end(refresh),
+    }
     return render(request, "refresh/detail.html#actions", context)
 
 
@@ -133,6 +137,13 @@ retry = _act(
     Perm.OPERATE_REFRESH,
     lambda r, req: actions.retry_policy_refresh(r, actor=actor_from_request(req)),
     "Retrying the failed step on failed and unreached workers.",
+)
+end = _act(
+    Perm.APPROVE_REFRESH,
+    lambda r, req: actions.end_policy_refresh(
+        r, actor=actor_from_request(req), reason=req.POST.get("reason", "")
+    ),
+    "Ended; the scope is free and its gates stay closed.",
 )
 rollback = _act(
     Perm.OPERATE_REFRESH,

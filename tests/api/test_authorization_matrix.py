@@ -42,6 +42,7 @@ ENDPOINTS = [
     ("post", "/api/v1/refreshes/{refresh}/abort", {}, Perm.OPERATE_REFRESH, True),
     ("post", "/api/v1/refreshes/{refresh}/retry", None, Perm.OPERATE_REFRESH, True),
     ("post", "/api/v1/refreshes/{refresh}/rollback", None, Perm.OPERATE_REFRESH, True),
+    ("post", "/api/v1/refreshes/{refresh}/end", {"reason": "x"}, Perm.APPROVE_REFRESH, True),
     ("get", "/api/v1/audit/events", None, Perm.VIEW, None),
     ("get", "/api/v1/audit/events/export", None, Perm.VIEW, None),
     ("delete", "/api/v1/sources/src-a", None, Perm.MANAGE_SOURCES, True),

@@ -56,6 +56,10 @@ class AbortIn(Schema):
     resume_engines: bool = False
 
 
+class EndIn(Schema):
+    reason: str = Field(min_length=1, max_length=2000)
+
+
 class RefreshOut(Schema):
     id: int
     source: str
@@ -331,4 +335,19 @@ def rollback_refresh(request: HttpRequest, response: HttpResponse, refresh_id: I
         refresh_id,
         Perm.OPERATE_REFRESH,
         lambda r: actions.rollback_policy_refresh(r, actor=actor(request)),
+    )
+
+
+@router.post("/refreshes/{refresh_id}/end", **_ACTION)
+def end_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: EndIn):
+    """Close a refresh out with a written reason, calling no worker: it ends `aborted`, its
+    scope is free at once and its gates stay closed. A running refresh is aborted first."""
+    from controlplane.refresh import actions
+
+    return _action(
+        request,
+        response,
+        refresh_id,
+        Perm.APPROVE_REFRESH,
+        lambda r: actions.end_policy_refresh(r, actor=actor(request), reason=payload.reason),
     )

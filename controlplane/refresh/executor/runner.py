@@ -20,6 +20,7 @@ from controlplane.intake.notifications import notify
 from controlplane.realtime import publish
 from controlplane.refresh import gates
 from controlplane.refresh.executor.calls import CallSettings
+from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.journal import refresh_group
 from controlplane.refresh.executor.lease import Lease, LeaseLost
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
@@ -83,6 +84,12 @@ class Runner:
         except LeaseLost:
             logger.warning("policy refresh #%s: lease lost, stopping", self.lease.refresh_id)
             return "lease_lost"
+        except Exception as exc:
+            logger.exception("policy refresh #%s: executor error", self.lease.refresh_id)
+            try:
+                return self._hold_after_error(exc)
+            except LeaseLost:
+                return "lease_lost"
 
     def _loop(self, stop_after: str | None) -> str:
         if self.takeover_pending:
@@ -248,15 +255,41 @@ class Runner:
         self._hold(refresh, step, reason, None)
 
     def _end_after_release(self, refresh, step_run: StepRun, result: StepResult) -> None:
+        """End as the person chose, even where a listed worker could not be resumed.
+
+        Holding again would hand the decision back to the same failing worker (and used to
+        keep the scope locked for ever), so the refresh ends, frees its scope and says which
+        engines may still be paused and why: in its end reason, the release step (failed) and
+        the audit event. The gate stays as the person left it (closed after an abort, open
+        after a force-reopen); the next refresh of the scope pauses and resumes them anyway.
+        """
         end_state = refresh.end_state or RefreshState.ABORTED
+        unresumed = list(
+            WorkerStepResult.objects.filter(
+                refresh=refresh, step=StepName.RELEASE, attempt=step_run.attempt
+            )
+            .exclude(status__in=("ok", "skipped", DEPARTED))
+            .values_list("planned_worker__key", "error")
+        )
+        departed = sorted(departed_keys(refresh.pk))
+        end_reason = refresh.end_reason
+        if unresumed:
+            named = "; ".join(f"{key}: {error}" for key, error in unresumed[:5])
+            end_reason += (
+                f" — {len(unresumed)} engine{'' if len(unresumed) == 1 else 's'} could not be "
+                f"resumed and may still be paused ({named})"
+            )
+        if departed:
+            end_reason += f" — {len(departed)} worker(s) had left the fleet"
         with transaction.atomic():
             self.lease.release(
-                state=end_state, finished_at=timezone.now(), state_changed_at=timezone.now()
+                state=end_state,
+                end_reason=end_reason[:4000],
+                finished_at=timezone.now(),
+                state_changed_at=timezone.now(),
             )
-            self._finish_step_run(step_run, "ok", result.detail)
-            release_scope(
-                refresh, f"policy refresh #{refresh.pk} {end_state}: {refresh.end_reason}"
-            )
+            self._finish_step_run(step_run, "failed" if unresumed else "ok", result.detail)
+            release_scope(refresh, f"policy refresh #{refresh.pk} {end_state}: {end_reason}")
             action = (
                 AuditAction.POLICY_REFRESH_ABORTED
                 if end_state == RefreshState.ABORTED
@@ -266,10 +299,28 @@ class Runner:
                 action,
                 actor=EXECUTOR,
                 target=refresh,
-                details={"reason": refresh.end_reason, "engines_resumed": True},
+                details={
+                    "reason": end_reason,
+                    "engines_resumed": not unresumed,
+                    "not_resumed": [{"worker": k, "error": e} for k, e in unresumed],
+                    "left_the_fleet": departed,
+                },
                 correlation_id=refresh.correlation_id,
             )
         publish_state(self.load())
+
+    def _hold_after_error(self, exc: Exception) -> str:
+        """An unexpected executor error holds the refresh instead of crashing it in a loop.
+
+        Left executing, the reconciler would re-run it after every lease period and hit the same
+        error for ever; held, a person sees the error and can retry, roll back or end it.
+        """
+        refresh = self.load()
+        if refresh.state not in EXECUTING_STATES:
+            return refresh.state
+        step = STATE_STEP[refresh.state]
+        self._hold(refresh, step, f"executor error: {type(exc).__name__}: {exc}", None)
+        return RefreshState.HELD
 
 
 def execute_refresh(

@@ -6,21 +6,22 @@ retry touch only failed or unreached workers and a takeover resume from the jour
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from django.db import transaction
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
-from controlplane.dynamo.discovery import fetch_discovery
-from controlplane.dynamo.errors import DiscoveryError
-from controlplane.dynamo.http import make_client
 from controlplane.refresh import gates
 from controlplane.refresh.executor.agreement import check_agreement
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob
+from controlplane.refresh.executor.departures import (
+    departed_ids,
+    departed_keys,
+    read_membership,
+    rechecks_membership,
+    record_departures,
+)
 from controlplane.refresh.executor.journal import refresh_group, run_step_calls
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
@@ -76,46 +77,20 @@ class CloseGate(Step):
 
 
 def membership_problem(ctx: StepContext, step: StepName) -> str | None:
-    """Read the listener now and compare the scope's membership with the plan's."""
+    """Read the listener now and compare the scope's membership with the plan's.
+
+    Workers recorded as departed are no change. On a retry, planned workers that left since
+    are recorded as departed (a person chose to go on) instead of holding again.
+    """
     refresh = ctx.refresh
-    started = datetime.now(UTC)
-    t0 = time.perf_counter()
-
-    async def fetch():
-        async with make_client(timeout=ctx.cfg.timeout, transport=ctx.cfg.transport) as client:
-            return await fetch_discovery(
-                client, ctx.cfg.policy, refresh.source.listener_url, timeout=ctx.cfg.timeout
-            )
-
-    error = ""
-    current: set[str] = set()
-    try:
-        result = asyncio.run(fetch())
-        current = {
-            w.identity.key for w in result.workers if w.identity.namespace in refresh.namespaces
-        }
-    except DiscoveryError as exc:
-        error = exc.reason
-    with transaction.atomic():
-        ctx.lease.guard()
-        JournalEntry.objects.create(
-            refresh=refresh,
-            step=step,
-            operation="discovery",
-            method="GET",
-            url=refresh.source.listener_url[:800],
-            ok=not error,
-            error=error,
-            response_body={"in_scope": sorted(current)} if not error else None,
-            duration_ms=(time.perf_counter() - t0) * 1000.0,
-            attempt=ctx.attempt,
-            started_at=started,
-            finished_at=datetime.now(UTC),
-            lease_token=ctx.lease.token,
-        )
+    current, error = read_membership(ctx, step)
     if error:
         return f"discovery failed: {error}"
-    planned = set(refresh.plan_membership)
+    planned = set(refresh.plan_membership) - departed_keys(refresh.pk)
+    if rechecks_membership(ctx):
+        left_planned = [w for w in refresh.workers.all() if w.key in planned - current]
+        record_departures(ctx, step, left_planned, current)
+        planned &= current
     joined, left = sorted(current - planned), sorted(planned - current)
     if joined or left:
         parts = []
@@ -158,8 +133,12 @@ class WorkerStep(Step):
     """Call every planned worker that has not yet succeeded at this step."""
 
     def pending(self, ctx: StepContext) -> list[PlannedWorker]:
-        done = ok_worker_ids(ctx.refresh.pk, self.name)
-        return [w for w in ctx.refresh.workers.all() if w.pk not in done]
+        done = ok_worker_ids(ctx.refresh.pk, self.name) | departed_ids(ctx.refresh.pk)
+        pending = [w for w in ctx.refresh.workers.all() if w.pk not in done]
+        if pending and rechecks_membership(ctx):
+            gone = record_departures(ctx, self.name, pending)
+            pending = [w for w in pending if w.pk not in gone]
+        return pending
 
     def job(self, ctx: StepContext, worker: PlannedWorker, step: str | None = None) -> WorkerJob:
         return WorkerJob(
@@ -302,7 +281,13 @@ class Reopen(Step):
 
 
 class Release(WorkerStep):
-    """Resume every engine this refresh paused (abort with resume, force-reopen)."""
+    """Resume every engine this refresh paused (abort with resume, force-reopen).
+
+    A release carries out a person's decision, so it always completes: workers that left the
+    fleet are recorded and skipped, and a listed worker whose resume fails is recorded with its
+    reason (its failed result, the step detail, the end reason and the audit event) while the
+    refresh still ends and frees its scope. The runner reads those failures from the results.
+    """
 
     name = StepName.RELEASE
 
@@ -312,13 +297,19 @@ class Release(WorkerStep):
                 "planned_worker_id", flat=True
             )
         )
-        done = ok_worker_ids(ctx.refresh.pk, self.name)
+        done = ok_worker_ids(ctx.refresh.pk, self.name) | departed_ids(ctx.refresh.pk)
         workers = [w for w in ctx.refresh.workers.all() if w.pk in touched and w.pk not in done]
+        gone = record_departures(ctx, self.name, workers)
+        workers = [w for w in workers if w.pk not in gone]
         jobs = [self.job(ctx, w, StepName.RESUME_ENGINES) for w in workers]
         journal = self.run_jobs(ctx, jobs)
-        if any(o.status != "ok" for o in journal.outcomes):
-            return StepResult(False, summarize_failures("release", journal.outcomes, len(jobs)))
-        return StepResult(True, detail=f"resumed {len(jobs)} workers")
+        resumed = sum(1 for o in journal.outcomes if o.status == "ok")
+        detail = f"resumed {resumed} of {len(jobs)} workers"
+        if gone:
+            detail += f"; {len(gone)} had left the fleet"
+        if resumed < len(jobs):
+            detail += "; " + summarize_failures("resume", journal.outcomes, len(jobs))
+        return StepResult(True, detail=detail)
 
 
 STEPS: dict[StepName, Step] = {

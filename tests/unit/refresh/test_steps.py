@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.fleet.models import Source
+from controlplane.refresh.executor import departures
 from controlplane.refresh.executor.calls import WorkerJob, WorkerOutcome
 from controlplane.refresh.executor.steps import (
     Flush,
@@ -120,6 +121,9 @@ def test_a_retry_calls_only_workers_without_an_ok_or_skipped_result(refresh, mon
             status=status,
             finished_at=timezone.now(),
         )
+    # A retry reads the listener first (workers that left are not retried): all still listed.
+    listed = {w.key for w in (done, skipped, failed)}
+    monkeypatch.setattr(departures, "read_membership", lambda ctx, step: (listed, ""))
     fan_out = FanOut()
     install(monkeypatch, Pause(), fan_out).run(context(refresh, attempt=2))
     ((_, jobs),) = fan_out.batches

@@ -1,0 +1,146 @@
+"""Workers that left the fleet mid-refresh: found by a fresh discovery, recorded, then skipped.
+
+A worker that crashed or was removed is absent from its source's listing. There is nothing to
+resume, retry or verify on it, and trying again only fails again — which used to keep the refresh
+held at `release` for ever with its scope locked. So whenever a person asks the executor to go
+on after a hold (retry, abort with resume, force-reopen), a worker step first reads the listener
+once and records every pending planned worker that is no longer listed as `departed` ("left the
+fleet"). Departed workers count as done for every later step, and `reopen` does not count them
+as a membership change. The listing is journaled like the membership checks, each departure is a
+worker step result (a grid cell on the refresh page) and one audit event names them all.
+
+A first attempt never does this: a worker that vanishes during an unattended run holds the
+refresh, so a person sees it before the scope goes on without it. If the listener cannot be read
+nobody is declared gone: the workers are called as usual and their failures speak for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor, record
+from controlplane.dynamo.discovery import fetch_discovery
+from controlplane.dynamo.errors import DiscoveryError
+from controlplane.dynamo.http import make_client
+from controlplane.refresh.models import JournalEntry, PlannedWorker, WorkerStepResult
+
+DEPARTED = "departed"
+LEFT_THE_FLEET = "left the fleet: absent from a fresh discovery of {source}"
+EXECUTOR = Actor.system("policy-refresh executor")
+
+
+def read_membership(ctx, step: str) -> tuple[set[str], str]:
+    """Read the listener now: (keys of the scope's listed workers, error). Journaled."""
+    refresh = ctx.refresh
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+
+    async def fetch():
+        async with make_client(timeout=ctx.cfg.timeout, transport=ctx.cfg.transport) as client:
+            return await fetch_discovery(
+                client, ctx.cfg.policy, refresh.source.listener_url, timeout=ctx.cfg.timeout
+            )
+
+    error = ""
+    current: set[str] = set()
+    try:
+        result = asyncio.run(fetch())
+        current = {
+            w.identity.key for w in result.workers if w.identity.namespace in refresh.namespaces
+        }
+    except DiscoveryError as exc:
+        error = exc.reason
+    with transaction.atomic():
+        ctx.lease.guard()
+        JournalEntry.objects.create(
+            refresh=refresh,
+            step=step,
+            operation="discovery",
+            method="GET",
+            url=refresh.source.listener_url[:800],
+            ok=not error,
+            error=error,
+            response_body={"in_scope": sorted(current)} if not error else None,
+            duration_ms=(time.perf_counter() - t0) * 1000.0,
+            attempt=ctx.attempt,
+            started_at=started,
+            finished_at=datetime.now(UTC),
+            lease_token=ctx.lease.token,
+        )
+    return current, error
+
+
+def departed_ids(refresh_id: int) -> set[int]:
+    """Planned workers recorded as having left the fleet (at any step)."""
+    return set(
+        WorkerStepResult.objects.filter(refresh_id=refresh_id, status=DEPARTED).values_list(
+            "planned_worker_id", flat=True
+        )
+    )
+
+
+def departed_keys(refresh_id: int) -> set[str]:
+    return set(
+        WorkerStepResult.objects.filter(refresh_id=refresh_id, status=DEPARTED).values_list(
+            "planned_worker__key", flat=True
+        )
+    )
+
+
+def rechecks_membership(ctx) -> bool:
+    """A person asked to go on after a hold: a retry (not a takeover after an executor crash)."""
+    return ctx.attempt > 1 and not ctx.takeover
+
+
+def record_departures(
+    ctx, step: str, candidates: list[PlannedWorker], current: set[str] | None = None
+) -> set[int]:
+    """Record every candidate absent from a fresh listing as departed; return their ids.
+
+    `current` is a listing the caller already read; otherwise the listener is read here.
+    """
+    if not candidates:
+        return set()
+    if current is None:
+        current, error = read_membership(ctx, step)
+        if error:
+            return set()
+    gone = [w for w in candidates if w.key not in current]
+    if not gone:
+        return set()
+    refresh = ctx.refresh
+    reason = LEFT_THE_FLEET.format(source=refresh.source.name)
+    now = timezone.now()
+    with transaction.atomic():
+        ctx.lease.guard()
+        WorkerStepResult.objects.bulk_create(
+            WorkerStepResult(
+                refresh=refresh,
+                planned_worker=w,
+                step=step,
+                attempt=ctx.attempt,
+                status=DEPARTED,
+                error=reason,
+                finished_at=now,
+            )
+            for w in gone
+        )
+        record(
+            AuditAction.POLICY_REFRESH_WORKERS_DEPARTED,
+            actor=EXECUTOR,
+            target=refresh,
+            details={
+                "refresh_id": refresh.pk,
+                "step": step,
+                "workers": [w.key for w in gone],
+                "outcome": "left the fleet; not called again by this refresh",
+            },
+            correlation_id=refresh.correlation_id,
+        )
+    return {w.pk for w in gone}

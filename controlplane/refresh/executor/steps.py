@@ -248,7 +248,16 @@ class Verify(WorkerStep):
             .order_by("id")
             .values_list("planned_worker_id", "status")
         )
-        return [w for w in ctx.refresh.workers.all() if latest.get(w.pk) not in ("ok", "skipped")]
+        departed = departed_ids(ctx.refresh.pk)
+        pending = [
+            w
+            for w in ctx.refresh.workers.all()
+            if w.pk not in departed and latest.get(w.pk) not in ("ok", "skipped")
+        ]
+        if pending and rechecks_membership(ctx):
+            gone = record_departures(ctx, self.name, pending)
+            pending = [w for w in pending if w.pk not in gone]
+        return pending
 
     def job(self, ctx: StepContext, worker: PlannedWorker, step: str | None = None) -> WorkerJob:
         job = super().job(ctx, worker, step)

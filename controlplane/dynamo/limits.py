@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 # ---- columns a discovered worker lands in (characters, as varchar counts them) ----------
@@ -64,6 +65,9 @@ RAW_PREVIEW_MAX = 2000
 ERROR_TEXT_MAX = 2000
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def text_problem(value: str, limit: int) -> str | None:
     """Why `value` cannot be stored in a `limit`-character column, or None when it can."""
     if "\x00" in value:
@@ -84,7 +88,7 @@ def storable_text(value: str, limit: int = ERROR_TEXT_MAX) -> str:
     if "\x00" in value:
         value = value.replace("\x00", "\ufffd")
     if not value.isascii():
-        value = value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        value = _SURROGATE.sub("\ufffd", value)
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 

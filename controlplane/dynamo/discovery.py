@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -116,9 +117,9 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) == len(pairs):
         return obj
-    seen: set[str] = set()
     marked = _RepeatedKeys(obj)
-    marked.repeated = sorted({k for k, _ in pairs if k in seen or seen.add(k)})
+    counts = Counter(key for key, _ in pairs)
+    marked.repeated = sorted(key for key, n in counts.items() if n > 1)
     return marked
 
 

@@ -184,7 +184,7 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
         if observed is not None:
             stored, error = _store(source, observed, run, now)
             run.ok, run.error = stored is not None, error
-        if observed is not None and stored is not None:
+        if observed is not None and stored is not None:  # stored only exists when observed
             diff = stored.diff
             run.reported_namespace = observed.result.namespace
             run.workers_total, run.workers_live = stored.total, stored.live

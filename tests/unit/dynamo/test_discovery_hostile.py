@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import given as hypothesis_given
 from hypothesis import strategies as st
@@ -451,3 +452,117 @@ def test_hostile_entries_are_rejected_with_a_reason_or_fit_storage(capsys):
             "reason, 0 payloads refused, 0 crashes"
         )
     assert outcomes["rejected"] > 0 and outcomes["accepted"] > 0
+
+
+# ---- the rules, one by one --------------------------------------------------------------------
+
+
+def _doc(*entries: Any, namespace: Any = "rl") -> str:
+    return to_json({"protocol_version": 1, "namespace": namespace, "workers": list(entries)}, False)
+
+
+def _one(**overrides: Any) -> dict[str, Any]:
+    entry = {
+        "namespace": "rl-a",
+        "component": "backend",
+        "endpoint": "rl",
+        "instance_id": 7,
+        "transport": {"tcp": "127.0.0.1:1/t/rl-a/backend/rl"},
+        "request_plane_url": "dyn://rl-a.backend.rl",
+        "routes": ["get_weight_version"],
+    }
+    entry.update(overrides)
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (_doc(_one(world_size=Raw("NaN"))), "contains NaN, which JSON does not allow"),
+        (_doc(_one(future=Raw("-Infinity"))), "contains -Infinity"),
+        (_doc(_one(transport={"tcp": Raw("1e400")})), "number out of range (1e400)"),
+        (_doc(_one(instance_id=Raw("9" * 41))), "41-digit number (over 40 digits)"),
+        (_doc(_one(instance_id=Raw("9" * 5000))), "5000-digit number"),
+        (_doc(_one(x=Raw("[" * 31 + "]" * 31))), "nested too deeply (over 32 levels)"),
+        ("[" * 100_000, "nested too deeply"),
+        (Pairs((("protocol_version", 1), ("namespace", "a"), ("namespace", "b"))), "repeats"),
+        (_doc(namespace="a\x00"), "'namespace' contains a NUL character"),
+        (_doc(namespace="\ud800"), "'namespace' contains a lone UTF-16 surrogate"),
+        (_doc(*[1] * (limits.MAX_ENTRIES + 1)), "lists 50001 workers, over the 50000 limit"),
+    ],
+    ids=[
+        "nan",
+        "-inf-in-unknown-key",
+        "1e400",
+        "41-digits",
+        "5000-digits",
+        "depth-33",
+        "100k-brackets",
+        "repeated-top-level-key",
+        "nul-namespace",
+        "surrogate-namespace",
+        "too-many-entries",
+    ],
+)
+def test_payload_wide_problems_refuse_the_payload(body, reason):
+    if isinstance(body, Pairs):
+        body = to_json(Pairs((*body.items, ("workers", []))), False)
+    with pytest.raises(DiscoveryError) as info:
+        parse_discovery(body)
+    assert reason in info.value.reason
+
+
+def test_limits_are_inclusive_and_control_characters_are_data():
+    at_limit = _one(
+        component="c" * limits.NAME_MAX,
+        model="\u202e\x1b\x85" + "m" * (limits.MODEL_MAX - 3),
+        instance_id=Raw("1" + "0" * 19),  # 20 digits: within u64
+        x=Raw("[" * 28 + "]" * 28),  # 32 levels with the payload's own four
+        error="engine \x07 dead",
+    )
+    (worker,) = parse_discovery(_doc(at_limit)).workers
+    assert worker.identity.component == "c" * limits.NAME_MAX
+    assert worker.model.startswith("\u202e\x1b\x85") and worker.error == "engine \x07 dead"
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        (_one(component="a\x00"), "'component' contains a NUL character"),
+        (_one(model="x\udc00"), "'model' contains a lone UTF-16 surrogate"),
+        (_one(endpoint="e" * 201), "'endpoint' is 201 characters long, over the 200-character"),
+        (_one(routes=["r" * 201]), "'routes' has an entry that is 201 characters long"),
+        (_one(routes=["r"] * 257), "'routes' has 257 entries, over the 256 limit"),
+        (_one(transport={"tcp": "t" * 3000}), "'transport' has a string that is 3000 characters"),
+        (_one(transport={"tcp": "a", "x": "b" * 2040}), "'transport' is 2058 characters as JSON"),
+        (_one(transport=Pairs((("tcp", "a"), ("tcp", "b")))), "'transport' repeats the key 'tcp'"),
+        (Pairs((*_one().items(), ("component", "other"))), "entry repeats the key 'component'"),
+        (_one(instance_id=2**64), "outside the unsigned 64-bit range"),
+        (_one(instance_id=-1), "outside the unsigned 64-bit range"),
+        (_one(error="e" * 4097), "'error' is 4097 characters long, over the 4096-character"),
+    ],
+    ids=[
+        "nul",
+        "surrogate",
+        "long-name",
+        "long-route",
+        "many-routes",
+        "long-transport-string",
+        "long-transport",
+        "repeated-transport-key",
+        "repeated-entry-key",
+        "u64-overflow",
+        "negative-id",
+        "long-error",
+    ],
+)
+def test_entry_problems_reject_only_that_entry(entry, reason):
+    result = parse_discovery(_doc(_one(component="good"), entry))
+    assert [w.identity.component for w in result.workers] == ["good"]
+    (rejected,) = result.rejected
+    assert rejected.index == 1 and reason in rejected.reason
+
+
+def test_unknown_keys_are_ignored_even_when_they_hold_nul():
+    (worker,) = parse_discovery(_doc(_one(future="\x00", **{"\x00": 1}))).workers
+    assert worker.identity.component == "backend"

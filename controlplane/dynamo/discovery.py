@@ -4,18 +4,29 @@ The parser is strict about types because the payload decides where unauthenticat
 go, and lenient about unknown keys (ignored, like the listener does for descriptors). A bad
 *entry* becomes a `RejectedEntry` with a reason and never hides the others; a bad *payload*
 raises `DiscoveryError` with one line saying why.
+
+It is also the storage boundary: every value an accepted entry carries fits the column it lands
+in (`limits`), so no payload can make storing a refresh fail. Problems that make the document
+itself untrustworthy refuse the whole payload: NaN/Infinity anywhere (not JSON, though Python's
+parser accepts them), numbers over 40 digits, nesting past `limits.MAX_DEPTH`, more than
+`limits.MAX_ENTRIES` entries, oversize bodies, and a top-level key given twice. Inside an entry,
+a key given twice rejects that entry: which value a producer meant is ambiguous (serde refuses
+duplicate fields; Python keeps the last), so neither is trusted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from . import limits
 from .errors import DiscoveryError, ProtocolVersionError, one_line
 from .http import read_capped
 from .policy import OutboundPolicy
@@ -72,7 +83,8 @@ class DiscoveredWorker:
 
 @dataclass(frozen=True, slots=True)
 class RejectedEntry:
-    """An entry we could not validate. `raw` is the JSON value as received, for display."""
+    """An entry we could not validate. `raw` is the JSON value as received when it is small and
+    storable, else a truncated JSON text of it (`limits.raw_preview`), for display."""
 
     index: int
     reason: str
@@ -91,20 +103,94 @@ class _EntryError(ValueError):
     """Internal: one entry is malformed. Never escapes `parse_discovery`."""
 
 
+class _PayloadError(ValueError):
+    """Internal: raised from inside the JSON decoder's hooks; becomes a DiscoveryError."""
+
+
+class _RepeatedKeys(dict):
+    """A JSON object that gave a key more than once (the dict holds the last value)."""
+
+    __slots__ = ("repeated",)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    marked = _RepeatedKeys(obj)
+    counts = Counter(key for key, _ in pairs)
+    marked.repeated = sorted(key for key, n in counts.items() if n > 1)
+    return marked
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 is a valid JSON number that Python reads as inf
+        raise _PayloadError(f"discovery payload has a number out of range ({text[:40]})")
+    return value
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > limits.MAX_NUMBER_DIGITS:
+        raise _PayloadError(
+            f"discovery payload has a {len(text.lstrip('-'))}-digit number "
+            f"(over {limits.MAX_NUMBER_DIGITS} digits)"
+        )
+    return int(text)
+
+
+def _constant(name: str) -> Any:
+    raise _PayloadError(f"discovery payload contains {name}, which JSON does not allow")
+
+
+def _depth_over(value: object, limit: int) -> bool:
+    """True when `value` nests deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in item if isinstance(child, dict | list))
+    return False
+
+
+def _check_text(name: str, value: str, limit: int) -> str:
+    if problem := limits.text_problem(value, limit):
+        raise _EntryError(f"'{name}' {problem}")
+    return value
+
+
+def _repeated_keys_problem(value: object) -> str | None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _RepeatedKeys):
+            return f"repeats the key {one_line(repr(item.repeated[0]), 60)}"
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
 def _is_int(value: object) -> bool:
     # bool is an int subclass in Python; JSON `true` must never pass as a number.
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _required_str(entry: dict[str, Any], name: str, *, non_empty: bool = True) -> str:
+def _required_str(entry: dict[str, Any], name: str, limit: int) -> str:
     if name not in entry:
         raise _EntryError(f"missing '{name}'")
     value = entry[name]
     if not isinstance(value, str):
         raise _EntryError(f"'{name}' must be a string")
-    if non_empty and not value:
+    if not value:
         raise _EntryError(f"'{name}' must not be empty")
-    return value
+    return _check_text(name, value, limit)
 
 
 def _optional(entry: dict[str, Any], name: str) -> Any:
@@ -115,11 +201,13 @@ def _optional(entry: dict[str, Any], name: str) -> Any:
     return value
 
 
-def _optional_str(entry: dict[str, Any], name: str) -> str | None:
+def _optional_str(entry: dict[str, Any], name: str, limit: int) -> str | None:
     value = _optional(entry, name)
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return None
+    if not isinstance(value, str):
         raise _EntryError(f"'{name}' must be a string")
-    return value
+    return _check_text(name, value, limit)
 
 
 def parse_instance_id(value: object) -> int:
@@ -167,45 +255,59 @@ def _system_url_problem(url: str) -> str | None:
 def _parse_routes(value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise _EntryError("'routes' must be an array of strings")
+    if len(value) > limits.ROUTES_MAX:
+        raise _EntryError(f"'routes' has {len(value)} entries, over the {limits.ROUTES_MAX} limit")
     for route in value:
         if not isinstance(route, str):
             raise _EntryError("'routes' contains a non-string entry")
         if not route:
             raise _EntryError("'routes' contains an empty entry")
+        if problem := limits.text_problem(route, limits.ROUTE_MAX):
+            raise _EntryError(f"'routes' has an entry that {problem}")
     return tuple(value)
+
+
+def _parse_transport(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict) or not value:
+        raise _EntryError("'transport' must be a non-empty object")
+    if problem := limits.json_problem(value, max_chars=limits.TRANSPORT_JSON_MAX):
+        raise _EntryError(f"'transport' {problem}")
+    return value
 
 
 def parse_worker(entry: object) -> DiscoveredWorker:
     """Validate one worker entry (contract §1.3). Raises ValueError with the reason."""
     if not isinstance(entry, dict):
         raise _EntryError(f"entry must be an object, got {type(entry).__name__}")
+    if isinstance(entry, _RepeatedKeys):
+        raise _EntryError(f"entry repeats the key {one_line(repr(entry.repeated[0]), 60)}")
     if "instance_id" not in entry:
         raise _EntryError("missing 'instance_id'")
     identity = WorkerIdentity(
-        namespace=_required_str(entry, "namespace"),
-        component=_required_str(entry, "component"),
-        endpoint=_required_str(entry, "endpoint"),
+        namespace=_required_str(entry, "namespace", limits.NAME_MAX),
+        component=_required_str(entry, "component", limits.NAME_MAX),
+        endpoint=_required_str(entry, "endpoint", limits.NAME_MAX),
         instance_id=parse_instance_id(entry["instance_id"]),
     )
-    transport = entry.get("transport")
-    if not isinstance(transport, dict) or not transport:
-        raise _EntryError("'transport' must be a non-empty object")
-    request_plane_url = _required_str(entry, "request_plane_url")
+    transport = _parse_transport(entry.get("transport"))
+    if problem := _repeated_keys_problem(transport):
+        raise _EntryError(f"'transport' {problem}")
+    request_plane_url = _required_str(entry, "request_plane_url", limits.REQUEST_PLANE_URL_MAX)
     if "routes" not in entry:
         raise _EntryError("missing 'routes'")
     routes = _parse_routes(entry["routes"])
 
-    system_url = _optional_str(entry, "system_url")
+    system_url = _optional_str(entry, "system_url", limits.URL_MAX)
     if system_url is not None and (problem := _system_url_problem(system_url)):
         raise _EntryError(problem)
-    admin_base_url = _optional_str(entry, "admin_base_url")
+    admin_base_url = _optional_str(entry, "admin_base_url", limits.URL_MAX)
     if admin_base_url is not None and (problem := admin_base_url_problem(admin_base_url)):
         raise _EntryError(f"invalid 'admin_base_url': {problem}")
     world_size = _optional(entry, "world_size")
     if world_size is not None and (not _is_int(world_size) or not 0 < world_size <= U32_MAX):
         raise _EntryError("'world_size' must be an integer between 1 and 2^32-1")
-    model = _optional_str(entry, "model")
-    error = _optional_str(entry, "error")
+    model = _optional_str(entry, "model", limits.MODEL_MAX)
+    error = _optional_str(entry, "error", limits.WORKER_ERROR_MAX)
 
     return DiscoveredWorker(
         identity=identity,
@@ -226,12 +328,26 @@ def _load_json(body: bytes | str) -> object:
         raise DiscoveryError(
             f"discovery payload is {size} bytes, over the {MAX_DISCOVERY_BYTES}-byte limit"
         )
+    too_deep = f"discovery payload is nested too deeply (over {limits.MAX_DEPTH} levels)"
     try:
-        return json.loads(body)
+        payload = json.loads(
+            body,
+            object_pairs_hook=_object,
+            parse_float=_float,
+            parse_int=_int,
+            parse_constant=_constant,
+        )
     except RecursionError:
-        raise DiscoveryError("discovery payload is nested too deeply") from None
+        raise DiscoveryError(too_deep) from None
+    except _PayloadError as exc:
+        raise DiscoveryError(str(exc)) from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise DiscoveryError(f"discovery payload is not valid JSON: {one_line(exc, 200)}") from None
+    # The decoder only stops at the interpreter's recursion limit; what it accepted below that
+    # must still be shallow enough to store and to serialise again anywhere.
+    if _depth_over(payload, limits.MAX_DEPTH):
+        raise DiscoveryError(too_deep)
+    return payload
 
 
 def parse_discovery(body: bytes | str) -> DiscoveryResult:
@@ -240,6 +356,10 @@ def parse_discovery(body: bytes | str) -> DiscoveryResult:
     if not isinstance(payload, dict):
         raise DiscoveryError(
             f"discovery payload must be a JSON object, got {type(payload).__name__}"
+        )
+    if isinstance(payload, _RepeatedKeys):
+        raise DiscoveryError(
+            f"discovery payload repeats the key {one_line(repr(payload.repeated[0]), 60)}"
         )
     # The version gates everything else: a future layout must not be half-understood.
     if "protocol_version" not in payload:
@@ -254,9 +374,15 @@ def parse_discovery(body: bytes | str) -> DiscoveryResult:
     namespace = payload.get("namespace")
     if not isinstance(namespace, str):
         raise DiscoveryError("discovery payload 'namespace' must be a string")
+    if problem := limits.text_problem(namespace, limits.NAME_MAX):
+        raise DiscoveryError(f"discovery payload 'namespace' {problem}")
     entries = payload.get("workers")
     if not isinstance(entries, list):
         raise DiscoveryError("discovery payload 'workers' must be an array")
+    if len(entries) > limits.MAX_ENTRIES:
+        raise DiscoveryError(
+            f"discovery payload lists {len(entries)} workers, over the {limits.MAX_ENTRIES} limit"
+        )
 
     workers: list[DiscoveredWorker] = []
     rejected: list[RejectedEntry] = []
@@ -265,15 +391,20 @@ def parse_discovery(body: bytes | str) -> DiscoveryResult:
         try:
             worker = parse_worker(entry)
         except _EntryError as exc:
-            rejected.append(RejectedEntry(index, str(exc), entry))
+            rejected.append(_rejected(index, str(exc), entry))
             continue
         if worker.identity in seen:
             # The listener deduplicates on identity; a repeat means the payload is not its own.
-            rejected.append(RejectedEntry(index, f"duplicate worker {worker.key}", entry))
+            rejected.append(_rejected(index, f"duplicate worker {worker.key}", entry))
             continue
         seen.add(worker.identity)
         workers.append(worker)
     return DiscoveryResult(int(version), namespace, tuple(workers), tuple(rejected))
+
+
+def _rejected(index: int, reason: str, entry: object) -> RejectedEntry:
+    reason = limits.storable_text(one_line(reason, limits.REASON_MAX), limits.REASON_MAX)
+    return RejectedEntry(index, reason, limits.raw_preview(entry))
 
 
 def discovery_url(listener_url: str) -> str:
@@ -286,13 +417,13 @@ def _error_message(raw: bytes | None) -> str | None:
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
-        return one_line(raw.decode("utf-8", "replace"), 200)
+        return limits.storable_text(one_line(raw.decode("utf-8", "replace"), 200))
     if isinstance(data, dict):
         message = data.get("message")
         if isinstance(message, str):
-            return message
+            return limits.storable_text(one_line(message, 300))
         if isinstance(data.get("error"), str):
-            return data["error"]
+            return limits.storable_text(one_line(data["error"], 300))
     return None
 
 

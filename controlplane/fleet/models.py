@@ -4,6 +4,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from controlplane.dynamo import fingerprint as fp
+from controlplane.dynamo import limits
 
 # Names match `controlplane.dynamo.families.FAMILIES`.
 FAMILY_CHOICES = [
@@ -55,7 +56,7 @@ class Source(models.Model):
     )
     agreement_epsilon = models.FloatField(default=fp.DEFAULT_EPSILON)
 
-    reported_namespace = models.CharField(max_length=200, blank=True)
+    reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     stale = models.BooleanField(default=False)
     stale_reason = models.TextField(blank=True)
     last_refresh_started_at = models.DateTimeField(null=True, blank=True)
@@ -126,19 +127,25 @@ class Worker(models.Model):
     static_worker = models.OneToOneField(
         StaticWorker, null=True, blank=True, on_delete=models.SET_NULL, related_name="worker"
     )
-    namespace = models.CharField(max_length=200)
-    component = models.CharField(max_length=200)
-    endpoint = models.CharField(max_length=200)
-    instance_id = models.CharField(max_length=20, validators=[instance_id_validator])
+    # Column sizes come from the client's storage limits (`controlplane.dynamo.limits`), which
+    # discovery parsing enforces; tests/integration/fleet/test_discovery_storage.py keeps the
+    # two from drifting apart.
+    namespace = models.CharField(max_length=limits.NAME_MAX)
+    component = models.CharField(max_length=limits.NAME_MAX)
+    endpoint = models.CharField(max_length=limits.NAME_MAX)
+    instance_id = models.CharField(
+        max_length=limits.INSTANCE_ID_MAX, validators=[instance_id_validator]
+    )
 
     family = models.CharField(max_length=32, blank=True)
     transport = models.JSONField(default=dict, blank=True)
-    request_plane_url = models.CharField(max_length=500, blank=True)
-    system_url = models.CharField(max_length=500, blank=True)
-    admin_base_url = models.CharField(max_length=500, blank=True)
-    model = models.CharField(max_length=300, blank=True)
+    request_plane_url = models.CharField(max_length=limits.REQUEST_PLANE_URL_MAX, blank=True)
+    system_url = models.CharField(max_length=limits.URL_MAX, blank=True)
+    admin_base_url = models.CharField(max_length=limits.URL_MAX, blank=True)
+    model = models.CharField(max_length=limits.MODEL_MAX, blank=True)
     routes = models.JSONField(default=list, blank=True)
-    world_size = models.PositiveIntegerField(null=True, blank=True)
+    # A u32 (up to 2^32-1): PostgreSQL's `integer` stops at 2^31-1, so this is a bigint.
+    world_size = models.PositiveBigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
 
     state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.LIVE)
@@ -199,7 +206,7 @@ class DiscoveryRun(models.Model):
     duration_ms = models.FloatField(null=True, blank=True)
     ok = models.BooleanField(default=False)
     error = models.TextField(blank=True)
-    reported_namespace = models.CharField(max_length=200, blank=True)
+    reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     workers_total = models.PositiveIntegerField(default=0)
     workers_live = models.PositiveIntegerField(default=0)
     workers_erroring = models.PositiveIntegerField(default=0)

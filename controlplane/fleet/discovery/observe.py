@@ -18,6 +18,7 @@ from controlplane.dynamo.admin import call_admin
 from controlplane.dynamo.discovery import DiscoveredWorker, DiscoveryResult, fetch_discovery
 from controlplane.dynamo.families import FAMILIES, AdminFamily, Operation, detect_family
 from controlplane.dynamo.http import make_client
+from controlplane.dynamo.limits import storable_text, weight_version_problem
 from controlplane.dynamo.policy import OutboundPolicy
 
 #: Endpoint name given to static workers, which have no discovery endpoint of their own.
@@ -171,17 +172,29 @@ class Prober:
             results = [await self._call(obs, family, op) for op in ops]
         for op, result in zip(ops, results, strict=True):
             if op == Operation.GET_WEIGHT_VERSION:
-                obs.version_probed = True
-                obs.version_ok = result.ok
-                if result.ok:
-                    data = result.data or {}
-                    obs.weight_version = data.get("version")
-                    obs.weight_version_declared = bool(data.get("version_declared"))
-                else:
-                    obs.version_error = result.error or "version probe failed"
+                _record_version(obs, result.ok, result.data, result.error)
             else:
                 obs.liveness = "alive" if result.ok else "dead"
-                obs.liveness_error = "" if result.ok else (result.error or "liveness failed")
+                obs.liveness_error = (
+                    "" if result.ok else storable_text(result.error or "liveness failed")
+                )
+
+
+def _record_version(obs: Observation, ok: bool, data: dict[str, Any] | None, error: str | None):
+    """A version reply flows into the database: one we cannot store (NUL, NaN, too long) is a
+    probe error for this worker, like an unreadable reply, never a failed refresh."""
+    obs.version_probed = True
+    if ok:
+        data = data or {}
+        version = data.get("version")
+        if problem := weight_version_problem(version):
+            ok, error = False, problem
+        else:
+            obs.weight_version = version
+            obs.weight_version_declared = bool(data.get("version_declared"))
+    obs.version_ok = ok
+    if not ok:
+        obs.version_error = storable_text(error or "version probe failed")
 
 
 async def observe(

@@ -15,17 +15,18 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
-from controlplane.dynamo.errors import DiscoveryError
+from controlplane.dynamo.errors import DiscoveryError, one_line
+from controlplane.dynamo.limits import storable_text
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import live
 from controlplane.fleet.discovery.observe import ObservedFleet, StaticSpec, observe
-from controlplane.fleet.discovery.store import store_observation
+from controlplane.fleet.discovery.store import StoredRefresh, store_observation
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,20 @@ def refresh_source(
         _release(source.pk, lease)
 
 
+def _store(
+    source: Source, observed: ObservedFleet, run: DiscoveryRun, now
+) -> tuple[StoredRefresh | None, str]:
+    """Store the observation in a savepoint. The client boundary already refuses what the
+    database cannot hold; should a value still slip through, the run is recorded as failed
+    with the database's reason instead of the whole refresh vanishing with an exception."""
+    try:
+        with transaction.atomic():
+            return store_observation(source, observed.workers, run, now), ""
+    except (DataError, UnicodeError) as exc:
+        logger.exception("discovery of %s could not be stored", source.name)
+        return None, storable_text(f"could not store the observation: {one_line(exc, 300)}")
+
+
 def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
     started_at = timezone.now()
     t0 = time.perf_counter()
@@ -152,6 +167,8 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
         error = exc.reason if getattr(exc, "reason", None) else str(exc)
     except ValueError as exc:  # a stored CIDR list that no longer parses
         error = f"allowed networks: {exc}"
+    # Reasons quote what the listener said; the run, the source and the audit row store them.
+    error = storable_text(error)
 
     with transaction.atomic():
         now = timezone.now()
@@ -163,8 +180,11 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
             error=error,
         )
         was_stale = source.stale
+        stored = None
         if observed is not None:
-            stored = store_observation(source, observed.workers, run, now)
+            stored, error = _store(source, observed, run, now)
+            run.ok, run.error = stored is not None, error
+        if observed is not None and stored is not None:  # stored only exists when observed
             diff = stored.diff
             run.reported_namespace = observed.result.namespace
             run.workers_total, run.workers_live = stored.total, stored.live

@@ -22,54 +22,69 @@ After `record()` a transaction may still append more audit rows and insert rows 
 be waiting for (notification deliveries, the new audit event), but it must not update, delete
 or `select_for_update` existing domain rows, nor insert into a contended unique index (scope
 locks, gates). `domain_lock()` at those lock sites raises `LockOrderViolation` when the chain
-head is already held (or logs it, with `LOCK_ORDER_STRICT` off in production).
+head is already held; the check runs in development and CI (`LOCK_ORDER_STRICT`, PostgreSQL).
 """
 
 from __future__ import annotations
 
-import logging
-
 from django.conf import settings
 from django.db import transaction
-
-logger = logging.getLogger(__name__)
 
 
 class LockOrderViolation(RuntimeError):
     """A transaction tried to lock a domain row after it took the audit chain head."""
 
 
-def _chain_head_taken() -> None:
-    """A marker in the connection's on-commit list; it has nothing to do at commit."""
+# The check costs a query per audit row and lock site, so it runs where LOCK_ORDER_STRICT is on
+# (development and CI), on PostgreSQL (SQLite locks the whole database: no order to keep).
+def _enabled(connection) -> bool:
+    return bool(getattr(settings, "LOCK_ORDER_STRICT", False)) and connection.vendor == "postgresql"
+
+
+def _transaction_id(connection) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id_if_assigned()::text")
+        return cursor.fetchone()[0]
+
+
+def _own_block(connection) -> tuple[int, str | None] | None:
+    """The caller's outermost atomic block (skipping a test case's wrappers): its index and
+    savepoint id, which tell one of the caller's transactions from the next inside a test."""
+    for index, block in enumerate(connection.atomic_blocks):
+        if not getattr(block, "_from_testcase", False):
+            return index, connection.savepoint_ids[index - 1] if index else None
+    return None
 
 
 def note_chain_head_taken(using: str | None = None) -> None:
     """Called by the audit recorder once it holds the chain head in the caller's transaction."""
     connection = transaction.get_connection(using)
-    if not connection.in_atomic_block:
+    if not _enabled(connection) or not connection.in_atomic_block:
         return  # autocommit: the head was released with the recorder's own transaction
-    if all(getattr(block, "_from_testcase", False) for block in connection.atomic_blocks):
+    own = _own_block(connection)
+    if own is None:
         return  # only a test case's wrapper: in production this was autocommit too
-    # Registered in the caller's savepoint: it vanishes when that savepoint rolls back (which
-    # releases the lock too) and at commit.
-    transaction.on_commit(_chain_head_taken, using=using)
+    connection.lockorder_chain_head = (_transaction_id(connection), *own)
 
 
 def chain_head_held(using: str | None = None) -> bool:
     connection = transaction.get_connection(using)
-    if not connection.in_atomic_block:
+    marker = getattr(connection, "lockorder_chain_head", None)
+    if marker is None or not connection.in_atomic_block or not _enabled(connection):
         return False
-    current = set(connection.savepoint_ids)
-    return any(
-        func is _chain_head_taken and sids <= current for sids, func, _ in connection.run_on_commit
-    )
+    xid, index, sid = marker
+    if index >= len(connection.atomic_blocks):
+        return False
+    if index and (
+        len(connection.savepoint_ids) < index or connection.savepoint_ids[index - 1] != sid
+    ):
+        return False
+    return _transaction_id(connection) == xid
 
 
 def domain_lock(what: str, using: str | None = None) -> None:
     """Declare that the caller is about to lock `what` (a domain row): the head must not be held."""
-    if not chain_head_held(using):
-        return
-    message = f"lock order: {what} locked after the audit chain head (controlplane/lockorder.py)"
-    if getattr(settings, "LOCK_ORDER_STRICT", True):
-        raise LockOrderViolation(message)
-    logger.error(message)
+    if chain_head_held(using):
+        raise LockOrderViolation(
+            f"lock order: {what} locked after the audit chain head (controlplane/lockorder.py)"
+        )

@@ -4,7 +4,7 @@ Lock order (a transaction may skip levels, never go back up):
 
 1. fleet rows: a source's workers, then the `fleet.Source` row (only discovery and source
    edits lock them; the discovery claim is its own short transaction);
-2. `refresh.PolicyRefresh` rows, lowest id first (`select_for_update`, the executor's lease);
+2. `refresh.PolicyRefresh` rows, lowest id first (`_locked`, the executor's lease);
 3. `refresh.ScopeLock` rows of one source, namespaces in sorted order (insert or delete);
 4. `refresh.Gate` rows of one source, namespaces in sorted order;
 5. intake rows: webhook endpoints, received webhooks, idempotency keys, notification rows;
@@ -13,10 +13,16 @@ Lock order (a transaction may skip levels, never go back up):
 Why the chain head goes last: every audited change bumps that one row (see
 `audit/recorder.py`), so it is the only lock every writer shares. Taken last, it is held only
 for the few statements that append the audit rows and commit, and no transaction ever waits for
-a domain row while holding it — which is what closed the cycle behind the webhook deadlocks
-(one transaction held the head and wanted a scope lock or gate another held while that other
-waited for the head). Taking it first instead would serialise every audited transaction over
-its whole length.
+a domain row while holding it. Taking it first instead would serialise every audited
+transaction over its whole length.
+
+Foreign keys are checked at COMMIT (Django creates them DEFERRABLE INITIALLY DEFERRED), so an
+insert takes `FOR KEY SHARE` on the rows it references *after* the chain head. A domain row
+locked with plain `FOR UPDATE` blocks those checks — which is how 50 concurrent starts
+deadlocked: a start held its refresh *and source* rows `FOR UPDATE` (`select_related` locks
+every joined table) while waiting for the head, and a plan holding the head could not commit
+its new refresh, whose source check waited for that start. So domain rows are locked
+`FOR NO KEY UPDATE` and only their own table: `select_for_update(no_key=True, of=("self",))`.
 
 After `record()` a transaction may still append more audit rows and insert rows nobody else can
 be waiting for (notification deliveries, the new audit event), but it must not update, delete

@@ -242,7 +242,11 @@ def _conflict(source: Source, namespaces: list[str]) -> RefreshConflict:
 
 def _locked(refresh: PolicyRefresh) -> PolicyRefresh:
     lockorder.domain_lock("a policy refresh row")
-    return PolicyRefresh.objects.select_for_update().select_related("source").get(pk=refresh.pk)
+    return (
+        PolicyRefresh.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("source")
+        .get(pk=refresh.pk)
+    )
 
 
 def start_policy_refresh(
@@ -454,7 +458,11 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
         refresh = Gate.objects.get(pk=gate.pk).active_refresh
         if refresh is not None:
             refresh = _locked(refresh)
-        gate = Gate.objects.select_for_update().select_related("source").get(pk=gate.pk)
+        gate = (
+            Gate.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("source")
+            .get(pk=gate.pk)
+        )
         if gate.active_refresh_id != (refresh.pk if refresh else None):
             raise InvalidTransition("the gate changed hands meanwhile; look again and retry")
         if refresh is not None:

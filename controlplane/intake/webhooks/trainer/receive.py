@@ -250,7 +250,7 @@ def _repeat(endpoint, webhook_id: str, digest: str, source_ip) -> Answer:
     and a fresh run when our retries had given up (state `retryable`)."""
     rerun = False
     with transaction.atomic():
-        original = ReceivedWebhook.objects.select_for_update().get(
+        original = ReceivedWebhook.objects.select_for_update(no_key=True).get(
             endpoint=endpoint, webhook_id=webhook_id
         )
         if original.body_sha256 and original.body_sha256 != digest:

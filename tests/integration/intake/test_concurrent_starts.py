@@ -52,9 +52,7 @@ def deadlocks() -> int:
     """PostgreSQL's own count of deadlocks detected in the test database."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(
-            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-        )
+        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
         return cursor.fetchone()[0]
 
 
@@ -145,7 +143,9 @@ def test_fifty_concurrent_webhooks_on_one_scope(settings, sim_source, simfleet):
     deliveries = wait_for(all_settled, what="every delivery to reach an outcome")
     refreshes = list(PolicyRefresh.objects.filter(source=sim_source, started_at__isnull=False))
     wait_for(
-        lambda: all(r.state in ENDED for r in PolicyRefresh.objects.filter(started_at__isnull=False)),
+        lambda: all(
+            r.state in ENDED for r in PolicyRefresh.objects.filter(started_at__isnull=False)
+        ),
         what="every started refresh to end",
     )
     refreshes = list(
@@ -245,9 +245,9 @@ def test_fifty_concurrent_api_plans_and_starts_on_one_scope(sim_source, simfleet
         assert error["code"] == "refresh_conflict"
         assert error["details"] == {"active_refresh_id": winner["id"]}
         assert f"#{winner['id']}" in error["message"]
-    running = PolicyRefresh.objects.exclude(
-        state__in=[RefreshState.PLANNED, *ENDED]
-    ).values_list("pk", flat=True)
+    running = PolicyRefresh.objects.exclude(state__in=[RefreshState.PLANNED, *ENDED]).values_list(
+        "pk", flat=True
+    )
     assert list(running) in ([winner["id"]], [])
     refresh = wait_for(
         lambda: PolicyRefresh.objects.filter(pk=winner["id"], state__in=ENDED).first(),

@@ -8,6 +8,7 @@ polling on database state, never a fixed sleep. The figures are printed (`-s` to
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -141,7 +142,6 @@ def test_fifty_concurrent_webhooks_on_one_scope(settings, sim_source, simfleet):
         return states if all(s["state"] in ("done", "retryable") for s in states) else None
 
     deliveries = wait_for(all_settled, what="every delivery to reach an outcome")
-    refreshes = list(PolicyRefresh.objects.filter(source=sim_source, started_at__isnull=False))
     wait_for(
         lambda: all(
             r.state in ENDED for r in PolicyRefresh.objects.filter(started_at__isnull=False)
@@ -184,7 +184,7 @@ def test_fifty_concurrent_webhooks_on_one_scope(settings, sim_source, simfleet):
         assert gate_state(sim_source, namespace)["verified_version"] == last.weight_version
     # One refresh at a time: the started refreshes ran one after another.
     assert refreshes
-    for earlier, later in zip(refreshes, refreshes[1:], strict=False):
+    for earlier, later in itertools.pairwise(refreshes):
         assert earlier.finished_at <= later.started_at, (earlier.pk, later.pk)
     assert {r.state for r in refreshes} == {RefreshState.SUCCEEDED}
     # The trainer's repeat of a done delivery is answered from memory and starts nothing.

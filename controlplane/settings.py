@@ -268,6 +268,15 @@ REFRESH_LEASE_SECONDS = env_float("REFRESH_LEASE_SECONDS", 30.0, minimum=1.0)
 # public base URL used for links in outbound notifications.
 WEBHOOK_MAX_BODY_BYTES = env_int("WEBHOOK_MAX_BODY_BYTES", 1024 * 1024, minimum=1)
 WEBHOOK_TOLERANCE_SECONDS = env_int("WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
+# Background processing of a delivery: transient failures (scope busy, discovery unreachable,
+# deadlock) are retried with exponential backoff up to this many attempts, then left retryable.
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 10, minimum=1)
+WEBHOOK_RETRY_BASE_SECONDS = env_float("WEBHOOK_RETRY_BASE_SECONDS", 5.0, minimum=0.0)
+WEBHOOK_RETRY_MAX_SECONDS = env_float("WEBHOOK_RETRY_MAX_SECONDS", 300.0, minimum=0.0)
+# Lock sites check the global lock order (controlplane/lockorder.py): raise outside production.
+LOCK_ORDER_STRICT = not PRODUCTION
+# How deeply JSON from outside (webhooks, API bodies, worker replies) may nest.
+JSON_MAX_DEPTH = env_int("JSON_MAX_DEPTH", 64, minimum=2)
 NOTIFICATION_MAX_ATTEMPTS = env_int("NOTIFICATION_MAX_ATTEMPTS", 6, minimum=1)
 NOTIFICATION_RETRY_BASE_SECONDS = env_float("NOTIFICATION_RETRY_BASE_SECONDS", 5.0, minimum=0.0)
 PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000")

@@ -11,6 +11,7 @@ from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane import lockorder
 from controlplane.audit.actions import ActorType, AuditAction
 from controlplane.audit.chain import sign_entry
 from controlplane.audit.keys import hmac_keyring
@@ -94,6 +95,8 @@ def record(
 
     with transaction.atomic():
         # Bump first: the UPDATE takes the lock that serialises writers (see AuditChainHead).
+        # Lock order: this is the last lock of the caller's transaction; lock domain rows
+        # before calling record() (controlplane/lockorder.py).
         bumped = AuditChainHead.objects.filter(pk=1).update(last_sequence=F("last_sequence") + 1)
         if not bumped:
             AuditChainHead.objects.get_or_create(pk=1)
@@ -117,4 +120,5 @@ def record(
         sign_entry(event, hmac_keyring().signing)  # HMAC under the newest key, id stored
         event.save()
         AuditChainHead.objects.filter(pk=1).update(last_hash=event.entry_hash)
+    lockorder.note_chain_head_taken()
     return event

@@ -7,7 +7,6 @@ as an `AdminCallResult` with `ok=False` and a one-line `error`.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ import httpx
 from .errors import one_line
 from .families.base import AdminCall, AdminFamily
 from .http import MAX_RESPONSE_BYTES, NO_BODY, send_capped
+from .jsonsafe import loads_bounded
 from .policy import OutboundPolicy
 
 
@@ -41,12 +41,17 @@ def admin_url(system_url: str, call: AdminCall) -> str:
 
 
 def decode_body(raw: bytes) -> Any:
-    """JSON when it parses (the system server labels JSON as text/plain), else the text."""
+    """JSON when it parses (the system server labels JSON as text/plain), else the text.
+
+    Parsed with the shared bounds: a reply nested absurdly deep or carrying NaN/Infinity is kept
+    as text (which no family accepts as success), so it is journaled as the failed call it is
+    instead of crashing the executor or the journal's JSON column.
+    """
     if not raw:
         return None
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
+        return loads_bounded(raw, max_bytes=max(len(raw), 1))
+    except ValueError:
         return raw.decode("utf-8", "replace")
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
+from controlplane.dynamo.jsonsafe import loads_bounded
 from controlplane.fleet.models import Source
 from controlplane.intake.models import DestinationKind, WebhookEndpoint, WebhookPolicy
 from controlplane.intake.services.destinations import SUBSCRIBABLE
@@ -78,7 +80,7 @@ class WebhookEndpointForm(ServiceErrorsMixin, forms.Form):
         if not text:
             return []
         try:
-            return json.loads(text)
+            return loads_bounded(text, max_depth=settings.JSON_MAX_DEPTH)
         except ValueError as exc:
             raise ValidationError(f"rules are not valid JSON: {exc}") from None
 

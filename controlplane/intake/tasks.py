@@ -11,3 +11,13 @@ def deliver_notification(self, delivery_id: int) -> None:
     retry_in = delivery.attempt_delivery(delivery_id)
     if retry_in is not None:
         deliver_notification.apply_async((delivery_id,), countdown=retry_in)
+
+
+@shared_task(name="intake.process_webhook", acks_late=True, ignore_result=True)
+def process_webhook(delivery_id: int) -> None:
+    """Plan and start what a stored trainer webhook asks for; retry transient failures."""
+    from controlplane.intake.webhooks.trainer.process import process_delivery
+
+    retry_in = process_delivery(delivery_id)
+    if retry_in is not None:
+        process_webhook.apply_async((delivery_id,), countdown=retry_in)

@@ -7,6 +7,7 @@ they never write refresh models themselves.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -14,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source, Worker, WorkerState
@@ -80,13 +82,30 @@ PLAN_DISCOVERY_WAIT_SECONDS = 15.0
 
 
 def _fresh_discovery(source: Source) -> tuple[object | None, str]:
-    """A fresh discovery refresh through the fleet app: (run, problem)."""
-    from controlplane.fleet import discovery
-    from controlplane.fleet.models import DiscoveryTrigger
+    """A fresh discovery refresh through the fleet app: (run, problem).
 
-    run = discovery.refresh_source(
-        source.pk, trigger=DiscoveryTrigger.PLAN, wait=PLAN_DISCOVERY_WAIT_SECONDS
-    )
+    Fresh means observed after this plan was asked for. When another refresh holds the source,
+    a run of it that started after we asked serves this plan too, so a burst of plans on one
+    source (concurrent webhooks or API calls) shares a few discoveries instead of queueing
+    behind each other until the wait runs out.
+    """
+    from controlplane.fleet import discovery
+    from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger
+
+    asked_at = timezone.now()
+    deadline = time.monotonic() + PLAN_DISCOVERY_WAIT_SECONDS
+    while True:
+        run = discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.PLAN, wait=0.2)
+        if run is None:
+            run = (
+                DiscoveryRun.objects.filter(
+                    source=source, started_at__gte=asked_at, finished_at__isnull=False
+                )
+                .order_by("-started_at")
+                .first()
+            )
+        if run is not None or time.monotonic() >= deadline:
+            break
     if run is None:
         return None, "no fresh discovery: the source is disabled or another refresh holds it"
     if not run.ok:
@@ -238,7 +257,12 @@ def _conflict(source: Source, namespaces: list[str]) -> RefreshConflict:
 
 
 def _locked(refresh: PolicyRefresh) -> PolicyRefresh:
-    return PolicyRefresh.objects.select_for_update().select_related("source").get(pk=refresh.pk)
+    lockorder.domain_lock("a policy refresh row")
+    return (
+        PolicyRefresh.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("source")
+        .get(pk=refresh.pk)
+    )
 
 
 def start_policy_refresh(
@@ -256,11 +280,13 @@ def start_policy_refresh(
             raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not planned")
         if refresh.plan_blockers:
             raise PlanBlocked("the plan has blockers: " + "; ".join(refresh.plan_blockers))
+        # Lock order: refresh row, then scope locks (sorted namespaces), audit chain head last.
+        lockorder.domain_lock("scope locks")
         try:
             with transaction.atomic():
                 ScopeLock.objects.bulk_create(
                     ScopeLock(source=refresh.source, namespace=ns, refresh=refresh)
-                    for ns in refresh.namespaces
+                    for ns in sorted(refresh.namespaces)
                 )
         except IntegrityError:
             raise _conflict(refresh.source, refresh.namespaces) from None
@@ -545,10 +571,18 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
         raise ValidationError("force-reopening a gate needs a written reason")
     reason = reason.strip()
     with transaction.atomic():
-        gate = Gate.objects.select_for_update().select_related("source").get(pk=gate.pk)
-        refresh = gate.active_refresh
+        # Lock order: the refresh row before its gate (controlplane/lockorder.py).
+        refresh = Gate.objects.get(pk=gate.pk).active_refresh
         if refresh is not None:
             refresh = _locked(refresh)
+        gate = (
+            Gate.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("source")
+            .get(pk=gate.pk)
+        )
+        if gate.active_refresh_id != (refresh.pk if refresh else None):
+            raise InvalidTransition("the gate changed hands meanwhile; look again and retry")
+        if refresh is not None:
             if refresh.state in EXECUTING_STATES:
                 raise InvalidTransition(
                     f"policy refresh #{refresh.pk} is running ({refresh.state}); abort it first"

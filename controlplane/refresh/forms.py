@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from controlplane.dynamo.fingerprint import fingerprint_from_text
+from controlplane.dynamo.jsonsafe import loads_bounded
 from controlplane.fleet.models import Source
 from controlplane.refresh.models import FlushPolicy, PauseMode
 
@@ -20,7 +20,7 @@ def _json_object(value: str, name: str) -> dict:
     if not value.strip():
         return {}
     try:
-        data = json.loads(value)
+        data = loads_bounded(value, max_depth=settings.JSON_MAX_DEPTH)
     except ValueError as exc:
         raise ValidationError(f"{name} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -7,6 +7,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
+from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.realtime import publish
@@ -16,6 +17,7 @@ GATES_GROUP = "gates"
 
 
 def gate_for(source, namespace: str) -> Gate:
+    lockorder.domain_lock("gates")
     gate, _ = Gate.objects.get_or_create(source=source, namespace=namespace)
     return gate
 
@@ -76,6 +78,7 @@ def _change(
     gates: list[Gate], action: AuditAction, *, actor: Actor, refresh, note: str = "", **fields
 ) -> None:
     ids = [g.pk for g in gates]
+    lockorder.domain_lock("gates")  # all gate updates first, then their audit rows
     Gate.objects.filter(pk__in=ids).update(revision=F("revision") + 1, **fields)
     fresh = list(Gate.objects.filter(pk__in=ids).select_related("source"))
     for gate in fresh:
@@ -125,6 +128,7 @@ def open_gates_verified(refresh, *, actor: Actor) -> None:
 def update_gate_reason(refresh, reason: str) -> None:
     """A held/aborted refresh explains why the gate is still closed (not a separate audit)."""
     gates = Gate.objects.filter(source=refresh.source, namespace__in=refresh.namespaces)
+    lockorder.domain_lock("gates")
     gates.update(closed_reason=reason, revision=F("revision") + 1)
     _announce(list(gates.select_related("source")))
 
@@ -144,6 +148,7 @@ def force_open(gates: list[Gate], *, actor: Actor, refresh, reason: str) -> None
 
 def detach_refresh(refresh, reason: str) -> None:
     """The refresh ended: gates stop naming it. A closed gate keeps saying why it is closed."""
+    lockorder.domain_lock("gates")
     closed = Gate.objects.filter(active_refresh=refresh, is_open=False)
     if reason:
         closed.update(closed_reason=reason, revision=F("revision") + 1)

@@ -19,6 +19,7 @@ from django.db import DataError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.dynamo.errors import DiscoveryError, one_line
@@ -181,6 +182,7 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
         )
         was_stale = source.stale
         stored = None
+        audits: list[tuple[AuditAction, dict]] = []
         if observed is not None:
             stored, error = _store(source, observed, run, now)
             run.ok, run.error = stored is not None, error
@@ -198,35 +200,26 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
             source.stale, source.stale_reason = False, ""
             source.last_success_at = now
             if diff.membership_changed:
-                record(
-                    AuditAction.DISCOVERY_MEMBERSHIP_CHANGED,
-                    actor=SYSTEM,
-                    target=source,
-                    details={"run_id": run.pk, "trigger": trigger, **diff.audit_details()},
+                audits.append(
+                    (
+                        AuditAction.DISCOVERY_MEMBERSHIP_CHANGED,
+                        {"run_id": run.pk, "trigger": trigger, **diff.audit_details()},
+                    )
                 )
             if was_stale:
-                record(
-                    AuditAction.SOURCE_RECOVERED,
-                    actor=SYSTEM,
-                    target=source,
-                    details={"run_id": run.pk},
-                )
+                audits.append((AuditAction.SOURCE_RECOVERED, {"run_id": run.pk}))
             touched = [stored.workers_by_key[k].pk for k in diff.touched]
         else:
             source.stale, source.stale_reason = True, error
             if not was_stale:
-                record(
-                    AuditAction.SOURCE_WENT_STALE,
-                    actor=SYSTEM,
-                    target=source,
-                    details={"run_id": run.pk, "reason": error},
-                )
+                audits.append((AuditAction.SOURCE_WENT_STALE, {"run_id": run.pk, "reason": error}))
                 _notify_stale(source, error)
             touched = []
         run.finished_at = timezone.now()
         run.duration_ms = (time.perf_counter() - t0) * 1000.0
         run.save()
         source.last_refresh_finished_at = run.finished_at
+        lockorder.domain_lock("the source row")
         Source.objects.filter(pk=source.pk).update(
             reported_namespace=source.reported_namespace,
             stale=source.stale,
@@ -234,6 +227,9 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
             last_success_at=source.last_success_at,
             last_refresh_finished_at=source.last_refresh_finished_at,
         )
+        # Lock order: the source row above, the audit chain head last (controlplane/lockorder.py).
+        for action, details in audits:
+            record(action, actor=SYSTEM, target=source, details=details)
         source_id = source.pk
         transaction.on_commit(lambda: live.publish_refresh(source_id, touched))
     if error:

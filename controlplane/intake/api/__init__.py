@@ -11,9 +11,18 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import re_path
 from ninja import NinjaAPI
 
-from controlplane.intake.api import audit, errors, gates, refreshes, sources, workers
+from controlplane.intake.api import (
+    audit,
+    deliveries,
+    errors,
+    gates,
+    refreshes,
+    sources,
+    workers,
+)
 from controlplane.intake.api.auth import API_AUTH
 from controlplane.intake.api.middleware import machine_view
+from controlplane.intake.api.parser import BoundedJSONParser
 from controlplane.intake.webhooks.trainer.view import router as trainer_webhooks
 
 api = NinjaAPI(
@@ -27,9 +36,10 @@ api = NinjaAPI(
     urls_namespace="intake:api-v1",
     auth=API_AUTH,
     docs_url=None,
+    parser=BoundedJSONParser(),
 )
 errors.install(api)
-for module in (sources, workers, gates, refreshes, audit):
+for module in (sources, workers, gates, refreshes, audit, deliveries):
     api.add_router("", module.router)
 api.add_router("", trainer_webhooks)
 

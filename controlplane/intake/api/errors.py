@@ -18,6 +18,7 @@ from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
+from controlplane.dynamo.jsonsafe import UnsafeJSON
 from controlplane.refresh.errors import RefreshError
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,12 @@ def install(api: NinjaAPI) -> None:
         )
 
     def http_error(request, exc: HttpError):
+        cause = exc.__cause__
+        if isinstance(cause, UnsafeJSON):
+            status = 413 if cause.code == "payload_too_large" else 400
+            return error_response(
+                api, request, status, cause.code, f"request body: {cause.message}"
+            )
         status = exc.status_code
         message = str(exc) or _CODES.get(status, "error")
         if isinstance(exc, AuthenticationError) and message == "Unauthorized":

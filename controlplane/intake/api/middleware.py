@@ -1,19 +1,44 @@
 """The wrapper every API view gets: exempt from the login redirect and Django's CSRF middleware
-(API auth does both itself), and unsafe calls made with a token leave an `api.request` row."""
+(API auth does both itself), JSON bodies checked against the shared bounds before any view
+runs, and unsafe calls made with a token leave an `api.request` row."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
+from controlplane.dynamo.jsonsafe import UnsafeJSON, loads_bounded
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Signed endpoints check the signature before they look at the body (and audit refusals).
+SIGNED_PATHS = ("/webhooks/trainer/",)
+
+
+def _refuse_unsafe_json(request: HttpRequest) -> JsonResponse | None:
+    """Every unsafe call's JSON body must parse within the bounds, even on endpoints that take
+    no body: a body nested 100,000 deep or carrying NaN is refused before anything changes."""
+    if request.method in SAFE_METHODS or any(p in request.path for p in SIGNED_PATHS):
+        return None
+    if "json" not in (request.content_type or "") or not request.body:
+        return None
+    try:
+        loads_bounded(
+            request.body,
+            max_depth=settings.JSON_MAX_DEPTH,
+            max_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 2_621_440,
+        )
+    except UnsafeJSON as exc:
+        status = 413 if exc.code == "payload_too_large" else 400
+        error = {"code": exc.code, "message": f"request body: {exc.message}", "details": None}
+        return JsonResponse({"error": error}, status=status)
+    return None
 
 
 def machine_view(view):
     def wrapped(request: HttpRequest, *args, **kwargs):
-        response = view(request, *args, **kwargs)
+        response = _refuse_unsafe_json(request) or view(request, *args, **kwargs)
         token = getattr(request, "api_token", None)
         # Reads are not audited: gate polls every second would drown the log. Changes made by
         # a token are, whatever their outcome, so a refused attempt is on record too.

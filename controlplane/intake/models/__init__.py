@@ -11,6 +11,8 @@ from controlplane.intake.models.notifications import (
     NotificationEvent,
 )
 from controlplane.intake.models.webhooks import (
+    PENDING_STATES,
+    DeliveryState,
     ReceivedWebhook,
     ReceivedWebhookOutcome,
     WebhookEndpoint,
@@ -18,6 +20,8 @@ from controlplane.intake.models.webhooks import (
 )
 
 __all__ = [
+    "PENDING_STATES",
+    "DeliveryState",
     "DeliveryStatus",
     "DestinationKind",
     "IdempotencyRecord",

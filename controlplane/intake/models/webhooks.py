@@ -39,20 +39,42 @@ class WebhookEndpoint(models.Model):
         return self.name
 
 
+class DeliveryState(models.TextChoices):
+    """Where a received webhook is on its way to an outcome (see the README's outcomes table)."""
+
+    QUEUED = "queued"  # stored and audited; the Celery task will plan it
+    PROCESSING = "processing"  # a task is planning/starting it now
+    RETRYING = "retrying"  # a transient failure; the task tries again at `next_attempt_at`
+    # Transient failures outlasted our retries: a repeat with the same webhook id re-runs it.
+    RETRYABLE = "retryable"
+    DONE = "done"  # terminal: `outcome` says how it ended; a repeat is `already_processed`
+
+
+#: States a trainer's repeat answers with 202 and the current state (not `already_processed`).
+PENDING_STATES = (DeliveryState.QUEUED, DeliveryState.PROCESSING, DeliveryState.RETRYING)
+
+
 class ReceivedWebhookOutcome(models.TextChoices):
-    PROCESSING = "processing"
+    """How a delivery ended (state `done`). Empty while it has not."""
+
+    NONE = "", "none yet"
     STARTED = "started"
     AWAITING_APPROVAL = "awaiting_approval"
     # Planned, left for an operator to start (approval wanted but not expressible, see receive).
     PLANNED = "planned"
     PLAN_BLOCKED = "plan_blocked"
-    CONFLICT = "conflict"
+    # A later checkpoint for the same scope arrived before this one could start.
+    SUPERSEDED = "superseded"
     FAILED = "failed"
     TEST = "test"
+    # Only on rows stored before webhooks were processed in the background.
+    PROCESSING = "processing"
+    CONFLICT = "conflict"
 
 
 class ReceivedWebhook(models.Model):
-    """A verified webhook, remembered by its `webhook-id` so a replay never acts twice.
+    """A verified webhook (a delivery), remembered by its `webhook-id` so a replay never acts
+    twice, with its progress: state, attempts, last error and, once done, its outcome.
 
     Only signed requests are stored here (rejections go to the audit log, where an attacker
     cannot fill a table by spraying garbage at the endpoint).
@@ -62,12 +84,24 @@ class ReceivedWebhook(models.Model):
     webhook_id = models.CharField(max_length=200)
     event_type = models.CharField(max_length=64)
     received_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
     payload = models.JSONField(default=dict)
+    # A signed repeat must carry the same body; a different one is refused (409).
+    body_sha256 = models.CharField(max_length=64, blank=True)
+    state = models.CharField(
+        max_length=16, choices=DeliveryState.choices, default=DeliveryState.QUEUED
+    )
     outcome = models.CharField(
         max_length=32,
         choices=ReceivedWebhookOutcome.choices,
-        default=ReceivedWebhookOutcome.PROCESSING,
+        default=ReceivedWebhookOutcome.NONE,
+        blank=True,
     )
+    attempts = models.PositiveIntegerField(default=0)
+    # Retrying stops (state `retryable`) once `attempts` reaches this; a trainer repeat raises it.
+    attempt_limit = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
     detail = models.TextField(blank=True)
     response = models.JSONField(default=dict, blank=True)
     refresh_id = models.BigIntegerField(null=True, blank=True)
@@ -79,6 +113,11 @@ class ReceivedWebhook(models.Model):
                 fields=["endpoint", "webhook_id"], name="received_webhook_unique_id"
             )
         ]
+        indexes = [models.Index(fields=["webhook_id"], name="received_webhook_id_idx")]
 
     def __str__(self) -> str:
         return f"{self.endpoint.name} {self.webhook_id}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.state == DeliveryState.DONE

@@ -159,7 +159,9 @@ def update_notification_destination(
     current = {field: getattr(destination, field) for field in FIELDS}
     clean = _clean({**current, **changes}, instance=destination)
     with transaction.atomic():
-        locked = NotificationDestination.objects.select_for_update().get(pk=destination.pk)
+        locked = NotificationDestination.objects.select_for_update(no_key=True).get(
+            pk=destination.pk
+        )
         before = _audit_view(locked)
         url_changed = locked.url != clean["url"]
         for field, value in clean.items():

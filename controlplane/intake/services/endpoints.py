@@ -141,7 +141,7 @@ def update_webhook_endpoint(
     current = {field: getattr(endpoint, field) for field in FIELDS}
     clean = _clean({**current, **changes}, instance=endpoint)
     with transaction.atomic():
-        locked = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        locked = WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=endpoint.pk)
         before = _audit_view(locked)
         for field, value in clean.items():
             setattr(locked, field, value)
@@ -179,7 +179,7 @@ def remove_webhook_endpoint(endpoint: WebhookEndpoint, *, actor: Actor) -> None:
 def add_webhook_secret(endpoint: WebhookEndpoint, *, actor: Actor) -> str:
     """Start a rotation: list a new secret first (test events sign with it), keep the old ones."""
     with transaction.atomic():
-        locked = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        locked = WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=endpoint.pk)
         if len(locked.secrets) >= MAX_SECRETS:
             raise ValidationError(
                 f"this endpoint already has {len(locked.secrets)} secrets; remove an old one "
@@ -206,7 +206,7 @@ def remove_webhook_secret(endpoint: WebhookEndpoint, *, actor: Actor, fingerprin
     """Finish a rotation by dropping one secret, named by its fingerprint. The last secret
     cannot be removed: an endpoint without one could never verify anything."""
     with transaction.atomic():
-        locked = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        locked = WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=endpoint.pk)
         keep = [s for s in locked.secrets if secret_fingerprint(s) != fingerprint]
         if len(keep) == len(locked.secrets):
             raise ValidationError("this endpoint has no secret with that fingerprint")

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
@@ -65,6 +66,7 @@ def publish_state(refresh: PolicyRefresh) -> None:
 
 def release_scope(refresh: PolicyRefresh, reason: str) -> None:
     """The refresh no longer owns its scope: drop the locks and detach the gates."""
+    lockorder.domain_lock("scope locks")
     ScopeLock.objects.filter(refresh=refresh).delete()
     gates.detach_refresh(refresh, reason)
 
@@ -184,6 +186,9 @@ class Runner:
             else:
                 self.lease.guard(state=STEP_STATE[following], state_changed_at=timezone.now())
             self._finish_step_run(step_run, "ok", result.detail)
+            if following is None:
+                # Lock order: scope locks and gates before the audit chain head.
+                release_scope(refresh, "")
             record(
                 AuditAction.POLICY_REFRESH_STEP_SUCCEEDED,
                 actor=EXECUTOR,
@@ -192,7 +197,6 @@ class Runner:
                 correlation_id=refresh.correlation_id,
             )
             if following is None:
-                release_scope(refresh, "")
                 record(
                     AuditAction.POLICY_REFRESH_SUCCEEDED,
                     actor=EXECUTOR,
@@ -221,6 +225,8 @@ class Runner:
             )
             if step_run is not None:
                 self._finish_step_run(step_run, "failed", reason)
+            # Lock order: gates before the audit chain head.
+            gates.update_gate_reason(refresh, f"policy refresh #{refresh.pk} held: {reason}")
             record(
                 AuditAction.POLICY_REFRESH_STEP_FAILED,
                 actor=EXECUTOR,
@@ -235,7 +241,6 @@ class Runner:
                 details={"step": step.value, "reason": reason},
                 correlation_id=refresh.correlation_id,
             )
-            gates.update_gate_reason(refresh, f"policy refresh #{refresh.pk} held: {reason}")
             notify("refresh.held", refresh=refresh, reason=reason)
         publish_state(self.load())
 

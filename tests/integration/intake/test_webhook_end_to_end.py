@@ -76,6 +76,17 @@ def wired(simfleet, celery_worker):
     return make
 
 
+def delivered(viewer_client, webhook_id: str) -> dict:
+    """Wait for the background task to give the delivery an outcome; read it over the API."""
+
+    def done():
+        response = viewer_client.get(f"/api/v1/webhooks/deliveries/{webhook_id}")
+        assert response.status_code == 200, response.content
+        return response.json() if response.json()["terminal"] else None
+
+    return wait_for(done, what=f"delivery {webhook_id} to be processed")
+
+
 def finished(refresh_id: int) -> PolicyRefresh | None:
     refresh = PolicyRefresh.objects.get(pk=refresh_id)
     return refresh if refresh.state in FINISHED else None
@@ -93,7 +104,7 @@ def assert_rolled_out(simfleet, source, version: str) -> None:
 
 
 def test_signed_checkpoint_webhook_refreshes_the_fleet_and_a_replay_starts_nothing(
-    client, simfleet, wired
+    client, simfleet, wired, viewer_client
 ):
     source, endpoint, secret = wired(WebhookPolicy.AUTO_START)
     body = checkpoint("step-1200")
@@ -102,7 +113,8 @@ def test_signed_checkpoint_webhook_refreshes_the_fleet_and_a_replay_starts_nothi
         client, body, secret=secret, webhook_id="msg_e2e_1", endpoint=endpoint.name
     )
     assert response.status_code == 202, response.content
-    answer = response.json()
+    assert response.json()["outcome"] == "accepted"
+    answer = delivered(viewer_client, "msg_e2e_1")
     assert answer["outcome"] == "started"
     refresh = wait_for(lambda: finished(answer["refresh_id"]), what="the policy refresh to finish")
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
@@ -121,7 +133,7 @@ def test_signed_checkpoint_webhook_refreshes_the_fleet_and_a_replay_starts_nothi
 
 
 def test_approval_required_refresh_waits_for_an_approver_then_succeeds(
-    client, simfleet, wired, approver
+    client, simfleet, wired, approver, viewer_client
 ):
     # The source itself does not require approval: the endpoint's policy alone asks for it.
     source, endpoint, secret = wired(WebhookPolicy.REQUIRE_APPROVAL)
@@ -135,7 +147,7 @@ def test_approval_required_refresh_waits_for_an_approver_then_succeeds(
         endpoint=endpoint.name,
     )
     assert response.status_code == 202, response.content
-    answer = response.json()
+    answer = delivered(viewer_client, "msg_e2e_2")
     assert answer["outcome"] == "awaiting_approval"
     refresh = PolicyRefresh.objects.get(pk=answer["refresh_id"])
     assert refresh.state == RefreshState.AWAITING_APPROVAL

@@ -1,27 +1,37 @@
-"""Receiving one trainer webhook: size, endpoint, signature, event, replay, then the refresh.
+"""Receiving one trainer webhook: size, endpoint, signature, JSON, event, replay, then storage.
 
 `receive` never raises for anything a sender can do: every refusal is a 4xx with a stable code
-and an audit row, and business outcomes (plan blocked, another refresh active) are reported in
-a 202 body, since the webhook itself was valid and retrying it cannot change the answer.
+and an audit row. A valid `checkpoint.ready` is stored with its audit row in one transaction and
+answered 202 at once; a Celery task (`process.py`) plans and starts the refresh, and the trainer
+reads the outcome from `GET /api/v1/webhooks/deliveries/<webhook-id>` (or by sending the same
+delivery again). Only a delivery with a terminal outcome is `already_processed`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pydantic
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
-from controlplane.intake.models import ReceivedWebhook, ReceivedWebhookOutcome, WebhookEndpoint
+from controlplane.dynamo.jsonsafe import UnsafeJSON, loads_bounded
+from controlplane.intake.models import (
+    DeliveryState,
+    ReceivedWebhook,
+    ReceivedWebhookOutcome,
+    WebhookEndpoint,
+)
 from controlplane.intake.models import WebhookPolicy as Policy
 from controlplane.intake.signing import VerificationError, sign_headers, verify
 from controlplane.intake.webhooks.trainer.events import (
@@ -33,6 +43,9 @@ from controlplane.intake.webhooks.trainer.events import (
 )
 
 logger = logging.getLogger(__name__)
+#: A trainer's repeat re-enqueues a delivery whose task looks lost after these.
+STALE = timedelta(minutes=10)
+STALE_RETRY = timedelta(seconds=60)
 _ENDPOINT_NAME = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
 Outcome = ReceivedWebhookOutcome
 
@@ -100,9 +113,11 @@ def receive(
 
     # Signed from here on: the sender holds the secret, so content problems are its bugs.
     try:
-        envelope = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return reject(_error(400, "invalid_json", "body is not JSON"))
+        envelope = loads_bounded(
+            body, max_depth=settings.JSON_MAX_DEPTH, max_bytes=settings.WEBHOOK_MAX_BODY_BYTES
+        )
+    except UnsafeJSON as exc:
+        return reject(_error(400, exc.code, f"body is not acceptable JSON: {exc.message}"))
     if not isinstance(envelope, dict) or not isinstance(envelope.get("data", {}), dict):
         return reject(_error(400, "invalid_event", "body must be an object with a data object"))
     event_type = envelope.get("type")
@@ -126,71 +141,31 @@ def receive(
             outside = sorted(set(event.namespaces) - set(allowed))
             return reject(_error(403, "namespace_not_allowed", f"outside this endpoint: {outside}"))
 
-    try:
-        with transaction.atomic():
-            received = ReceivedWebhook.objects.create(
-                endpoint=endpoint, webhook_id=webhook_id, event_type=event_type, payload=envelope
-            )
-    except IntegrityError:
-        return _replayed(endpoint, webhook_id, source_ip)
-
-    actor = Actor.for_webhook(endpoint.name)
-    if event is None:  # test.ping
+    digest = hashlib.sha256(body).hexdigest()
+    if event is None:  # test.ping: nothing to plan, so it is answered (and done) at once
         answer = Answer(200, {"status": "ok", "webhook_id": webhook_id, "outcome": Outcome.TEST})
-        _finish(received, Outcome.TEST, answer, detail="test event received")
-        record(
-            AuditAction.WEBHOOK_ACCEPTED,
-            actor=actor,
-            target=endpoint,
-            details={"webhook_id": webhook_id, "type": TEST_PING},
+        stored = _store(
+            endpoint,
+            webhook_id,
+            event_type,
+            envelope,
+            digest,
+            done=(Outcome.TEST, answer.body, "test event received"),
+            audit={"webhook_id": webhook_id, "type": TEST_PING},
             source_ip=source_ip,
         )
-        return answer
-    return _checkpoint_ready(endpoint, received, event, actor, source_ip)
-
-
-def _replayed(endpoint, webhook_id: str, source_ip) -> Answer:
-    original = ReceivedWebhook.objects.get(endpoint=endpoint, webhook_id=webhook_id)
-    record(
-        AuditAction.WEBHOOK_REPLAYED,
-        actor=Actor.for_webhook(endpoint.name),
-        target=endpoint,
-        details={"webhook_id": webhook_id, "outcome": original.outcome},
-        source_ip=source_ip,
-    )
-    return Answer(
-        200,
-        {
-            "status": "already_processed",
-            "webhook_id": webhook_id,
-            "outcome": original.outcome,
-            "refresh_id": original.refresh_id,
-            "detail": original.detail,
-        },
-    )
-
-
-def _finish(received, outcome: str, answer: Answer, *, detail: str = "", refresh=None) -> None:
-    ReceivedWebhook.objects.filter(pk=received.pk).update(
-        outcome=outcome,
-        detail=detail[:2000],
-        response=answer.body,
-        refresh_id=refresh.pk if refresh is not None else None,
-    )
-
-
-def _checkpoint_ready(endpoint, received, event: CheckpointReady, actor, source_ip) -> Answer:
-    from controlplane.refresh import actions
-    from controlplane.refresh.errors import RefreshError
+        return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
 
     reasons = approval_reasons(endpoint.rules or [], event.metrics)
     require_approval = endpoint.policy == Policy.REQUIRE_APPROVAL or bool(reasons)
-    record(
-        AuditAction.WEBHOOK_ACCEPTED,
-        actor=actor,
-        target=endpoint,
-        details={
-            "webhook_id": received.webhook_id,
+    received = _store(
+        endpoint,
+        webhook_id,
+        event_type,
+        envelope,
+        digest,
+        audit={
+            "webhook_id": webhook_id,
             "type": CHECKPOINT_READY,
             "weight_version": event.weight_version,
             "step": event.step,
@@ -201,60 +176,136 @@ def _checkpoint_ready(endpoint, received, event: CheckpointReady, actor, source_
         },
         source_ip=source_ip,
     )
-    base = {"status": "accepted", "webhook_id": received.webhook_id}
-    refresh = None
-    try:
-        refresh = actions.plan_policy_refresh(
-            source=endpoint.source,
-            actor=actor,
-            target=event.target(),
-            namespaces=event.namespaces or endpoint.namespaces or None,
-            pause_mode=endpoint.pause_mode,
-            fingerprint=event.fingerprint_dict(),
+    if received is None:
+        return _repeat(endpoint, webhook_id, digest, source_ip)
+    return Answer(202, {"status": "accepted", **_progress(received)})
+
+
+def _store(
+    endpoint, webhook_id, event_type, envelope, digest, *, audit, source_ip, done=None
+) -> ReceivedWebhook | None:
+    """The delivery and its `webhook.accepted` row in one transaction, the task on commit.
+    None when this webhook id was stored before (a repeat)."""
+    fields = {"state": DeliveryState.QUEUED, "attempt_limit": settings.WEBHOOK_MAX_ATTEMPTS}
+    if done is not None:
+        outcome, response, detail = done
+        fields = {"state": DeliveryState.DONE, "outcome": outcome, "response": response}
+        fields["detail"] = detail
+    with transaction.atomic():
+        try:
+            # Lock order: the delivery row (its unique id) first, the audit chain head last.
+            with transaction.atomic():
+                received = ReceivedWebhook.objects.create(
+                    endpoint=endpoint,
+                    webhook_id=webhook_id,
+                    event_type=event_type,
+                    payload=envelope,
+                    body_sha256=digest,
+                    **fields,
+                )
+        except IntegrityError:
+            return None
+        record(
+            AuditAction.WEBHOOK_ACCEPTED,
+            actor=Actor.for_webhook(endpoint.name),
+            target=endpoint,
+            details=audit,
+            source_ip=source_ip,
         )
-        refresh = actions.start_policy_refresh(
-            refresh, actor=actor, require_approval=require_approval
+        if done is None:
+            _enqueue_on_commit(received.pk)
+    return received
+
+
+def _enqueue_on_commit(delivery_id: int) -> None:
+    from controlplane.intake.tasks import process_webhook
+
+    def send() -> None:
+        try:
+            process_webhook.delay(delivery_id)
+        except Exception:
+            # The delivery stays queued and visible; the trainer's repeat enqueues it again.
+            logger.exception("could not enqueue webhook delivery %s", delivery_id)
+
+    transaction.on_commit(send)
+
+
+def _progress(received: ReceivedWebhook) -> dict[str, Any]:
+    """What the trainer learns about a delivery in a webhook answer."""
+    return {
+        "webhook_id": received.webhook_id,
+        "delivery_id": received.pk,
+        "state": received.state,
+        # Until a delivery is done its outcome is `accepted`: stored, and not yet acted on.
+        "outcome": received.outcome if received.terminal else "accepted",
+        "refresh_id": received.refresh_id,
+        "attempts": received.attempts,
+        "last_error": received.last_error or None,
+        "detail": received.detail,
+    }
+
+
+def _repeat(endpoint, webhook_id: str, digest: str, source_ip) -> Answer:
+    """The same webhook id again: the stored answer when done, the current state while pending,
+    and a fresh run when our retries had given up (state `retryable`)."""
+    rerun = False
+    with transaction.atomic():
+        original = ReceivedWebhook.objects.select_for_update(no_key=True).get(
+            endpoint=endpoint, webhook_id=webhook_id
         )
-    except RefreshError as exc:
-        outcome = Outcome.CONFLICT if exc.code == "refresh_conflict" else Outcome.PLAN_BLOCKED
-        answer = Answer(
-            202,
-            {
-                **base,
-                "outcome": outcome,
-                "refresh_id": refresh.pk if refresh else getattr(exc, "active_refresh_id", None),
-                "detail": f"{exc.code}: {exc.message}",
-            },
+        if original.body_sha256 and original.body_sha256 != digest:
+            conflict = True
+        else:
+            conflict = False
+            now = timezone.now()
+            lost = (
+                original.state == DeliveryState.QUEUED
+                or (
+                    original.state == DeliveryState.PROCESSING and original.updated_at < now - STALE
+                )
+                or (
+                    original.state == DeliveryState.RETRYING
+                    and original.next_attempt_at is not None
+                    and original.next_attempt_at < now - STALE_RETRY
+                )
+            )
+            if original.state == DeliveryState.RETRYABLE:
+                rerun = True
+                original.state = DeliveryState.QUEUED
+                original.attempt_limit = original.attempts + settings.WEBHOOK_MAX_ATTEMPTS
+                original.next_attempt_at = None
+                original.save(update_fields=["state", "attempt_limit", "next_attempt_at"])
+            if rerun or lost:
+                # A re-run, or a task the broker may have lost: the claim makes a duplicate
+                # harmless.
+                _enqueue_on_commit(original.pk)
+            record(
+                AuditAction.WEBHOOK_REPLAYED,
+                actor=Actor.for_webhook(endpoint.name),
+                target=endpoint,
+                details={
+                    "webhook_id": webhook_id,
+                    "state": original.state,
+                    "outcome": original.outcome,
+                    "rerun": rerun,
+                },
+                source_ip=source_ip,
+            )
+    if conflict:
+        return _reject(
+            endpoint.name,
+            _error(
+                409,
+                "webhook_id_reused",
+                "this webhook id was delivered before with a different body",
+            ),
+            webhook_id=webhook_id,
+            source_ip=source_ip,
         )
-        _finish(received, outcome, answer, detail=answer.body["detail"], refresh=refresh)
-        return answer
-    except ValidationError as exc:
-        answer = Answer(202, {**base, "outcome": Outcome.FAILED, "detail": "; ".join(exc.messages)})
-        _finish(received, Outcome.FAILED, answer, detail=answer.body["detail"], refresh=refresh)
-        return answer
-    except Exception:
-        logger.exception("webhook %s: policy refresh could not be started", received.webhook_id)
-        answer = Answer(202, {**base, "outcome": Outcome.FAILED, "detail": "internal error"})
-        _finish(received, Outcome.FAILED, answer, detail="internal error", refresh=refresh)
-        return answer
-    refresh.refresh_from_db()
-    outcome = {
-        "awaiting_approval": Outcome.AWAITING_APPROVAL,
-        "planned": Outcome.PLANNED,
-    }.get(refresh.state, Outcome.STARTED)
-    detail = "; ".join(reasons) if reasons else ""
-    answer = Answer(
-        202,
-        {
-            **base,
-            "outcome": outcome,
-            "refresh_id": refresh.pk,
-            "refresh_state": refresh.state,
-            "detail": detail,
-        },
-    )
-    _finish(received, outcome, answer, detail=detail, refresh=refresh)
-    return answer
+    if original.terminal:
+        return Answer(200, {"status": "already_processed", **_progress(original)})
+    status = "accepted" if rerun else "pending"
+    return Answer(202, {"status": status, **_progress(original)})
 
 
 def send_test_event(endpoint: WebhookEndpoint) -> Answer:

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from ninja import Router, Schema, Status
+from pydantic import Field
 
 from controlplane.audit.recorder import client_ip
 from controlplane.intake.api.errors import ErrorOut
@@ -18,11 +19,14 @@ router = Router(tags=["trainer webhooks"])
 
 
 class WebhookResult(Schema):
-    status: str
+    status: str = Field(description="accepted, pending, already_processed, or ok (test.ping)")
     webhook_id: str
-    outcome: str
+    delivery_id: int | None = None
+    state: str | None = Field(None, description="queued, processing, retrying, retryable or done")
+    outcome: str = Field(description="accepted until the delivery is done, then its outcome")
     refresh_id: int | None = None
-    refresh_state: str | None = None
+    attempts: int | None = None
+    last_error: str | None = None
     detail: str | None = None
 
 
@@ -85,13 +89,17 @@ _BODY = {
         401: ErrorOut,
         403: ErrorOut,
         404: ErrorOut,
+        409: ErrorOut,
         413: ErrorOut,
         422: ErrorOut,
     },
     openapi_extra={"parameters": _HEADERS, "requestBody": _BODY},
 )
 def trainer_webhook(request: HttpRequest, endpoint: str) -> Status:
-    """A trainer's "checkpoint ready" event, signed with the Standard Webhooks scheme."""
+    """A trainer's "checkpoint ready" event, signed with the Standard Webhooks scheme.
+
+    Stored and answered 202 at once; the refresh is planned in the background. Read the outcome
+    at `GET /api/v1/webhooks/deliveries/{webhook_id}` or by sending the same delivery again."""
     declared = request.META.get("CONTENT_LENGTH") or "0"
     if declared.isdigit() and int(declared) > settings.WEBHOOK_MAX_BODY_BYTES:
         answer = too_large(endpoint, source_ip=client_ip(request))

@@ -15,6 +15,7 @@ from django.core.management.base import CommandError
 
 from controlplane.fleet.models import Source
 from controlplane.intake.models import ReceivedWebhook
+from controlplane.intake.webhooks.trainer.process import process_delivery
 from controlplane.refresh.models import PolicyRefresh
 from tests.api.conftest import bearer
 from tests.integration.intake.conftest import SECRET, post_webhook
@@ -114,6 +115,8 @@ def checkpoint(fingerprint) -> bytes:
 def test_webhook_passes_the_fingerprint_to_the_refresh(client, endpoint):
     response = post_webhook(client, checkpoint(GOOD))
     assert response.status_code == 202, response.content
+    # Intake only stores the delivery; the task plans it (run here in-process).
+    process_delivery(ReceivedWebhook.objects.get().pk)
     refresh = PolicyRefresh.objects.get()
     assert refresh.fingerprint == GOOD
 

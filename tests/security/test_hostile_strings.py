@@ -32,7 +32,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source, Worker
-from controlplane.intake.models import NotificationDestination, WebhookEndpoint
+from controlplane.intake.models import NotificationDestination, ReceivedWebhook, WebhookEndpoint
+from controlplane.intake.webhooks.trainer.process import process_delivery
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, PolicyRefresh, RefreshState
@@ -279,6 +280,8 @@ def trainer_webhooks(w: World) -> None:
     for n in (1, 2):
         answer = post_webhook(Client(), _checkpoint(h, n), webhook_id=f"msg_{n:020d}")
         assert answer.status_code in (200, 202), answer.content
+        # Intake stores the delivery; its task plans it (run here in-process).
+        process_delivery(ReceivedWebhook.objects.get(webhook_id=f"msg_{n:020d}").pk)
         awaiting = PolicyRefresh.objects.filter(state=RefreshState.AWAITING_APPROVAL).first()
         assert awaiting is not None, answer.content
         if n == 1:
@@ -383,6 +386,7 @@ POST_ONLY = {
     "refresh:retry",
     "refresh:rollback",
     "refresh:force_reopen",
+    "refresh:end",
     "intake:token_revoke",
     "intake:endpoint_rotate",
     "intake:endpoint_remove_secret",
@@ -405,6 +409,7 @@ API_WRITES = {
     "retry_refresh",
     "rollback_refresh",
     "force_reopen",
+    "end_refresh",
     "trainer_webhook",
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
@@ -483,6 +488,9 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:api-v1:get_refresh": [f"/api/v1/refreshes/{pk}" for pk in r],
         "intake:api-v1:list_audit_events": ["/api/v1/audit/events"],
         "intake:api-v1:export_audit_events": ["/api/v1/audit/events/export"],
+        "intake:api-v1:get_delivery": [
+            f"/api/v1/webhooks/deliveries/{d.webhook_id}" for d in ReceivedWebhook.objects.all()
+        ],
     }
 
 

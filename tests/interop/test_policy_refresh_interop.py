@@ -150,10 +150,14 @@ def test_policy_refresh_succeeds_on_real_workers_across_two_namespaces(dynamo_de
         assert len(ids) >= 8
         assert ids == policy_tokens(VERSION, PROMPT, len(ids))
         assert ids != policy_tokens(None, PROMPT, len(ids))
-    # Listener reads at resolve and at reopen.
-    assert Counter(journal.filter(planned_worker=None).values_list("operation", flat=True)) == {
-        "discovery": 2
+    # Fleet-level rows: listener reads at resolve and at reopen, and one cross-worker agreement
+    # check per model, which the real workers passed.
+    fleet_rows = journal.filter(planned_worker=None)
+    assert Counter(fleet_rows.values_list("operation", flat=True)) == {
+        "discovery": 2,
+        "agreement": refresh.workers.values("model").distinct().count(),
     }
+    assert all(row.ok for row in fleet_rows.filter(operation="agreement"))
 
     # The real workers, read directly: new version declared, weights loaded, engines resumed.
     for worker in workers:

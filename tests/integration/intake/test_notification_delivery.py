@@ -7,10 +7,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from controlplane.intake.delivery import attempt_delivery
-from controlplane.intake.models import NotificationDelivery, NotificationDestination
-from controlplane.intake.notifications import notify
-from controlplane.intake.signing import verify
+from controlplane.notify.delivery import attempt_delivery
+from controlplane.notify.emit import notify
+from controlplane.notify.models import NotificationDelivery, NotificationDestination
+from controlplane.notify.signing import verify
 from tests.integration.intake.conftest import SECRET
 
 

@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "controlplane.accounts",
     "controlplane.audit",
+    "controlplane.notify",
     "controlplane.fleet",
     "controlplane.refresh",
     "controlplane.intake",
@@ -279,6 +280,14 @@ LOCK_ORDER_STRICT = not PRODUCTION
 JSON_MAX_DEPTH = env_int("JSON_MAX_DEPTH", 64, minimum=2)
 NOTIFICATION_MAX_ATTEMPTS = env_int("NOTIFICATION_MAX_ATTEMPTS", 6, minimum=1)
 NOTIFICATION_RETRY_BASE_SECONDS = env_float("NOTIFICATION_RETRY_BASE_SECONDS", 5.0, minimum=0.0)
+# A delivery whose next attempt is this overdue lost its queued task (a worker died holding
+# the retry, the broker was down): the sweeper enqueues it again. Also the sweep interval.
+NOTIFICATION_SWEEP_GRACE_SECONDS = env_float("NOTIFICATION_SWEEP_GRACE_SECONDS", 120.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE["notification-sweep"] = {
+    "task": "notify.sweep_stuck_deliveries",
+    "schedule": timedelta(seconds=NOTIFICATION_SWEEP_GRACE_SECONDS),
+    "options": {"expires": NOTIFICATION_SWEEP_GRACE_SECONDS * 0.9},
+}
 PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000")
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -1,6 +1,8 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
+from controlplane.accounts.roles import sync_roles
+
 
 class AccountsConfig(AppConfig):
     name = "controlplane.accounts"
@@ -8,6 +10,4 @@ class AccountsConfig(AppConfig):
     verbose_name = "Accounts and roles"
 
     def ready(self) -> None:
-        from controlplane.accounts.roles import sync_roles
-
         post_migrate.connect(sync_roles, sender=self, dispatch_uid="accounts.sync_roles")

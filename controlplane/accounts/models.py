@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class Capability(models.Model):
@@ -58,8 +59,6 @@ class ApiToken(models.Model):
 
     @property
     def status(self) -> str:
-        from django.utils import timezone
-
         if self.revoked_at is not None:
             return "revoked"
         if self.expires_at is not None and self.expires_at <= timezone.now():

@@ -74,6 +74,7 @@ def sync_roles(**_kwargs) -> None:
     (post_migrate), because a flush — as tests between transactional cases do — empties the
     groups table while the permissions come back from their model's Meta.
     """
+    # Imported here because this module is loaded with the app config, before models are.
     from django.contrib.auth.models import Group, Permission
     from django.contrib.contenttypes.models import ContentType
 

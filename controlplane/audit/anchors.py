@@ -3,8 +3,9 @@
 Keyed hashes stop anyone without the key from rewriting or appending rows, but not from
 deleting the newest rows and resetting the head: what remains is still a valid chain. A
 checkpoint is a signed statement "at <time> row #<sequence> had hash <entry_hash>, and keyed
-rows began at #<keyed_from>", appended as one JSON line to `AUDIT_ANCHOR_FILE` (and posted to
-notification destinations that subscribe to `audit.checkpoint`). `audit verify --anchors FILE`
+rows began at #<keyed_from>", appended as one JSON line to `AUDIT_ANCHOR_FILE` (and announced
+with the `checkpoint_appended` signal, which `controlplane.notify` turns into deliveries to the
+destinations that subscribe to `audit.checkpoint`). `audit verify --anchors FILE`
 then detects truncation (a checkpoint names a row that no longer exists), rewriting (a
 checkpointed row's hash changed) and rows downgraded to unkeyed legacy hashes.
 
@@ -23,14 +24,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from django.conf import settings
+from django.dispatch import Signal
 from django.utils import timezone
 
 from controlplane.audit.chain import ChainReport, verify_chain
 from controlplane.audit.keys import AuditKey, Keyring, anchor_keyring
+from controlplane.audit.models import AuditEvent
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_EVENT = "audit.checkpoint"
+#: Sent with `checkpoint=<Checkpoint>` after a checkpoint is appended (unless `post=False`).
+#: A signal, not a call: `notify` records its own audit rows, so audit must not import it.
+checkpoint_appended = Signal()
 _SIGNING_CONTEXT = b"audit-checkpoint:v1\n"  # never confusable with a row's HMAC input
 _TAIL_BYTES = 16 * 1024
 #: The columns verification reads; rows as named tuples are much cheaper than model instances.
@@ -202,8 +208,6 @@ def append_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
 
 
 def verification_rows(queryset=None):
-    from controlplane.audit.models import AuditEvent
-
     queryset = queryset if queryset is not None else AuditEvent.objects.all()
     return (
         queryset.order_by("sequence")
@@ -225,8 +229,6 @@ def checkpoint_chain_head(path: Path | None = None, *, post: bool = True) -> Che
     the previous one verify (links, HMACs, and that the previous checkpoint's row is unchanged);
     otherwise nothing is written and the problem is logged. An unchanged head writes nothing.
     """
-    from controlplane.audit.models import AuditEvent
-
     path = Path(path or settings.AUDIT_ANCHOR_FILE)
     keyring = anchor_keyring()
     previous = last_checkpoint(path, keyring)
@@ -263,35 +265,20 @@ def _refuse(problem: str) -> CheckpointOutcome:
 
 
 def post_checkpoint(checkpoint: Checkpoint) -> int:
-    """Queue the checkpoint to destinations that subscribe to `audit.checkpoint` by name.
-
-    Opt-in only (a destination with no event filter does not get it): a checkpoint every few
-    minutes would drown a chat channel. Never raises: the file is the primary sink.
-    """
-    try:
-        from controlplane.intake.models import NotificationDelivery, NotificationDestination
-        from controlplane.intake.notifications import enqueue_delivery
-
-        payload = {
-            "type": CHECKPOINT_EVENT,
-            "title": "Audit checkpoint",
-            "timestamp": checkpoint.time,
-            "data": {
-                "reason": f"audit chain head #{checkpoint.sequence}",
-                "checkpoint": asdict(checkpoint),
-            },
-        }
-        destinations = [
-            d
-            for d in NotificationDestination.objects.filter(enabled=True)
-            if CHECKPOINT_EVENT in (d.events or [])
-        ]
-        for destination in destinations:
-            delivery = NotificationDelivery.objects.create(
-                destination=destination, event=CHECKPOINT_EVENT, payload=payload
+    """Announce the checkpoint to whoever forwards it (the notify app's destinations that
+    subscribe to `audit.checkpoint`). Returns how many deliveries were queued. Never raises:
+    the file is the primary sink."""
+    replies = checkpoint_appended.send_robust(sender=Checkpoint, checkpoint=checkpoint)
+    queued = 0
+    for receiver, reply in replies:
+        if isinstance(reply, Exception):
+            logger.error(
+                "audit checkpoint #%s could not be posted by %r: %s",
+                checkpoint.sequence,
+                receiver,
+                reply,
+                exc_info=reply,
             )
-            enqueue_delivery(delivery.pk)
-        return len(destinations)
-    except Exception:
-        logger.exception("audit checkpoint #%s could not be queued", checkpoint.sequence)
-        return 0
+        elif isinstance(reply, int):
+            queued += reply
+    return queued

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controlplane.audit.keys import AuditKey, Keyring
+from controlplane.audit.keys import AuditKey, Keyring, hmac_keyring
 
 GENESIS_HASH = "0" * 64
 
@@ -94,8 +94,6 @@ def verify_chain(
     after a row already known good (the checkpoint task does that between checkpoints).
     """
     if keyring is None:
-        from controlplane.audit.keys import hmac_keyring
-
         keyring = hmac_keyring()
     pins = anchors.by_sequence if anchors is not None else {}
     pinned_keyed_from = anchors.keyed_from if anchors is not None else None

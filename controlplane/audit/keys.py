@@ -7,7 +7,8 @@ var dir generated on first use. Keys are `id:secret` pairs, comma separated, new
 the first one signs, the others only verify rows signed before a rotation. Every row stores the
 id of the key that signed it.
 
-This module is imported by settings, so it must not import models.
+This module is imported by settings, so it must not import models (`django.conf.settings` is
+lazy: it is only read when a keyring is asked for, after settings have loaded).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
@@ -96,13 +98,9 @@ class Keyring:
 
 
 def hmac_keyring() -> Keyring:
-    from django.conf import settings
-
     return Keyring(tuple(settings.AUDIT_HMAC_KEYS))
 
 
 def anchor_keyring() -> Keyring:
     """Checkpoints use `AUDIT_ANCHOR_KEY` when set, else the row keys."""
-    from django.conf import settings
-
     return Keyring(tuple(settings.AUDIT_ANCHOR_KEYS or settings.AUDIT_HMAC_KEYS))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -93,6 +94,23 @@ class OutboundPolicy:
             except ValueError as exc:
                 raise ValueError(f"invalid CIDR {text!r}: {exc}") from None
         return cls(tuple(networks), resolver or system_resolver)
+
+    @classmethod
+    def parse_cidrs(cls, raw: object) -> list[str]:
+        """CIDRs from a list or a comma/whitespace separated string, validated and normalised.
+
+        Raises ValueError naming the problem. An empty list is refused rather than accepted
+        as "allow nothing", because a caller asking for one almost always forgot it.
+        """
+        if isinstance(raw, str):
+            items = [p for p in re.split(r"[\s,]+", raw) if p]
+        elif isinstance(raw, Iterable):
+            items = [str(p).strip() for p in raw]
+        else:
+            raise ValueError("must be a list of CIDRs")
+        if not items:
+            raise ValueError("at least one CIDR is required: an empty list allows nothing")
+        return [str(net) for net in cls.from_cidrs(items).allowed_networks]
 
     def _allowed(self, addr: IPAddress) -> bool:
         return any(addr.version == net.version and addr in net for net in self.allowed_networks)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -80,21 +79,10 @@ def _literal_outside(policy: OutboundPolicy, url: str) -> str | None:
 
 def parse_networks(raw: Any) -> list[str]:
     """CIDRs from a list or a comma/whitespace separated string, validated and normalised."""
-    if isinstance(raw, str):
-        items = [p for p in re.split(r"[\s,]+", raw) if p]
-    elif isinstance(raw, Iterable):
-        items = [str(p).strip() for p in raw]
-    else:
-        raise ValidationError({"allowed_networks": "must be a list of CIDRs"})
-    if not items:
-        raise ValidationError(
-            {"allowed_networks": "at least one CIDR is required: an empty list allows nothing"}
-        )
     try:
-        policy = OutboundPolicy.from_cidrs(items)
+        return OutboundPolicy.parse_cidrs(raw)
     except ValueError as exc:
         raise ValidationError({"allowed_networks": str(exc)}) from None
-    return [str(net) for net in policy.allowed_networks]
 
 
 def expected_scope(values: dict[str, Any]) -> Scope:

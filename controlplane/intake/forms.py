@@ -12,9 +12,10 @@ from django.core.exceptions import ValidationError
 
 from controlplane.dynamo.jsonsafe import loads_bounded
 from controlplane.fleet.models import Source
-from controlplane.intake.models import DestinationKind, WebhookEndpoint, WebhookPolicy
-from controlplane.intake.services.destinations import SUBSCRIBABLE
+from controlplane.intake.models import WebhookEndpoint, WebhookPolicy
 from controlplane.intake.services.endpoints import PAUSE_MODES
+from controlplane.notify.models import DestinationKind
+from controlplane.notify.services import SUBSCRIBABLE
 
 
 class ServiceErrorsMixin:

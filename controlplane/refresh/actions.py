@@ -19,7 +19,7 @@ from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source, Worker, WorkerState
-from controlplane.intake.notifications import notify
+from controlplane.notify.emit import notify
 from controlplane.refresh import gates
 from controlplane.refresh.errors import (
     ApprovalNotAllowed,

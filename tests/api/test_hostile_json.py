@@ -33,7 +33,7 @@ def snapshot() -> dict[str, int]:
     return {
         model._meta.label: model.objects.count()
         for model in apps.get_models()
-        if model._meta.app_label in ("fleet", "refresh", "intake", "audit", "accounts")
+        if model._meta.app_label in ("fleet", "refresh", "intake", "notify", "audit", "accounts")
         and not model._meta.proxy
         and model._meta.managed
     }

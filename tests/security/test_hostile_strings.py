@@ -32,8 +32,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source, Worker
-from controlplane.intake.models import NotificationDestination, ReceivedWebhook, WebhookEndpoint
+from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
 from controlplane.intake.webhooks.trainer.process import process_delivery
+from controlplane.notify.models import NotificationDestination
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, PolicyRefresh, RefreshState

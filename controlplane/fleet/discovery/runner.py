@@ -29,6 +29,7 @@ from controlplane.fleet import live
 from controlplane.fleet.discovery.observe import ObservedFleet, StaticSpec, observe
 from controlplane.fleet.discovery.store import StoredRefresh, store_observation
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source
+from controlplane.notify.emit import notify
 
 logger = logging.getLogger(__name__)
 SYSTEM = Actor.system("discovery")
@@ -84,9 +85,6 @@ def _run_coroutine(coro):
 
 
 def _notify_stale(source: Source, reason: str) -> None:
-    # Imported here: intake builds on fleet, so fleet must not import it at module load.
-    from controlplane.intake.notifications import notify
-
     notify("source.stale", source=source, reason=reason)
 
 

@@ -1,15 +1,7 @@
-"""Trainer integration models: webhook endpoints and what they received, notification
-destinations and their deliveries, and remembered idempotency keys."""
+"""Trainer integration models: webhook endpoints and what they received, and remembered
+idempotency keys. Notification destinations and deliveries live in `controlplane.notify`."""
 
 from controlplane.intake.models.idempotency import IdempotencyRecord, IdempotencyState
-from controlplane.intake.models.notifications import (
-    DeliveryStatus,
-    DestinationKind,
-    NotificationAttempt,
-    NotificationDelivery,
-    NotificationDestination,
-    NotificationEvent,
-)
 from controlplane.intake.models.webhooks import (
     PENDING_STATES,
     DeliveryState,
@@ -22,14 +14,8 @@ from controlplane.intake.models.webhooks import (
 __all__ = [
     "PENDING_STATES",
     "DeliveryState",
-    "DeliveryStatus",
-    "DestinationKind",
     "IdempotencyRecord",
     "IdempotencyState",
-    "NotificationAttempt",
-    "NotificationDelivery",
-    "NotificationDestination",
-    "NotificationEvent",
     "ReceivedWebhook",
     "ReceivedWebhookOutcome",
     "WebhookEndpoint",

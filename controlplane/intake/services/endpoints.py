@@ -18,9 +18,9 @@ from django.db import transaction
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.intake.models import WebhookEndpoint, WebhookPolicy
-from controlplane.intake.signing import generate_secret
 from controlplane.intake.webhooks.trainer.events import validate_rules
 from controlplane.intake.webhooks.trainer.receive import Answer, send_test_event
+from controlplane.notify.signing import generate_secret
 
 #: Old and new during a rotation, plus room for a slow rollout; more means a forgotten secret.
 MAX_SECRETS = 3

@@ -15,8 +15,9 @@ from django.views.decorators.http import require_GET
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.roles import Perm
 from controlplane.fleet.models import Source
-from controlplane.intake.models import NotificationDestination, WebhookEndpoint
+from controlplane.intake.models import WebhookEndpoint
 from controlplane.intake.views.common import ADMIN_PERMS, HtmxHttpRequest
+from controlplane.notify.models import NotificationDestination
 
 
 @require_GET

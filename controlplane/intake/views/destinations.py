@@ -12,15 +12,15 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
-from controlplane.intake import services
 from controlplane.intake.forms import DestinationForm
-from controlplane.intake.models import (
+from controlplane.intake.views.common import HtmxHttpRequest, require, secret_response
+from controlplane.notify import services
+from controlplane.notify.models import (
     DeliveryStatus,
     NotificationAttempt,
     NotificationDelivery,
     NotificationDestination,
 )
-from controlplane.intake.views.common import HtmxHttpRequest, require, secret_response
 
 DELIVERIES_SHOWN = 50
 UNFINISHED = (DeliveryStatus.PENDING, DeliveryStatus.RETRYING)

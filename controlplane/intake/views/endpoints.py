@@ -16,8 +16,8 @@ from controlplane.audit.recorder import actor_from_request
 from controlplane.intake import services
 from controlplane.intake.forms import WebhookEndpointForm
 from controlplane.intake.models import WebhookEndpoint
-from controlplane.intake.notifications import absolute_url
 from controlplane.intake.views.common import HtmxHttpRequest, require, secret_response
+from controlplane.notify.emit import absolute_url
 
 RECEIVED_SHOWN = 20
 

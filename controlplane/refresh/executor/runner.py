@@ -17,7 +17,7 @@ from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
-from controlplane.intake.notifications import notify
+from controlplane.notify.emit import notify
 from controlplane.realtime import publish
 from controlplane.refresh import gates
 from controlplane.refresh.executor.calls import CallSettings

@@ -137,7 +137,7 @@ def test_checkpoint_refuses_when_the_anchored_row_changed(chain):
 
 
 def test_checkpoint_is_posted_only_to_destinations_that_subscribe(audit_settings):
-    from controlplane.intake.models import NotificationDelivery, NotificationDestination
+    from controlplane.notify.models import NotificationDelivery, NotificationDestination
 
     common = {"kind": "webhook", "url": "https://hooks.example/x", "allowed_networks": []}
     wanted = NotificationDestination.objects.create(
@@ -157,7 +157,7 @@ def test_checkpoint_is_posted_only_to_destinations_that_subscribe(audit_settings
 
 
 def test_audit_checkpoint_is_a_subscribable_notification_event():
-    from controlplane.intake.services.destinations import SUBSCRIBABLE
+    from controlplane.notify.services import SUBSCRIBABLE
 
     assert CHECKPOINT_EVENT in SUBSCRIBABLE
 

@@ -16,7 +16,8 @@ from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services as fleet_services
 from controlplane.fleet.models import Worker
-from controlplane.intake.services import destinations, endpoints
+from controlplane.intake.services import endpoints
+from controlplane.notify import services as destinations
 from controlplane.refresh.models import Gate, PolicyRefresh
 
 # Sign-in, the machine-facing API (own auth, tested by its authorization matrix) and static.

@@ -9,7 +9,7 @@ import pytest
 
 from controlplane.fleet.models import Source
 from controlplane.intake.models import WebhookEndpoint
-from controlplane.intake.signing import sign_headers
+from controlplane.notify.signing import sign_headers
 
 FIXTURES = Path(__file__).resolve().parents[3] / "controlplane/intake/webhooks/trainer/fixtures"
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()

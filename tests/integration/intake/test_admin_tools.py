@@ -11,7 +11,9 @@ from controlplane.accounts.tokens import create_token
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
 from controlplane.intake import services
-from controlplane.intake.models import NotificationDelivery, ReceivedWebhook, WebhookEndpoint
+from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
+from controlplane.notify import services as notify_services
+from controlplane.notify.models import NotificationDelivery
 
 SYSTEM = Actor.system("test setup")
 
@@ -20,7 +22,7 @@ SYSTEM = Actor.system("test setup")
 def objects(source, admin_user):
     endpoint, _ = services.create_webhook_endpoint(actor=SYSTEM, name="trainer-a", source=source)
     services.add_webhook_secret(endpoint, actor=SYSTEM)
-    destination, _ = services.create_notification_destination(
+    destination, _ = notify_services.create_notification_destination(
         actor=SYSTEM,
         name="ops",
         kind="webhook",

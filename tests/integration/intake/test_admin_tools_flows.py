@@ -17,13 +17,10 @@ from controlplane.accounts.tokens import authenticate
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
 from controlplane.intake import services
-from controlplane.intake.delivery import attempt_delivery
-from controlplane.intake.models import (
-    NotificationDelivery,
-    NotificationDestination,
-    ReceivedWebhook,
-    WebhookEndpoint,
-)
+from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
+from controlplane.notify import services as notify_services
+from controlplane.notify.delivery import attempt_delivery
+from controlplane.notify.models import NotificationDelivery, NotificationDestination
 from tests.integration.intake.conftest import fixture_body, post_webhook
 
 SYSTEM = Actor.system("test setup")
@@ -366,7 +363,7 @@ def receiver():
 def test_test_notification_and_its_attempts_show_in_the_delivery_log(
     admin_client, receiver, django_capture_on_commit_callbacks
 ):
-    destination, _ = services.create_notification_destination(
+    destination, _ = notify_services.create_notification_destination(
         actor=SYSTEM,
         name="ops",
         kind="webhook",
@@ -402,7 +399,7 @@ def test_test_notification_and_its_attempts_show_in_the_delivery_log(
 
 def test_destination_list_shows_each_destination(admin_client, db):
     for name in ("a", "b"):
-        services.create_notification_destination(
+        notify_services.create_notification_destination(
             actor=SYSTEM,
             name=name,
             kind="slack",
@@ -447,7 +444,7 @@ def test_list_pages_cost_the_same_queries_for_one_or_many_rows(admin_client, adm
     def make(i: int) -> None:
         create_token(user=admin_user, label=f"t{i}", actor=SYSTEM, sources=[source])
         services.create_webhook_endpoint(actor=SYSTEM, name=f"e{i}", source=source)
-        services.create_notification_destination(
+        notify_services.create_notification_destination(
             actor=SYSTEM,
             name=f"d{i}",
             kind="slack",

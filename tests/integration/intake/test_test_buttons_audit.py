@@ -8,7 +8,9 @@ from django.urls import reverse
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
 from controlplane.intake import services
-from controlplane.intake.models import NotificationDelivery, ReceivedWebhook
+from controlplane.intake.models import ReceivedWebhook
+from controlplane.notify import services as notify_services
+from controlplane.notify.models import NotificationDelivery
 
 SYSTEM = Actor.system("test setup")
 
@@ -19,7 +21,7 @@ def audit(action: str) -> list[AuditEvent]:
 
 @pytest.fixture
 def destination(db):
-    destination, _ = services.create_notification_destination(
+    destination, _ = notify_services.create_notification_destination(
         actor=SYSTEM,
         name="ops",
         kind="webhook",
@@ -99,7 +101,7 @@ def test_destination_test_notification_is_attributed_to_the_admin(
 def test_a_disabled_destination_sends_nothing_and_records_nothing(
     admin_client, destination, django_capture_on_commit_callbacks
 ):
-    services.update_notification_destination(destination, actor=SYSTEM, enabled=False)
+    notify_services.update_notification_destination(destination, actor=SYSTEM, enabled=False)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         admin_client.post(reverse("intake:destination_test", args=[destination.pk]))
     assert callbacks == []

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from controlplane.audit.models import AuditEvent
 from controlplane.intake.models import ReceivedWebhook
-from controlplane.intake.signing import sign
+from controlplane.notify.signing import sign
 from tests.integration.intake.conftest import OLD_SECRET, SECRET, fixture_body, post_webhook
 
 PING = fixture_body("test_ping")

@@ -16,8 +16,8 @@ import time
 from collections import Counter
 
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
-from controlplane.intake.signing import sign
 from controlplane.intake.webhooks.trainer.receive import receive
+from controlplane.notify.signing import sign
 from controlplane.refresh.models import PolicyRefresh
 from tests.integration.intake.conftest import OLD_SECRET, SECRET
 

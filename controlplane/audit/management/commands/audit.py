@@ -13,7 +13,7 @@ from controlplane.audit.anchors import (
 )
 from controlplane.audit.chain import ChainReport, verify_chain
 from controlplane.audit.export import EXPORTERS
-from controlplane.audit.models import AuditChainHead
+from controlplane.audit.models import AuditChainHead, AuditEvent
 
 
 class Command(BaseCommand):
@@ -71,8 +71,6 @@ class Command(BaseCommand):
         self.stdout.write(outcome.reason)
 
     def _export(self, fmt: str, action: str | None):
-        from controlplane.audit.models import AuditEvent
-
         events = AuditEvent.objects.order_by("sequence")
         if action:
             events = events.filter(action=action)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,14 +62,6 @@ class CheckpointReady(BaseModel):
             "method": "disk",
             "model_path": self.model_path,
         }
-
-
-class TrainerEvent(BaseModel):
-    """The Standard Webhooks envelope: `type`, `timestamp`, `data`."""
-
-    type: Literal["checkpoint.ready", "test.ping"]
-    timestamp: str | None = None
-    data: dict[str, Any] = Field(default_factory=dict)
 
 
 _OPS = {

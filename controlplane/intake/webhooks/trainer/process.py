@@ -37,6 +37,9 @@ from controlplane.intake.webhooks.trainer.events import (
     CheckpointReady,
     approval_reasons,
 )
+from controlplane.refresh import actions
+from controlplane.refresh.errors import PlanBlocked, RefreshConflict, RefreshError
+from controlplane.refresh.models import ScopeLock
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +153,6 @@ def _newer_delivery(delivery: ReceivedWebhook, namespaces) -> str | None:
 
 
 def _busy(source, namespaces) -> str | None:
-    from controlplane.refresh.models import ScopeLock
-
     locks = ScopeLock.objects.filter(source=source)
     if namespaces:
         locks = locks.filter(namespace__in=namespaces)
@@ -163,17 +164,11 @@ def _busy(source, namespaces) -> str | None:
 
 def _abandon(refresh, actor: Actor) -> None:
     """Drop a plan this attempt cannot start, so a retry does not leave it behind."""
-    from controlplane.refresh import actions
-    from controlplane.refresh.errors import RefreshError
-
     with contextlib.suppress(RefreshError):  # someone else moved it on: it is theirs now
         actions.abort_policy_refresh(refresh, actor=actor)
 
 
 def _attempt(delivery: ReceivedWebhook) -> tuple[str, int | None, str]:
-    from controlplane.refresh import actions
-    from controlplane.refresh.errors import PlanBlocked, RefreshConflict, RefreshError
-
     endpoint = delivery.endpoint
     event = CheckpointReady.model_validate(delivery.payload.get("data", {}))
     namespaces = event.namespaces or endpoint.namespaces or None

@@ -33,7 +33,7 @@ from controlplane.intake.models import (
     WebhookEndpoint,
 )
 from controlplane.intake.models import WebhookPolicy as Policy
-from controlplane.intake.signing import VerificationError, sign_headers, verify
+from controlplane.intake.tasks import process_webhook
 from controlplane.intake.webhooks.trainer.events import (
     CHECKPOINT_READY,
     EVENT_TYPES,
@@ -41,6 +41,7 @@ from controlplane.intake.webhooks.trainer.events import (
     CheckpointReady,
     approval_reasons,
 )
+from controlplane.notify.signing import VerificationError, sign_headers, verify
 
 logger = logging.getLogger(__name__)
 #: A trainer's repeat re-enqueues a delivery whose task looks lost after these.
@@ -218,8 +219,6 @@ def _store(
 
 
 def _enqueue_on_commit(delivery_id: int) -> None:
-    from controlplane.intake.tasks import process_webhook
-
     def send() -> None:
         try:
             process_webhook.delay(delivery_id)

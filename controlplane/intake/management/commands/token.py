@@ -1,5 +1,9 @@
 """`manage.py token create --user NAME --label LABEL [--source S ...] [--expires-days N]`,
-`manage.py token revoke LABEL` and `manage.py token list`."""
+`manage.py token revoke LABEL` and `manage.py token list`.
+
+It lives in intake, the API layer that tokens open, rather than in accounts: a token may be
+limited to fleet sources, and accounts (a base app) imports no feature app.
+"""
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError

@@ -2,39 +2,12 @@
 outbound policy."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
-
-from controlplane.intake.delivery import attempt_delivery
-from controlplane.intake.models import NotificationDelivery, NotificationDestination
-from controlplane.intake.notifications import notify
-from controlplane.intake.signing import verify
-from tests.integration.intake.conftest import SECRET
-
-
-@pytest.fixture
-def receiver():
-    """A local HTTP receiver answering the scripted statuses in order, then 200."""
-    state = {"script": [], "received": []}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers["content-length"]))
-            state["received"].append(({k.lower(): v for k, v in self.headers.items()}, body))
-            status = state["script"].pop(0) if state["script"] else 200
-            self.send_response(status)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state["url"] = f"http://127.0.0.1:{server.server_port}/hook"
-    yield state
-    server.shutdown()
+from controlplane.notify.delivery import attempt_delivery
+from controlplane.notify.emit import notify
+from controlplane.notify.models import NotificationDelivery, NotificationDestination
+from controlplane.notify.signing import verify
+from tests.integration.notify.conftest import SECRET
 
 
 def _destination(url, allowed_networks=("127.0.0.0/8",), **extra):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.intake.signing import (
+from controlplane.notify.signing import (
     VerificationError,
     generate_secret,
     secret_bytes,

@@ -1,4 +1,4 @@
-"""Outbound notifications: the `notify` service other apps call when something people should
+"""Emitting notifications: the `notify` service other apps call when something people should
 know about happens (a refresh waits for approval, succeeds or is held; a gate is force-reopened;
 a source went stale).
 
@@ -18,8 +18,9 @@ from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from controlplane.intake.models import NotificationDelivery, NotificationDestination
-from controlplane.intake.models import NotificationEvent as Event
+from controlplane.notify.models import NotificationDelivery, NotificationDestination
+from controlplane.notify.models import NotificationEvent as Event
+from controlplane.notify.tasks import deliver_notification
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +113,6 @@ def notify(event: str, *, source=None, refresh=None, gate=None, reason: str = ""
 
 
 def enqueue_delivery(delivery_id: int) -> None:
-    from controlplane.intake.tasks import deliver_notification
-
     transaction.on_commit(lambda: _send_task(deliver_notification, delivery_id))
 
 

@@ -12,17 +12,17 @@ import time
 
 import httpx
 from django.conf import settings
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.dynamo.policy import OutboundPolicy
-from controlplane.intake.models import (
+from controlplane.notify.models import (
     DeliveryStatus,
     DestinationKind,
     NotificationAttempt,
     NotificationDelivery,
 )
-from controlplane.intake.signing import sign_headers
+from controlplane.notify.signing import sign_headers
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ MAX_BACKOFF_SECONDS = 3600.0
 EXCERPT_CHARS = 500
 #: Answers that may succeed later; any other 4xx means the request itself is wrong.
 RETRYABLE_STATUS = frozenset({408, 425, 429})
+#: At most this many overdue deliveries are re-enqueued per sweep; the rest wait for the next.
+SWEEP_BATCH = 500
 
 
 def backoff_seconds(attempt: int) -> float:
@@ -67,13 +69,16 @@ def render(delivery: NotificationDelivery) -> tuple[bytes, dict[str, str]]:
     return body, headers
 
 
-def _claim(delivery_id: int) -> NotificationDelivery | None:
+def _claim(delivery_id: int, expect_attempts: int | None = None) -> NotificationDelivery | None:
     """Take the next attempt number with a conditional UPDATE, so a duplicated task (acks_late
-    redelivery) sends nothing twice at the same time."""
+    redelivery) sends nothing twice at the same time. With `expect_attempts`, claim only if no
+    attempt was made since the caller looked (the sweeper's re-enqueued copies)."""
     delivery = (
         NotificationDelivery.objects.select_related("destination").filter(pk=delivery_id).first()
     )
     if delivery is None or delivery.status in (DeliveryStatus.DELIVERED, DeliveryStatus.FAILED):
+        return None
+    if expect_attempts is not None and delivery.attempts != expect_attempts:
         return None
     claimed = NotificationDelivery.objects.filter(
         pk=delivery_id, attempts=delivery.attempts, status=delivery.status
@@ -110,9 +115,15 @@ def _finish(delivery, *, ok: bool, retryable: bool, error: str) -> float | None:
     return retry_in
 
 
-def attempt_delivery(delivery_id: int, *, transport: httpx.BaseTransport | None = None):
-    """Make one attempt. Returns seconds until the next attempt, or None when finished."""
-    delivery = _claim(delivery_id)
+def attempt_delivery(
+    delivery_id: int,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    expect_attempts: int | None = None,
+):
+    """Make one attempt. Returns seconds until the next attempt, or None when finished (or when
+    someone else made the attempt)."""
+    delivery = _claim(delivery_id, expect_attempts)
     if delivery is None:
         return None
     destination = delivery.destination
@@ -164,3 +175,30 @@ def attempt_delivery(delivery_id: int, *, transport: httpx.BaseTransport | None 
             attempt.error,
         )
     return _finish(delivery, ok=attempt.ok, retryable=retryable, error=attempt.error)
+
+
+def claim_stuck_deliveries(grace_seconds: float) -> list[tuple[int, int]]:
+    """Unfinished deliveries whose next attempt is more than `grace_seconds` overdue, as
+    `(id, attempts)`. A pending delivery never attempted counts from its creation.
+
+    Each is claimed by moving `next_attempt_at` one grace period ahead with a conditional
+    UPDATE, so a duplicate beat tick re-enqueues nothing twice, and a re-enqueued task that is
+    lost too is found again on a later sweep.
+    """
+    now = timezone.now()
+    cutoff = now - timezone.timedelta(seconds=grace_seconds)
+    overdue = NotificationDelivery.objects.filter(
+        Q(status=DeliveryStatus.RETRYING, next_attempt_at__lt=cutoff)
+        | Q(status=DeliveryStatus.PENDING, next_attempt_at__lt=cutoff)
+        | Q(status=DeliveryStatus.PENDING, next_attempt_at__isnull=True, created_at__lt=cutoff)
+    ).values_list("pk", "attempts", "status", "next_attempt_at")
+    claimed = []
+    for pk, attempts, status, due in overdue.order_by("pk")[:SWEEP_BATCH]:
+        won = NotificationDelivery.objects.filter(
+            pk=pk, attempts=attempts, status=status, next_attempt_at=due
+        ).update(next_attempt_at=now + timezone.timedelta(seconds=grace_seconds))
+        if won:
+            claimed.append((pk, attempts))
+    if claimed:
+        logger.warning("re-enqueueing %d overdue notification deliveries", len(claimed))
+    return claimed

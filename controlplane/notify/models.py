@@ -1,4 +1,8 @@
-"""Outbound notification destinations, one delivery per (destination, event), every attempt."""
+"""Outbound notification destinations, one delivery per (destination, event), every attempt.
+
+The tables keep the names they had when these models lived in `intake` (`db_table` below), so
+moving the models to this app moved no data.
+"""
 
 import uuid
 
@@ -49,6 +53,7 @@ class NotificationDestination(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        db_table = "intake_notificationdestination"
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -89,6 +94,7 @@ class NotificationDelivery(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        db_table = "intake_notificationdelivery"
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["destination", "-created_at"], name="ndelivery_dest_idx")]
 
@@ -116,6 +122,7 @@ class NotificationAttempt(models.Model):
     response_excerpt = models.TextField(blank=True)
 
     class Meta:
+        db_table = "intake_notificationattempt"
         ordering = ["delivery", "number"]
         constraints = [
             models.UniqueConstraint(fields=["delivery", "number"], name="nattempt_unique_number")

@@ -7,6 +7,7 @@ and checks the URL again before it connects, and a refusal lands in the attempt 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,22 +18,36 @@ from django.db import transaction
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.dynamo.policy import OutboundPolicy
-from controlplane.fleet.validation import parse_networks
-from controlplane.intake.models import (
+from controlplane.notify.emit import build_payload, enqueue_delivery
+from controlplane.notify.models import (
     DestinationKind,
     NotificationDelivery,
     NotificationDestination,
     NotificationEvent,
 )
-from controlplane.intake.notifications import build_payload, enqueue_delivery
-from controlplane.intake.signing import generate_secret
-from controlplane.intake.validation import literal_host
+from controlplane.notify.signing import generate_secret
 
 _SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
 FIELDS = ("name", "kind", "url", "allowed_networks", "events", "source", "enabled")
 #: Events a destination may subscribe to; `test` is always delivered and not a subscription.
 SUBSCRIBABLE = tuple(e.value for e in NotificationEvent if e != NotificationEvent.TEST)
 MAX_URL = 500
+#: Audit rows name destinations by the model label they had before the notify app existed, so
+#: the history's target filter finds a destination's old and new rows alike.
+AUDIT_TARGET_TYPE = "intake.notificationdestination"
+
+
+def _audit_target(destination: NotificationDestination) -> tuple[str, int, str]:
+    return (AUDIT_TARGET_TYPE, destination.pk, destination.name)
+
+
+def literal_host(url: str) -> bool:
+    """Whether the URL's host is an IP literal (judged at save time without DNS)."""
+    try:
+        ipaddress.ip_address((urlsplit(url).hostname or "").split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
 
 
 def _url_problem(url: str) -> str | None:
@@ -77,10 +92,10 @@ def _clean(values: dict[str, Any], *, instance: NotificationDestination | None =
 
     policy = None
     try:
-        clean["allowed_networks"] = parse_networks(values.get("allowed_networks") or [])
+        clean["allowed_networks"] = OutboundPolicy.parse_cidrs(values.get("allowed_networks") or [])
         policy = OutboundPolicy.from_cidrs(clean["allowed_networks"])
-    except ValidationError as exc:
-        errors["allowed_networks"] = exc.message_dict["allowed_networks"][0]
+    except ValueError as exc:
+        errors["allowed_networks"] = str(exc)
 
     url = values.get("url") or ""
     problem = _url_problem(url)
@@ -147,7 +162,7 @@ def create_notification_destination(
         record(
             AuditAction.NOTIFICATION_DESTINATION_CREATED,
             actor=actor,
-            target=destination,
+            target=_audit_target(destination),
             details=_audit_view(destination),
         )
     return destination, secret
@@ -175,7 +190,7 @@ def update_notification_destination(
             record(
                 AuditAction.NOTIFICATION_DESTINATION_UPDATED,
                 actor=actor,
-                target=locked,
+                target=_audit_target(locked),
                 details={
                     "changed": changed,
                     "before": {k: before[k] for k in changed if k in before},
@@ -194,7 +209,7 @@ def regenerate_destination_secret(destination: NotificationDestination, *, actor
         record(
             AuditAction.NOTIFICATION_DESTINATION_UPDATED,
             actor=actor,
-            target=destination,
+            target=_audit_target(destination),
             details={"changed": ["secret"]},
         )
     destination.refresh_from_db()
@@ -207,7 +222,7 @@ def remove_notification_destination(destination: NotificationDestination, *, act
         record(
             AuditAction.NOTIFICATION_DESTINATION_REMOVED,
             actor=actor,
-            target=destination,
+            target=_audit_target(destination),
             details=_audit_view(destination),
         )
         destination.delete()
@@ -228,7 +243,7 @@ def send_test_notification(
         record(
             AuditAction.NOTIFICATION_DESTINATION_TEST_SENT,
             actor=actor,
-            target=destination,
+            target=_audit_target(destination),
             details={"name": destination.name, "delivery_id": delivery.pk},
         )
         enqueue_delivery(delivery.pk)

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import transaction
 
-from controlplane.fleet.discovery.bulk import insert_values
+from controlplane.bulk import insert_values
 from controlplane.realtime import publish
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerOutcome, run_jobs
 from controlplane.refresh.executor.lease import Lease

@@ -27,7 +27,7 @@ from controlplane.refresh.errors import (
     PlanBlocked,
     RefreshConflict,
 )
-from controlplane.refresh.executor.runner import publish_state, release_scope
+from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     FlushPolicy,
@@ -48,11 +48,10 @@ from controlplane.refresh.planning import (
     source_policy,
 )
 from controlplane.refresh.sequence import STEP_STATE, StepName
+from controlplane.refresh.tasks import execute_policy_refresh
 
 
 def _enqueue(refresh_id: int) -> None:
-    from controlplane.refresh.tasks import execute_policy_refresh
-
     transaction.on_commit(lambda: execute_policy_refresh.delay(refresh_id))
 
 
@@ -341,7 +340,7 @@ def reject_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) 
         refresh.end_reason = reason.strip()
         refresh.finished_at = refresh.state_changed_at = timezone.now()
         refresh.save(update_fields=["state", "end_reason", "finished_at", "state_changed_at"])
-        release_scope(refresh, "")
+        gates.release_scope(refresh, "")
         _audit(AuditAction.POLICY_REFRESH_REJECTED, refresh, actor, reason=reason.strip())
     transaction.on_commit(lambda: publish_state(refresh))
     return refresh
@@ -361,7 +360,7 @@ def abort_policy_refresh(
             refresh.end_reason = reason
             refresh.finished_at = refresh.state_changed_at = timezone.now()
             refresh.save(update_fields=["state", "end_reason", "finished_at", "state_changed_at"])
-            release_scope(refresh, "")
+            gates.release_scope(refresh, "")
         elif state in EXECUTING_STATES and state != RefreshState.RELEASING:
             refresh.abort_requested = True
             refresh.end_reason = reason
@@ -488,7 +487,7 @@ def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> 
             state_changed_at=timezone.now(),
         )
         refresh.refresh_from_db()
-        release_scope(refresh, f"policy refresh #{refresh.pk} {end_reason}")
+        gates.release_scope(refresh, f"policy refresh #{refresh.pk} {end_reason}")
         _audit(
             AuditAction.POLICY_REFRESH_ENDED,
             refresh,

@@ -29,6 +29,7 @@ from controlplane.refresh.models import (
     RefreshState,
     StepRun,
     WorkerStepResult,
+    state_change,
 )
 from controlplane.refresh.planning import source_policy
 from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, StepName, next_step
@@ -150,13 +151,9 @@ class Runner:
         following = next_step(step)
         with transaction.atomic():
             if following is None:
-                self.lease.release(
-                    state=RefreshState.SUCCEEDED,
-                    finished_at=timezone.now(),
-                    state_changed_at=timezone.now(),
-                )
+                self.lease.release(**state_change(RefreshState.SUCCEEDED))
             else:
-                self.lease.guard(state=STEP_STATE[following], state_changed_at=timezone.now())
+                self.lease.guard(**state_change(STEP_STATE[following]))
             self._finish_step_run(step_run, "ok", result.detail)
             if following is None:
                 # Lock order: scope locks and gates before the audit chain head.
@@ -187,13 +184,14 @@ class Runner:
         )
         with transaction.atomic():
             self.lease.release(
-                state=RefreshState.HELD,
-                failed_step=step.value,
-                held_reason=reason[:4000],
-                abort_requested=False,
-                # A failed release keeps its end state, so a retry still ends the same way.
-                end_state=refresh.end_state if step == StepName.RELEASE else "",
-                state_changed_at=timezone.now(),
+                **state_change(
+                    RefreshState.HELD,
+                    failed_step=step.value,
+                    held_reason=reason[:4000],
+                    abort_requested=False,
+                    # A failed release keeps its end state, so a retry still ends the same way.
+                    end_state=refresh.end_state if step == StepName.RELEASE else "",
+                )
             )
             if step_run is not None:
                 self._finish_step_run(step_run, "failed", reason)
@@ -222,10 +220,9 @@ class Runner:
         if refresh.end_state:
             with transaction.atomic():
                 self.lease.guard(
-                    state=RefreshState.RELEASING,
-                    abort_requested=False,
-                    failed_step=step.value,
-                    state_changed_at=timezone.now(),
+                    **state_change(
+                        RefreshState.RELEASING, abort_requested=False, failed_step=step.value
+                    )
                 )
             publish_state(self.load())
             return
@@ -259,12 +256,7 @@ class Runner:
         if departed:
             end_reason += f" — {len(departed)} worker(s) had left the fleet"
         with transaction.atomic():
-            self.lease.release(
-                state=end_state,
-                end_reason=end_reason[:4000],
-                finished_at=timezone.now(),
-                state_changed_at=timezone.now(),
-            )
+            self.lease.release(**state_change(end_state, end_reason=end_reason[:4000]))
             self._finish_step_run(step_run, "failed" if unresumed else "ok", result.detail)
             gates.release_scope(refresh, f"policy refresh #{refresh.pk} {end_state}: {end_reason}")
             action = (

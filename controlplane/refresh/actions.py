@@ -18,7 +18,9 @@ from django.utils import timezone
 from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
-from controlplane.fleet.models import Source, Worker, WorkerState
+from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.fleet import discovery
+from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
 from controlplane.intake.notifications import notify
 from controlplane.refresh import gates
 from controlplane.refresh.errors import (
@@ -27,6 +29,7 @@ from controlplane.refresh.errors import (
     PlanBlocked,
     RefreshConflict,
 )
+from controlplane.refresh.executor.departures import DEPARTED
 from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import (
     EXECUTING_STATES,
@@ -88,9 +91,6 @@ def _fresh_discovery(source: Source) -> tuple[object | None, str]:
     source (concurrent webhooks or API calls) shares a few discoveries instead of queueing
     behind each other until the wait runs out.
     """
-    from controlplane.fleet import discovery
-    from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger
-
     asked_at = timezone.now()
     deadline = time.monotonic() + PLAN_DISCOVERY_WAIT_SECONDS
     while True:
@@ -175,7 +175,7 @@ def plan_policy_refresh(
             pause_mode=pause_mode,
             flush_policy=flush_policy,
             verification=verification,
-            policy=policy or _empty_policy(),
+            policy=policy or OutboundPolicy(()),
             fingerprint=fingerprint,
         )
         for w in selected
@@ -231,12 +231,6 @@ def plan_policy_refresh(
             fingerprint=fingerprint,
         )
     return refresh
-
-
-def _empty_policy():
-    from controlplane.dynamo.policy import OutboundPolicy
-
-    return OutboundPolicy(())
 
 
 def _conflict(source: Source, namespaces: list[str]) -> RefreshConflict:
@@ -402,8 +396,6 @@ def can_end(refresh: PolicyRefresh) -> bool:
 
 def left_paused_keys(refresh: PolicyRefresh) -> list[str]:
     """Workers this refresh paused and has not resumed since (nor seen leave the fleet)."""
-    from controlplane.refresh.executor.departures import DEPARTED
-
     paused = set(
         refresh.journal.filter(step=StepName.PAUSE).values_list("planned_worker_id", flat=True)
     )

@@ -2,10 +2,11 @@
 
 Calls run on a helper thread's event loop; finished workers arrive on a queue. This thread
 collects them and every FLUSH_INTERVAL (or BATCH outcomes) writes one transaction: the lease
-guard (fencing token), the journal rows and the worker results with `bulk_create`, then one
-aggregated progress event. Between flushes it renews the lease, so a long call (up to the
-call timeout) never lets the lease lapse while the executor is alive. Each flush also reads the
-abort flag, so an abort reaches the runner within one flush interval.
+guard (fencing token), then the journal rows and the worker results as plain tuples through
+`controlplane.bulk.insert_values`; after it, one aggregated progress event (`refresh.live`).
+Between flushes it renews the lease, so a long call (up to the call timeout) never lets the
+lease lapse while the executor is alive. Each flush also reads the abort flag, so an abort
+reaches the runner within one flush interval.
 """
 
 from __future__ import annotations

@@ -1,64 +1,23 @@
 """Websocket streams for the fleet pages, spoken in htmx out-of-band swaps.
 
-Each consumer checks the session user and `Perm.VIEW` on connect and refuses otherwise, joins
-one group, and sends a full resync from the database first — the Redis layer may drop
-messages, so a (re)connecting page never trusts what it missed.
+Each consumer (a `realtime.LiveStream`) checks the session user and `Perm.VIEW` on connect and
+refuses otherwise, joins one group, and sends a full resync from the database first — the Redis
+layer may drop messages, so a (re)connecting page never trusts what it missed.
 """
 
 from __future__ import annotations
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.http import QueryDict
 
-from controlplane.accounts.roles import Perm
 from controlplane.fleet import live
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.models import Source
-
-#: Close code for a refused socket (HTTP 403 in the 4000 private range).
-REFUSED = 4403
+from controlplane.realtime import LiveStream
 
 
-class _FleetStream(AsyncWebsocketConsumer):
-    group = ""
-
-    @database_sync_to_async
-    def _allowed(self) -> bool:
-        user = self.scope.get("user")
-        return bool(user and user.is_authenticated and user.has_perm(Perm.VIEW))
-
-    async def connect(self) -> None:
-        if not await self._allowed() or not await self.prepare():
-            await self.close(code=REFUSED)
-            return
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
-        for frame in await database_sync_to_async(self.resync)():
-            await self.send(text_data=frame)
-
-    async def disconnect(self, code: int) -> None:
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-
-    async def stream_event(self, message: dict) -> None:
-        frames = await database_sync_to_async(self.render)(message["event"], message["payload"])
-        for frame in frames:
-            if frame:
-                await self.send(text_data=frame)
-
-    async def prepare(self) -> bool:
-        return True
-
-    def resync(self) -> list[str]:
-        raise NotImplementedError
-
-    def render(self, event: str, payload: dict) -> list[str]:
-        raise NotImplementedError
-
-
-class FleetOverviewConsumer(_FleetStream):
-    group = live.FLEET_GROUP
+class FleetOverviewConsumer(LiveStream):
+    groups_to_join = (live.FLEET_GROUP,)
 
     def resync(self) -> list[str]:
         return [live.overview_html()]
@@ -69,7 +28,7 @@ class FleetOverviewConsumer(_FleetStream):
         return [live.overview_html()]
 
 
-class SourceStreamConsumer(_FleetStream):
+class SourceStreamConsumer(LiveStream):
     """The worker table of one source, filtered like the page that opened it."""
 
     async def prepare(self) -> bool:
@@ -78,7 +37,7 @@ class SourceStreamConsumer(_FleetStream):
             QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
         )
         self.shown: set[int] = set()
-        self.group = live.source_group(self.source_id)
+        self.groups_to_join = (live.source_group(self.source_id),)
         return await database_sync_to_async(Source.objects.filter(pk=self.source_id).exists)()
 
     def _source(self) -> Source | None:

@@ -1,19 +1,20 @@
 """Fleet pages: overview, source, worker, and the admin forms for sources and static workers.
 
-Small function views. Each object type has one access helper that returns the object or raises
-`PermissionDenied`; every mutating view checks its permission server-side and goes through a
-service, which writes the audit row.
+Small function views. Each checks its permission with `@requires`; each object type has one
+access helper that returns the object (or 404); every mutating view goes through a service,
+which writes the audit row.
 """
 
 from __future__ import annotations
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
+from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.fleet import live, services
@@ -28,37 +29,30 @@ class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
-def _require(request: HttpRequest, perm: Perm) -> None:
-    if not request.user.has_perm(perm):
-        raise PermissionDenied
-
-
-def _get_source(request: HttpRequest, pk: int, perm: Perm = Perm.VIEW) -> Source:
-    _require(request, perm)
+def _get_source(pk: int) -> Source:
     return get_object_or_404(Source, pk=pk)
 
 
-def _get_worker(request: HttpRequest, pk: int) -> Worker:
-    _require(request, Perm.VIEW)
+def _get_worker(pk: int) -> Worker:
     return get_object_or_404(Worker.objects.select_related("source", "static_worker"), pk=pk)
 
 
-def _get_static_worker(request: HttpRequest, pk: int, perm: Perm) -> StaticWorker:
-    _require(request, perm)
+def _get_static_worker(pk: int) -> StaticWorker:
     return get_object_or_404(StaticWorker.objects.select_related("source"), pk=pk)
 
 
 @require_GET
+@requires(Perm.VIEW)
 def overview(request: HtmxHttpRequest) -> HttpResponse:
-    _require(request, Perm.VIEW)
     summaries = [summarise(s) for s in Source.objects.all()]
     context = {"summaries": summaries}
     return render(request, "fleet/overview.html", context)
 
 
 @require_GET
+@requires(Perm.VIEW)
 def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    source = _get_source(request, pk)
+    source = _get_source(pk)
     flt = WorkerFilter.from_query(request.GET)
     # The table never shows transport details; skipping them saves JSON decoding per row.
     workers = list(Worker.objects.filter(source=source).defer("transport", "request_plane_url"))
@@ -90,8 +84,9 @@ def _label(w: Worker) -> str:
 
 
 @require_GET
+@requires(Perm.VIEW)
 def worker_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    worker = _get_worker(request, pk)
+    worker = _get_worker(pk)
     context = {
         "worker": worker,
         "source": worker.source,
@@ -103,8 +98,9 @@ def worker_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@requires(Perm.RUN_DISCOVERY)
 def refresh_now(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    source = _get_source(request, pk, Perm.RUN_DISCOVERY)
+    source = _get_source(pk)
     services.request_discovery(source, actor=actor_from_request(request))
     if request.htmx:
         return HttpResponse('<span class="muted" role="status">Refresh requested…</span>')
@@ -113,8 +109,8 @@ def refresh_now(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_SOURCES)
 def source_create(request: HtmxHttpRequest) -> HttpResponse:
-    _require(request, Perm.MANAGE_SOURCES)
     form = SourceForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -129,8 +125,9 @@ def source_create(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_SOURCES)
 def source_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    source = _get_source(request, pk, Perm.MANAGE_SOURCES)
+    source = _get_source(pk)
     form = SourceForm.for_source(source, request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -146,8 +143,9 @@ def source_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_SOURCES)
 def source_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    source = _get_source(request, pk, Perm.MANAGE_SOURCES)
+    source = _get_source(pk)
     if request.method == "POST":
         services.remove_source(source, actor=actor_from_request(request))
         messages.success(request, f"Source {source.name} removed.")
@@ -156,8 +154,9 @@ def source_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_SOURCES)
 def static_worker_create(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    source = _get_source(request, pk, Perm.MANAGE_SOURCES)
+    source = _get_source(pk)
     form = StaticWorkerForm(request.POST or None, source=source)
     if request.method == "POST" and form.is_valid():
         try:
@@ -175,8 +174,9 @@ def static_worker_create(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@requires(Perm.MANAGE_SOURCES)
 def static_worker_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    static = _get_static_worker(request, pk, Perm.MANAGE_SOURCES)
+    static = _get_static_worker(pk)
     source_pk = static.source_id
     services.remove_static_worker(static, actor=actor_from_request(request))
     messages.success(request, f"Static worker {static.name} removed.")

@@ -8,19 +8,25 @@ Optional `?source=<name>` narrows the stream to one source.
 
 from __future__ import annotations
 
+import json
+from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from controlplane.accounts import tokens
 from controlplane.accounts.roles import Perm
+from controlplane.fleet.models import Source
+from controlplane.realtime import LiveStream
+from controlplane.refresh.gates import serialize_gate
+from controlplane.refresh.live import GATES_GROUP
+from controlplane.refresh.models import Gate
 
-GATES_GROUP = "gates"
+#: Close code for a refused socket: no acceptable bearer token or session (HTTP 401).
+UNAUTHORIZED = 4401
 
 
-@database_sync_to_async
-def _principal(scope):
+def _principal(scope) -> tuple[Any, set[int] | None] | None:
     """(user, allowed source ids or None), or None when nobody acceptable is connecting."""
     headers = dict(scope.get("headers") or [])
     raw = headers.get(b"authorization", b"").decode("latin-1")
@@ -39,53 +45,41 @@ def _principal(scope):
     return user, limit
 
 
-@database_sync_to_async
-def _snapshot(limit, source_name):
-    from controlplane.refresh.gates import serialize_gate
-    from controlplane.refresh.models import Gate
+class GateStreamConsumer(LiveStream):
+    groups_to_join = (GATES_GROUP,)
+    refused_code = UNAUTHORIZED
 
-    gates = Gate.objects.select_related("source").order_by("source__name", "namespace")
-    if limit is not None:
-        gates = gates.filter(source_id__in=limit)
-    if source_name:
-        gates = gates.filter(source__name=source_name)
-    return [serialize_gate(g) for g in gates]
-
-
-@database_sync_to_async
-def _source_names(limit):
-    from controlplane.fleet.models import Source
-
-    return set(Source.objects.filter(pk__in=limit).values_list("name", flat=True))
-
-
-class GateStreamConsumer(AsyncJsonWebsocketConsumer):
-    async def connect(self):
-        principal = await _principal(self.scope)
+    async def authorize(self) -> bool:
+        principal = await database_sync_to_async(_principal)(self.scope)
         if principal is None:
-            await self.close(code=4401)
-            return
-        _, limit = principal
+            return False
+        _, self.limit = principal
+        return True
+
+    async def prepare(self) -> bool:
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.source_name = (query.get("source") or [""])[0]
-        self.allowed_names = None if limit is None else await _source_names(limit)
-        await self.channel_layer.group_add(GATES_GROUP, self.channel_name)
-        await self.accept()
-        await self.send_json(
-            {"event": "gates.snapshot", "gates": await _snapshot(limit, self.source_name)}
-        )
+        self.allowed_names = None
+        if self.limit is not None:
+            self.allowed_names = await database_sync_to_async(self._source_names)()
+        return True
 
-    async def disconnect(self, code):
-        await self.channel_layer.group_discard(GATES_GROUP, self.channel_name)
+    def _source_names(self) -> set[str]:
+        return set(Source.objects.filter(pk__in=self.limit).values_list("name", flat=True))
 
-    async def stream_event(self, message):
-        payload = message.get("payload") or {}
+    def resync(self) -> list[str]:
+        gates = Gate.objects.select_related("source").order_by("source__name", "namespace")
+        if self.limit is not None:
+            gates = gates.filter(source_id__in=self.limit)
+        if self.source_name:
+            gates = gates.filter(source__name=self.source_name)
+        snapshot = [serialize_gate(g) for g in gates]
+        return [json.dumps({"event": "gates.snapshot", "gates": snapshot})]
+
+    def render(self, event: str, payload: dict[str, Any]) -> list[str]:
         source = payload.get("source")
         if self.allowed_names is not None and source not in self.allowed_names:
-            return
+            return []
         if self.source_name and source != self.source_name:
-            return
-        await self.send_json({"event": message.get("event"), "gate": payload})
-
-    async def receive_json(self, content, **kwargs):
-        """The stream is one-way; anything a client sends is ignored."""
+            return []
+        return [json.dumps({"event": event, "gate": payload})]

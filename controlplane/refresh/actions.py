@@ -18,7 +18,9 @@ from django.utils import timezone
 from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
-from controlplane.fleet.models import Source, Worker, WorkerState
+from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.fleet import discovery
+from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
 from controlplane.refresh.errors import (
@@ -27,7 +29,8 @@ from controlplane.refresh.errors import (
     PlanBlocked,
     RefreshConflict,
 )
-from controlplane.refresh.executor.runner import publish_state, release_scope
+from controlplane.refresh.executor.departures import DEPARTED
+from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     FlushPolicy,
@@ -48,11 +51,10 @@ from controlplane.refresh.planning import (
     source_policy,
 )
 from controlplane.refresh.sequence import STEP_STATE, StepName
+from controlplane.refresh.tasks import execute_policy_refresh
 
 
 def _enqueue(refresh_id: int) -> None:
-    from controlplane.refresh.tasks import execute_policy_refresh
-
     transaction.on_commit(lambda: execute_policy_refresh.delay(refresh_id))
 
 
@@ -89,9 +91,6 @@ def _fresh_discovery(source: Source) -> tuple[object | None, str]:
     source (concurrent webhooks or API calls) shares a few discoveries instead of queueing
     behind each other until the wait runs out.
     """
-    from controlplane.fleet import discovery
-    from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger
-
     asked_at = timezone.now()
     deadline = time.monotonic() + PLAN_DISCOVERY_WAIT_SECONDS
     while True:
@@ -176,7 +175,7 @@ def plan_policy_refresh(
             pause_mode=pause_mode,
             flush_policy=flush_policy,
             verification=verification,
-            policy=policy or _empty_policy(),
+            policy=policy or OutboundPolicy(()),
             fingerprint=fingerprint,
         )
         for w in selected
@@ -234,12 +233,6 @@ def plan_policy_refresh(
     return refresh
 
 
-def _empty_policy():
-    from controlplane.dynamo.policy import OutboundPolicy
-
-    return OutboundPolicy(())
-
-
 def _conflict(source: Source, namespaces: list[str]) -> RefreshConflict:
     lock = (
         ScopeLock.objects.filter(source=source, namespace__in=namespaces)
@@ -291,11 +284,9 @@ def start_policy_refresh(
         except IntegrityError:
             raise _conflict(refresh.source, refresh.namespaces) from None
         needs_approval = refresh.source.require_approval or require_approval
-        refresh.state = (
+        refresh.transition(
             RefreshState.AWAITING_APPROVAL if needs_approval else STEP_STATE[StepName.GATE]
         )
-        refresh.started_at = refresh.state_changed_at = timezone.now()
-        refresh.save(update_fields=["state", "started_at", "state_changed_at"])
         _audit(AuditAction.POLICY_REFRESH_REQUESTED, refresh, actor, needs_approval=needs_approval)
         if needs_approval:
             notify("refresh.awaiting_approval", refresh=refresh)
@@ -316,10 +307,7 @@ def approve_policy_refresh(
             raise ApprovalNotAllowed(f"policy refresh #{refresh.pk} is not awaiting approval")
         if actor.user is None or actor.user.pk == refresh.requested_by_id:
             raise ApprovalNotAllowed("the requester cannot approve their own policy refresh")
-        refresh.state = RefreshState.GATING
-        refresh.approved_by = actor.user
-        refresh.approved_at = refresh.state_changed_at = timezone.now()
-        refresh.save(update_fields=["state", "approved_by", "approved_at", "state_changed_at"])
+        refresh.transition(RefreshState.GATING, approved_by=actor.user, approved_at=timezone.now())
         _audit(AuditAction.POLICY_REFRESH_APPROVED, refresh, actor)
         _audit(AuditAction.POLICY_REFRESH_STARTED, refresh, actor)
         if enqueue:
@@ -337,11 +325,8 @@ def reject_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) 
             raise ApprovalNotAllowed(f"policy refresh #{refresh.pk} is not awaiting approval")
         if actor.user is not None and actor.user.pk == refresh.requested_by_id:
             raise ApprovalNotAllowed("the requester cannot reject their own policy refresh")
-        refresh.state = RefreshState.REJECTED
-        refresh.end_reason = reason.strip()
-        refresh.finished_at = refresh.state_changed_at = timezone.now()
-        refresh.save(update_fields=["state", "end_reason", "finished_at", "state_changed_at"])
-        release_scope(refresh, "")
+        refresh.transition(RefreshState.REJECTED, end_reason=reason.strip())
+        gates.release_scope(refresh, "")
         _audit(AuditAction.POLICY_REFRESH_REJECTED, refresh, actor, reason=reason.strip())
     transaction.on_commit(lambda: publish_state(refresh))
     return refresh
@@ -357,22 +342,17 @@ def abort_policy_refresh(
         state = refresh.state
         if state in (RefreshState.PLANNED, RefreshState.AWAITING_APPROVAL):
             # Nothing touched yet: end at once.
-            refresh.state = RefreshState.ABORTED
-            refresh.end_reason = reason
-            refresh.finished_at = refresh.state_changed_at = timezone.now()
-            refresh.save(update_fields=["state", "end_reason", "finished_at", "state_changed_at"])
-            release_scope(refresh, "")
+            refresh.transition(RefreshState.ABORTED, end_reason=reason)
+            gates.release_scope(refresh, "")
         elif state in EXECUTING_STATES and state != RefreshState.RELEASING:
             refresh.abort_requested = True
             refresh.end_reason = reason
             refresh.end_state = RefreshState.ABORTED if resume_engines else ""
             refresh.save(update_fields=["abort_requested", "end_reason", "end_state"])
         elif state == RefreshState.HELD and resume_engines:
-            refresh.state = RefreshState.RELEASING
-            refresh.end_state = RefreshState.ABORTED
-            refresh.end_reason = reason
-            refresh.state_changed_at = timezone.now()
-            refresh.save(update_fields=["state", "end_state", "end_reason", "state_changed_at"])
+            refresh.transition(
+                RefreshState.RELEASING, end_state=RefreshState.ABORTED, end_reason=reason
+            )
             _enqueue(refresh.pk)
         else:
             raise InvalidTransition(
@@ -391,11 +371,7 @@ def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefre
         if refresh.state != RefreshState.HELD or not refresh.failed_step:
             raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
         step = StepName(refresh.failed_step)
-        refresh.state = STEP_STATE[step]
-        refresh.held_reason = ""
-        refresh.abort_requested = False
-        refresh.state_changed_at = timezone.now()
-        refresh.save(update_fields=["state", "held_reason", "abort_requested", "state_changed_at"])
+        refresh.transition(STEP_STATE[step], held_reason="", abort_requested=False)
         _audit(AuditAction.POLICY_REFRESH_RETRIED, refresh, actor, step=step.value)
         _enqueue(refresh.pk)
     transaction.on_commit(lambda: publish_state(refresh))
@@ -420,8 +396,6 @@ def can_end(refresh: PolicyRefresh) -> bool:
 
 def left_paused_keys(refresh: PolicyRefresh) -> list[str]:
     """Workers this refresh paused and has not resumed since (nor seen leave the fleet)."""
-    from controlplane.refresh.executor.departures import DEPARTED
-
     paused = set(
         refresh.journal.filter(step=StepName.PAUSE).values_list("planned_worker_id", flat=True)
     )
@@ -476,19 +450,17 @@ def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> 
                 f"{', …' if len(left_paused) > 5 else ''})"
             )
         previous = refresh.state
-        PolicyRefresh.objects.filter(pk=refresh.pk).update(
-            state=RefreshState.ABORTED,
+        refresh.transition(
+            RefreshState.ABORTED,
             end_reason=end_reason[:4000],
             end_state="",
             abort_requested=False,
             lease_token=F("lease_token") + 1,
             lease_owner="",
             lease_expires_at=None,
-            finished_at=timezone.now(),
-            state_changed_at=timezone.now(),
         )
-        refresh.refresh_from_db()
-        release_scope(refresh, f"policy refresh #{refresh.pk} {end_reason}")
+        refresh.refresh_from_db()  # the new fencing token
+        gates.release_scope(refresh, f"policy refresh #{refresh.pk} {end_reason}")
         _audit(
             AuditAction.POLICY_REFRESH_ENDED,
             refresh,
@@ -539,14 +511,9 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
         # The rollback takes over the scope (and the paused workers) without a gap.
         ScopeLock.objects.filter(refresh=old).update(refresh=new)
         Gate.objects.filter(active_refresh=old).update(active_refresh=new)
-        old.state = RefreshState.FAILED
-        old.end_reason = f"rolled back by policy refresh #{new.pk}"
-        old.finished_at = old.state_changed_at = timezone.now()
-        old.save(update_fields=["state", "end_reason", "finished_at", "state_changed_at"])
+        old.transition(RefreshState.FAILED, end_reason=f"rolled back by policy refresh #{new.pk}")
         needs_approval = new.source.require_approval
-        new.state = RefreshState.AWAITING_APPROVAL if needs_approval else RefreshState.GATING
-        new.started_at = new.state_changed_at = timezone.now()
-        new.save(update_fields=["state", "started_at", "state_changed_at"])
+        new.transition(RefreshState.AWAITING_APPROVAL if needs_approval else RefreshState.GATING)
         _audit(
             AuditAction.POLICY_REFRESH_ROLLED_BACK,
             old,
@@ -588,13 +555,11 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
                     f"policy refresh #{refresh.pk} is running ({refresh.state}); abort it first"
                 )
             if refresh.state == RefreshState.HELD:
-                refresh.state = RefreshState.RELEASING
-                refresh.end_state = RefreshState.FAILED
-                refresh.end_reason = (
-                    f"gate {gate.namespace} force-reopened by {actor.label}: {reason}"
+                refresh.transition(
+                    RefreshState.RELEASING,
+                    end_state=RefreshState.FAILED,
+                    end_reason=f"gate {gate.namespace} force-reopened by {actor.label}: {reason}",
                 )
-                refresh.state_changed_at = timezone.now()
-                refresh.save(update_fields=["state", "end_state", "end_reason", "state_changed_at"])
                 _enqueue(refresh.pk)
         elif gate.is_open:
             raise InvalidTransition(f"gate {gate.source.name}/{gate.namespace} is already open")

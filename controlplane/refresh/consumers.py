@@ -1,65 +1,24 @@
 """Live refresh pages over websockets, spoken in htmx out-of-band swaps.
 
-Consumers check the session user and `Perm.VIEW` on connect and refuse otherwise, join one
-group, and send a full resync from the database first: the Redis layer may drop messages, so a
-(re)connecting page rebuilds itself from the journal. Progress events then patch single cells
-and append to per-worker timelines.
+Consumers (each a `realtime.LiveStream`) check the session user and `Perm.VIEW` on connect and
+refuse otherwise, join one group, and send a full resync from the database first: the Redis
+layer may drop messages, so a (re)connecting page rebuilds itself from the journal. Progress
+events then patch single cells and append to per-worker timelines.
 """
 
 from __future__ import annotations
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.template.loader import render_to_string
 
-from controlplane.accounts.roles import Perm
+from controlplane.fleet.models import Source
+from controlplane.realtime import LiveStream
 from controlplane.refresh import presenters
-from controlplane.refresh.executor.journal import refresh_group
-from controlplane.refresh.executor.runner import REFRESHES_GROUP
-from controlplane.refresh.gates import GATES_GROUP
+from controlplane.refresh.live import EVENT_PROGRESS, GATES_GROUP, REFRESHES_GROUP, refresh_group
 from controlplane.refresh.models import PolicyRefresh
 
-#: Close code for a refused socket (HTTP 403 in the 4000 private range).
-REFUSED = 4403
 
-
-class _Stream(AsyncWebsocketConsumer):
-    groups_to_join: tuple[str, ...] = ()
-
-    @database_sync_to_async
-    def _allowed(self) -> bool:
-        user = self.scope.get("user")
-        return bool(user and user.is_authenticated and user.has_perm(Perm.VIEW))
-
-    async def connect(self) -> None:
-        if not await self._allowed() or not await self.prepare():
-            await self.close(code=REFUSED)
-            return
-        for group in self.groups_to_join:
-            await self.channel_layer.group_add(group, self.channel_name)
-        await self.accept()
-        await self.send(text_data=await database_sync_to_async(self.resync)())
-
-    async def disconnect(self, code: int) -> None:
-        for group in self.groups_to_join:
-            await self.channel_layer.group_discard(group, self.channel_name)
-
-    async def stream_event(self, message: dict) -> None:
-        html = await database_sync_to_async(self.render)(message["event"], message["payload"])
-        if html:
-            await self.send(text_data=html)
-
-    async def prepare(self) -> bool:
-        return True
-
-    def resync(self) -> str:
-        raise NotImplementedError
-
-    def render(self, event: str, payload: dict) -> str:
-        return self.resync()
-
-
-class RefreshConsumer(_Stream):
+class RefreshConsumer(LiveStream):
     """`ws/refreshes/<id>/`: the step list, the worker-by-step grid and call timelines."""
 
     async def prepare(self) -> bool:
@@ -69,17 +28,18 @@ class RefreshConsumer(_Stream):
             PolicyRefresh.objects.filter(pk=self.refresh_id).exists
         )()
 
-    def resync(self) -> str:
+    def resync(self) -> list[str]:
         refresh = PolicyRefresh.objects.select_related("source").get(pk=self.refresh_id)
         context = presenters.detail_context(refresh) | {"oob": True}
         # State and step changes also refresh the journal table; per-call progress between
         # them only touches the grid cells and timelines (see `render`).
-        return render_to_string("refresh/detail.html#live", context) + render_to_string(
-            "refresh/detail.html#journal", context
-        )
+        return [
+            render_to_string("refresh/detail.html#live", context)
+            + render_to_string("refresh/detail.html#journal", context)
+        ]
 
-    def render(self, event: str, payload: dict) -> str:
-        if event != "progress":
+    def render(self, event: str, payload: dict) -> list[str]:
+        if event != EVENT_PROGRESS:
             return self.resync()  # state and step changes: rebuild from the journal
         parts = []
         for cell in payload["cells"]:
@@ -104,10 +64,10 @@ class RefreshConsumer(_Stream):
             f'<span id="progress-count" hx-swap-oob="true">{payload["step"]}: '
             f"{payload['done']}/{payload['total']}</span>"
         )
-        return "".join(parts)
+        return ["".join(parts)]
 
 
-class BannerConsumer(_Stream):
+class BannerConsumer(LiveStream):
     """`ws/refresh-banner/<source_id>/` (0 = every source): gates and active refreshes."""
 
     groups_to_join = (GATES_GROUP, REFRESHES_GROUP)
@@ -116,14 +76,12 @@ class BannerConsumer(_Stream):
         self.source_id = int(self.scope["url_route"]["kwargs"]["source_id"]) or None
         return True
 
-    def resync(self) -> str:
-        from controlplane.fleet.models import Source
-
+    def resync(self) -> list[str]:
         source = Source.objects.filter(pk=self.source_id).first() if self.source_id else None
         context = presenters.banner_context(source) | {"oob": True}
-        return render_to_string("refresh/banner.html#banner", context)
+        return [render_to_string("refresh/banner.html#banner", context)]
 
-    def render(self, event: str, payload: dict) -> str:
+    def render(self, event: str, payload: dict) -> list[str]:
         if self.source_id and payload.get("source_id") not in (None, self.source_id):
-            return ""
+            return []
         return self.resync()

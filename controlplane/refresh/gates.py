@@ -1,4 +1,7 @@
-"""Gate reads and writes. Every change bumps `revision`, is audited and published to `gates`."""
+"""Gate reads and writes, and the release of a refresh's scope.
+
+Every gate change bumps `revision`, is audited and published (`refresh.live`).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,8 @@ from django.db.models import F
 from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
-from controlplane.realtime import publish
-from controlplane.refresh.models import Gate
-
-GATES_GROUP = "gates"
+from controlplane.refresh.live import publish_gate_changes
+from controlplane.refresh.models import Gate, ScopeLock
 
 
 def gate_for(source, namespace: str) -> Gate:
@@ -54,24 +55,9 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
     }
 
 
-def announce_to_fleet_pages(source_ids) -> None:
-    """Fleet pages render our gate badges; ask their streams to redraw (they resync)."""
-    for source_id in source_ids:
-        publish(f"fleet.source.{source_id}", "refresh.gate_changed", {"resync": True})
-    if source_ids:
-        publish("fleet", "refresh.gate_changed", {"source_ids": sorted(source_ids)})
-
-
 def _announce(gates: list[Gate]) -> None:
     payloads = [serialize_gate(g) for g in gates]
-
-    def send() -> None:
-        # One group for every gate change: the gate page, banners and the gate API stream.
-        for payload in payloads:
-            publish(GATES_GROUP, "gate.changed", payload)
-        announce_to_fleet_pages({p["source_id"] for p in payloads})
-
-    transaction.on_commit(send)
+    transaction.on_commit(lambda: publish_gate_changes(payloads))
 
 
 def _change(
@@ -144,6 +130,13 @@ def force_open(gates: list[Gate], *, actor: Actor, refresh, reason: str) -> None
         closed_reason="",
         active_refresh=None,
     )
+
+
+def release_scope(refresh, reason: str) -> None:
+    """The refresh no longer owns its scope: drop the locks and detach the gates."""
+    lockorder.domain_lock("scope locks")
+    ScopeLock.objects.filter(refresh=refresh).delete()
+    detach_refresh(refresh, reason)
 
 
 def detach_refresh(refresh, reason: str) -> None:

@@ -6,8 +6,11 @@ unreached workers". Every executor write goes through a fencing-token check (see
 `executor/lease.py`), so a stale executor can never append after another has taken over.
 """
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class RefreshState(models.TextChoices):
@@ -46,9 +49,21 @@ EXECUTING_STATES = frozenset(
 )
 #: States that hold the scope lock (the refresh is "active" for its scope).
 ACTIVE_STATES = EXECUTING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}
+#: States a refresh never leaves; entering one stamps `finished_at`.
 TERMINAL_STATES = frozenset(
     {RefreshState.SUCCEEDED, RefreshState.ABORTED, RefreshState.FAILED, RefreshState.REJECTED}
 )
+
+
+def state_change(state: str, **fields: Any) -> dict[str, Any]:
+    """The columns a move to `state` writes: the state, when it changed, `finished_at` when it
+    is terminal, and `fields` (reasons, end state, flags). Actions apply it through
+    `PolicyRefresh.transition`; the executor through its fenced lease (`Lease.guard`)."""
+    now = timezone.now()
+    change: dict[str, Any] = {"state": state, "state_changed_at": now, **fields}
+    if state in TERMINAL_STATES:
+        change.setdefault("finished_at", now)
+    return change
 
 
 class PauseMode(models.TextChoices):
@@ -172,9 +187,19 @@ class PolicyRefresh(models.Model):
     def is_active(self) -> bool:
         return self.state in ACTIVE_STATES
 
-    @property
-    def is_executing(self) -> bool:
-        return self.state in EXECUTING_STATES
+    def transition(self, state: str, **fields: Any) -> None:
+        """Move to `state` with `fields`, stamping its times, and save only those columns.
+
+        The caller holds this row (`actions._locked`, level 2 of `controlplane/lockorder.py`)
+        and audits the move afterwards: the audit chain head is always taken last. The first
+        move into an active state (start, a rollback taking over) stamps `started_at`.
+        """
+        change = state_change(state, **fields)
+        if self.started_at is None and state in ACTIVE_STATES:
+            change["started_at"] = change["state_changed_at"]
+        for name, value in change.items():
+            setattr(self, name, value)
+        self.save(update_fields=list(change))
 
 
 class ScopeLock(models.Model):

@@ -15,6 +15,7 @@ ended by an approver.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -24,6 +25,7 @@ from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
+from controlplane.refresh.gates import release_scope
 from controlplane.refresh.models import ACTIVE_STATES, EXECUTING_STATES, PolicyRefresh, ScopeLock
 
 RECONCILER = Actor.system("policy-refresh reconciler")
@@ -45,8 +47,6 @@ def orphaned_refresh_ids() -> list[int]:
 
 def release_orphaned_locks() -> list[int]:
     """Drop the scope locks of refreshes that are no longer active; returns their ids."""
-    from controlplane.refresh.executor.runner import release_scope
-
     ids = list(
         ScopeLock.objects.exclude(refresh__state__in=ACTIVE_STATES)
         .values_list("refresh_id", flat=True)
@@ -75,17 +75,12 @@ def release_orphaned_locks() -> list[int]:
     return ids
 
 
-def reconcile_policy_refreshes(*, inline: bool = False) -> list[int]:
-    """Free orphaned scope locks, then enqueue (or with `inline`, run here) the executor for
-    every orphaned refresh."""
-    from controlplane.refresh.executor import execute_refresh
-    from controlplane.refresh.tasks import execute_policy_refresh
-
+def reconcile_policy_refreshes(*, resume: Callable[[int], object]) -> list[int]:
+    """Free orphaned scope locks, then `resume` every orphaned refresh: the beat task passes the
+    executor task's `delay`, tests and tools `execute_refresh` to run it here. (Taking it as an
+    argument keeps this module free of the Celery tasks that call it.)"""
     release_orphaned_locks()
     ids = orphaned_refresh_ids()
     for refresh_id in ids:
-        if inline:
-            execute_refresh(refresh_id)
-        else:
-            execute_policy_refresh.delay(refresh_id)
+        resume(refresh_id)
     return ids

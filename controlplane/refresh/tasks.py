@@ -14,4 +14,4 @@ def execute_policy_refresh(refresh_id: int) -> str:
 
 @shared_task(name="refresh.reconcile_policy_refreshes", ignore_result=True)
 def reconcile_policy_refreshes() -> list[int]:
-    return reconcile()
+    return reconcile(resume=execute_policy_refresh.delay)

@@ -1,23 +1,34 @@
 """Policy refresh pages: list, plan form → preview → confirm, live progress, gates, actions.
 
-Every mutating view is POST-only, checks its permission server-side, and calls one action
-function (which audits). Errors a person can act on come back as messages on the page.
+Every view checks its permission with `@requires`; every mutating view is POST-only and runs
+one row of the action table (`refresh.action_table`), whose action function audits. Errors a
+person can act on come back as messages on the page.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.refresh import actions, presenters
+from controlplane.refresh.action_table import (
+    ABORT,
+    APPROVE,
+    END,
+    FORCE_REOPEN,
+    REJECT,
+    RETRY,
+    ROLLBACK,
+    START,
+    Action,
+    ActionInput,
+)
 from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.forms import PlanForm
 from controlplane.refresh.models import (
@@ -28,15 +39,25 @@ from controlplane.refresh.models import (
 )
 
 
-def _refresh_for(request: HttpRequest, pk: int, perm: Perm = Perm.VIEW) -> PolicyRefresh:
-    """The refresh, if the user may act on it with `perm`; else PermissionDenied."""
-    if not request.user.has_perm(perm):
-        raise PermissionDenied
+def _get_refresh(pk: int) -> PolicyRefresh:
     return get_object_or_404(PolicyRefresh.objects.select_related("source"), pk=pk)
 
 
+def _given(request: HttpRequest) -> ActionInput:
+    return ActionInput(
+        reason=request.POST.get("reason", ""),
+        resume_engines=request.POST.get("resume_engines") == "1",
+    )
+
+
+def _error_message(exc: RefreshError | ValidationError) -> str:
+    if isinstance(exc, RefreshError):
+        return exc.message
+    return getattr(exc, "message", None) or "; ".join(exc.messages)
+
+
 @require_GET
-@permission_required(Perm.VIEW, raise_exception=True)
+@requires(Perm.VIEW)
 def refresh_list(request: HttpRequest) -> HttpResponse:
     refreshes = PolicyRefresh.objects.select_related("source").order_by("-id")
     context = {
@@ -48,10 +69,8 @@ def refresh_list(request: HttpRequest) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@login_required
+@requires(Perm.OPERATE_REFRESH)
 def plan(request: HttpRequest) -> HttpResponse:
-    if not request.user.has_perm(Perm.OPERATE_REFRESH):
-        raise PermissionDenied
     form = PlanForm(request.POST or None, initial={"source": request.GET.get("source")})
     if request.method == "POST" and form.is_valid():
         try:
@@ -66,22 +85,22 @@ def plan(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@login_required
+@requires(Perm.VIEW)
 def detail(request: HttpRequest, pk: int) -> HttpResponse:
-    refresh = _refresh_for(request, pk)
+    refresh = _get_refresh(pk)
     context = presenters.detail_context(refresh)
     template = "refresh/detail.html#live" if request.htmx else "refresh/detail.html"
     return render(request, template, context)
 
 
 @require_GET
-@login_required
+@requires(Perm.VIEW)
 def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
     """The action buttons alone, rendered for this user (permissions, CSRF token).
 
     The live stream cannot render them — it has no request — so its fragment asks for them.
     """
-    refresh = _refresh_for(request, pk)
+    refresh = _get_refresh(pk)
     context = {
         "refresh": refresh,
         "is_active": refresh.state in ACTIVE_STATES,
@@ -90,70 +109,35 @@ def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "refresh/detail.html#actions", context)
 
 
-def _act(perm: Perm, run: Callable, success: str):
+def _act(action: Action[PolicyRefresh]):
     """A POST view that runs one action and reports its outcome as a message."""
 
     @require_POST
-    @login_required
+    @requires(action.perm)
     def view(request: HttpRequest, pk: int) -> HttpResponse:
-        refresh = _refresh_for(request, pk, perm)
+        refresh = _get_refresh(pk)
         try:
-            result = run(refresh, request)
+            result = action.run(refresh, actor_from_request(request), _given(request))
         except (RefreshError, ValidationError) as exc:
-            messages.error(request, getattr(exc, "message", None) or "; ".join(exc.messages))
+            messages.error(request, _error_message(exc))
             return redirect("refresh:detail", pk=refresh.pk)
-        messages.success(request, success)
-        target = result if isinstance(result, PolicyRefresh) else refresh
-        return redirect("refresh:detail", pk=target.pk)
+        messages.success(request, action.message(result))
+        return redirect("refresh:detail", pk=result.pk)
 
     return view
 
 
-start = _act(
-    Perm.OPERATE_REFRESH,
-    lambda r, req: actions.start_policy_refresh(r, actor=actor_from_request(req)),
-    "Policy refresh started.",
-)
-approve = _act(
-    Perm.APPROVE_REFRESH,
-    lambda r, req: actions.approve_policy_refresh(r, actor=actor_from_request(req)),
-    "Approved; the refresh is running.",
-)
-reject = _act(
-    Perm.APPROVE_REFRESH,
-    lambda r, req: actions.reject_policy_refresh(
-        r, actor=actor_from_request(req), reason=req.POST.get("reason", "")
-    ),
-    "Rejected.",
-)
-abort = _act(
-    Perm.OPERATE_REFRESH,
-    lambda r, req: actions.abort_policy_refresh(
-        r, actor=actor_from_request(req), resume_engines=req.POST.get("resume_engines") == "1"
-    ),
-    "Abort requested; the refresh stops at the next call boundary.",
-)
-retry = _act(
-    Perm.OPERATE_REFRESH,
-    lambda r, req: actions.retry_policy_refresh(r, actor=actor_from_request(req)),
-    "Retrying the failed step on failed and unreached workers.",
-)
-end = _act(
-    Perm.APPROVE_REFRESH,
-    lambda r, req: actions.end_policy_refresh(
-        r, actor=actor_from_request(req), reason=req.POST.get("reason", "")
-    ),
-    "Ended; the scope is free and its gates stay closed.",
-)
-rollback = _act(
-    Perm.OPERATE_REFRESH,
-    lambda r, req: actions.rollback_policy_refresh(r, actor=actor_from_request(req)),
-    "Rolling back to the last verified policy.",
-)
+start = _act(START)
+approve = _act(APPROVE)
+reject = _act(REJECT)
+abort = _act(ABORT)
+retry = _act(RETRY)
+end = _act(END)
+rollback = _act(ROLLBACK)
 
 
 @require_GET
-@permission_required(Perm.VIEW, raise_exception=True)
+@requires(Perm.VIEW)
 def gate_list(request: HttpRequest) -> HttpResponse:
     context = {"banner_gates": presenters.gates_of()}
     template = "refresh/gates.html#gates" if request.htmx else "refresh/gates.html"
@@ -161,17 +145,13 @@ def gate_list(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@login_required
+@requires(FORCE_REOPEN.perm)
 def force_reopen(request: HttpRequest, pk: int) -> HttpResponse:
-    if not request.user.has_perm(Perm.FORCE_REOPEN):
-        raise PermissionDenied
     gate = get_object_or_404(Gate, pk=pk)
     try:
-        actions.force_reopen_gate(
-            gate, actor=actor_from_request(request), reason=request.POST.get("reason", "")
-        )
+        gate = FORCE_REOPEN.run(gate, actor_from_request(request), _given(request))
     except (RefreshError, ValidationError) as exc:
-        messages.error(request, getattr(exc, "message", None) or "; ".join(exc.messages))
+        messages.error(request, _error_message(exc))
     else:
-        messages.success(request, f"Gate {gate.namespace} force-reopened.")
+        messages.success(request, FORCE_REOPEN.message(gate))
     return redirect("refresh:gates")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from controlplane.fleet.discovery.bulk import insert_objects, insert_values
+from controlplane.bulk import insert_objects, insert_values
 from controlplane.fleet.discovery.diff import MembershipDiff, Snapshot, diff_membership
 from controlplane.fleet.discovery.observe import Observation
 from controlplane.fleet.models import (

@@ -21,6 +21,7 @@ from controlplane.intake.api import (
     workers,
 )
 from controlplane.intake.api.auth import API_AUTH
+from controlplane.intake.api.docs import docs_view
 from controlplane.intake.api.middleware import machine_view
 from controlplane.intake.api.parser import BoundedJSONParser
 from controlplane.intake.webhooks.trainer.view import router as trainer_webhooks
@@ -55,8 +56,6 @@ def _unknown(request: HttpRequest, **kwargs) -> JsonResponse:
 
 def urlpatterns() -> list:
     """The API's URL patterns: every view is a machine view (own auth, no login redirect)."""
-    from controlplane.intake.api.docs import api_docs
-
     patterns, _, _ = api.urls
     for pattern in patterns:
         if getattr(pattern, "name", None) == "api-root":
@@ -64,6 +63,6 @@ def urlpatterns() -> list:
         pattern.callback = machine_view(pattern.callback)
     return [
         *patterns,
-        re_path(r"^docs$", machine_view(api_docs), name="docs"),
+        re_path(r"^docs$", machine_view(docs_view(api)), name="docs"),
         re_path(r"^.*$", machine_view(_unknown)),
     ]

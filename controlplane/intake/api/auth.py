@@ -11,7 +11,7 @@ from ninja.utils import check_csrf
 
 from controlplane.accounts import tokens
 from controlplane.accounts.roles import Perm
-from controlplane.audit.recorder import Actor
+from controlplane.audit.recorder import Actor, actor_from_request
 from controlplane.fleet.models import Source
 
 
@@ -99,6 +99,4 @@ def require_unlimited(request: HttpRequest) -> None:
 
 
 def actor(request: HttpRequest) -> Actor:
-    from controlplane.audit.recorder import actor_from_request
-
     return actor_from_request(request)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from ninja import NinjaAPI
 
 METHODS = ("get", "post", "put", "patch", "delete")
 
 
-def api_docs(request: HttpRequest) -> HttpResponse:
-    from controlplane.intake.api import api
+def docs_view(api: NinjaAPI) -> Callable[[HttpRequest], HttpResponse]:
+    """The reference page of `api` (given, not imported: the API's module builds its URLs)."""
 
+    def api_docs(request: HttpRequest) -> HttpResponse:
+        return render(request, "intake/api_docs.html", _context(api))
+
+    return api_docs
+
+
+def _context(api: NinjaAPI) -> dict:
     schema = api.get_openapi_schema()
     operations = []
     for path, item in schema["paths"].items():
@@ -31,8 +41,4 @@ def api_docs(request: HttpRequest) -> HttpResponse:
                 }
             )
     operations.sort(key=lambda o: (o["tags"][:1], o["path"], o["method"]))
-    return render(
-        request,
-        "intake/api_docs.html",
-        {"info": schema["info"], "operations": operations, "schema_url": "openapi.json"},
-    )
+    return {"info": schema["info"], "operations": operations, "schema_url": "openapi.json"}

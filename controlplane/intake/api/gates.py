@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
@@ -18,6 +18,9 @@ from controlplane.intake.api import idempotency
 from controlplane.intake.api.auth import actor, limit_to_sources, require, source_or_404
 from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
+from controlplane.refresh.action_table import FORCE_REOPEN, ActionInput
+from controlplane.refresh.gates import gate_state, serialize_gate
+from controlplane.refresh.models import Gate
 
 router = Router(tags=["gates"])
 
@@ -44,12 +47,6 @@ class ForceReopenIn(Schema):
     reason: str = Field(min_length=1, max_length=2000)
 
 
-def _gate_model():
-    from controlplane.refresh.models import Gate
-
-    return Gate
-
-
 def etag_for(source_id: int, namespace: str, revision: int) -> str:
     # crc32, not hash(): every web replica must compute the same tag for the same gate.
     return f'"{source_id}.{zlib.crc32(namespace.encode()):08x}.{revision}"'
@@ -62,10 +59,8 @@ def _not_modified(request: HttpRequest, etag: str) -> bool:
 
 @router.get("/gates", response={200: page_of(GateOut), **COMMON_ERRORS})
 def list_gates(request: HttpRequest, filters: Query[GateFilters]):
-    from controlplane.refresh.gates import serialize_gate
-
     require(request, Perm.VIEW)
-    gates = limit_to_sources(request, _gate_model().objects.select_related("source"))
+    gates = limit_to_sources(request, Gate.objects.select_related("source"))
     if filters.source is not None:
         gates = gates.filter(source__name=filters.source)
     if filters.open is not None:
@@ -83,15 +78,11 @@ def get_gate(request: HttpRequest, response: HttpResponse, source: str, namespac
     Send the previous `ETag` in `If-None-Match` to get an empty 304 while nothing changed.
     A namespace the source has seen but never refreshed is open with no verified version.
     """
-    from controlplane.refresh.gates import gate_state, serialize_gate
-
     require(request, Perm.VIEW)
     found = source_or_404(request, source)
-    gate = _gate_model().objects.filter(source=found, namespace=namespace).first()
+    gate = Gate.objects.filter(source=found, namespace=namespace).first()
     if gate is None:
         if not found.workers.filter(namespace=namespace).exists():
-            from django.http import Http404
-
             raise Http404(f"source {source!r} has no namespace {namespace!r}")
         revision = 0
     else:
@@ -120,20 +111,14 @@ def force_reopen(
     payload: ForceReopenIn,
 ):
     """Open a closed gate without verification, with a written reason (audited, notified)."""
-    from controlplane.refresh import actions
-    from controlplane.refresh.gates import serialize_gate
-
-    require(request, Perm.FORCE_REOPEN)
+    require(request, FORCE_REOPEN.perm)
     found = source_or_404(request, source)
-    Gate = _gate_model()
     gate = Gate.objects.filter(source=found, namespace=namespace).first()
     if gate is None:
-        from django.http import Http404
-
         raise Http404(f"no gate for {source}/{namespace}")
 
     def reopen():
-        actions.force_reopen_gate(gate, actor=actor(request), reason=payload.reason)
+        FORCE_REOPEN.run(gate, actor(request), ActionInput(reason=payload.reason))
         fresh = Gate.objects.select_related("source").get(pk=gate.pk)
         return 200, serialize_gate(fresh)
 

@@ -1,5 +1,5 @@
 """Policy refreshes: plan, start, read (with plan, steps and journal), approve, reject, abort,
-retry and roll back. Every action goes through `controlplane.refresh.actions`."""
+retry, roll back and end. Every action runs through its row of `refresh.action_table`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from controlplane.intake.api.auth import actor, limit_to_sources, require, sourc
 from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.intake.fingerprint import FingerprintIn
+from controlplane.refresh import action_table, actions
+from controlplane.refresh.action_table import Action, ActionInput
+from controlplane.refresh.models import PolicyRefresh
 
 router = Router(tags=["policy refreshes"])
 
@@ -130,12 +133,6 @@ class RefreshFilters(PageParams):
     state: str | None = Field(None, max_length=24)
 
 
-def _models():
-    from controlplane.refresh import models
-
-    return models
-
-
 def serialize_refresh(refresh) -> dict[str, Any]:
     return {
         "id": refresh.pk,
@@ -179,7 +176,7 @@ def serialize_detail(refresh) -> dict[str, Any]:
 def _refresh_or_404(request: HttpRequest, refresh_id: int):
     refreshes = limit_to_sources(
         request,
-        _models().PolicyRefresh.objects.select_related("source", "approved_by"),
+        PolicyRefresh.objects.select_related("source", "approved_by"),
     )
     return get_object_or_404(refreshes, pk=refresh_id)
 
@@ -192,7 +189,7 @@ def _json(data: dict[str, Any]) -> dict[str, Any]:
 def list_refreshes(request: HttpRequest, filters: Query[RefreshFilters]):
     require(request, Perm.VIEW)
     refreshes = limit_to_sources(
-        request, _models().PolicyRefresh.objects.select_related("source", "approved_by")
+        request, PolicyRefresh.objects.select_related("source", "approved_by")
     )
     if filters.source is not None:
         refreshes = refreshes.filter(source__name=filters.source)
@@ -208,8 +205,6 @@ def list_refreshes(request: HttpRequest, filters: Query[RefreshFilters]):
 )
 def plan_refresh(request: HttpRequest, response: HttpResponse, payload: PlanIn):
     """Plan a policy refresh (runs a fresh discovery first). Nothing is touched until start."""
-    from controlplane.refresh import actions
-
     require(request, Perm.OPERATE_REFRESH)
     source = source_or_404(request, payload.source)
 
@@ -236,118 +231,73 @@ def get_refresh(request: HttpRequest, refresh_id: Id):
     return serialize_detail(_refresh_or_404(request, refresh_id))
 
 
-def _action(request, response, refresh_id: int, perm: Perm, call):
-    require(request, perm)
+def _action(
+    request: HttpRequest,
+    response: HttpResponse,
+    refresh_id: int,
+    action: Action[PolicyRefresh],
+    given: ActionInput | None = None,
+):
+    require(request, action.perm)
     refresh = _refresh_or_404(request, refresh_id)
 
     def act():
-        result = call(refresh) or refresh
+        result = action.run(refresh, actor(request), given or ActionInput())
         result.refresh_from_db()
         return (201 if result.pk != refresh.pk else 200), _json(serialize_refresh(result))
 
     return idempotency.run(request, response, act)
 
 
-_ACTION = {
-    "response": {200: RefreshOut, 201: RefreshOut, **ACTION_ERRORS},
-    "openapi_extra": idempotency.OPENAPI_PARAMETER,
-}
+def _action_route(action: Action[PolicyRefresh]):
+    """The POST route of one action: `/refreshes/{id}/<name>`, idempotent, same answers."""
+    return router.post(
+        f"/refreshes/{{refresh_id}}/{action.name}",
+        response={200: RefreshOut, 201: RefreshOut, **ACTION_ERRORS},
+        openapi_extra=idempotency.OPENAPI_PARAMETER,
+    )
 
 
-@router.post("/refreshes/{refresh_id}/start", **_ACTION)
+@_action_route(action_table.START)
 def start_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id):
     """Start a planned refresh; it waits for approval if its source requires one."""
-    from controlplane.refresh import actions
-
-    return _action(
-        request,
-        response,
-        refresh_id,
-        Perm.OPERATE_REFRESH,
-        lambda r: actions.start_policy_refresh(r, actor=actor(request)),
-    )
+    return _action(request, response, refresh_id, action_table.START)
 
 
-@router.post("/refreshes/{refresh_id}/approve", **_ACTION)
+@_action_route(action_table.APPROVE)
 def approve_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id):
-    from controlplane.refresh import actions
-
-    return _action(
-        request,
-        response,
-        refresh_id,
-        Perm.APPROVE_REFRESH,
-        lambda r: actions.approve_policy_refresh(r, actor=actor(request)),
-    )
+    return _action(request, response, refresh_id, action_table.APPROVE)
 
 
-@router.post("/refreshes/{refresh_id}/reject", **_ACTION)
+@_action_route(action_table.REJECT)
 def reject_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: RejectIn):
-    from controlplane.refresh import actions
-
-    return _action(
-        request,
-        response,
-        refresh_id,
-        Perm.APPROVE_REFRESH,
-        lambda r: actions.reject_policy_refresh(r, actor=actor(request), reason=payload.reason),
-    )
+    given = ActionInput(reason=payload.reason)
+    return _action(request, response, refresh_id, action_table.REJECT, given)
 
 
-@router.post("/refreshes/{refresh_id}/abort", **_ACTION)
+@_action_route(action_table.ABORT)
 def abort_refresh(
     request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: AbortIn | None = None
 ):
-    from controlplane.refresh import actions
-
-    resume = payload.resume_engines if payload else False
-    return _action(
-        request,
-        response,
-        refresh_id,
-        Perm.OPERATE_REFRESH,
-        lambda r: actions.abort_policy_refresh(r, actor=actor(request), resume_engines=resume),
-    )
+    given = ActionInput(resume_engines=payload.resume_engines if payload else False)
+    return _action(request, response, refresh_id, action_table.ABORT, given)
 
 
-@router.post("/refreshes/{refresh_id}/retry", **_ACTION)
+@_action_route(action_table.RETRY)
 def retry_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id):
     """Retry the failed step of a held refresh (only failed or unreached workers)."""
-    from controlplane.refresh import actions
-
-    return _action(
-        request,
-        response,
-        refresh_id,
-        Perm.OPERATE_REFRESH,
-        lambda r: actions.retry_policy_refresh(r, actor=actor(request)),
-    )
+    return _action(request, response, refresh_id, action_table.RETRY)
 
 
-@router.post("/refreshes/{refresh_id}/rollback", **_ACTION)
+@_action_route(action_table.ROLLBACK)
 def rollback_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id):
     """Plan a new refresh back to the last verified policy (answers 201 with the new one)."""
-    from controlplane.refresh import actions
-
-    return _action(
-        request,
-        response,
-        refresh_id,
-        Perm.OPERATE_REFRESH,
-        lambda r: actions.rollback_policy_refresh(r, actor=actor(request)),
-    )
+    return _action(request, response, refresh_id, action_table.ROLLBACK)
 
 
-@router.post("/refreshes/{refresh_id}/end", **_ACTION)
+@_action_route(action_table.END)
 def end_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: EndIn):
     """Close a refresh out with a written reason, calling no worker: it ends `aborted`, its
     scope is free at once and its gates stay closed. A running refresh is aborted first."""
-    from controlplane.refresh import actions
-
-    return _action(
-        request,
-        response,
-        refresh_id,
-        Perm.APPROVE_REFRESH,
-        lambda r: actions.end_policy_refresh(r, actor=actor(request), reason=payload.reason),
-    )
+    given = ActionInput(reason=payload.reason)
+    return _action(request, response, refresh_id, action_table.END, given)

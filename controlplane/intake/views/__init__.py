@@ -1,17 +1,17 @@
 """Admin tools under `/admin-tools/`: API tokens, webhook endpoints, notification destinations.
 
-Small function views. Each object type has one access helper that checks the permission and
-returns the object (or raises `PermissionDenied`/404); every mutating view is POST-only and goes
+Small function views. Each checks its permission with `@requires`; each object type has one
+access helper that returns the object (or 404); every mutating view is POST-only and goes
 through a service, which writes the audit row.
 """
 
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from controlplane.accounts.access import requires
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.roles import Perm
 from controlplane.fleet.models import Source
@@ -21,10 +21,9 @@ from controlplane.notify.models import NotificationDestination
 
 
 @require_GET
+@requires(*ADMIN_PERMS)
 def index(request: HtmxHttpRequest) -> HttpResponse:
     user = request.user
-    if not any(user.has_perm(p) for p in ADMIN_PERMS):
-        raise PermissionDenied
     context = {
         "can_sources": user.has_perm(Perm.MANAGE_SOURCES),
         "can_tokens": user.has_perm(Perm.MANAGE_TOKENS),

@@ -1,8 +1,7 @@
-"""What every admin-tools view shares: the typed htmx request and the permission check."""
+"""What every admin-tools view shares: the typed htmx request and the admin permissions."""
 
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.utils.cache import add_never_cache_headers
 from django_htmx.middleware import HtmxDetails
@@ -15,11 +14,6 @@ ADMIN_PERMS = (Perm.MANAGE_SOURCES, Perm.MANAGE_TOKENS, Perm.MANAGE_WEBHOOKS)
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
-
-
-def require(request: HttpRequest, perm: Perm) -> None:
-    if not request.user.has_perm(perm):
-        raise PermissionDenied
 
 
 def secret_response(response: HttpResponse) -> HttpResponse:

@@ -10,10 +10,11 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.intake.forms import DestinationForm
-from controlplane.intake.views.common import HtmxHttpRequest, require, secret_response
+from controlplane.intake.views.common import HtmxHttpRequest, secret_response
 from controlplane.notify import services
 from controlplane.notify.models import (
     DeliveryStatus,
@@ -26,21 +27,21 @@ DELIVERIES_SHOWN = 50
 UNFINISHED = (DeliveryStatus.PENDING, DeliveryStatus.RETRYING)
 
 
-def _get_destination(request: HtmxHttpRequest, pk: int) -> NotificationDestination:
-    require(request, Perm.MANAGE_WEBHOOKS)
+def _get_destination(pk: int) -> NotificationDestination:
     return get_object_or_404(NotificationDestination.objects.select_related("source"), pk=pk)
 
 
 @require_GET
+@requires(Perm.MANAGE_WEBHOOKS)
 def destination_list(request: HtmxHttpRequest) -> HttpResponse:
-    require(request, Perm.MANAGE_WEBHOOKS)
     destinations = NotificationDestination.objects.select_related("source")
     return render(request, "intake/destinations.html", {"destinations": destinations})
 
 
 @require_GET
+@requires(Perm.MANAGE_WEBHOOKS)
 def destination_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    destination = _get_destination(request, pk)
+    destination = _get_destination(pk)
     deliveries = list(
         NotificationDelivery.objects.filter(destination=destination).prefetch_related(
             Prefetch("attempt_log", queryset=NotificationAttempt.objects.order_by("number"))
@@ -57,8 +58,8 @@ def destination_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_WEBHOOKS)
 def destination_create(request: HtmxHttpRequest) -> HttpResponse:
-    require(request, Perm.MANAGE_WEBHOOKS)
     form = DestinationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -75,8 +76,9 @@ def destination_create(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_WEBHOOKS)
 def destination_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    destination = _get_destination(request, pk)
+    destination = _get_destination(pk)
     form = DestinationForm.for_destination(destination, request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -94,8 +96,9 @@ def destination_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_WEBHOOKS)
 def destination_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    destination = _get_destination(request, pk)
+    destination = _get_destination(pk)
     if request.method == "POST":
         services.remove_notification_destination(destination, actor=actor_from_request(request))
         messages.success(request, f"Destination {destination.name} removed.")
@@ -104,16 +107,18 @@ def destination_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@requires(Perm.MANAGE_WEBHOOKS)
 def destination_secret(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    destination = _get_destination(request, pk)
+    destination = _get_destination(pk)
     secret = services.regenerate_destination_secret(destination, actor=actor_from_request(request))
     context = {"destination": destination, "secret": secret}
     return secret_response(render(request, "intake/destination_secret.html", context))
 
 
 @require_POST
+@requires(Perm.MANAGE_WEBHOOKS)
 def destination_test(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    destination = _get_destination(request, pk)
+    destination = _get_destination(pk)
     try:
         services.send_test_notification(destination, actor=actor_from_request(request))
     except ValidationError as exc:

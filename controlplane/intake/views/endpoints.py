@@ -11,19 +11,19 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.intake import services
 from controlplane.intake.forms import WebhookEndpointForm
 from controlplane.intake.models import WebhookEndpoint
-from controlplane.intake.views.common import HtmxHttpRequest, require, secret_response
+from controlplane.intake.views.common import HtmxHttpRequest, secret_response
 from controlplane.notify.emit import absolute_url
 
 RECEIVED_SHOWN = 20
 
 
-def _get_endpoint(request: HtmxHttpRequest, pk: int) -> WebhookEndpoint:
-    require(request, Perm.MANAGE_WEBHOOKS)
+def _get_endpoint(pk: int) -> WebhookEndpoint:
     return get_object_or_404(WebhookEndpoint.objects.select_related("source"), pk=pk)
 
 
@@ -32,8 +32,8 @@ def trainer_url(endpoint: WebhookEndpoint) -> str:
 
 
 @require_GET
+@requires(Perm.MANAGE_WEBHOOKS)
 def endpoint_list(request: HtmxHttpRequest) -> HttpResponse:
-    require(request, Perm.MANAGE_WEBHOOKS)
     endpoints = WebhookEndpoint.objects.select_related("source").annotate(
         received_count=Count("received"), last_received_at=Max("received__received_at")
     )
@@ -52,15 +52,16 @@ def _detail_context(endpoint: WebhookEndpoint, **extra) -> dict:
 
 
 @require_GET
+@requires(Perm.MANAGE_WEBHOOKS)
 def endpoint_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    endpoint = _get_endpoint(request, pk)
+    endpoint = _get_endpoint(pk)
     template = "intake/endpoint.html#received" if request.htmx else "intake/endpoint.html"
     return render(request, template, _detail_context(endpoint))
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_WEBHOOKS)
 def endpoint_create(request: HtmxHttpRequest) -> HttpResponse:
-    require(request, Perm.MANAGE_WEBHOOKS)
     form = WebhookEndpointForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -82,8 +83,9 @@ def endpoint_create(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_WEBHOOKS)
 def endpoint_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    endpoint = _get_endpoint(request, pk)
+    endpoint = _get_endpoint(pk)
     form = WebhookEndpointForm.for_endpoint(endpoint, request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -101,8 +103,9 @@ def endpoint_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_WEBHOOKS)
 def endpoint_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    endpoint = _get_endpoint(request, pk)
+    endpoint = _get_endpoint(pk)
     if request.method == "POST":
         services.remove_webhook_endpoint(endpoint, actor=actor_from_request(request))
         messages.success(request, f"Webhook endpoint {endpoint.name} removed.")
@@ -111,8 +114,9 @@ def endpoint_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@requires(Perm.MANAGE_WEBHOOKS)
 def endpoint_rotate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    endpoint = _get_endpoint(request, pk)
+    endpoint = _get_endpoint(pk)
     try:
         secret = services.add_webhook_secret(endpoint, actor=actor_from_request(request))
     except ValidationError as exc:
@@ -123,8 +127,9 @@ def endpoint_rotate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@requires(Perm.MANAGE_WEBHOOKS)
 def endpoint_remove_secret(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    endpoint = _get_endpoint(request, pk)
+    endpoint = _get_endpoint(pk)
     fingerprint = request.POST.get("fingerprint", "")
     try:
         services.remove_webhook_secret(
@@ -138,11 +143,12 @@ def endpoint_remove_secret(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@requires(Perm.MANAGE_WEBHOOKS)
 def endpoint_test(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Send a signed `test.ping` through the real receive path (audited there as
     `webhook.accepted`, or `webhook.rejected` with the reason, and as
     `webhook_endpoint.test_sent` naming who pressed the button)."""
-    endpoint = _get_endpoint(request, pk)
+    endpoint = _get_endpoint(pk)
     answer = services.send_test_webhook_event(endpoint, actor=actor_from_request(request))
     ok = answer.status < 300
     if request.htmx:

@@ -8,29 +8,29 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from controlplane.accounts.access import requires
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.roles import Perm
 from controlplane.accounts.tokens import create_token, revoke_token
 from controlplane.audit.recorder import actor_from_request
 from controlplane.intake.forms import TokenForm
-from controlplane.intake.views.common import HtmxHttpRequest, require, secret_response
+from controlplane.intake.views.common import HtmxHttpRequest, secret_response
 
 
-def _get_token(request: HtmxHttpRequest, pk: int) -> ApiToken:
-    require(request, Perm.MANAGE_TOKENS)
+def _get_token(pk: int) -> ApiToken:
     return get_object_or_404(ApiToken.objects.select_related("user"), pk=pk)
 
 
 @require_GET
+@requires(Perm.MANAGE_TOKENS)
 def token_list(request: HtmxHttpRequest) -> HttpResponse:
-    require(request, Perm.MANAGE_TOKENS)
     tokens = ApiToken.objects.select_related("user").prefetch_related("sources")
     return render(request, "intake/tokens.html", {"tokens": tokens})
 
 
 @require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_TOKENS)
 def token_create(request: HtmxHttpRequest) -> HttpResponse:
-    require(request, Perm.MANAGE_TOKENS)
     form = TokenForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -53,8 +53,9 @@ def token_create(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_POST
+@requires(Perm.MANAGE_TOKENS)
 def token_revoke(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    token = _get_token(request, pk)
+    token = _get_token(pk)
     if token.revoked_at is not None:
         messages.info(request, f"Token {token.label} was already revoked.")
     else:

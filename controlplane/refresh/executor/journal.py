@@ -2,10 +2,11 @@
 
 Calls run on a helper thread's event loop; finished workers arrive on a queue. This thread
 collects them and every FLUSH_INTERVAL (or BATCH outcomes) writes one transaction: the lease
-guard (fencing token), the journal rows and the worker results with `bulk_create`, then one
-aggregated progress event. Between flushes it renews the lease, so a long call (up to the
-call timeout) never lets the lease lapse while the executor is alive. Each flush also reads the
-abort flag, so an abort reaches the runner within one flush interval.
+guard (fencing token), then the journal rows and the worker results as plain tuples through
+`controlplane.bulk.insert_values`; after it, one aggregated progress event (`refresh.live`).
+Between flushes it renews the lease, so a long call (up to the call timeout) never lets the
+lease lapse while the executor is alive. Each flush also reads the abort flag, so an abort
+reaches the runner within one flush interval.
 """
 
 from __future__ import annotations
@@ -18,19 +19,15 @@ from typing import Any
 
 from django.db import transaction
 
-from controlplane.fleet.discovery.bulk import insert_values
-from controlplane.realtime import publish
+from controlplane.bulk import insert_values
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerOutcome, run_jobs
 from controlplane.refresh.executor.lease import Lease
+from controlplane.refresh.live import publish_progress, publish_step_running
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, WorkerStepResult
 
 FLUSH_INTERVAL = 0.25
 BATCH = 200
 _DONE = object()
-
-
-def refresh_group(refresh_id: int) -> str:
-    return f"refresh.{refresh_id}"
 
 
 JOURNAL_FIELDS = (
@@ -155,15 +152,12 @@ class StepJournal:
         if batch:
             self.done += len(batch)
             self.outcomes += batch
-            publish(
-                refresh_group(refresh_id),
-                "progress",
-                {
-                    "step": self.step,
-                    "done": self.done,
-                    "total": self.total,
-                    "cells": [cell_payload(o, self.step) for o in batch],
-                },
+            publish_progress(
+                refresh_id,
+                self.step,
+                self.done,
+                self.total,
+                [cell_payload(o, self.step) for o in batch],
             )
 
 
@@ -172,11 +166,7 @@ def run_step_calls(
 ) -> StepJournal:
     """Run every job, journaling as they finish. Returns the journal with all outcomes."""
     journal = StepJournal(lease, step, attempt, len(jobs))
-    publish(
-        refresh_group(lease.refresh_id),
-        "step.running",
-        {"step": step, "workers": [j.planned_worker_id for j in jobs]},
-    )
+    publish_step_running(lease.refresh_id, step, [j.planned_worker_id for j in jobs])
     if not jobs:
         return journal
     outcomes: queue.SimpleQueue = queue.SimpleQueue()

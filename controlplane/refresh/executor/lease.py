@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -76,10 +75,6 @@ class Lease:
             raise LeaseLost(
                 f"policy refresh #{self.refresh_id}: fencing token {self.token} is stale"
             )
-
-    def renew(self) -> None:
-        with transaction.atomic():
-            self.guard()
 
     def release(self, **fields) -> None:
         """Give the refresh up cleanly (held, finished): the reconciler will leave it alone."""

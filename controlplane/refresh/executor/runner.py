@@ -13,31 +13,28 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.notify.emit import notify
-from controlplane.realtime import publish
 from controlplane.refresh import gates
 from controlplane.refresh.executor.calls import CallSettings
 from controlplane.refresh.executor.departures import DEPARTED, departed_keys
-from controlplane.refresh.executor.journal import refresh_group
 from controlplane.refresh.executor.lease import Lease, LeaseLost
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
+from controlplane.refresh.live import publish_state, publish_step
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     PolicyRefresh,
     RefreshState,
-    ScopeLock,
     StepRun,
     WorkerStepResult,
+    state_change,
 )
 from controlplane.refresh.planning import source_policy
 from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, StepName, next_step
 
 logger = logging.getLogger(__name__)
-REFRESHES_GROUP = "refreshes"
 
 
 def call_settings(source, transport=None) -> CallSettings:
@@ -49,26 +46,6 @@ def call_settings(source, transport=None) -> CallSettings:
         concurrency=settings.REFRESH_CONCURRENCY,
         transport=transport,
     )
-
-
-def publish_state(refresh: PolicyRefresh) -> None:
-    payload = {
-        "id": refresh.pk,
-        "state": refresh.state,
-        "failed_step": refresh.failed_step,
-        "held_reason": refresh.held_reason,
-    }
-    publish(refresh_group(refresh.pk), "state", payload)
-    # Lists and banners follow every refresh through one group.
-    publish(REFRESHES_GROUP, "refresh.state", {**payload, "source_id": refresh.source_id})
-    gates.announce_to_fleet_pages({refresh.source_id})
-
-
-def release_scope(refresh: PolicyRefresh, reason: str) -> None:
-    """The refresh no longer owns its scope: drop the locks and detach the gates."""
-    lockorder.domain_lock("scope locks")
-    ScopeLock.objects.filter(refresh=refresh).delete()
-    gates.detach_refresh(refresh, reason)
 
 
 class Runner:
@@ -147,7 +124,7 @@ class Runner:
                 details={"step": step.value, "attempt": attempt},
                 correlation_id=refresh.correlation_id,
             )
-        publish(refresh_group(refresh.pk), "step", {"step": step.value, "status": "running"})
+        publish_step(refresh.pk, step.value, "running")
         ctx = StepContext(
             refresh=refresh,
             lease=self.lease,
@@ -165,11 +142,7 @@ class Runner:
             finished_at=now,
             duration_ms=(now - step_run.started_at).total_seconds() * 1000.0,
         )
-        publish(
-            refresh_group(step_run.refresh_id),
-            "step",
-            {"step": step_run.name, "status": status, "detail": detail[:500]},
-        )
+        publish_step(step_run.refresh_id, step_run.name, status, detail)
 
     def _advance(self, refresh, step: StepName, step_run: StepRun, result: StepResult) -> None:
         if step == StepName.RELEASE:
@@ -178,17 +151,13 @@ class Runner:
         following = next_step(step)
         with transaction.atomic():
             if following is None:
-                self.lease.release(
-                    state=RefreshState.SUCCEEDED,
-                    finished_at=timezone.now(),
-                    state_changed_at=timezone.now(),
-                )
+                self.lease.release(**state_change(RefreshState.SUCCEEDED))
             else:
-                self.lease.guard(state=STEP_STATE[following], state_changed_at=timezone.now())
+                self.lease.guard(**state_change(STEP_STATE[following]))
             self._finish_step_run(step_run, "ok", result.detail)
             if following is None:
                 # Lock order: scope locks and gates before the audit chain head.
-                release_scope(refresh, "")
+                gates.release_scope(refresh, "")
             record(
                 AuditAction.POLICY_REFRESH_STEP_SUCCEEDED,
                 actor=EXECUTOR,
@@ -215,13 +184,14 @@ class Runner:
         )
         with transaction.atomic():
             self.lease.release(
-                state=RefreshState.HELD,
-                failed_step=step.value,
-                held_reason=reason[:4000],
-                abort_requested=False,
-                # A failed release keeps its end state, so a retry still ends the same way.
-                end_state=refresh.end_state if step == StepName.RELEASE else "",
-                state_changed_at=timezone.now(),
+                **state_change(
+                    RefreshState.HELD,
+                    failed_step=step.value,
+                    held_reason=reason[:4000],
+                    abort_requested=False,
+                    # A failed release keeps its end state, so a retry still ends the same way.
+                    end_state=refresh.end_state if step == StepName.RELEASE else "",
+                )
             )
             if step_run is not None:
                 self._finish_step_run(step_run, "failed", reason)
@@ -250,10 +220,9 @@ class Runner:
         if refresh.end_state:
             with transaction.atomic():
                 self.lease.guard(
-                    state=RefreshState.RELEASING,
-                    abort_requested=False,
-                    failed_step=step.value,
-                    state_changed_at=timezone.now(),
+                    **state_change(
+                        RefreshState.RELEASING, abort_requested=False, failed_step=step.value
+                    )
                 )
             publish_state(self.load())
             return
@@ -287,14 +256,9 @@ class Runner:
         if departed:
             end_reason += f" — {len(departed)} worker(s) had left the fleet"
         with transaction.atomic():
-            self.lease.release(
-                state=end_state,
-                end_reason=end_reason[:4000],
-                finished_at=timezone.now(),
-                state_changed_at=timezone.now(),
-            )
+            self.lease.release(**state_change(end_state, end_reason=end_reason[:4000]))
             self._finish_step_run(step_run, "failed" if unresumed else "ok", result.detail)
-            release_scope(refresh, f"policy refresh #{refresh.pk} {end_state}: {end_reason}")
+            gates.release_scope(refresh, f"policy refresh #{refresh.pk} {end_state}: {end_reason}")
             action = (
                 AuditAction.POLICY_REFRESH_ABORTED
                 if end_state == RefreshState.ABORTED

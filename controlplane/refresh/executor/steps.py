@@ -22,7 +22,7 @@ from controlplane.refresh.executor.departures import (
     rechecks_membership,
     record_departures,
 )
-from controlplane.refresh.executor.journal import refresh_group, run_step_calls
+from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
     JournalEntry,
@@ -336,4 +336,4 @@ STEPS: dict[StepName, Step] = {
     )
 }
 
-__all__ = ["STEPS", "StepContext", "StepResult", "refresh_group"]
+__all__ = ["STEPS", "StepContext", "StepResult"]

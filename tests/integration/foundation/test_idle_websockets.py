@@ -19,7 +19,7 @@ from django.test import Client
 
 from controlplane.fleet import live
 from controlplane.realtime import publish
-from controlplane.refresh.executor.journal import refresh_group
+from controlplane.refresh.live import refresh_group
 from tests.integration.refresh.helpers import fleet_config, make_source, plan
 
 pytestmark = [

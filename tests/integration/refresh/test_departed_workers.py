@@ -250,7 +250,7 @@ def test_a_running_refresh_ends_only_once_its_executor_is_gone(fleet, source, op
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.ABORTED and refresh.lease_token == token + 1
     assert execute_refresh(refresh.pk) == "not_claimed"
-    assert reconcile_policy_refreshes(inline=True) == []
+    assert reconcile_policy_refreshes(resume=execute_refresh) == []
     assert_scope_free_and_reusable(source, operator, fleet, refresh)
 
 
@@ -306,7 +306,7 @@ def test_the_reconciler_frees_a_lock_whose_refresh_has_ended(fleet, source, oper
     ScopeLock.objects.create(source=source, namespace="rl-a", refresh=refresh)
     Gate.objects.filter(source=source, namespace="rl-a").update(active_refresh=refresh)
 
-    reconcile_policy_refreshes(inline=True)
+    reconcile_policy_refreshes(resume=execute_refresh)
 
     assert not ScopeLock.objects.filter(source=source).exists()
     assert not Gate.objects.filter(active_refresh=refresh).exists()

@@ -103,10 +103,11 @@ def test_executor_lost_mid_update_is_completed_from_the_journal(fleet, source, o
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.UPDATING and refresh.lease_owner
     assert len(paused_workers(fleet)) == 6
-    assert reconcile_policy_refreshes(inline=True) == []  # lease still live: leave it alone
+    # The lease is still live: leave it alone.
+    assert reconcile_policy_refreshes(resume=execute_refresh) == []
 
     expire_lease(refresh)
-    assert reconcile_policy_refreshes(inline=True) == [refresh.pk]
+    assert reconcile_policy_refreshes(resume=execute_refresh) == [refresh.pk]
 
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
@@ -126,7 +127,7 @@ def test_unknown_non_idempotent_update_is_held_not_repeated(fleet, source, opera
         target={"weight_version": "v2", "method": "distributed", "group": {}, "update": {}}
     )
     expire_lease(refresh)
-    reconcile_policy_refreshes(inline=True)
+    reconcile_policy_refreshes(resume=execute_refresh)
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.HELD
     assert "not safe to repeat" in refresh.held_reason

@@ -1,4 +1,5 @@
-"""Bulk INSERT for the refresh hot paths: one prepared statement per batch, run many times.
+"""Bulk INSERT for the hot paths (discovery's workers and events, the refresh journal): one
+prepared statement per batch, run many times.
 
 A discovery refresh where 2,000 workers join inserts 2,000 workers (28 columns) and 2,000
 events; a policy refresh of 500 workers journals 3,000 calls. Django's `bulk_create` compiler

@@ -1,0 +1,99 @@
+"""The operator actions as one table: name → permission → action function → success message.
+
+The refresh pages, the JSON API and the gate API run an action through its row, so each
+action's permission, inputs and wording are written once. A row only adapts the call: the
+action function (`refresh.actions`) checks the state, writes, audits and publishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.accounts.roles import Perm
+from controlplane.audit.recorder import Actor
+from controlplane.refresh import actions
+from controlplane.refresh.models import Gate, PolicyRefresh
+
+
+@dataclass(frozen=True)
+class ActionInput:
+    """What a person may give with an action (a form or a JSON body); each action reads its own."""
+
+    reason: str = ""
+    resume_engines: bool = False
+
+
+@dataclass(frozen=True)
+class Action[T: (PolicyRefresh, Gate)]:
+    """One row: `run(target, actor, given)` returns the object to show next (a rollback
+    answers with the new refresh); `success` may name it as `{target}`."""
+
+    name: str
+    perm: Perm
+    run: Callable[[T, Actor, ActionInput], T]
+    success: str
+
+    def message(self, result: T) -> str:
+        return self.success.format(target=result)
+
+
+START = Action[PolicyRefresh](
+    "start",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: actions.start_policy_refresh(refresh, actor=actor),
+    "Policy refresh started.",
+)
+APPROVE = Action[PolicyRefresh](
+    "approve",
+    Perm.APPROVE_REFRESH,
+    lambda refresh, actor, given: actions.approve_policy_refresh(refresh, actor=actor),
+    "Approved; the refresh is running.",
+)
+REJECT = Action[PolicyRefresh](
+    "reject",
+    Perm.APPROVE_REFRESH,
+    lambda refresh, actor, given: actions.reject_policy_refresh(
+        refresh, actor=actor, reason=given.reason
+    ),
+    "Rejected.",
+)
+ABORT = Action[PolicyRefresh](
+    "abort",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: actions.abort_policy_refresh(
+        refresh, actor=actor, resume_engines=given.resume_engines
+    ),
+    "Abort requested; the refresh stops at the next call boundary.",
+)
+RETRY = Action[PolicyRefresh](
+    "retry",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: actions.retry_policy_refresh(refresh, actor=actor),
+    "Retrying the failed step on failed and unreached workers.",
+)
+ROLLBACK = Action[PolicyRefresh](
+    "rollback",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: actions.rollback_policy_refresh(refresh, actor=actor),
+    "Rolling back to the last verified policy.",
+)
+END = Action[PolicyRefresh](
+    "end",
+    Perm.APPROVE_REFRESH,
+    lambda refresh, actor, given: actions.end_policy_refresh(
+        refresh, actor=actor, reason=given.reason
+    ),
+    "Ended; the scope is free and its gates stay closed.",
+)
+FORCE_REOPEN = Action[Gate](
+    "force-reopen",
+    Perm.FORCE_REOPEN,
+    lambda gate, actor, given: actions.force_reopen_gate(gate, actor=actor, reason=given.reason),
+    "Gate {target.namespace} force-reopened.",
+)
+
+#: The actions on one refresh, by the name their URLs use.
+REFRESH_ACTIONS: dict[str, Action[PolicyRefresh]] = {
+    action.name: action for action in (START, APPROVE, REJECT, ABORT, RETRY, ROLLBACK, END)
+}

@@ -27,6 +27,8 @@ class AuditAction(models.TextChoices):
     GATE_CLOSED = "gate.closed"
     GATE_OPENED = "gate.opened"
     GATE_FORCE_REOPENED = "gate.force_reopened"
+    GATE_UNKNOWN = "gate.unknown"
+    GATE_KNOWN = "gate.known"
     POLICY_REFRESH_PLANNED = "policy_refresh.planned"
     POLICY_REFRESH_REQUESTED = "policy_refresh.requested"
     POLICY_REFRESH_APPROVED = "policy_refresh.approved"

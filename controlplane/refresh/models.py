@@ -78,25 +78,58 @@ class FlushPolicy(models.TextChoices):
     ALWAYS = "always", "always (belt and braces)"
 
 
+class GateState(models.TextChoices):
+    """What a gate tells trainers about one namespace (README: "Gates")."""
+
+    #: Every serving worker reported and was verified at `verified_version`.
+    OPEN = "open", "open"
+    #: Opened by a person without verification (`forced_by`, `forced_at`, `reason`).
+    OPEN_FORCED = "open_forced", "open (forced)"
+    #: Refreshing, held, drifted or awaiting approval; `reason` and `active_refresh` say which.
+    CLOSED = "closed", "closed"
+    #: The source is stale (its listener failed or is too old): nobody knows; do not assume open.
+    UNKNOWN = "unknown", "unknown"
+
+
+#: States in which rollouts are admitted.
+ADMITTING_STATES = frozenset({GateState.OPEN, GateState.OPEN_FORCED})
+
+
 class Gate(models.Model):
     """Rollout admission for one namespace of one source, as trainers read it.
 
-    `revision` increments on every change so the gate API can serve it as an ETag.
-    `verified_policy` is the full target of the refresh that last verified the namespace, which
-    is what a rollback goes back to.
+    `revision` increments on every change so the gate API can serve it as an ETag, and
+    `updated_at` moves with it; `since` moves only when `state` changes. `verified_policy` is
+    the full target of the refresh that last verified the namespace, which is what a rollback
+    goes back to. `verified_instances` is the exact set of instance ids (u64 as decimal
+    strings) verified at `verified_version`; `confirmed_at` is the discovery time it was last
+    confirmed and `unverified_count` how many serving workers are not in it. `drift` lists the
+    workers that no longer match the gate (`[{"key", "instance_id", "kind", "detail"}]`).
+    Only `controlplane.refresh.gates` writes these fields.
     """
 
     source = models.ForeignKey("fleet.Source", on_delete=models.CASCADE, related_name="gates")
     namespace = models.CharField(max_length=200)
-    is_open = models.BooleanField(default=True)
+    state = models.CharField(max_length=16, choices=GateState.choices, default=GateState.OPEN)
+    #: The state to return to when a stale source recovers (set while `state` is unknown).
+    state_before_unknown = models.CharField(
+        max_length=16, choices=GateState.choices, blank=True, default=""
+    )
+    since = models.DateTimeField(default=timezone.now)
+    reason = models.TextField(blank=True)
+    forced_by = models.CharField(max_length=200, blank=True)
+    forced_at = models.DateTimeField(null=True, blank=True)
     verified_version = models.JSONField(null=True, blank=True)
     verified_policy = models.JSONField(null=True, blank=True)
-    closed_reason = models.TextField(blank=True)
+    verified_instances = models.JSONField(default=list, blank=True)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    unverified_count = models.PositiveIntegerField(default=0)
+    drift = models.JSONField(default=list, blank=True)
     active_refresh = models.ForeignKey(
         "PolicyRefresh", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     revision = models.PositiveBigIntegerField(default=1)
-    updated_at = models.DateTimeField(auto_now=True)
+    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["source", "namespace"]
@@ -105,7 +138,12 @@ class Gate(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.source.name}/{self.namespace} ({'open' if self.is_open else 'closed'})"
+        return f"{self.source.name}/{self.namespace} ({self.state})"
+
+    @property
+    def is_open(self) -> bool:
+        """Rollouts are admitted (verified or forced); `state` says which."""
+        return self.state in ADMITTING_STATES
 
 
 class PolicyRefresh(models.Model):

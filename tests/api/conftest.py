@@ -36,9 +36,9 @@ def fleet(db):
         routes=["pause_generation"],
     )
     run = DiscoveryRun.objects.create(source=a, trigger="manual", started_at=now, ok=True)
-    from controlplane.refresh.models import Gate, PolicyRefresh
+    from controlplane.refresh.models import Gate, GateState, PolicyRefresh
 
-    gate = Gate.objects.create(source=a, namespace="rl-a", is_open=False, closed_reason="held")
+    gate = Gate.objects.create(source=a, namespace="rl-a", state=GateState.CLOSED, reason="held")
     refresh = PolicyRefresh.objects.create(
         source=a,
         namespaces=["rl-a"],

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from controlplane.accounts.models import ApiToken
 from controlplane.audit.models import AuditEvent
+from controlplane.refresh.models import GateState
 from tests.api.conftest import U64, bearer
 
 
@@ -87,7 +88,7 @@ def test_gate_etag_gives_304_until_the_gate_changes(fleet, viewer_client):
     assert again.status_code == 304 and again.content == b""
     gate = fleet["gate"]
     gate.revision += 1
-    gate.is_open = True
+    gate.state = GateState.OPEN
     gate.save()
     changed = viewer_client.get("/api/v1/gates/src-a/rl-a", HTTP_IF_NONE_MATCH=etag)
     assert changed.status_code == 200 and changed.json()["open"] is True

@@ -37,7 +37,7 @@ from controlplane.intake.webhooks.trainer.process import process_delivery
 from controlplane.notify.models import NotificationDestination
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
-from controlplane.refresh.models import Gate, PolicyRefresh, RefreshState
+from controlplane.refresh.models import Gate, GateState, PolicyRefresh, RefreshState
 from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
 from tests.integration.intake.conftest import SECRET, post_webhook
 from tests.security.hostile import PAYLOAD, Hostile, csp_problems, unescaped
@@ -356,9 +356,9 @@ def cli_policy_refresh_with_failing_workers(w: World) -> None:
 
 def gate_force_reopen_reason(w: World) -> None:
     """Free text an approver types when forcing a gate open (audited)."""
-    gate = Gate.objects.filter(source=w.sim, is_open=False).first()
+    gate = Gate.objects.filter(source=w.sim, state=GateState.CLOSED).first()
     if gate is None:
-        gate = Gate.objects.create(source=w.sim, namespace="rl-z", is_open=False)
+        gate = Gate.objects.create(source=w.sim, namespace="rl-z", state=GateState.CLOSED)
     w.client.post(f"/refreshes/gates/{gate.pk}/force-reopen/", {"reason": w.hostile("reason")})
 
 

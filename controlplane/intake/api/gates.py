@@ -7,8 +7,9 @@ from the gate's revision, and `If-None-Match` answered with 304 before any seria
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Literal
 
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import Query, Router, Schema, Status
 from pydantic import Field
@@ -20,20 +21,45 @@ from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.refresh.action_table import FORCE_REOPEN, ActionInput
 from controlplane.refresh.gates import gate_state, serialize_gate
-from controlplane.refresh.models import Gate
+from controlplane.refresh.models import ADMITTING_STATES, Gate
 
 router = Router(tags=["gates"])
 
 CACHE_CONTROL = "private, no-cache"
 
 
+class ForcedOut(Schema):
+    by: str
+    at: str | None
+    reason: str
+
+
+class DriftOut(Schema):
+    key: str
+    instance_id: str
+    kind: str
+    detail: str = ""
+
+
 class GateOut(Schema):
     source: str
     namespace: str
+    state: Literal["open", "open_forced", "closed", "unknown"]
+    #: Rollouts are admitted: `open` (verified) or `open_forced` (a person's decision).
     open: bool
-    verified_version: Any = None
-    active_refresh_id: int | None
+    since: str | None
     reason: str
+    forced: ForcedOut | None = None
+    verified_version: Any = None
+    #: Instance ids (u64 as decimal strings) verified at `verified_version`; pin generations
+    #: to them with `nvext.backend_instance_id`.
+    verified_instances: list[str]
+    verified_count: int
+    unverified_count: int
+    confirmed_at: str | None
+    drift: list[DriftOut]
+    drift_count: int
+    active_refresh_id: int | None
     revision: int
     updated_at: str | None
 
@@ -64,7 +90,8 @@ def list_gates(request: HttpRequest, filters: Query[GateFilters]):
     if filters.source is not None:
         gates = gates.filter(source__name=filters.source)
     if filters.open is not None:
-        gates = gates.filter(is_open=filters.open)
+        admitting = Q(state__in=ADMITTING_STATES)
+        gates = gates.filter(admitting if filters.open else ~admitting)
     return paginate(gates.order_by("source__name", "namespace"), filters, serialize_gate)
 
 

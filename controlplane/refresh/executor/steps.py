@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
+from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
 from controlplane.refresh.executor.agreement import check_agreement
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob
@@ -283,10 +284,35 @@ class Reopen(Step):
         problem = membership_problem(ctx, self.name)
         if problem:
             return StepResult(False, problem)
+        verified, unverified = verified_instance_sets(ctx.refresh)
         with transaction.atomic():
             ctx.lease.guard()
-            gates.open_gates_verified(ctx.refresh, actor=EXECUTOR)
-        return StepResult(True, detail=f"opened at {ctx.refresh.weight_version!r}")
+            gates.open_gates_verified(
+                ctx.refresh, actor=EXECUTOR, verified=verified, unverified=unverified
+            )
+        count = sum(len(ids) for ids in verified.values())
+        return StepResult(
+            True, detail=f"opened at {ctx.refresh.weight_version!r} for {count} verified workers"
+        )
+
+
+def verified_instance_sets(refresh: PolicyRefresh) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Per namespace: the instance ids verified at the refresh's version (every planned worker
+    that did not leave the fleet: reopen runs only after verify passed for all of them), and how
+    many workers discovery lists as serving there that are not among them."""
+    gone = departed_ids(refresh.pk)
+    verified: dict[str, list[str]] = {ns: [] for ns in refresh.namespaces}
+    for worker in refresh.workers.all():
+        if worker.pk not in gone:
+            verified.setdefault(worker.namespace, []).append(worker.instance_id)
+    unverified: dict[str, int] = {}
+    serving = Worker.objects.filter(
+        source_id=refresh.source_id, namespace__in=refresh.namespaces, state=WorkerState.LIVE
+    ).values_list("namespace", "instance_id")
+    for namespace, instance_id in serving:
+        if instance_id not in verified.get(namespace, ()):
+            unverified[namespace] = unverified.get(namespace, 0) + 1
+    return verified, unverified
 
 
 class Release(WorkerStep):

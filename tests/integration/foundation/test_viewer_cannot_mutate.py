@@ -18,7 +18,7 @@ from controlplane.fleet import services as fleet_services
 from controlplane.fleet.models import Worker
 from controlplane.intake.services import endpoints
 from controlplane.notify import services as destinations
-from controlplane.refresh.models import Gate, PolicyRefresh
+from controlplane.refresh.models import Gate, GateState, PolicyRefresh
 
 # Sign-in, the machine-facing API (own auth, tested by its authorization matrix) and static.
 SKIP_PREFIXES = ("/accounts/login/", "/accounts/logout/", "/api/", "/static/", "/metrics")
@@ -67,7 +67,9 @@ def one_of_everything(admin_user):
     refresh = PolicyRefresh.objects.create(
         source=source, namespaces=["ns"], target={"weight_version": "v", "method": "disk"}
     )
-    Gate.objects.create(source=source, namespace="ns", is_open=False, active_refresh=refresh)
+    Gate.objects.create(
+        source=source, namespace="ns", state=GateState.CLOSED, active_refresh=refresh
+    )
     create_token(user=admin_user, label="t", actor=actor)
     endpoints.create_webhook_endpoint(actor=actor, name="e", source=source)
     destinations.create_notification_destination(

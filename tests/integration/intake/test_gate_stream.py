@@ -15,7 +15,7 @@ from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
 from controlplane.refresh import actions
-from controlplane.refresh.models import Gate
+from controlplane.refresh.models import Gate, GateState
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -34,7 +34,7 @@ def gates(db):
             name=name, listener_url="http://127.0.0.1:9/", allowed_networks=["127.0.0.0/8"]
         )
         made[name] = Gate.objects.create(
-            source=source, namespace=namespace, is_open=False, closed_reason="held by hand"
+            source=source, namespace=namespace, state=GateState.CLOSED, reason="held by hand"
         )
     return made
 
@@ -133,7 +133,10 @@ async def test_a_gate_change_reaches_the_subscriber(gates, viewer, approver):
     change = await c.receive_json_from(timeout=10)
     assert change["event"] == "gate.changed"
     assert view(change["gate"]) == ("fleet-a", "rl-a", True, 2)
-    assert change["gate"]["reason"] == ""
+    # A forced reopen is never shown like a verified one: its state and reason say so.
+    assert change["gate"]["state"] == "open_forced"
+    assert change["gate"]["reason"] == "checked by hand"
+    assert change["gate"]["forced"]["reason"] == "checked by hand"
     await c.disconnect()
 
 

@@ -15,6 +15,7 @@ from controlplane.refresh.models import (
     ACTIVE_STATES,
     EXECUTING_STATES,
     Gate,
+    GateState,
     PolicyRefresh,
     RefreshState,
     ScopeLock,
@@ -38,7 +39,9 @@ def active_refresh(source, state, **fields):
     )
     if state in ACTIVE_STATES:
         ScopeLock.objects.create(source=source, namespace="rl-a", refresh=refresh)
-        Gate.objects.create(source=source, namespace="rl-a", is_open=False, active_refresh=refresh)
+        Gate.objects.create(
+            source=source, namespace="rl-a", state=GateState.CLOSED, active_refresh=refresh
+        )
     return refresh
 
 
@@ -58,7 +61,7 @@ def test_every_active_refresh_without_a_live_executor_can_be_ended(source, state
     assert not ScopeLock.objects.exists()
     gate = Gate.objects.get()
     assert gate.active_refresh is None and not gate.is_open
-    assert "ended by" in gate.closed_reason and "tidy up" in gate.closed_reason
+    assert "ended by" in gate.reason and "tidy up" in gate.reason
 
 
 @pytest.mark.parametrize("state", sorted(EXECUTING_STATES))

@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from controlplane.audit.models import AuditEvent
 from controlplane.refresh.executor import execute_refresh
-from controlplane.refresh.models import Gate, PolicyRefresh, RefreshState
+from controlplane.refresh.models import Gate, GateState, PolicyRefresh, RefreshState
 from tests.integration.refresh.helpers import fleet_config, make_source, sync_workers
 
 pytestmark = pytest.mark.django_db
@@ -70,7 +70,7 @@ def test_viewer_cannot_plan_start_or_force_reopen(source, viewer_client, operato
     assert viewer_client.post(reverse("refresh:start", args=[refresh.pk])).status_code == 403
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.PLANNED
-    gate = Gate.objects.create(source=source, namespace="rl-a", is_open=False)
+    gate = Gate.objects.create(source=source, namespace="rl-a", state=GateState.CLOSED)
     forced = operator_client.post(reverse("refresh:force_reopen", args=[gate.pk]), {"reason": "x"})
     assert forced.status_code == 403
     gate.refresh_from_db()
@@ -78,7 +78,7 @@ def test_viewer_cannot_plan_start_or_force_reopen(source, viewer_client, operato
 
 
 def test_force_reopen_from_the_gate_page_needs_a_reason_and_is_audited(source, approver_client):
-    gate = Gate.objects.create(source=source, namespace="rl-a", is_open=False, closed_reason="x")
+    gate = Gate.objects.create(source=source, namespace="rl-a", state=GateState.CLOSED, reason="x")
     url = reverse("refresh:force_reopen", args=[gate.pk])
     approver_client.post(url, {"reason": ""})
     gate.refresh_from_db()

@@ -11,6 +11,7 @@ from controlplane.refresh.errors import ApprovalNotAllowed, InvalidTransition, P
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     Gate,
+    GateState,
     PolicyRefresh,
     RefreshState,
     ScopeLock,
@@ -166,7 +167,7 @@ def test_a_held_refresh_with_nothing_verified_has_no_rollback(source):
 
 
 def test_an_open_gate_is_not_force_reopened(source):
-    gate = Gate.objects.create(source=source, namespace="rl-a", is_open=True)
+    gate = Gate.objects.create(source=source, namespace="rl-a", state=GateState.OPEN)
     with pytest.raises(InvalidTransition, match="already open"):
         actions.force_reopen_gate(gate, actor=ACTOR, reason="why not")
 
@@ -175,7 +176,7 @@ def test_an_open_gate_is_not_force_reopened(source):
 def test_a_gate_under_a_running_refresh_is_not_force_reopened(source, state):
     refresh = refresh_in(source, state)
     gate = Gate.objects.create(
-        source=source, namespace="rl-a", is_open=False, active_refresh=refresh
+        source=source, namespace="rl-a", state=GateState.CLOSED, active_refresh=refresh
     )
     with pytest.raises(InvalidTransition, match="abort it first"):
         actions.force_reopen_gate(gate, actor=ACTOR, reason="stuck")
@@ -186,7 +187,7 @@ def test_a_gate_under_a_running_refresh_is_not_force_reopened(source, state):
 def test_force_reopen_releases_a_held_refresh_and_opens_the_gate(source):
     refresh = refresh_in(source, S.HELD, failed_step="verify")
     gate = Gate.objects.create(
-        source=source, namespace="rl-a", is_open=False, active_refresh=refresh
+        source=source, namespace="rl-a", state=GateState.CLOSED, active_refresh=refresh
     )
     actions.force_reopen_gate(gate, actor=ACTOR, reason="verified by hand")
     gate.refresh_from_db()

@@ -29,6 +29,7 @@ from controlplane.fleet import live
 from controlplane.fleet.discovery.observe import ObservedFleet, StaticSpec, observe
 from controlplane.fleet.discovery.store import StoredRefresh, store_observation
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source
+from controlplane.fleet.signals import discovery_finished
 from controlplane.notify.emit import notify
 
 logger = logging.getLogger(__name__)
@@ -230,6 +231,16 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
             record(action, actor=SYSTEM, target=source, details=details)
         source_id = source.pk
         transaction.on_commit(lambda: live.publish_refresh(source_id, touched))
+        finished = {
+            "source_id": source_id,
+            "run_id": run.pk,
+            "ok": run.ok,
+            "went_stale": source.stale and not was_stale,
+            "recovered": was_stale and not source.stale,
+        }
+        transaction.on_commit(
+            lambda: discovery_finished.send_robust(sender=Source, **finished), robust=True
+        )
     if error:
         logger.warning("discovery of %s failed: %s", source.name, error)
     return run

@@ -12,9 +12,10 @@ rows are identical; the statement is `executemany`. No primary keys come back.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from django.db import connections, router
-from django.db.models import Model
+from django.db.models import Field, Model
 
 BATCH = 500
 _UNSET = object()
@@ -28,7 +29,7 @@ def insert_values(
     db = router.db_for_write(model)
     connection = connections[db]
     opts = model._meta
-    fields = [opts.get_field(name) for name in field_names]
+    fields = [cast(Field, opts.get_field(name)) for name in field_names]  # concrete columns
     qn = connection.ops.quote_name
     sql = "INSERT INTO {} ({}) VALUES ({})".format(
         qn(opts.db_table),

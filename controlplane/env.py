@@ -5,6 +5,7 @@ start-up with a message naming the variable instead of surfacing later as a conf
 """
 
 import os
+from typing import Literal, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -12,6 +13,12 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+@overload
+def env_str(name: str, default: str, *, required: bool = False) -> str: ...
+@overload
+def env_str(name: str, default: None = None, *, required: Literal[True]) -> str: ...
+@overload
+def env_str(name: str, default: None = None, *, required: bool = False) -> str | None: ...
 def env_str(name: str, default: str | None = None, *, required: bool = False) -> str | None:
     value = os.environ.get(name)
     if value is None or value == "":

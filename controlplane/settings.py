@@ -10,6 +10,7 @@ Two modes, chosen by CONTROLPLANE_ENV:
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -95,7 +96,7 @@ MIDDLEWARE = [
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"
 
-TEMPLATES = [
+TEMPLATES: list[dict[str, Any]] = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
         "DIRS": [BASE_DIR / "templates"],
@@ -178,7 +179,7 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # queues, so set it before the first start, not on a running deployment.
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "") or ""
 
-CACHES = {
+CACHES: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
@@ -192,7 +193,7 @@ CACHES = {
 # reconnected every ~6 s. The read timeout must stay well above the blocking wait; keepalive
 # and a health check catch a connection that died silently while idle.
 CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 20.0
-CHANNEL_LAYERS = {
+CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {

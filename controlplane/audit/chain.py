@@ -58,11 +58,24 @@ def sign_entry(event, key: AuditKey) -> None:
     event.entry_hash = keyed_hash(event, key.secret)
 
 
+class Pin(Protocol):
+    """One signed checkpoint, as verification reads it (see anchors.Checkpoint)."""
+
+    @property
+    def entry_hash(self) -> str: ...
+
+    @property
+    def time(self) -> str: ...
+
+
 class Pins(Protocol):
     """What verification needs from a set of signed checkpoints (see anchors.AnchorSet)."""
 
-    by_sequence: Mapping[int, object]  # sequence → checkpoint with .entry_hash and .time
-    keyed_from: int | None
+    @property
+    def by_sequence(self) -> Mapping[int, Pin]: ...
+
+    @property
+    def keyed_from(self) -> int | None: ...
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET
 from controlplane.audit.export import EXPORTERS
 from controlplane.audit.forms import AuditFilterForm
 from controlplane.audit.models import AuditEvent
+from controlplane.requests import HtmxHttpRequest
 
 PAGE_SIZE = 50
 #: `accounts.roles.Perm.VIEW`, by its Django permission name: audit sits below accounts (which
@@ -28,7 +29,7 @@ def _filtered_events(request: HttpRequest):
 
 @require_GET
 @permission_required(VIEW_PERMISSION, raise_exception=True)
-def history(request: HttpRequest) -> HttpResponse:
+def history(request: HtmxHttpRequest) -> HttpResponse:
     form, events = _filtered_events(request)
     page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
@@ -40,7 +41,7 @@ def history(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @permission_required(VIEW_PERMISSION, raise_exception=True)
-def export(request: HttpRequest) -> HttpResponse:
+def export(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     fmt = request.GET.get("format", "jsonl")
     if fmt not in EXPORTERS:
         return HttpResponse(

@@ -88,7 +88,7 @@ def clear_run_cache() -> int:
     """Empty this run's Django cache (what `cache.clear()` would, without its FLUSHDB)."""
     from django.conf import settings
 
-    cache_prefix = settings.CACHES["default"]["KEY_PREFIX"]
+    cache_prefix = str(settings.CACHES["default"]["KEY_PREFIX"])
     if not cache_prefix.startswith(RUN_KEY_PREFIX):
         raise RuntimeError(f"cache KEY_PREFIX {cache_prefix!r} is not under this test run's")
     # Django stores a key as "<KEY_PREFIX>:<version>:<key>".

@@ -7,6 +7,7 @@ leaving a half-working product behind.
 """
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 
 @dataclass
@@ -103,8 +104,11 @@ def _signal_group(child: Child, sig: int) -> None:
 
 
 def _drain(stream: IO[bytes], log_path: Path) -> None:
+    # A pipe from Popen is a BufferedReader: read1 returns what is there instead of waiting
+    # for a full block, so the log follows the child line by line.
+    pipe = cast(io.BufferedReader, stream)
     with open(log_path, "ab") as log:
-        for chunk in iter(lambda: stream.read1(4096), b""):
+        for chunk in iter(lambda: pipe.read1(4096), b""):
             log.write(chunk)
             log.flush()
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.middleware import HtmxDetails
 
 from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
@@ -23,10 +22,7 @@ from controlplane.fleet.forms import SourceForm, StaticWorkerForm
 from controlplane.fleet.models import Source, StaticWorker, Worker, WorkerState
 from controlplane.fleet.presenters import summarise, version_label
 from controlplane.fleet.rows import HEADERS, render_rows
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
+from controlplane.requests import HtmxHttpRequest
 
 
 def _get_source(pk: int) -> Source:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from datetime import timedelta
 
 import httpx
 from django.conf import settings
@@ -102,7 +103,7 @@ def _finish(delivery, *, ok: bool, retryable: bool, error: str) -> float | None:
     elif retryable and delivery.attempts < settings.NOTIFICATION_MAX_ATTEMPTS:
         retry_in = backoff_seconds(delivery.attempts)
         delivery.status = DeliveryStatus.RETRYING
-        delivery.next_attempt_at = now + timezone.timedelta(seconds=retry_in)
+        delivery.next_attempt_at = now + timedelta(seconds=retry_in)
         delivery.last_error = error
     else:
         delivery.status, delivery.next_attempt_at, delivery.last_error = (
@@ -186,7 +187,7 @@ def claim_stuck_deliveries(grace_seconds: float) -> list[tuple[int, int]]:
     lost too is found again on a later sweep.
     """
     now = timezone.now()
-    cutoff = now - timezone.timedelta(seconds=grace_seconds)
+    cutoff = now - timedelta(seconds=grace_seconds)
     overdue = NotificationDelivery.objects.filter(
         Q(status=DeliveryStatus.RETRYING, next_attempt_at__lt=cutoff)
         | Q(status=DeliveryStatus.PENDING, next_attempt_at__lt=cutoff)
@@ -196,7 +197,7 @@ def claim_stuck_deliveries(grace_seconds: float) -> list[tuple[int, int]]:
     for pk, attempts, status, due in overdue.order_by("pk")[:SWEEP_BATCH]:
         won = NotificationDelivery.objects.filter(
             pk=pk, attempts=attempts, status=status, next_attempt_at=due
-        ).update(next_attempt_at=now + timezone.timedelta(seconds=grace_seconds))
+        ).update(next_attempt_at=now + timedelta(seconds=grace_seconds))
         if won:
             claimed.append((pk, attempts))
     if claimed:

@@ -3,6 +3,8 @@ may see. Endpoints call `require` for permissions and the source helpers for sco
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 from ninja.errors import AuthenticationError
@@ -13,6 +15,7 @@ from controlplane.accounts import tokens
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor, actor_from_request
 from controlplane.fleet.models import Source
+from controlplane.requests import ApiRequest
 
 
 class BearerToken(HttpBearer):
@@ -32,9 +35,10 @@ class BearerToken(HttpBearer):
         found = tokens.authenticate(token)
         if found is None:
             raise AuthenticationError(401, "the token is unknown, expired or revoked")
-        request.api_token = found
-        request.user = found.user
-        request.audit_actor = Actor.for_token(found)
+        api = cast(ApiRequest, request)
+        api.api_token = found
+        api.user = found.user
+        api.audit_actor = Actor.for_token(found)
         return found
 
 
@@ -53,7 +57,7 @@ class BrowserSession(APIKeyCookie):
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:
             return None
-        request.api_token = None
+        cast(ApiRequest, request).api_token = None
         return user
 
 
@@ -67,9 +71,10 @@ def require(request: HttpRequest, perm: Perm) -> None:
 
 def token_source_ids(request: HttpRequest) -> set[int] | None:
     """The sources a limited token may touch, or None when not limited (cached per request)."""
-    if not hasattr(request, "_token_source_ids"):
-        request._token_source_ids = tokens.allowed_source_ids(getattr(request, "api_token", None))
-    return request._token_source_ids
+    api = cast(ApiRequest, request)
+    if not hasattr(api, "token_source_ids"):
+        api.token_source_ids = tokens.allowed_source_ids(getattr(api, "api_token", None))
+    return api.token_source_ids
 
 
 def visible_sources(request: HttpRequest):

@@ -150,8 +150,10 @@ def install(api: NinjaAPI) -> None:
         code = getattr(exc, "code", None)
         if code in _REFRESH_STATUS or isinstance(exc, RefreshError):
             details = {}
-            if getattr(exc, "active_refresh_id", None) is not None:
-                details["active_refresh_id"] = exc.active_refresh_id
+            active = getattr(exc, "active_refresh_id", None)
+            if active is not None:
+                details["active_refresh_id"] = active
+            code = str(code or "refresh_conflict")
             status = _REFRESH_STATUS.get(code, 409)
             return error_response(api, request, status, code, str(exc), details or None)
         if isinstance(exc, ValueError) and "NUL" in str(exc):

@@ -50,7 +50,7 @@ def _principal(request: HttpRequest) -> str:
 
 def _fingerprint(request: HttpRequest) -> str:
     digest = hashlib.sha256()
-    digest.update(request.method.encode() + b" " + request.path.encode() + b"\n")
+    digest.update((request.method or "").encode() + b" " + request.path.encode() + b"\n")
     digest.update(request.body)
     return digest.hexdigest()
 
@@ -68,6 +68,7 @@ def run(
     record = _claim(request, principal, key, fingerprint)
     if record.state == IdempotencyState.DONE:
         response["Idempotent-Replayed"] = "true"
+        assert record.status_code is not None  # a DONE record stored its answer
         return Status(record.status_code, record.response_body)
     try:
         status, body = action()

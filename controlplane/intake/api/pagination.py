@@ -27,7 +27,7 @@ def page_of(item: type[Schema]) -> type[Schema]:
         _PAGES[item] = create_model(
             f"{item.__name__.removesuffix('Out')}Page",
             __base__=Schema,
-            items=(list[item], ...),
+            items=(list[item], ...),  # type: ignore[valid-type]  # built per item type at run time
             count=(int, ...),
             limit=(int, ...),
             offset=(int, ...),

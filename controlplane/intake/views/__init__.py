@@ -16,8 +16,9 @@ from controlplane.accounts.models import ApiToken
 from controlplane.accounts.roles import Perm
 from controlplane.fleet.models import Source
 from controlplane.intake.models import WebhookEndpoint
-from controlplane.intake.views.common import ADMIN_PERMS, HtmxHttpRequest
+from controlplane.intake.views.common import ADMIN_PERMS
 from controlplane.notify.models import NotificationDestination
+from controlplane.requests import HtmxHttpRequest
 
 
 @require_GET

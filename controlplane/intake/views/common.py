@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.utils.cache import add_never_cache_headers
-from django_htmx.middleware import HtmxDetails
 
 from controlplane.accounts.roles import Perm
 
 #: Any one of these opens the admin-tools index (matches the nav link in base.html).
 ADMIN_PERMS = (Perm.MANAGE_SOURCES, Perm.MANAGE_TOKENS, Perm.MANAGE_WEBHOOKS)
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
 
 
 def secret_response(response: HttpResponse) -> HttpResponse:

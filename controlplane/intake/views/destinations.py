@@ -14,7 +14,7 @@ from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.intake.forms import DestinationForm
-from controlplane.intake.views.common import HtmxHttpRequest, secret_response
+from controlplane.intake.views.common import secret_response
 from controlplane.notify import services
 from controlplane.notify.models import (
     DeliveryStatus,
@@ -22,6 +22,7 @@ from controlplane.notify.models import (
     NotificationDelivery,
     NotificationDestination,
 )
+from controlplane.requests import HtmxHttpRequest
 
 DELIVERIES_SHOWN = 50
 UNFINISHED = (DeliveryStatus.PENDING, DeliveryStatus.RETRYING)

@@ -17,8 +17,9 @@ from controlplane.audit.recorder import actor_from_request
 from controlplane.intake import services
 from controlplane.intake.forms import WebhookEndpointForm
 from controlplane.intake.models import WebhookEndpoint
-from controlplane.intake.views.common import HtmxHttpRequest, secret_response
+from controlplane.intake.views.common import secret_response
 from controlplane.notify.emit import absolute_url
+from controlplane.requests import HtmxHttpRequest
 
 RECEIVED_SHOWN = 20
 

@@ -14,7 +14,8 @@ from controlplane.accounts.roles import Perm
 from controlplane.accounts.tokens import create_token, revoke_token
 from controlplane.audit.recorder import actor_from_request
 from controlplane.intake.forms import TokenForm
-from controlplane.intake.views.common import HtmxHttpRequest, secret_response
+from controlplane.intake.views.common import secret_response
+from controlplane.requests import HtmxHttpRequest
 
 
 def _get_token(pk: int) -> ApiToken:

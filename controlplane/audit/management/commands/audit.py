@@ -2,6 +2,7 @@
 
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -74,7 +75,8 @@ class Command(BaseCommand):
         events = AuditEvent.objects.order_by("sequence")
         if action:
             events = events.filter(action=action)
-        out = self.stdout._out if hasattr(self.stdout, "_out") else sys.stdout
+        # The raw stream under Django's OutputWrapper: exported chunks already end their lines.
+        out: TextIO = getattr(self.stdout, "_out", sys.stdout)
         for chunk in EXPORTERS[fmt](events.iterator(chunk_size=2000)):
             out.write(chunk)
 

@@ -9,6 +9,7 @@ import signal
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -168,7 +169,7 @@ class Command(BaseCommand):
         urls = supervisor.read_lines_until(
             child, {"listener_url", "frontend_url", "control_url"}, timeout=30
         )
-        values = {
+        values: dict[str, Any] = {
             "listener_url": urls["listener_url"],
             "frontend_url": urls["frontend_url"],
             "expected_prefix": "rl",

@@ -16,7 +16,6 @@ duplicate fields; Python keeps the last), so neither is trusted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections import Counter
@@ -24,11 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from . import limits
-from .errors import DiscoveryError, ProtocolVersionError, one_line
-from .http import read_capped
+from .errors import (
+    CallTimeout,
+    DiscoveryError,
+    ProtocolVersionError,
+    TransportError,
+    one_line,
+)
+from .http import DynamoClient
 from .policy import OutboundPolicy
 
 SUPPORTED_PROTOCOL_VERSIONS = frozenset({1})
@@ -428,7 +431,7 @@ def _error_message(raw: bytes | None) -> str | None:
 
 
 async def fetch_discovery(
-    client: httpx.AsyncClient,
+    client: DynamoClient,
     policy: OutboundPolicy,
     listener_url: str,
     *,
@@ -445,37 +448,24 @@ async def fetch_discovery(
     if problem is not None:
         raise DiscoveryError(f"outbound policy: {problem}")
     try:
-        async with asyncio.timeout(timeout):
-            async with client.stream(
-                "GET",
-                url,
-                timeout=httpx.Timeout(timeout),
-                follow_redirects=False,
-                headers={"accept": "application/json"},
-            ) as response:
-                status = response.status_code
-                if 300 <= status < 400:
-                    location = response.headers.get("location", "")
-                    raise DiscoveryError(
-                        f"listener answered HTTP {status} redirect to {location!r}; "
-                        "redirects are not followed"
-                    )
-                limit = MAX_DISCOVERY_BYTES if status == 200 else MAX_ERROR_BODY_BYTES
-                raw = await read_capped(response, limit)
-    except TimeoutError:
+        reply = await client.send(
+            "GET",
+            url,
+            timeout=timeout,
+            limit=MAX_DISCOVERY_BYTES,
+            error_limit=MAX_ERROR_BODY_BYTES,
+            accept="application/json",
+        )
+    except CallTimeout:
         raise DiscoveryError(f"listener timed out after {timeout:g}s") from None
-    except httpx.TimeoutException as exc:
+    except TransportError as exc:
+        raise DiscoveryError(f"listener unreachable: {exc.reason}") from None
+    status, raw = reply.status, reply.raw
+    if 300 <= status < 400:
+        location = reply.headers.get("location", "")
         raise DiscoveryError(
-            f"listener timed out after {timeout:g}s ({type(exc).__name__})"
-        ) from None
-    except httpx.ConnectError as exc:
-        raise DiscoveryError(
-            f"listener unreachable: {one_line(exc, 200) or 'connect failed'}"
-        ) from None
-    except httpx.HTTPError as exc:
-        detail = one_line(exc, 200) or type(exc).__name__
-        raise DiscoveryError(f"listener unreachable: {detail}") from None
-
+            f"listener answered HTTP {status} redirect to {location!r}; redirects are not followed"
+        )
     if status != 200:
         message = _error_message(raw)
         if status == 500 and raw and b"discovery_failed" in raw:

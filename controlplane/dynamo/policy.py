@@ -6,7 +6,7 @@ carry no userinfo, and have a host whose *every* resolved address lies inside th
 operator allowed for that source. An empty allowlist allows nothing: a forgotten setting must
 fail closed, not open to the cloud metadata service.
 
-Known limit: the check resolves the name, then httpx resolves it again when connecting, so a
+Known limit: the check resolves the name, then aiohttp resolves it again when connecting, so a
 hostile DNS server could rebind between the two. Sources should use IP literals or names served
 by a trusted resolver; see the note in docs/dynamo-client-api.md.
 """

@@ -95,11 +95,9 @@ def refresh_source(
     *,
     trigger: DiscoveryTrigger | str,
     wait: float = 0.0,
-    transport=None,
 ) -> DiscoveryRun | None:
     """Run one refresh. Returns its DiscoveryRun, or None when the source is gone, disabled
-    for scheduling, not yet due, or claimed by another refresh for longer than `wait` seconds.
-    `transport` is an httpx transport override for benchmarks and tests."""
+    for scheduling, not yet due, or claimed by another refresh for longer than `wait` seconds."""
     trigger = DiscoveryTrigger(trigger)
     deadline = time.monotonic() + wait
     while True:
@@ -113,7 +111,7 @@ def refresh_source(
             return None
         time.sleep(0.1)  # waiting for another refresh's claim (plans need a fresh view)
     try:
-        return _refresh_claimed(source, trigger, transport)
+        return _refresh_claimed(source, trigger)
     finally:
         _release(source.pk, lease)
 
@@ -132,7 +130,7 @@ def _store(
         return None, storable_text(f"could not store the observation: {one_line(exc, 300)}")
 
 
-def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
+def _refresh_claimed(source: Source, trigger: str) -> DiscoveryRun:
     started_at = timezone.now()
     t0 = time.perf_counter()
     statics = [
@@ -161,7 +159,6 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
                 listener_timeout=settings.DISCOVERY_LISTENER_TIMEOUT_SECONDS,
                 probe_timeout=settings.DISCOVERY_PROBE_TIMEOUT_SECONDS,
                 concurrency=settings.DISCOVERY_PROBE_CONCURRENCY,
-                transport=transport,
             )
         )
     except DiscoveryError as exc:

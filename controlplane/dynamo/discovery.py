@@ -21,7 +21,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from . import limits
 from .errors import (
@@ -33,6 +32,7 @@ from .errors import (
 )
 from .http import DynamoClient
 from .policy import OutboundPolicy
+from .urls import url_problem
 
 SUPPORTED_PROTOCOL_VERSIONS = frozenset({1})
 #: A listener reporting thousands of workers is ~1 MB; anything near this cap is not a listener.
@@ -43,6 +43,15 @@ DISCOVERY_PATH = "/v1/rl/workers"
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
+
+
+def worker_key(namespace: str, component: str, endpoint: str, instance_id: int | str) -> str:
+    """A worker's one text key, `namespace/component/endpoint/instance_id`, used everywhere.
+
+    `instance_id` is a u64 that may exceed 2^63, so it is kept as decimal text (an int or the
+    text a database column holds give the same key).
+    """
+    return f"{namespace}/{component}/{endpoint}/{instance_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +65,7 @@ class WorkerIdentity:
 
     @property
     def key(self) -> str:
-        # instance_id is a u64 that may exceed 2^63: keep it as decimal text everywhere.
-        return f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}"
+        return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,34 +233,20 @@ def parse_instance_id(value: object) -> int:
 
 def admin_base_url_problem(url: str) -> str | None:
     """The listener's admin base URL rules (§1.5), with its wording. None when valid."""
-    if not url.strip():
-        return "RL admin base URL must not be blank"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - validates the port
-    except ValueError as exc:
-        return f"invalid RL admin base URL: {exc}"
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        return "RL admin base URL must use HTTP or HTTPS and include a host"
-    if "@" in parts.netloc:
-        return "RL admin base URL must not include user information"
-    if parts.query or url.rstrip().endswith("?"):
-        return "RL admin base URL must not include a query string"
-    if parts.fragment or "#" in url:
-        return "RL admin base URL must not include a fragment"
-    return None
+    return url_problem(url, "RL admin base URL", allow_padding=True)
 
 
 def _system_url_problem(url: str) -> str | None:
     # The listener copies system_url without validating it; we need an http(s) base to call.
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018
-    except ValueError as exc:
-        return f"invalid system_url: {exc}"
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        return "system_url must use http or https and include a host"
-    return None
+    # Anything else in it (userinfo, query) is the outbound policy's to refuse at call time.
+    return url_problem(
+        url,
+        "system_url",
+        allow_padding=True,
+        allow_userinfo=True,
+        allow_query=True,
+        allow_fragment=True,
+    )
 
 
 def _parse_routes(value: object) -> tuple[str, ...]:

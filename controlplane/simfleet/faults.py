@@ -41,8 +41,6 @@ GENERATE = "generate"
 HEALTH = "health"
 ANY_ROUTE = "*"
 
-#: Kinds applied after the route's own handler has run.
-POST_KINDS = frozenset({"revert_version"})
 DEFAULT_HANG_SECONDS = 3600.0
 
 

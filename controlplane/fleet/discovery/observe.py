@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.dynamo.admin import call_admin
-from controlplane.dynamo.discovery import DiscoveredWorker, DiscoveryResult, fetch_discovery
+from controlplane.dynamo.discovery import (
+    DiscoveredWorker,
+    DiscoveryResult,
+    fetch_discovery,
+    worker_key,
+)
 from controlplane.dynamo.families import FAMILIES, AdminFamily, Operation, detect_family
 from controlplane.dynamo.http import DynamoClient, make_client
 from controlplane.dynamo.limits import storable_text, weight_version_problem
@@ -65,7 +70,7 @@ class Observation:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}"
+        return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
 
 
 @dataclass(slots=True)

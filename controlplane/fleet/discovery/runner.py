@@ -53,16 +53,11 @@ def _claim(source: Source, trigger: str) -> timezone.datetime | None:
         Q(refresh_claimed_until__isnull=True) | Q(refresh_claimed_until__lt=now), pk=source.pk
     )
     if trigger == DiscoveryTrigger.SCHEDULE:
-        last = source.last_refresh_started_at
-        slack = settings.DISCOVERY_TICK_SECONDS / 2
-        if (
-            last is not None
-            and (now - last).total_seconds() < source.refresh_interval_seconds - slack
-        ):
+        if not source.is_due(now):
             return None
         # Compare-and-swap on the last start: a second tick that read the same due source finds
         # it already restarted and claims nothing, even after the first run has finished.
-        rows = rows.filter(enabled=True, last_refresh_started_at=last)
+        rows = rows.filter(enabled=True, last_refresh_started_at=source.last_refresh_started_at)
     claimed = rows.update(refresh_claimed_until=lease, last_refresh_started_at=now)
     return lease if claimed else None
 

@@ -127,7 +127,7 @@ def test_admin_base_url_trailing_slash_kept():
         ({"routes": ["ok", ""]}, "empty entry"),
         ({"system_url": None}, "null"),
         ({"system_url": 5}, "'system_url' must be a string"),
-        ({"system_url": "ftp://h:1"}, "system_url must use http"),
+        ({"system_url": "ftp://h:1"}, "system_url must use HTTP or HTTPS"),
         ({"model": None}, "'model' is null"),
         ({"model": 3}, "'model' must be a string"),
         ({"world_size": 0}, "'world_size'"),

@@ -118,10 +118,11 @@ class _PayloadError(ValueError):
     """Internal: raised from inside the JSON decoder's hooks; becomes a DiscoveryError."""
 
 
-class _RepeatedKeys(dict):
+class _RepeatedKeys(dict[str, Any]):
     """A JSON object that gave a key more than once (the dict holds the last value)."""
 
     __slots__ = ("repeated",)
+    repeated: list[str]
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

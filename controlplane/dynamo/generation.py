@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from .admin import decode_body
 from .errors import CallTimeout, TransportError, one_line
@@ -31,7 +31,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_token_list(value: object) -> bool:
+def _is_token_list(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(_is_int(t) and t >= 0 for t in value)
 
 

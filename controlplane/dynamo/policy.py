@@ -33,7 +33,8 @@ ALLOWED_SCHEMES = frozenset({"http", "https"})
 def system_resolver(host: str) -> list[str]:
     """All addresses `host` resolves to (IPv4 and IPv6), as the OS resolver sees them."""
     infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    return sorted({info[4][0] for info in infos})
+    # IPv6 entries carry (host, port, flowinfo, scope_id); the host is always the text form.
+    return sorted({str(info[4][0]) for info in infos})
 
 
 def _parse_address(text: str) -> IPAddress:
@@ -57,7 +58,6 @@ def _literal_host(host: str) -> IPAddress | None:
 
 #: Verdicts one policy remembers before starting over (a fleet has far fewer hosts).
 MEMO_LIMIT = 4096
-_MISS = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +144,8 @@ class OutboundPolicy:
     def _without_dns(self, url: str) -> tuple[bool, str | None, str | None]:
         """(decided, verdict, host): the verdict when no DNS lookup is needed, else the host."""
         key = self._memo_key(url)
-        if key is not None:
-            verdict = self._memo.get(key, _MISS)
-            if verdict is not _MISS:
-                return True, verdict, None
+        if key is not None and key in self._memo:
+            return True, self._memo[key], None
         problem, host = self._static_violation(url)
         if problem or host is None:
             verdict = problem

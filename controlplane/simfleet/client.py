@@ -66,11 +66,12 @@ class SimFleetControl:
         return data
 
     def fleet(self) -> dict[str, Any]:
-        return self._request("GET", "/fleet")
+        fleet: dict[str, Any] = self._request("GET", "/fleet")
+        return fleet
 
     def add_worker(self, spec: WorkerSpec | dict[str, Any]) -> str:
         body = spec.to_dict() if isinstance(spec, WorkerSpec) else spec
-        return self._request("POST", "/workers", body)["key"]
+        return str(self._request("POST", "/workers", body)["key"])
 
     def remove_worker(self, key: str | int) -> None:
         self._request("DELETE", f"/workers/{_segment(key)}")
@@ -88,13 +89,16 @@ class SimFleetControl:
         self._request("PUT", f"/workers/{_segment(key)}/version", {"version": version})
 
     def state(self, key: str | int) -> dict[str, Any]:
-        return self._request("GET", f"/workers/{_segment(key)}")
+        state: dict[str, Any] = self._request("GET", f"/workers/{_segment(key)}")
+        return state
 
     def workers(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/workers")["workers"]
+        workers: list[dict[str, Any]] = self._request("GET", "/workers")["workers"]
+        return workers
 
     def events(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/events")["events"]
+        events: list[dict[str, Any]] = self._request("GET", "/events")["events"]
+        return events
 
     def set_churn(self, interval: float | None) -> None:
         self._request("POST", "/churn", {"interval": interval})

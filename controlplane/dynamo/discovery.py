@@ -26,6 +26,7 @@ from . import limits
 from .errors import (
     CallTimeout,
     DiscoveryError,
+    ProtocolError,
     ProtocolVersionError,
     TransportError,
     one_line,
@@ -453,6 +454,8 @@ async def fetch_discovery(
         )
     except CallTimeout:
         raise DiscoveryError(f"listener timed out after {timeout:g}s") from None
+    except ProtocolError as exc:
+        raise DiscoveryError(f"listener reply is not HTTP: {exc.reason}") from None
     except TransportError as exc:
         raise DiscoveryError(f"listener unreachable: {exc.reason}") from None
     status, raw = reply.status, reply.raw

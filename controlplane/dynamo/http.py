@@ -93,7 +93,9 @@ def _json_bytes(body: object) -> bytes:
 
 def transport_error(exc: aiohttp.ClientError | OSError) -> TransportError:
     """Our name for a failure on the wire, in one line."""
-    detail = str(exc) or type(exc).__name__
+    # A response error's str() is a repr of status, message and URL; the message says it.
+    text = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+    detail = text or type(exc).__name__
     if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unreachable, DNS, TLS handshake
         return ConnectFailed(detail)
     if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | OSError):

@@ -347,6 +347,11 @@ async def test_fetch_dropped_connection(server, client, loopback_policy):
         await fetch_discovery(client, loopback_policy, server.base_url, timeout=5)
 
 
+async def test_fetch_reply_that_is_not_http(not_http, client, loopback_policy):
+    with pytest.raises(DiscoveryError, match=r"^listener reply is not HTTP: Bad status line"):
+        await fetch_discovery(client, loopback_policy, not_http, timeout=5)
+
+
 async def test_fetch_timeout(server, client, loopback_policy):
     server.route("/v1/rl/workers", server.hang)
     with pytest.raises(DiscoveryError, match=r"listener timed out after 0\.2s"):

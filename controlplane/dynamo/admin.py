@@ -12,11 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
-from .errors import one_line
+from .errors import CallTimeout, ConnectFailed, ConnectionDropped, TransportError, one_line
 from .families.base import AdminCall, AdminFamily
-from .http import MAX_RESPONSE_BYTES, NO_BODY, send_capped
+from .http import MAX_RESPONSE_BYTES, NO_BODY, DynamoClient
 from .jsonsafe import loads_bounded
 from .policy import OutboundPolicy
 
@@ -56,7 +54,7 @@ def decode_body(raw: bytes) -> Any:
 
 
 async def call_admin(
-    client: httpx.AsyncClient,
+    client: DynamoClient,
     policy: OutboundPolicy,
     system_url: str,
     family: AdminFamily,
@@ -68,7 +66,13 @@ async def call_admin(
     started_at = datetime.now(UTC)
     t0 = time.perf_counter()
 
-    def result(ok: bool, status: int | None, body: Any, error: str | None, data=None):
+    def result(
+        ok: bool,
+        status: int | None,
+        body: Any,
+        error: str | None,
+        data: dict[str, Any] | None = None,
+    ) -> AdminCallResult:
         return AdminCallResult(
             call=call,
             url=url,
@@ -86,24 +90,26 @@ async def call_admin(
     if problem is not None:
         return result(False, None, None, f"outbound policy: {problem}")
 
+    json_body: object
     if call.method.upper() in ("GET", "HEAD"):
         json_body = NO_BODY
     else:
         json_body = call.body if call.body is not None else {}
     try:
-        reply = await send_capped(
-            client, call.method, url, json_body=json_body, timeout=timeout, limit=MAX_RESPONSE_BYTES
+        reply = await client.send(
+            call.method, url, json_body=json_body, timeout=timeout, limit=MAX_RESPONSE_BYTES
         )
-    except (TimeoutError, httpx.TimeoutException):
+    except CallTimeout:
         return result(False, None, None, f"timed out after {timeout:g}s")
-    except httpx.ConnectError as exc:
-        return result(False, None, None, f"connection failed: {exc or 'connect error'}")
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+    except ConnectFailed as exc:
+        return result(False, None, None, f"connection failed: {exc.reason}")
+    except ConnectionDropped as exc:
         # A worker that hits EngineDeadError or an init watchdog exits mid-request.
-        detail = str(exc) or type(exc).__name__
-        return result(False, None, None, f"connection dropped (worker may have exited): {detail}")
-    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-        return result(False, None, None, f"request failed: {type(exc).__name__}: {exc}")
+        return result(
+            False, None, None, f"connection dropped (worker may have exited): {exc.reason}"
+        )
+    except TransportError as exc:
+        return result(False, None, None, f"request failed: {exc.reason}")
 
     status, raw = reply.status, reply.raw
     if raw is None:

@@ -16,20 +16,24 @@ duplicate fields; Python keeps the last), so neither is trusted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
-
-import httpx
 
 from . import limits
-from .errors import DiscoveryError, ProtocolVersionError, one_line
-from .http import read_capped
+from .errors import (
+    CallTimeout,
+    DiscoveryError,
+    ProtocolError,
+    ProtocolVersionError,
+    TransportError,
+    one_line,
+)
+from .http import DynamoClient
 from .policy import OutboundPolicy
+from .urls import url_problem
 
 SUPPORTED_PROTOCOL_VERSIONS = frozenset({1})
 #: A listener reporting thousands of workers is ~1 MB; anything near this cap is not a listener.
@@ -40,6 +44,15 @@ DISCOVERY_PATH = "/v1/rl/workers"
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
+
+
+def worker_key(namespace: str, component: str, endpoint: str, instance_id: int | str) -> str:
+    """A worker's one text key, `namespace/component/endpoint/instance_id`, used everywhere.
+
+    `instance_id` is a u64 that may exceed 2^63, so it is kept as decimal text (an int or the
+    text a database column holds give the same key).
+    """
+    return f"{namespace}/{component}/{endpoint}/{instance_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +66,7 @@ class WorkerIdentity:
 
     @property
     def key(self) -> str:
-        # instance_id is a u64 that may exceed 2^63: keep it as decimal text everywhere.
-        return f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}"
+        return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +119,11 @@ class _PayloadError(ValueError):
     """Internal: raised from inside the JSON decoder's hooks; becomes a DiscoveryError."""
 
 
-class _RepeatedKeys(dict):
+class _RepeatedKeys(dict[str, Any]):
     """A JSON object that gave a key more than once (the dict holds the last value)."""
 
     __slots__ = ("repeated",)
+    repeated: list[str]
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -222,34 +235,20 @@ def parse_instance_id(value: object) -> int:
 
 def admin_base_url_problem(url: str) -> str | None:
     """The listener's admin base URL rules (§1.5), with its wording. None when valid."""
-    if not url.strip():
-        return "RL admin base URL must not be blank"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - validates the port
-    except ValueError as exc:
-        return f"invalid RL admin base URL: {exc}"
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        return "RL admin base URL must use HTTP or HTTPS and include a host"
-    if "@" in parts.netloc:
-        return "RL admin base URL must not include user information"
-    if parts.query or url.rstrip().endswith("?"):
-        return "RL admin base URL must not include a query string"
-    if parts.fragment or "#" in url:
-        return "RL admin base URL must not include a fragment"
-    return None
+    return url_problem(url, "RL admin base URL", allow_padding=True)
 
 
 def _system_url_problem(url: str) -> str | None:
     # The listener copies system_url without validating it; we need an http(s) base to call.
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018
-    except ValueError as exc:
-        return f"invalid system_url: {exc}"
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        return "system_url must use http or https and include a host"
-    return None
+    # Anything else in it (userinfo, query) is the outbound policy's to refuse at call time.
+    return url_problem(
+        url,
+        "system_url",
+        allow_padding=True,
+        allow_userinfo=True,
+        allow_query=True,
+        allow_fragment=True,
+    )
 
 
 def _parse_routes(value: object) -> tuple[str, ...]:
@@ -428,7 +427,7 @@ def _error_message(raw: bytes | None) -> str | None:
 
 
 async def fetch_discovery(
-    client: httpx.AsyncClient,
+    client: DynamoClient,
     policy: OutboundPolicy,
     listener_url: str,
     *,
@@ -445,37 +444,26 @@ async def fetch_discovery(
     if problem is not None:
         raise DiscoveryError(f"outbound policy: {problem}")
     try:
-        async with asyncio.timeout(timeout):
-            async with client.stream(
-                "GET",
-                url,
-                timeout=httpx.Timeout(timeout),
-                follow_redirects=False,
-                headers={"accept": "application/json"},
-            ) as response:
-                status = response.status_code
-                if 300 <= status < 400:
-                    location = response.headers.get("location", "")
-                    raise DiscoveryError(
-                        f"listener answered HTTP {status} redirect to {location!r}; "
-                        "redirects are not followed"
-                    )
-                limit = MAX_DISCOVERY_BYTES if status == 200 else MAX_ERROR_BODY_BYTES
-                raw = await read_capped(response, limit)
-    except TimeoutError:
+        reply = await client.send(
+            "GET",
+            url,
+            timeout=timeout,
+            limit=MAX_DISCOVERY_BYTES,
+            error_limit=MAX_ERROR_BODY_BYTES,
+            accept="application/json",
+        )
+    except CallTimeout:
         raise DiscoveryError(f"listener timed out after {timeout:g}s") from None
-    except httpx.TimeoutException as exc:
+    except ProtocolError as exc:
+        raise DiscoveryError(f"listener reply is not HTTP: {exc.reason}") from None
+    except TransportError as exc:
+        raise DiscoveryError(f"listener unreachable: {exc.reason}") from None
+    status, raw = reply.status, reply.raw
+    if 300 <= status < 400:
+        location = reply.headers.get("location", "")
         raise DiscoveryError(
-            f"listener timed out after {timeout:g}s ({type(exc).__name__})"
-        ) from None
-    except httpx.ConnectError as exc:
-        raise DiscoveryError(
-            f"listener unreachable: {one_line(exc, 200) or 'connect failed'}"
-        ) from None
-    except httpx.HTTPError as exc:
-        detail = one_line(exc, 200) or type(exc).__name__
-        raise DiscoveryError(f"listener unreachable: {detail}") from None
-
+            f"listener answered HTTP {status} redirect to {location!r}; redirects are not followed"
+        )
     if status != 200:
         message = _error_message(raw)
         if status == 500 and raw and b"discovery_failed" in raw:

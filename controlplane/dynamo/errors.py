@@ -41,3 +41,31 @@ class OutboundPolicyError(DynamoError):
         self.url = url
         self.reason = one_line(reason)
         super().__init__(f"{self.reason} ({one_line(url, 200)})")
+
+
+class TransportError(DynamoError):
+    """One HTTP exchange failed before a complete reply was read. Subclasses say how.
+
+    The client raises only these for the network (`http.DynamoClient.send`), so callers name a
+    failure for what happened on the wire without knowing the library underneath.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = one_line(reason)
+        super().__init__(self.reason)
+
+
+class CallTimeout(TransportError):
+    """The call's deadline ran out (connecting, sending, waiting or reading)."""
+
+
+class ConnectFailed(TransportError):
+    """No connection was made: refused, unreachable, name not resolved, TLS handshake failed."""
+
+
+class ConnectionDropped(TransportError):
+    """The peer closed or reset the connection mid-exchange (a worker that exited mid-call)."""
+
+
+class ProtocolError(TransportError):
+    """The peer answered something that is not HTTP, or the request could not be formed."""

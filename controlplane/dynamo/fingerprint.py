@@ -445,7 +445,7 @@ def fingerprint_from_text(
             data["logprobs"] = [float(item) for item in logprob_items]
         except ValueError:
             raise ValueError("reference logprobs must be numbers, comma-separated") from None
-    if tolerance not in (None, ""):
+    if tolerance is not None and tolerance != "":
         try:
             data["logprob_tolerance"] = float(tolerance)
         except (TypeError, ValueError):

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import Any, TypeGuard
 
 from .admin import decode_body
-from .errors import one_line
+from .errors import CallTimeout, TransportError, one_line
 from .families.base import body_message
 from .fingerprint import Fingerprint, Sample
-from .http import MAX_RESPONSE_BYTES, send_capped
+from .http import MAX_RESPONSE_BYTES, DynamoClient
 from .policy import OutboundPolicy
 
 EXTRA_FIELDS = ("completion_token_ids", "prompt_token_ids", "detailed_finish_reason")
@@ -33,7 +31,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_token_list(value: object) -> bool:
+def _is_token_list(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(_is_int(t) and t >= 0 for t in value)
 
 
@@ -238,7 +236,7 @@ def _logprobs_problem(logprobs: Any, n: int) -> str | None:
 
 
 async def run_generation_check(
-    client: httpx.AsyncClient,
+    client: DynamoClient,
     policy: OutboundPolicy,
     frontend_url: str,
     check: GenerationCheck,
@@ -251,21 +249,14 @@ async def run_generation_check(
     if problem is not None:
         return GenerationVerdict(False, f"outbound policy: {problem}")
     try:
-        reply = await send_capped(
-            client,
-            "POST",
-            url,
-            json_body=check.request_body(),
-            timeout=timeout,
-            limit=MAX_RESPONSE_BYTES,
+        reply = await client.send(
+            "POST", url, json_body=check.request_body(), timeout=timeout, limit=MAX_RESPONSE_BYTES
         )
-        status, raw = reply.status, reply.raw
-    except (TimeoutError, httpx.TimeoutException):
+    except CallTimeout:
         return GenerationVerdict(False, f"frontend timed out after {timeout:g}s")
-    except httpx.HTTPError as exc:
-        return GenerationVerdict(
-            False, one_line(f"frontend unreachable: {exc or type(exc).__name__}")
-        )
+    except TransportError as exc:
+        return GenerationVerdict(False, one_line(f"frontend unreachable: {exc.reason}"))
+    status, raw = reply.status, reply.raw
     if raw is None:
         return GenerationVerdict(False, "frontend response too large", http_status=status)
     body = decode_body(raw)

@@ -1,19 +1,23 @@
-"""The one place outbound HTTP clients for Dynamo are built.
+"""The one outbound HTTP client for Dynamo: an aiohttp session with our rules, nothing stacked.
 
-All Dynamo calls (listener, worker admin routes, frontend) go through a client from
-`make_client`, so redirects are never followed (a redirect could point an unauthenticated admin
-call past the outbound policy), timeouts are always explicit, and proxies from the environment
-are ignored (admin traffic must go straight to the allowlisted addresses).
+Every Dynamo call (listener, worker admin routes, frontend) goes through `DynamoClient.send`:
 
-The transport underneath is aiohttp (through `httpx-aiohttp`): a policy refresh or a discovery
-refresh fans out to thousands of workers at once, and httpx's own pool costs several times more
-per call than aiohttp's at that fan-out. Callers still see the httpx API and httpx exceptions.
+- redirects are never followed (a redirect could point an unauthenticated admin call past the
+  outbound policy); a 3xx comes back as a reply for the caller to report;
+- every call has an explicit deadline bounding the whole exchange (connect, send, wait, read);
+- proxies from the environment are ignored (admin traffic must go straight to the allowlisted
+  addresses), and no cookies are kept between calls;
+- bodies are read up to a cap and given up beyond it;
+- one TLS context is built once and shared by every client.
 
-The fan-out calls themselves (`send_capped`: admin calls, generation checks) skip the httpx
-layers and go straight to the transport's aiohttp session: at thousands of calls per refresh,
-httpx's request building, URL parsing, cookie and redirect handling and response wrapping cost
-as much CPU as aiohttp's whole request. The wire request (method, URL, headers, JSON bytes),
-the pool, the timeouts and the httpx exceptions raised are the same as through the transport.
+Failures on the wire raise the `TransportError` family from `errors` (timeout, connect failed,
+connection dropped, protocol error), never the library's own exceptions.
+
+aiohttp is used directly because a policy refresh or a discovery refresh fans out to thousands
+of workers at once: httpx's pool cost several times more per call than aiohttp's at that
+fan-out, and every layer on top of aiohttp (request objects, URL models, response wrappers)
+costs CPU per call too. `bench/discovery.py` and `bench/policy_refresh.py` compare a refresh with
+a bare aiohttp client in the same run.
 """
 
 from __future__ import annotations
@@ -24,232 +28,190 @@ import json
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Final
 
 import aiohttp
-import httpx
-from httpx_aiohttp import AiohttpTransport
-from httpx_aiohttp.transport import AIOHTTP_EXC_MAP
+import certifi
+
+from .errors import CallTimeout, ConnectFailed, ConnectionDropped, ProtocolError, TransportError
 
 #: Default cap on a response body read from a worker or frontend.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 USER_AGENT = "dynamo-rl-controlplane"
-#: What httpx sends by default (besides the user agent), so both paths look alike on the wire.
-_BASE_HEADERS = {
+#: Sent with every request (the same headers the previous httpx-based client sent).
+_BASE_HEADERS: Final = {
     "accept": "*/*",
     "accept-encoding": "gzip, deflate",
     "connection": "keep-alive",
     "user-agent": USER_AGENT,
 }
-_JSON_HEADERS = {**_BASE_HEADERS, "content-type": "application/json"}
+_JSON_HEADERS: Final = {**_BASE_HEADERS, "content-type": "application/json"}
+_READ_CHUNK = 16 * 1024
+#: aiohttp's own timers (connect, per-read) would start after our deadline and fire after it,
+#: so they are left off: at thousands of calls, a timer per read is real CPU.
+_NO_AIOHTTP_TIMERS: Final = aiohttp.ClientTimeout()
+_KEEPALIVE_SECONDS = 30.0
 
 
-def _upstream_error(exc: BaseException) -> BaseException:
-    """The httpx exception `httpx_aiohttp` raises for an aiohttp one (itself when unmapped)."""
-    mapped = None
-    for from_exc, to_exc in AIOHTTP_EXC_MAP.items():
-        if isinstance(exc, from_exc) and (mapped is None or issubclass(to_exc, mapped)):
-            mapped = to_exc
-    if mapped is None:
-        return exc
-    error = mapped(str(exc))
-    error.__cause__ = exc
-    return error
+class _NoBody:
+    """The type of `NO_BODY`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NO_BODY"
 
 
-def _sending_error(exc: BaseException) -> BaseException:
-    """`_upstream_error`, with a dropped or refused connection named for what it is."""
-    error = _upstream_error(exc)
-    if not isinstance(error, httpx.ConnectTimeout):
-        return error
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(str(exc))
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return httpx.RemoteProtocolError(str(exc) or "server disconnected")
-    if isinstance(exc, aiohttp.ClientConnectionError) and not isinstance(
-        exc, aiohttp.ServerTimeoutError
-    ):
-        return httpx.ReadError(str(exc) or type(exc).__name__)
-    return error
-
-
-class _FanOutTransport(AiohttpTransport):
-    """aiohttp underneath, with failures named for what happened on the wire.
-
-    The upstream mapping turns a peer that closes the connection without answering (a worker
-    process that died mid-call) into `ConnectTimeout`; callers need to tell "dropped" from
-    "timed out", so those cases are re-raised as the httpx errors httpx itself would raise.
-    """
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return await super().handle_async_request(request)
-        except httpx.ConnectTimeout as exc:
-            cause = exc.__cause__
-            error = _sending_error(cause) if cause is not None else exc
-            if isinstance(error, httpx.ConnectTimeout):
-                raise
-            raise error from cause
-
-    def session(self) -> aiohttp.ClientSession:
-        """The aiohttp session under this transport (created on first use, as upstream does)."""
-        if not isinstance(self.client, aiohttp.ClientSession):
-            self.client = self.get_client()
-        return self.client
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    # Loading the CA bundle costs ~45 ms, and a policy refresh builds a client per step; the
-    # context is read-only once built, so every client shares one (same CAs as before).
-    return httpx.create_ssl_context(verify=True, trust_env=False)
-
-
-class DynamoClient(httpx.AsyncClient):
-    """The httpx client `make_client` returns; `fanout` is its aiohttp transport, or None when
-    a test or benchmark swapped the transport (then every call goes through httpx)."""
-
-    fanout: _FanOutTransport | None = None
-
-
-def make_client(
-    *,
-    timeout: float,
-    max_connections: int = 100,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> DynamoClient:
-    """An AsyncClient with no redirects, explicit timeouts and bounded connection pool.
-
-    `transport` lets tests and benchmarks swap the transport (e.g. `httpx.MockTransport`)
-    without changing any other setting.
-    """
-    if timeout <= 0:
-        raise ValueError("timeout must be positive")
-    if max_connections <= 0:
-        raise ValueError("max_connections must be positive")
-    fanout = None
-    if transport is None:
-        transport = fanout = _FanOutTransport(
-            verify=_tls_context(),
-            trust_env=False,
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=30.0,
-            ),
-        )
-    client = DynamoClient(
-        follow_redirects=False,
-        timeout=httpx.Timeout(timeout),
-        limits=httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=30.0,
-        ),
-        trust_env=False,
-        transport=transport,
-        headers={"user-agent": USER_AGENT},
-    )
-    client.fanout = fanout
-    return client
-
-
-async def read_capped(response: httpx.Response, limit: int) -> bytes | None:
-    """Read a streamed body, returning None as soon as it exceeds `limit` bytes."""
-    declared = response.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+#: `send(json_body=NO_BODY)`: a request without a body (GET, HEAD).
+NO_BODY: Final = _NoBody()
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """Status, headers and body (None when over the cap) of one capped request."""
+    """Status, headers and body (None when over the cap) of one request."""
 
     status: int
     headers: Mapping[str, str]
     raw: bytes | None
 
 
-def _json_bytes(body: Any) -> bytes:
-    # Byte for byte what httpx sends for `json=body`.
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The one TLS context every client shares (certifi's CA bundle, as before).
+
+    Loading the CA bundle costs ~45 ms and a policy refresh builds a client per step; the
+    context is read-only once built.
+    """
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def _json_bytes(body: object) -> bytes:
+    # Compact, UTF-8, no NaN: byte for byte what the previous httpx client sent for `json=`.
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-async def send_capped(
-    client: httpx.AsyncClient, method: str, url: str, *, json_body: Any, timeout: float, limit: int
-) -> Reply:
-    """One request, redirects not followed, body read up to `limit` bytes.
+def transport_error(exc: aiohttp.ClientError | OSError) -> TransportError:
+    """Our name for a failure on the wire, in one line."""
+    # A response error's str() is a repr of status, message and URL; the message says it.
+    text = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+    detail = text or type(exc).__name__
+    if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unreachable, DNS, TLS handshake
+        return ConnectFailed(detail)
+    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | OSError):
+        return ConnectionDropped(detail)  # closed or reset mid-exchange, body cut short
+    return ProtocolError(detail)  # a reply that is not HTTP, an invalid URL, ...
 
-    `json_body` is sent as JSON unless it is `NO_BODY`. `timeout` bounds the whole exchange
-    (TimeoutError when it runs out). Otherwise raises the httpx exceptions the httpx path
-    raises (`httpx.TimeoutException`, `httpx.ConnectError`, ...), whichever path is taken.
+
+class DynamoClient:
+    """One connection pool for one refresh, used as `async with make_client(...) as client`.
+
+    `timeout` is the deadline of a call that does not name its own.
     """
-    async with asyncio.timeout(timeout):
-        fanout = getattr(client, "fanout", None)
-        if fanout is None:
-            kwargs = {} if json_body is NO_BODY else {"json": json_body}
-            async with client.stream(
-                method, url, timeout=httpx.Timeout(timeout), follow_redirects=False, **kwargs
-            ) as response:
-                raw = await read_capped(response, limit)
-                return Reply(response.status_code, response.headers, raw)
-        return await _send_aiohttp(fanout.session(), method, url, json_body, limit)
 
+    def __init__(self, *, timeout: float, max_connections: int = 100) -> None:
+        if not timeout > 0:
+            raise ValueError("timeout must be positive")
+        if max_connections <= 0:
+            raise ValueError("max_connections must be positive")
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
 
-#: aiohttp's own timers (connect, per-read) start after the deadline above and would fire
-#: after it, so they are left off: at thousands of calls, a timer per read is real CPU.
-_NO_AIOHTTP_TIMERS = aiohttp.ClientTimeout()
-
-
-async def _send_aiohttp(session: aiohttp.ClientSession, method, url, json_body, limit) -> Reply:
-    data = None if json_body is NO_BODY else _json_bytes(json_body)
-    reading = False
-    try:
-        async with session.request(
-            method,
-            url,
-            data=data,
-            headers=_BASE_HEADERS if data is None else _JSON_HEADERS,
-            allow_redirects=False,
-            compress=False,
+    async def __aenter__(self) -> DynamoClient:
+        # Built here, inside the event loop that will use it (aiohttp binds a session to it).
+        connector = aiohttp.TCPConnector(
+            limit=self.max_connections,
+            limit_per_host=0,
+            ssl=tls_context(),
+            keepalive_timeout=_KEEPALIVE_SECONDS,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
             timeout=_NO_AIOHTTP_TIMERS,
-        ) as response:
-            reading = True
-            raw = await _read_aiohttp_capped(response, limit)
-            return Reply(response.status, response.headers, raw)
-    except aiohttp.ClientError as exc:
-        # Reading the body, the transport's stream maps errors without the connect-phase
-        # renaming; both paths raise the same httpx exception for the same failure.
-        error = _upstream_error(exc) if reading else _sending_error(exc)
-        if error is exc:
-            raise
-        raise error from exc
+            trust_env=False,  # no proxies (or netrc credentials) from the environment
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=True,
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        json_body: object = NO_BODY,
+        timeout: float | None = None,
+        limit: int = MAX_RESPONSE_BYTES,
+        error_limit: int | None = None,
+        accept: str | None = None,
+    ) -> Reply:
+        """One request; redirects not followed; body read up to `limit` bytes.
+
+        `json_body` is sent as JSON unless it is `NO_BODY`. `error_limit` caps the body of a
+        reply whose status is not 200 (default: `limit`), so an error page is never read to a
+        payload's size. `timeout` (default: the client's) bounds the whole exchange.
+        Raises `TransportError` subclasses only.
+        """
+        session = self._session
+        if session is None:
+            raise RuntimeError("DynamoClient used outside `async with`")
+        deadline = self.timeout if timeout is None else timeout
+        data = None if json_body is NO_BODY else _json_bytes(json_body)
+        headers: Mapping[str, str] = _BASE_HEADERS if data is None else _JSON_HEADERS
+        if accept is not None:
+            headers = {**headers, "accept": accept}
+        try:
+            async with asyncio.timeout(deadline):
+                async with session.request(
+                    method,
+                    url,
+                    data=data,
+                    headers=headers,
+                    allow_redirects=False,
+                    compress=False,
+                    timeout=_NO_AIOHTTP_TIMERS,
+                ) as response:
+                    cap = limit if error_limit is None or response.status == 200 else error_limit
+                    raw = await _read_capped(response, cap)
+                    return Reply(response.status, response.headers, raw)
+        except TimeoutError:  # our deadline (aiohttp's own timers are off)
+            raise CallTimeout(f"timed out after {deadline:g}s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise transport_error(exc) from exc
 
 
-#: `send_capped(json_body=NO_BODY)`: a request without a body (GET, HEAD).
-NO_BODY = object()
+def make_client(*, timeout: float, max_connections: int = 100) -> DynamoClient:
+    """A client with no redirects, an explicit default deadline and a bounded pool."""
+    return DynamoClient(timeout=timeout, max_connections=max_connections)
 
 
-async def _read_aiohttp_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The decoded body, or None as soon as it is known to exceed `limit` bytes."""
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit():
         if int(declared) > limit:
             return None
-        # aiohttp stops at the declared length, so this read is bounded (and decoded, as the
-        # httpx path's `aiter_bytes` is; the cap then applies to the decoded size below).
+        # aiohttp stops at the declared length, so this read is bounded; a compressed body is
+        # read in chunks below, since its decoded size is what the cap is about.
         if not response.headers.get("content-encoding"):
             return await response.read()
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.content.iter_chunked(16 * 1024):
+    async for chunk in response.content.iter_chunked(_READ_CHUNK):
         size += len(chunk)
         if size > limit:
             return None

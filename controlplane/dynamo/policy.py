@@ -6,7 +6,7 @@ carry no userinfo, and have a host whose *every* resolved address lies inside th
 operator allowed for that source. An empty allowlist allows nothing: a forgotten setting must
 fail closed, not open to the cloud metadata service.
 
-Known limit: the check resolves the name, then httpx resolves it again when connecting, so a
+Known limit: the check resolves the name, then aiohttp resolves it again when connecting, so a
 hostile DNS server could rebind between the two. Sources should use IP literals or names served
 by a trusted resolver; see the note in docs/dynamo-client-api.md.
 """
@@ -34,7 +34,8 @@ ALLOWED_SCHEMES = frozenset({"http", "https"})
 def system_resolver(host: str) -> list[str]:
     """All addresses `host` resolves to (IPv4 and IPv6), as the OS resolver sees them."""
     infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    return sorted({info[4][0] for info in infos})
+    # IPv6 entries carry (host, port, flowinfo, scope_id); the host is always the text form.
+    return sorted({str(info[4][0]) for info in infos})
 
 
 def _parse_address(text: str) -> IPAddress:
@@ -58,7 +59,6 @@ def _literal_host(host: str) -> IPAddress | None:
 
 #: Verdicts one policy remembers before starting over (a fleet has far fewer hosts).
 MEMO_LIMIT = 4096
-_MISS = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +162,8 @@ class OutboundPolicy:
     def _without_dns(self, url: str) -> tuple[bool, str | None, str | None]:
         """(decided, verdict, host): the verdict when no DNS lookup is needed, else the host."""
         key = self._memo_key(url)
-        if key is not None:
-            verdict = self._memo.get(key, _MISS)
-            if verdict is not _MISS:
-                return True, verdict, None
+        if key is not None and key in self._memo:
+            return True, self._memo[key], None
         problem, host = self._static_violation(url)
         if problem or host is None:
             verdict = problem

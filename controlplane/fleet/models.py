@@ -1,10 +1,14 @@
 """Sources, the workers discovered behind them, and what each discovery refresh observed."""
 
+from datetime import datetime
+
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from controlplane.dynamo import fingerprint as fp
 from controlplane.dynamo import limits
+from controlplane.dynamo.discovery import worker_key
 
 # Names match `controlplane.dynamo.families.FAMILIES`.
 FAMILY_CHOICES = [
@@ -74,6 +78,18 @@ class Source(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def is_due(self, now: datetime) -> bool:
+        """Whether a scheduled discovery refresh should start at `now`.
+
+        Half a beat tick of slack: a source whose interval ends just after a tick is refreshed
+        on that tick rather than a whole tick late.
+        """
+        last = self.last_refresh_started_at
+        if last is None:
+            return True
+        slack = settings.DISCOVERY_TICK_SECONDS / 2
+        return (now - last).total_seconds() >= self.refresh_interval_seconds - slack
 
 
 class StaticWorker(models.Model):
@@ -178,11 +194,7 @@ class Worker(models.Model):
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}"
-
-    @property
-    def instance_id_int(self) -> int:
-        return int(self.instance_id)
+        return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
 
     @property
     def is_static(self) -> bool:

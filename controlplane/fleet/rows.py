@@ -1,10 +1,11 @@
-"""HTML of one worker table row, built in Python.
+"""The worker table's rows (and its column headers), built in Python.
 
 The source page must render 2,000 rows in well under 300 ms and the live push sends the same
-rows, so this one hot fragment is formatted directly instead of through a template loop;
-everything else on the pages is ordinary templates. Every value that reaches a row is escaped
-here, including our own enumerations (state, liveness), so no column needs an argument about
-where its value came from; the finished row then goes through `neutralize_bidi` once, like
+rows (the whole `<tbody>`, or one row per changed worker), so this hot fragment is formatted
+directly instead of through a template loop; everything else on the pages is ordinary
+templates. Every value that reaches a row is escaped here, including our own enumerations
+(state, liveness), so no column needs an argument about where its value came from. Bidi
+controls are then neutralised once per call (`render_rows`: once for the whole table), like
 every template's output (see `controlplane.html`).
 """
 

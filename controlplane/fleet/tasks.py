@@ -30,13 +30,12 @@ def schedule_discovery_refreshes() -> int:
     ):
         if source.refresh_claimed_until and source.refresh_claimed_until > now:
             continue
-        last = source.last_refresh_started_at
-        interval = source.refresh_interval_seconds
-        if last and (now - last).total_seconds() < interval - settings.DISCOVERY_TICK_SECONDS / 2:
+        if not source.is_due(now):
             continue
         # A task that waits longer than the interval is dropped, not run late and doubled.
         refresh_source_task.apply_async(
-            args=[source.pk, DiscoveryTrigger.SCHEDULE.value], expires=max(interval, 1.0)
+            args=[source.pk, DiscoveryTrigger.SCHEDULE.value],
+            expires=max(source.refresh_interval_seconds, 1.0),
         )
         due += 1
     return due

@@ -18,6 +18,7 @@ from controlplane.dynamo.families import FAMILIES
 from controlplane.dynamo.fingerprint import AgreementRule
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.dynamo.scope import Scope, resolve_scope
+from controlplane.dynamo.urls import url_problem
 
 MIN_INTERVAL_SECONDS = 1.0
 SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
@@ -44,26 +45,6 @@ AGREEMENT_DEFAULTS = {
     "agreement_tokens": AgreementRule().tokens,
     "agreement_epsilon": AgreementRule().epsilon,
 }
-
-
-def url_problem(url: str) -> str | None:
-    """Why `url` cannot be a Dynamo base URL, or None. Same rules the client enforces."""
-    if not isinstance(url, str) or not url.strip():
-        return "is required"
-    if url != url.strip():
-        return "must not start or end with whitespace"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as exc:
-        return f"is not a valid URL ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http:// or https:// URL with a host"
-    if "@" in parts.netloc:
-        return "must not contain user information"
-    if parts.query or parts.fragment:
-        return "must not contain a query string or fragment"
-    return None
 
 
 def _literal_outside(policy: OutboundPolicy, url: str) -> str | None:
@@ -117,13 +98,14 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
         if not url and not required:
             clean[field] = ""
             continue
-        problem = url_problem(url)
+        name = field.replace("_", " ")
+        problem = url_problem(url, name)
         if problem is None and policy is not None:
             outside = _literal_outside(policy, url)
             if outside:
-                problem = f"is outside the allowed networks: {outside}"
+                problem = f"{name} is outside the allowed networks: {outside}"
         if problem:
-            errors[field] = f"{field.replace('_', ' ')} {problem}"
+            errors[field] = problem
 
     try:
         interval = float(values.get("refresh_interval_seconds", 10.0))
@@ -181,13 +163,13 @@ def clean_static_worker_values(values: dict[str, Any], *, allowed_networks) -> d
         errors["namespace"] = "namespace is required"
     clean["component"] = str(values.get("component") or "backend")
     url = values.get("system_url") or ""
-    problem = url_problem(url)
+    problem = url_problem(url, "system URL")
     if problem is None:
         outside = _literal_outside(OutboundPolicy.from_cidrs(allowed_networks or []), url)
         if outside:
-            problem = f"is outside the source's allowed networks: {outside}"
+            problem = f"system URL is outside the source's allowed networks: {outside}"
     if problem:
-        errors["system_url"] = f"system URL {problem}"
+        errors["system_url"] = problem
     family = values.get("family")
     if family not in FAMILIES:
         errors["family"] = f"family must be one of {', '.join(sorted(FAMILIES))}"

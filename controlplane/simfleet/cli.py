@@ -7,10 +7,18 @@ import asyncio
 import contextlib
 import signal
 import sys
-from typing import TextIO
+from typing import Protocol
 
 from controlplane.simfleet.config import FAMILIES, FAMILY_VLLM, FleetConfig
 from controlplane.simfleet.runtime import SimFleetServer
+
+
+class Output(Protocol):
+    """Where `serve` prints: a text stream, or a management command's `self.stdout`."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> None: ...
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +66,7 @@ def build_config(args: argparse.Namespace) -> FleetConfig:
     return config
 
 
-async def serve(config: FleetConfig, out: TextIO = sys.stdout) -> None:
+async def serve(config: FleetConfig, out: Output = sys.stdout) -> None:
     """Run until SIGINT/SIGTERM, printing the URLs once the ports are bound."""
     server = SimFleetServer(config)
     await server.start()

@@ -6,9 +6,10 @@ a browser test, the demo runner) that only knows the control URL.
 
 from __future__ import annotations
 
+import http.client
+import json
 from typing import Any
-
-import httpx
+from urllib.parse import quote, urlsplit
 
 from controlplane.simfleet.config import WorkerSpec
 from controlplane.simfleet.faults import Fault
@@ -19,16 +20,26 @@ class SimFleetError(RuntimeError):
 
 
 class SimFleetControl:
-    """`SimFleetControl("http://127.0.0.1:18002/_sim")`."""
+    """`SimFleetControl("http://127.0.0.1:18002/_sim")`.
+
+    Built on the standard library's `http.client`: the simulator depends on no part of the
+    control plane (it is what the Dynamo client is tested against), and a few local control
+    calls need no connection pool. One connection per request; redirects are never followed
+    and no proxy is used (the control API is always on this host).
+    """
 
     def __init__(self, control_url: str, *, timeout: float = 10.0) -> None:
         self.control_url = control_url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.control_url, timeout=timeout, follow_redirects=False
-        )
+        parts = urlsplit(self.control_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"control URL must be http://host:port/..., got {control_url!r}")
+        self._host = parts.hostname
+        self._port = parts.port or 80
+        self._prefix = parts.path
+        self._timeout = timeout
 
     def close(self) -> None:
-        self._http.close()
+        """Nothing stays open between calls; kept so callers can use `with`."""
 
     def __enter__(self) -> SimFleetControl:
         return self
@@ -37,40 +48,62 @@ class SimFleetControl:
         self.close()
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
-        response = self._http.request(method, path, json=body)
-        data = response.json()
-        if response.status_code >= 400:
-            raise SimFleetError(data.get("error", response.text))
+        payload = None if body is None else json.dumps(body).encode()
+        headers = {"accept": "application/json"}
+        if payload is not None:
+            headers["content-type"] = "application/json"
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        try:
+            conn.request(method, self._prefix + path, body=payload, headers=headers)
+            response = conn.getresponse()
+            raw = response.read()
+        finally:
+            conn.close()
+        text = raw.decode("utf-8", "replace")
+        data = json.loads(raw)
+        if response.status >= 400:
+            raise SimFleetError(data.get("error", text) if isinstance(data, dict) else text)
         return data
 
     def fleet(self) -> dict[str, Any]:
-        return self._request("GET", "/fleet")
+        fleet: dict[str, Any] = self._request("GET", "/fleet")
+        return fleet
 
     def add_worker(self, spec: WorkerSpec | dict[str, Any]) -> str:
         body = spec.to_dict() if isinstance(spec, WorkerSpec) else spec
-        return self._request("POST", "/workers", body)["key"]
+        return str(self._request("POST", "/workers", body)["key"])
 
     def remove_worker(self, key: str | int) -> None:
-        self._request("DELETE", f"/workers/{key}")
+        self._request("DELETE", f"/workers/{_segment(key)}")
 
     def inject(self, key: str | int, route: str, fault: Fault | dict[str, Any]) -> None:
         payload = fault.to_dict() if isinstance(fault, Fault) else fault
-        self._request("POST", f"/workers/{key}/faults", {"route": route, "fault": payload})
+        self._request(
+            "POST", f"/workers/{_segment(key)}/faults", {"route": route, "fault": payload}
+        )
 
     def clear_faults(self, key: str | int | None = None) -> None:
-        self._request("DELETE", "/faults" if key is None else f"/workers/{key}/faults")
+        self._request("DELETE", "/faults" if key is None else f"/workers/{_segment(key)}/faults")
 
     def set_version(self, key: str | int, version: Any) -> None:
-        self._request("PUT", f"/workers/{key}/version", {"version": version})
+        self._request("PUT", f"/workers/{_segment(key)}/version", {"version": version})
 
     def state(self, key: str | int) -> dict[str, Any]:
-        return self._request("GET", f"/workers/{key}")
+        state: dict[str, Any] = self._request("GET", f"/workers/{_segment(key)}")
+        return state
 
     def workers(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/workers")["workers"]
+        workers: list[dict[str, Any]] = self._request("GET", "/workers")["workers"]
+        return workers
 
     def events(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/events")["events"]
+        events: list[dict[str, Any]] = self._request("GET", "/events")["events"]
+        return events
 
     def set_churn(self, interval: float | None) -> None:
         self._request("POST", "/churn", {"interval": interval})
+
+
+def _segment(key: str | int) -> str:
+    # Percent-encoded like any HTTP client would (http.client refuses raw spaces and controls).
+    return quote(str(key), safe="/")

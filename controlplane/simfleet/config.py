@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 #: Backend families a simulated worker can speak (names match `controlplane.dynamo.families`).
-FAMILY_VLLM = "vllm"
+FAMILY_VLLM: Final = "vllm"
 FAMILY_SIDECAR = "vllm-sidecar"
 FAMILY_SGLANG = "sglang"
 FAMILIES = (FAMILY_VLLM, FAMILY_SIDECAR, FAMILY_SGLANG)

@@ -14,7 +14,7 @@ A fault fires `times` times (one-shot is `times=1`) or forever (`times=None`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 FaultKind = Literal[
     "latency",  # sleep `seconds`, then answer normally
@@ -34,15 +34,13 @@ FaultKind = Literal[
     # it flips to the runner-up token and the completion continues from there
     "logprob_jitter",
 ]
-FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 
 PROBE = "probe"
 GENERATE = "generate"
 HEALTH = "health"
 ANY_ROUTE = "*"
 
-#: Kinds applied after the route's own handler has run.
-POST_KINDS = frozenset({"revert_version"})
 DEFAULT_HANG_SECONDS = 3600.0
 
 
@@ -103,7 +101,9 @@ class Fault:
         return cls("error_body", message=message, times=1 if once else None)
 
     @classmethod
-    def http(cls, status: int = 500, message: str = "injected fault", *, once=False) -> Fault:
+    def http(
+        cls, status: int = 500, message: str = "injected fault", *, once: bool = False
+    ) -> Fault:
         return cls("http_error", status=status, message=message, times=1 if once else None)
 
     @classmethod

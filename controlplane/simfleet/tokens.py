@@ -42,7 +42,9 @@ def expected_completion_ids(
     return out[:max_tokens]
 
 
-def wrong_completion_ids(version: Any, prompt_token_ids: Sequence[int], max_tokens: int):
+def wrong_completion_ids(
+    version: Any, prompt_token_ids: Sequence[int], max_tokens: int
+) -> list[int]:
     """Ids a corrupted worker emits: same length, guaranteed different from the expected ones."""
     good = expected_completion_ids(version, prompt_token_ids, max_tokens)
     bad = expected_completion_ids(version, prompt_token_ids, max_tokens, salt="corrupt")

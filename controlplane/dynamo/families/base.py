@@ -8,6 +8,7 @@ error, so success always needs a 2xx status *and* a success body.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +120,7 @@ class AdminFamily:
             return False
         return self.routes[op] <= frozenset(routes)
 
-    def missing_routes(self, op: Operation, routes) -> frozenset[str]:
+    def missing_routes(self, op: Operation, routes: Iterable[str]) -> frozenset[str]:
         return self.required_routes(op) - frozenset(routes)
 
     def build(self, op: Operation, **params: Any) -> list[AdminCall]:

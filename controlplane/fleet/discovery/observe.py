@@ -12,12 +12,15 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from controlplane.dynamo.admin import call_admin
-from controlplane.dynamo.discovery import DiscoveredWorker, DiscoveryResult, fetch_discovery
+from controlplane.dynamo.discovery import (
+    DiscoveredWorker,
+    DiscoveryResult,
+    fetch_discovery,
+    worker_key,
+)
 from controlplane.dynamo.families import FAMILIES, AdminFamily, Operation, detect_family
-from controlplane.dynamo.http import make_client
+from controlplane.dynamo.http import DynamoClient, make_client
 from controlplane.dynamo.limits import storable_text, weight_version_problem
 from controlplane.dynamo.policy import OutboundPolicy
 
@@ -67,7 +70,7 @@ class Observation:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.component}/{self.endpoint}/{self.instance_id}"
+        return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
 
 
 @dataclass(slots=True)
@@ -125,8 +128,8 @@ class Prober:
     """
 
     def __init__(
-        self, client: httpx.AsyncClient, policy: OutboundPolicy, *, timeout, concurrency: int
-    ):
+        self, client: DynamoClient, policy: OutboundPolicy, *, timeout: float, concurrency: int
+    ) -> None:
         self.client = client
         self.permits = asyncio.Semaphore(concurrency)
         self.policy = policy
@@ -206,13 +209,10 @@ async def observe(
     listener_timeout: float,
     probe_timeout: float,
     concurrency: int,
-    transport: httpx.AsyncBaseTransport | None = None,
 ) -> ObservedFleet:
     """Fetch discovery and probe every worker. Raises DiscoveryError for listener problems."""
     async with make_client(
-        timeout=max(listener_timeout, probe_timeout),
-        max_connections=concurrency,
-        transport=transport,
+        timeout=max(listener_timeout, probe_timeout), max_connections=concurrency
     ) as client:
         result = await fetch_discovery(client, policy, listener_url, timeout=listener_timeout)
         workers = [_from_discovered(w) for w in result.workers]

@@ -55,16 +55,11 @@ def _claim(source: Source, trigger: str) -> timezone.datetime | None:
         Q(refresh_claimed_until__isnull=True) | Q(refresh_claimed_until__lt=now), pk=source.pk
     )
     if trigger == DiscoveryTrigger.SCHEDULE:
-        last = source.last_refresh_started_at
-        slack = settings.DISCOVERY_TICK_SECONDS / 2
-        if (
-            last is not None
-            and (now - last).total_seconds() < source.refresh_interval_seconds - slack
-        ):
+        if not source.is_due(now):
             return None
         # Compare-and-swap on the last start: a second tick that read the same due source finds
         # it already restarted and claims nothing, even after the first run has finished.
-        rows = rows.filter(enabled=True, last_refresh_started_at=last)
+        rows = rows.filter(enabled=True, last_refresh_started_at=source.last_refresh_started_at)
     claimed = rows.update(refresh_claimed_until=lease, last_refresh_started_at=now)
     return lease if claimed else None
 
@@ -94,11 +89,9 @@ def refresh_source(
     *,
     trigger: DiscoveryTrigger | str,
     wait: float = 0.0,
-    transport=None,
 ) -> DiscoveryRun | None:
     """Run one refresh. Returns its DiscoveryRun, or None when the source is gone, disabled
-    for scheduling, not yet due, or claimed by another refresh for longer than `wait` seconds.
-    `transport` is an httpx transport override for benchmarks and tests."""
+    for scheduling, not yet due, or claimed by another refresh for longer than `wait` seconds."""
     trigger = DiscoveryTrigger(trigger)
     deadline = time.monotonic() + wait
     while True:
@@ -112,7 +105,7 @@ def refresh_source(
             return None
         time.sleep(0.1)  # waiting for another refresh's claim (plans need a fresh view)
     try:
-        return _refresh_claimed(source, trigger, transport)
+        return _refresh_claimed(source, trigger)
     finally:
         _release(source.pk, lease)
 
@@ -131,7 +124,7 @@ def _store(
         return None, storable_text(f"could not store the observation: {one_line(exc, 300)}")
 
 
-def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
+def _refresh_claimed(source: Source, trigger: str) -> DiscoveryRun:
     started_at = timezone.now()
     t0 = time.perf_counter()
     statics = [
@@ -160,7 +153,6 @@ def _refresh_claimed(source: Source, trigger: str, transport) -> DiscoveryRun:
                 listener_timeout=settings.DISCOVERY_LISTENER_TIMEOUT_SECONDS,
                 probe_timeout=settings.DISCOVERY_PROBE_TIMEOUT_SECONDS,
                 concurrency=settings.DISCOVERY_PROBE_CONCURRENCY,
-                transport=transport,
             )
         )
     except DiscoveryError as exc:

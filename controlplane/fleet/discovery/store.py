@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from controlplane.bulk import insert_objects, insert_values
+from controlplane.dynamo.discovery import worker_key
 from controlplane.fleet.discovery.diff import MembershipDiff, Snapshot, diff_membership
 from controlplane.fleet.discovery.observe import Observation
 from controlplane.fleet.models import (
@@ -128,7 +129,7 @@ def _read_back_pks(source: Source, created: list[Worker]) -> None:
         "pk", "namespace", "component", "endpoint", "instance_id"
     )
     for pk, namespace, component, endpoint, instance_id in rows:
-        row = wanted.get(f"{namespace}/{component}/{endpoint}/{instance_id}")
+        row = wanted.get(worker_key(namespace, component, endpoint, instance_id))
         if row is not None:
             row.pk = pk
     missing = [k for k, w in wanted.items() if w.pk is None]

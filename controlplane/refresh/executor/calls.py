@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
 from controlplane.dynamo.admin import admin_url, call_admin
 from controlplane.dynamo.families import FAMILIES, AdminCall, Operation
 from controlplane.dynamo.generation import run_generation_check
@@ -71,7 +69,6 @@ class CallSettings:
     frontend_url: str
     timeout: float
     concurrency: int
-    transport: httpx.AsyncBaseTransport | None = None
 
 
 def _admin_call(spec: dict[str, Any]) -> AdminCall:
@@ -134,9 +131,7 @@ async def run_jobs(
 ) -> None:
     semaphore = asyncio.Semaphore(cfg.concurrency)
     # The generation checks go to the frontend, so allow a connection or two beyond the bound.
-    async with make_client(
-        timeout=cfg.timeout, max_connections=cfg.concurrency + 2, transport=cfg.transport
-    ) as client:
+    async with make_client(timeout=cfg.timeout, max_connections=cfg.concurrency + 2) as client:
 
         async def run(job: WorkerJob) -> None:
             async with semaphore:

@@ -42,7 +42,7 @@ def read_membership(ctx, step: str) -> tuple[set[str], str]:
     t0 = time.perf_counter()
 
     async def fetch():
-        async with make_client(timeout=ctx.cfg.timeout, transport=ctx.cfg.transport) as client:
+        async with make_client(timeout=ctx.cfg.timeout) as client:
             return await fetch_discovery(
                 client, ctx.cfg.policy, refresh.source.listener_url, timeout=ctx.cfg.timeout
             )

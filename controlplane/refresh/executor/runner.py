@@ -37,21 +37,19 @@ from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, StepName, next
 logger = logging.getLogger(__name__)
 
 
-def call_settings(source, transport=None) -> CallSettings:
+def call_settings(source) -> CallSettings:
     return CallSettings(
         # Invalid allowlist → empty policy → every call refused: fail closed.
         policy=source_policy(source) or OutboundPolicy(()),
         frontend_url=source.frontend_url,
         timeout=settings.REFRESH_CALL_TIMEOUT_SECONDS,
         concurrency=settings.REFRESH_CONCURRENCY,
-        transport=transport,
     )
 
 
 class Runner:
-    def __init__(self, lease: Lease, *, transport=None) -> None:
+    def __init__(self, lease: Lease) -> None:
         self.lease = lease
-        self.transport = transport
         self.takeover_pending = lease.takeover
 
     def load(self) -> PolicyRefresh:
@@ -128,7 +126,7 @@ class Runner:
         ctx = StepContext(
             refresh=refresh,
             lease=self.lease,
-            cfg=call_settings(refresh.source, self.transport),
+            cfg=call_settings(refresh.source),
             attempt=attempt,
             takeover=self.takeover_pending,
         )
@@ -293,10 +291,10 @@ class Runner:
 
 
 def execute_refresh(
-    refresh_id: int, *, owner: str | None = None, transport=None, stop_after: str | None = None
+    refresh_id: int, *, owner: str | None = None, stop_after: str | None = None
 ) -> str:
     """Run a refresh from wherever its state says, if nobody else holds a live lease."""
     lease = Lease.claim(refresh_id, owner)
     if lease is None:
         return "not_claimed"
-    return Runner(lease, transport=transport).run(stop_after=stop_after)
+    return Runner(lease).run(stop_after=stop_after)

@@ -23,7 +23,9 @@ def dumps(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def json_response(body: Any, status: int = 200, content_type: str = "application/json"):
+def json_response(
+    body: Any, status: int = 200, content_type: str = "application/json"
+) -> web.Response:
     return web.Response(body=dumps(body), status=status, headers={"Content-Type": content_type})
 
 

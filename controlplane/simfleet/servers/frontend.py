@@ -30,6 +30,9 @@ from controlplane.simfleet.tokens import (
 )
 from controlplane.simfleet.workers import SimWorker
 
+#: What one generation produced: completion ids, detailed finish reason, chosen logprobs.
+Generated = tuple[list[int], str, list[float]]
+
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = 4096
 ONE_CHOICE_ERROR = " ".join(
@@ -110,7 +113,7 @@ class Frontend:
             return oai_error(f"Failed to parse the request body as JSON: {exc}", 400, "Bad Request")
         if not isinstance(req, dict):
             return oai_error("request body must be a JSON object", 400, "Bad Request")
-        nvext = req.get("nvext") if isinstance(req.get("nvext"), dict) else {}
+        nvext = req["nvext"] if isinstance(req.get("nvext"), dict) else {}
         extra = set(nvext.get("extra_fields") or [])
         prompts = self._prompts(req.get("prompt"))
         n = req.get("n") or 1
@@ -162,7 +165,7 @@ class Frontend:
             raise GenerationFailed(oai_error(f"Model not found: {model}", 404, "Not Found"))
         return candidates[next(self._rotation) % len(candidates)]
 
-    async def _generate(self, worker: SimWorker, prompt: list[int], max_tokens: int):
+    async def _generate(self, worker: SimWorker, prompt: list[int], max_tokens: int) -> Generated:
         """(ids, detailed_finish_reason, chosen logprobs) as the engine produced them, with
         generate faults."""
         cancelled = wrong = False
@@ -229,7 +232,9 @@ class Frontend:
         }
 
     @staticmethod
-    def _nvext(extra: set[str], worker: SimWorker, prompt, ids, detailed) -> dict[str, Any]:
+    def _nvext(
+        extra: set[str], worker: SimWorker, prompt: list[int], ids: list[int], detailed: str
+    ) -> dict[str, Any]:
         nvext: dict[str, Any] = {}
         if "completion_token_ids" in extra:
             nvext["completion_token_ids"] = ids
@@ -246,7 +251,14 @@ class Frontend:
             nvext["timing"] = {"request_received_ms": int(time.time() * 1000)}
         return nvext
 
-    def _unary_body(self, req, worker, prompt, result, extra) -> dict[str, Any]:
+    def _unary_body(
+        self,
+        req: dict[str, Any],
+        worker: SimWorker,
+        prompt: list[int],
+        result: Generated,
+        extra: set[str],
+    ) -> dict[str, Any]:
         ids, detailed, values = result
         # Cancellation maps to `stop`; only `detailed_finish_reason` tells it apart.
         finish = "length" if detailed == "length" else "stop"
@@ -271,7 +283,16 @@ class Frontend:
             body["nvext"] = nvext
         return body
 
-    async def _stream(self, request, req, worker, prompt, result, extra, headers):
+    async def _stream(
+        self,
+        request: web.BaseRequest,
+        req: dict[str, Any],
+        worker: SimWorker,
+        prompt: list[int],
+        result: Generated,
+        extra: set[str],
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
         """SSE: one chunk per token carrying only its new id; the final chunk finishes."""
         ids, detailed, values = result
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})

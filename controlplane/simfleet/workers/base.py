@@ -40,6 +40,8 @@ def handler_error(message: str) -> Reply:
 
 
 Handler = Callable[[Any], Awaitable[Reply]]
+#: A decoded JSON request body that a handler has checked is an object.
+JsonObject = dict[str, Any]
 
 
 class SimWorker:
@@ -142,7 +144,9 @@ class SimWorker:
         """The version whose weights generation currently uses."""
         return self.version
 
-    def log_call(self, route: str, method: str, body: Any, reply: Reply | None, note: str = ""):
+    def log_call(
+        self, route: str, method: str, body: Any, reply: Reply | None, note: str = ""
+    ) -> None:
         self.calls.append(
             {
                 "at": time.time(),

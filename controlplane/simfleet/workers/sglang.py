@@ -12,7 +12,14 @@ import re
 from typing import Any
 
 from controlplane.simfleet.config import FAMILY_SGLANG
-from controlplane.simfleet.workers.base import Handler, Reply, SimWorker, handler_error, ok
+from controlplane.simfleet.workers.base import (
+    Handler,
+    JsonObject,
+    Reply,
+    SimWorker,
+    handler_error,
+    ok,
+)
 
 DISK_FIELDS = frozenset(
     {
@@ -40,7 +47,9 @@ SGLANG_CONFIGURED_ROUTES = (
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-def _type_error(cls: str, body: dict, allowed: frozenset[str], required: tuple[str, ...]):
+def _type_error(
+    cls: str, body: JsonObject, allowed: frozenset[str], required: tuple[str, ...]
+) -> Reply | None:
     """The TypeError a dataclass constructor raises, as the system server reports it."""
     for key in body:
         if key not in allowed:
@@ -116,7 +125,7 @@ class SglangWorker(SimWorker):
     def synced(self, handler: Handler) -> Handler:
         """Default/configured routes: after the call, discovery follows the paused state."""
 
-        async def wrapped(body: dict) -> Reply:
+        async def wrapped(body: JsonObject) -> Reply:
             async with self.lock:
                 reply = await handler(body)
             if self.paused:
@@ -131,7 +140,7 @@ class SglangWorker(SimWorker):
         return ok({"success": False, "message": message})
 
     # -- built-ins ------------------------------------------------------------------------------
-    async def update_weights_from_disk(self, body: dict) -> Reply:
+    async def update_weights_from_disk(self, body: JsonObject) -> Reply:
         invalid = _type_error("UpdateWeightFromDiskReqInput", body, DISK_FIELDS, ("model_path",))
         if invalid:
             return invalid
@@ -148,7 +157,7 @@ class SglangWorker(SimWorker):
         )
 
     def update_online(self, kind: str) -> Handler:
-        async def handler(body: dict) -> Reply:
+        async def handler(body: JsonObject) -> Reply:
             self.update_count += 1
             if body.get("weight_version") is not None:
                 self.set_version(body["weight_version"])
@@ -158,7 +167,7 @@ class SglangWorker(SimWorker):
 
         return handler
 
-    async def update_weight_version(self, body: dict) -> Reply:
+    async def update_weight_version(self, body: JsonObject) -> Reply:
         invalid = _type_error("UpdateWeightVersionReqInput", body, VERSION_FIELDS, ("new_version",))
         if invalid:
             return invalid
@@ -174,12 +183,12 @@ class SglangWorker(SimWorker):
 
     @staticmethod
     def profile(message: str) -> Handler:
-        async def handler(body: dict) -> Reply:
+        async def handler(body: JsonObject) -> Reply:
             return ok({"status": "ok", "message": message})
 
         return handler
 
-    async def model_taints(self, body: dict) -> Reply:
+    async def model_taints(self, body: JsonObject) -> Reply:
         taints = body.get("taints")
         if not isinstance(taints, list) or not all(isinstance(t, str) for t in taints):
             return handler_error(
@@ -188,7 +197,7 @@ class SglangWorker(SimWorker):
         return ok({"status": "ok", "taints": sorted(set(taints))})
 
     # -- default native routes (tokenizer manager) ----------------------------------------------
-    async def pause_generation(self, body: dict) -> Reply:
+    async def pause_generation(self, body: JsonObject) -> Reply:
         mode = body.get("mode", "abort")
         if mode not in PAUSE_MODES:
             return handler_error(f"Python callback failed: ValueError: Invalid mode: {mode}")
@@ -197,32 +206,32 @@ class SglangWorker(SimWorker):
         self.running.clear()
         return ok({"status": "ok"})
 
-    async def continue_generation(self, body: dict) -> Reply:
+    async def continue_generation(self, body: JsonObject) -> Reply:
         self.paused = False
         self.pause_mode = None
         self.running.set()
         return ok({"status": "ok"})
 
-    async def release_memory(self, body: dict) -> Reply:
+    async def release_memory(self, body: JsonObject) -> Reply:
         self.sleeping = True
         return ok({"status": "ok"})
 
-    async def resume_memory(self, body: dict) -> Reply:
+    async def resume_memory(self, body: JsonObject) -> Reply:
         self.sleeping = False
         return ok({"status": "ok"})
 
-    async def flush_cache(self, body: dict) -> Reply:
+    async def flush_cache(self, body: JsonObject) -> Reply:
         self.flush_count += 1
         self.cache_resets += 1
         return ok({"success": True})
 
-    async def get_weight_version(self, body: dict) -> Reply:
+    async def get_weight_version(self, body: JsonObject) -> Reply:
         # A plain string result is normalized to `{"result": ...}` by Dynamo.
         return ok({"result": self.version})
 
     def weights_group(self, what: str) -> Handler:
         # `(success, message)` tuples are normalized to `{"success", "message"}`.
-        async def handler(body: dict) -> Reply:
+        async def handler(body: JsonObject) -> Reply:
             return ok({"success": True, "message": f"Weight update group {what}"})
 
         return handler

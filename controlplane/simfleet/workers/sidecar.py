@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.simfleet.config import FAMILY_SIDECAR
-from controlplane.simfleet.workers.base import Handler, Reply, SimWorker, handler_error, ok
+from controlplane.simfleet.workers.base import (
+    Handler,
+    JsonObject,
+    Reply,
+    SimWorker,
+    handler_error,
+    ok,
+)
 
 SIDECAR_ROUTES = (
     "control/get_weight_version",
@@ -113,16 +120,16 @@ class SidecarWorker(SimWorker):
         return wrapped
 
     # -- control --------------------------------------------------------------------------------
-    def _check_mode(self, body: dict, route: str) -> str | Reply:
+    def _check_mode(self, body: JsonObject, route: str) -> str | Reply:
         mode = body.get("mode", "abort")
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             return _control_error(f"{route} mode must be abort, wait, or keep; got `{mode}`")
         clear_cache = body.get("clear_cache")
         if clear_cache is not None and not isinstance(clear_cache, bool):
             return _control_error("`clear_cache` must be a boolean")
         return mode
 
-    async def pause_generation(self, body: dict) -> Reply:
+    async def pause_generation(self, body: JsonObject) -> Reply:
         async with self.lock:
             mode = self._check_mode(body, "pause_generation")
             if isinstance(mode, Reply):
@@ -134,7 +141,7 @@ class SidecarWorker(SimWorker):
             self.running.clear()
             return ok({"status": "paused"})
 
-    async def resume_generation(self, body: dict) -> Reply:
+    async def resume_generation(self, body: JsonObject) -> Reply:
         async with self.lock:
             self.paused = False
             self.pause_mode = None
@@ -144,16 +151,16 @@ class SidecarWorker(SimWorker):
             self.register()
             return ok({"status": "resumed"})
 
-    async def is_paused(self, body: dict) -> Reply:
+    async def is_paused(self, body: JsonObject) -> Reply:
         return ok({"is_paused": self.paused})
 
-    async def is_sleeping(self, body: dict) -> Reply:
+    async def is_sleeping(self, body: JsonObject) -> Reply:
         return ok({"is_sleeping": self.sleeping})
 
-    async def get_weight_version(self, body: dict) -> Reply:
+    async def get_weight_version(self, body: JsonObject) -> Reply:
         return ok({"weight_version": self.version})
 
-    async def sleep(self, body: dict) -> Reply:
+    async def sleep(self, body: JsonObject) -> Reply:
         async with self.lock:
             level = body.get("level")
             if level is not None and (isinstance(level, bool) or level not in (0, 1, 2)):
@@ -166,7 +173,7 @@ class SidecarWorker(SimWorker):
             self.asleep_tags = set(WAKE_TAGS)
             return ok({"status": "sleeping"})
 
-    async def wake_up(self, body: dict) -> Reply:
+    async def wake_up(self, body: JsonObject) -> Reply:
         async with self.lock:
             tags = body.get("tags")
             if tags is None:
@@ -186,20 +193,20 @@ class SidecarWorker(SimWorker):
             return ok({"status": "awake"})
 
     # -- update ---------------------------------------------------------------------------------
-    async def init_weight_transfer_engine(self, body: dict) -> Reply:
+    async def init_weight_transfer_engine(self, body: JsonObject) -> Reply:
         if not isinstance(body.get("init_info"), dict):
             return _update_error("missing `init_info` JSON object")
         self.transfer_initialized = True
         return ok({"message": "Weight transfer initialized"})
 
-    async def start_weight_update(self, body: dict) -> Reply:
+    async def start_weight_update(self, body: JsonObject) -> Reply:
         # Simulation choice: the stand-in engine enforces init → start → update → finish.
         if not self.transfer_initialized:
             return _engine_error("StartWeightUpdate", "weight transfer engine is not initialized")
         self.update_in_progress = True
         return ok({"message": "Weight update started"})
 
-    async def update_weights(self, body: dict) -> Reply:
+    async def update_weights(self, body: JsonObject) -> Reply:
         if not isinstance(body.get("update_info"), dict):
             return _update_error("missing `update_info` JSON object")
         if not self.update_in_progress:
@@ -207,7 +214,7 @@ class SidecarWorker(SimWorker):
         self.update_count += 1
         return ok({"message": "Weights updated"})
 
-    async def finish_weight_update(self, body: dict) -> Reply:
+    async def finish_weight_update(self, body: JsonObject) -> Reply:
         version = body.get("weight_version")
         if version is not None and not isinstance(version, str):
             return _update_error("`weight_version` must be a string")
@@ -219,14 +226,14 @@ class SidecarWorker(SimWorker):
             self.set_version(version)
         return ok({"message": "Weight update finished"})
 
-    async def update_weight_version(self, body: dict) -> Reply:
+    async def update_weight_version(self, body: JsonObject) -> Reply:
         version = body.get("new_version")
         if not isinstance(version, str) or not version:
             return _update_error("missing non-empty `new_version` string")
         self.set_version(version)
         return ok({"success": True, "new_version": version})
 
-    async def model_taints(self, body: dict) -> Reply:
+    async def model_taints(self, body: JsonObject) -> Reply:
         taints = body.get("taints")
         if not isinstance(taints, list) or not all(isinstance(t, str) for t in taints):
             return handler_error("'taints' must be a JSON array of strings")

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.simfleet.config import FAMILY_VLLM
-from controlplane.simfleet.workers.base import Handler, Reply, SimWorker, handler_error, ok
+from controlplane.simfleet.workers.base import (
+    Handler,
+    JsonObject,
+    Reply,
+    SimWorker,
+    handler_error,
+    ok,
+)
 
 VLLM_RL_ROUTES = (
     "destroy_weights_update_group",
@@ -98,10 +105,10 @@ class VllmWorker(SimWorker):
         return wrapped
 
     # -- routes ---------------------------------------------------------------------------------
-    async def liveness_probe(self, body: dict) -> Reply:
+    async def liveness_probe(self, body: JsonObject) -> Reply:
         return ok({"status": "ok", "alive": True})
 
-    async def pause_generation(self, body: dict) -> Reply:
+    async def pause_generation(self, body: JsonObject) -> Reply:
         mode = body.get("mode", "keep")
         if mode not in PAUSE_MODES:
             return _error(f"Invalid mode '{mode}'; expected keep|wait|abort")
@@ -115,35 +122,35 @@ class VllmWorker(SimWorker):
             {"status": "ok", "message": "Engine paused", "mode": mode, "clear_cache": clear_cache}
         )
 
-    async def resume_generation(self, body: dict) -> Reply:
+    async def resume_generation(self, body: JsonObject) -> Reply:
         self.paused = False
         self.pause_mode = None
         self.running.set()
         return ok({"status": "ok", "message": "Engine resumed"})
 
-    async def flush_cache(self, body: dict) -> Reply:
+    async def flush_cache(self, body: JsonObject) -> Reply:
         self.flush_count += 1
         self.cache_resets += 1
         return ok({"status": "ok", "message": "Cache flushed"})
 
-    async def abort_request(self, body: dict) -> Reply:
+    async def abort_request(self, body: JsonObject) -> Reply:
         request_id = body.get("request_id")
         if not request_id:
             return _error("Missing 'request_id' in body")
         return ok({"status": "ok", "request_id": request_id})
 
-    async def get_weight_version(self, body: dict) -> Reply:
+    async def get_weight_version(self, body: JsonObject) -> Reply:
         return ok(
             {"status": "ok", "version": self.version, "version_declared": self.version_declared}
         )
 
-    async def set_weight_version_route(self, body: dict) -> Reply:
+    async def set_weight_version_route(self, body: JsonObject) -> Reply:
         if "weight_version" not in body:
             return _error("Missing 'weight_version' in body")
         self.set_version(body["weight_version"])
         return ok({"status": "ok", "version": body["weight_version"]})
 
-    def _apply_update(self, body: dict, *, reset_cache: bool) -> Reply:
+    def _apply_update(self, body: JsonObject, *, reset_cache: bool) -> Reply:
         declared = "weight_version" in body
         self.update_count += 1
         if reset_cache:
@@ -153,7 +160,7 @@ class VllmWorker(SimWorker):
         version = body["weight_version"] if declared else "unknown"
         return ok({"status": "ok", "version": version, "version_declared": declared})
 
-    async def update_weights_from_disk(self, body: dict) -> Reply:
+    async def update_weights_from_disk(self, body: JsonObject) -> Reply:
         # The paused check comes before argument validation, as in the real handler.
         if not self.paused:
             return _error(NOT_PAUSED)
@@ -162,7 +169,7 @@ class VllmWorker(SimWorker):
         self.loaded_path = body["model_path"]
         return self._apply_update(body, reset_cache=True)
 
-    async def update_weights_from_distributed(self, body: dict) -> Reply:
+    async def update_weights_from_distributed(self, body: JsonObject) -> Reply:
         allow_unpaused = body.get("allow_unpaused", False)
         reset_cache = body.get("reset_prefix_cache", True)
         if not isinstance(allow_unpaused, bool):
@@ -181,18 +188,18 @@ class VllmWorker(SimWorker):
             return _error("weight update group is not initialized")
         return self._apply_update(body, reset_cache=reset_cache)
 
-    async def update_weights_from_tensor(self, body: dict) -> Reply:
+    async def update_weights_from_tensor(self, body: JsonObject) -> Reply:
         return _error("update_weights_from_tensor is not implemented")
 
-    async def init_weights_update_group(self, body: dict) -> Reply:
+    async def init_weights_update_group(self, body: JsonObject) -> Reply:
         self.group_initialized = True
         return ok({"status": "ok", "message": "Weight update group initialized"})
 
-    async def destroy_weights_update_group(self, body: dict) -> Reply:
+    async def destroy_weights_update_group(self, body: JsonObject) -> Reply:
         self.group_initialized = False
         return ok({"status": "ok", "message": "Weight update group destroyed"})
 
-    async def sleep(self, body: dict) -> Reply:
+    async def sleep(self, body: JsonObject) -> Reply:
         level = body.get("level", 1)
         if self.sleeping:
             return ok({"status": "ok", "message": "Engine already sleeping"})
@@ -200,7 +207,7 @@ class VllmWorker(SimWorker):
         self.sleeping = True
         return ok({"status": "ok", "message": f"Engine slept (level={level})"})
 
-    async def wake_up(self, body: dict) -> Reply:
+    async def wake_up(self, body: JsonObject) -> Reply:
         if not self.sleeping:
             return ok({"status": "ok", "message": "Engine already awake"})
         self.sleeping = False
@@ -209,7 +216,7 @@ class VllmWorker(SimWorker):
 
     @staticmethod
     def profile(message: str) -> Handler:
-        async def handler(body: dict) -> Reply:
+        async def handler(body: JsonObject) -> Reply:
             return ok({"status": "ok", "message": message})
 
         return handler

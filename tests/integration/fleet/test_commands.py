@@ -50,7 +50,7 @@ def test_source_add_list_remove(db):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--listener-url", "ftp://10.0.0.5", "--admin-network", "10.0.0.0/8"], "http"),
+        (["--listener-url", "ftp://10.0.0.5", "--admin-network", "10.0.0.0/8"], "HTTP or HTTPS"),
         (["--listener-url", "http://10.0.0.5:8001", "--admin-network", "10.0.0.0/33"], "CIDR"),
         (
             [

@@ -83,6 +83,21 @@ async def server():
 
 
 @pytest.fixture
+async def not_http():
+    """Base URL of a peer that answers every request with a line that is not HTTP."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    peer = await asyncio.start_server(answer, "127.0.0.1", 0)
+    async with peer:
+        yield f"http://127.0.0.1:{peer.sockets[0].getsockname()[1]}"
+
+
+@pytest.fixture
 async def client():
     async with make_client(timeout=5.0) as c:
         yield c

@@ -153,6 +153,16 @@ async def test_dropped_connection_is_a_result(server, client, loopback_policy):
     assert result.error.startswith("connection dropped")
 
 
+async def test_a_reply_that_is_not_http_is_a_result(not_http, client, loopback_policy):
+    """A peer that answers garbage (not an HTTP status line) is journaled as a failed call;
+    the executor never sees the HTTP library's own exception."""
+    (call,) = VLLM_WORKER.build(Operation.GET_WEIGHT_VERSION)
+    result = await call_admin(client, loopback_policy, not_http, VLLM_WORKER, call, timeout=5)
+    assert not result.ok and result.http_status is None
+    assert result.error.startswith("request failed: "), result.error
+    assert "\n" not in result.error
+
+
 async def test_connection_refused_is_a_result(client, loopback_policy):
     import socket
 

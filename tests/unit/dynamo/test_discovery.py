@@ -127,7 +127,7 @@ def test_admin_base_url_trailing_slash_kept():
         ({"routes": ["ok", ""]}, "empty entry"),
         ({"system_url": None}, "null"),
         ({"system_url": 5}, "'system_url' must be a string"),
-        ({"system_url": "ftp://h:1"}, "system_url must use http"),
+        ({"system_url": "ftp://h:1"}, "system_url must use HTTP or HTTPS"),
         ({"model": None}, "'model' is null"),
         ({"model": 3}, "'model' must be a string"),
         ({"world_size": 0}, "'world_size'"),
@@ -345,6 +345,11 @@ async def test_fetch_dropped_connection(server, client, loopback_policy):
     server.route("/v1/rl/workers", drop_connection)
     with pytest.raises(DiscoveryError, match=r"^listener unreachable: "):
         await fetch_discovery(client, loopback_policy, server.base_url, timeout=5)
+
+
+async def test_fetch_reply_that_is_not_http(not_http, client, loopback_policy):
+    with pytest.raises(DiscoveryError, match=r"^listener reply is not HTTP: Bad status line"):
+        await fetch_discovery(client, loopback_policy, not_http, timeout=5)
 
 
 async def test_fetch_timeout(server, client, loopback_policy):

@@ -242,3 +242,8 @@ async def test_run_generation_check_policy_and_timeout(server, client, loopback_
         client, loopback_policy, server.base_url, CHECK, timeout=0.2
     )
     assert not verdict.ok and "timed out" in verdict.reason
+
+
+async def test_a_frontend_reply_that_is_not_http_is_a_verdict(not_http, client, loopback_policy):
+    verdict = await run_generation_check(client, loopback_policy, not_http, CHECK, timeout=5)
+    assert not verdict.ok and verdict.reason.startswith("frontend unreachable: "), verdict.reason

@@ -33,7 +33,7 @@ def insert_values(
     qn = connection.ops.quote_name
     sql = "INSERT INTO {} ({}) VALUES ({})".format(
         qn(opts.db_table),
-        ", ".join(qn(f.column) for f in fields),
+        ", ".join(qn(cast(str, f.column)) for f in fields),
         ", ".join(["%s"] * len(fields)),
     )
     preps = [f.get_db_prep_save for f in fields]
@@ -62,7 +62,7 @@ def insert_values(
             cursor.executemany(sql, pending)
 
 
-def insert_objects(model: type[Model], objs: list[Model], *, batch=BATCH) -> None:
+def insert_objects(model: type[Model], objs: Sequence[Model], *, batch=BATCH) -> None:
     """`bulk_create(objs)` without primary keys coming back (model defaults already applied
     by the constructor; `pre_save` runs, so auto_now and the like behave as in `save`)."""
     if not objs:

@@ -33,7 +33,10 @@ def _source_values(source: Source) -> dict[str, Any]:
 
 
 def _name_taken(name: str, *, exclude_pk: int | None = None) -> bool:
-    return Source.objects.filter(name=name).exclude(pk=exclude_pk).exists()
+    taken = Source.objects.filter(name=name)
+    if exclude_pk is not None:
+        taken = taken.exclude(pk=exclude_pk)
+    return taken.exists()
 
 
 def create_source(

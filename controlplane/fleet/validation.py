@@ -40,7 +40,7 @@ SOURCE_FIELDS = (
     "agreement_epsilon",
 )
 #: Defaults for the agreement fields, so callers that predate them still validate.
-AGREEMENT_DEFAULTS = {
+AGREEMENT_DEFAULTS: dict[str, Any] = {
     "agreement_rule": AgreementRule().kind,
     "agreement_tokens": AgreementRule().tokens,
     "agreement_epsilon": AgreementRule().epsilon,

@@ -18,7 +18,7 @@ from controlplane.notify.models import DestinationKind
 from controlplane.notify.services import SUBSCRIBABLE
 
 
-class ServiceErrorsMixin:
+class ServiceErrorsMixin(forms.BaseForm):
     """Put a service's ValidationError next to the field it names."""
 
     def add_service_error(self, exc: ValidationError) -> None:

@@ -83,7 +83,7 @@ def build_payload(
             data["reason"] = str(getattr(source, "stale_reason", "") or "")
     return {
         "type": event,
-        "title": _TITLES.get(event, event),
+        "title": _TITLES.get(Event(event), event),
         "timestamp": timezone.now().isoformat(),
         "data": data,
     }

@@ -126,7 +126,7 @@ def _audit_view(destination: NotificationDestination) -> dict[str, Any]:
         "url_host": f"{parts.scheme}://{parts.netloc}",
         "allowed_networks": list(destination.allowed_networks),
         "events": list(destination.events),
-        "source": destination.source.name if destination.source_id else None,
+        "source": destination.source.name if destination.source is not None else None,
         "enabled": destination.enabled,
     }
 

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DataError, transaction
@@ -47,7 +47,7 @@ def _lease_seconds() -> float:
     )
 
 
-def _claim(source: Source, trigger: str) -> timezone.datetime | None:
+def _claim(source: Source, trigger: str) -> datetime | None:
     """Take the source for one refresh; returns the lease (the fencing value) or None."""
     now = timezone.now()
     lease = now + timedelta(seconds=_lease_seconds())

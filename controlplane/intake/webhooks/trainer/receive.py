@@ -113,6 +113,7 @@ def receive(
         return reject(_error(status, exc.code, exc.message))
 
     # Signed from here on: the sender holds the secret, so content problems are its bugs.
+    assert webhook_id is not None  # verify() refuses a delivery without one
     try:
         envelope = loads_bounded(
             body, max_depth=settings.JSON_MAX_DEPTH, max_bytes=settings.WEBHOOK_MAX_BODY_BYTES

@@ -285,7 +285,7 @@ DESTINATION_FORM = {
         ({"url": "http://10.1.2.3/hook"}, "outside this destination"),
         ({"allowed_networks": ""}, "This field is required"),
         ({"allowed_networks": "10.0.0.0/40"}, "invalid CIDR"),
-        ({"url": "ftp://127.0.0.1/x"}, "http:// or https://"),
+        ({"url": "ftp://127.0.0.1/x"}, "HTTP or HTTPS"),
         ({"url": "http://user:pw@127.0.0.1/x"}, "user information"),
         ({"events": ["nope"]}, "Select a valid choice"),
     ],

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -152,21 +153,40 @@ class Plan:
 # -- state moves ---------------------------------------------------------------------------------
 
 
-def _move(q: Quarantine, state: str, action: AuditAction | None, reason: str, **fields) -> None:
+def _move(
+    q: Quarantine,
+    state: str,
+    action: AuditAction | None,
+    reason: str,
+    *,
+    gate_write: Callable[[int], bool] | None = None,
+    **fields,
+) -> bool:
+    """Save the quarantine's new state with its gate's side of it, audited, in one transaction.
+
+    Lock order: the gate row first (`refresh.drift` locks gate, then quarantines), then this
+    row, then `gate_write(gate_id)` (which may audit), then this move's audit row. When
+    `gate_write` answers False nothing is written and False is returned.
+    """
     actor = fields.pop("actor", None) or CATCH_UP
     now = timezone.now()
-    q.state, q.reason, q.updated_at = state, reason[:4000], now
-    for name, value in fields.items():
-        setattr(q, name, value)
-    if state in (QuarantineState.ADMITTED, QuarantineState.DROPPED):
-        q.finished_at = now
     with transaction.atomic():
-        # The gate row first, then the quarantine row (the order `refresh.drift` locks them).
         gate = _gate_of(q)
-        if gate is not None and state not in (QuarantineState.ADMITTED, QuarantineState.DROPPED):
-            gates.set_drift_state(gate.pk, q.instance_id, state)
+        if gate is not None:
+            gates.locked_gate(gate.pk)
+            if state not in (QuarantineState.ADMITTED, QuarantineState.DROPPED):
+                gates.set_drift_state(gate.pk, q.instance_id, state)
+        q.state, q.reason, q.updated_at = state, reason[:4000], now
+        for name, value in fields.items():
+            setattr(q, name, value)
+        if state in (QuarantineState.ADMITTED, QuarantineState.DROPPED):
+            q.finished_at = now
         lockorder.domain_lock("quarantines")
         q.save()
+        if gate_write is not None and (gate is None or not gate_write(gate.pk)):
+            transaction.set_rollback(True)
+            q.refresh_from_db()
+            return False
         if action is not None:
             record(
                 action,
@@ -175,6 +195,7 @@ def _move(q: Quarantine, state: str, action: AuditAction | None, reason: str, **
                 details={"key": q.key, "state": state, "reason": q.reason},
                 correlation_id=q.correlation_id,
             )
+    return True
 
 
 def _gate_of(q: Quarantine) -> Gate | None:
@@ -209,12 +230,13 @@ def pause(q: Quarantine) -> bool:
 
 
 def _cannot_pause(q: Quarantine, reason: str) -> bool:
-    gate = _gate_of(q)
-    with transaction.atomic():
-        if gate is not None:
-            gates.close_for_drift(
-                gate.pk, actor=CATCH_UP, reason=f"drifted worker {q.key} {reason}"
-            )
+    def close(gate_id: int) -> bool:
+        gates.close_for_drift(gate_id, actor=CATCH_UP, reason=f"drifted worker {q.key} {reason}")
+        return True
+
+    if not _move(
+        q, QuarantineState.FAILED, AuditAction.QUARANTINE_FAILED, reason, gate_write=close
+    ):
         _move(q, QuarantineState.FAILED, AuditAction.QUARANTINE_FAILED, reason)
     return False
 
@@ -272,25 +294,26 @@ def catch_up(quarantine_id: int) -> str:
     if problem:
         _move(q, QuarantineState.FAILED, AuditAction.QUARANTINE_FAILED, problem)
         return q.state
-    gate = _gate_of(q)
     version = (q.target or {}).get("weight_version")
-    with transaction.atomic():
-        admitted = gate is not None and gates.admit_instance(
-            gate.pk,
+
+    def admit(gate_id: int) -> bool:
+        return gates.admit_instance(
+            gate_id,
             q.instance_id,
             version=version,
             actor=CATCH_UP,
             note=f"{q.key} caught up to {version!r} (quarantine #{q.pk})",
         )
-        if admitted:
-            _move(q, QuarantineState.ADMITTED, AuditAction.QUARANTINE_ADMITTED, "caught up")
-        else:
-            _move(
-                q,
-                QuarantineState.FAILED,
-                AuditAction.QUARANTINE_FAILED,
-                f"caught up to {version!r}, but the gate is no longer at that version",
-            )
+
+    if not _move(
+        q, QuarantineState.ADMITTED, AuditAction.QUARANTINE_ADMITTED, "caught up", gate_write=admit
+    ):
+        _move(
+            q,
+            QuarantineState.FAILED,
+            AuditAction.QUARANTINE_FAILED,
+            f"caught up to {version!r}, but the gate is no longer at that version",
+        )
     return q.state
 
 
@@ -488,10 +511,18 @@ def drop(q: Quarantine, *, actor: Actor) -> Quarantine:
 
 
 def _drop(q: Quarantine, actor: Actor, reason: str) -> None:
-    gate = _gate_of(q)
-    with transaction.atomic():
-        if gate is not None:
-            gates.forget_drift(gate.pk, q.instance_id)
+    def forget(gate_id: int) -> bool:
+        gates.forget_drift(gate_id, q.instance_id)
+        return True
+
+    if not _move(
+        q,
+        QuarantineState.DROPPED,
+        AuditAction.QUARANTINE_DROPPED,
+        reason,
+        actor=actor,
+        gate_write=forget,
+    ):
         _move(q, QuarantineState.DROPPED, AuditAction.QUARANTINE_DROPPED, reason, actor=actor)
 
 

@@ -27,3 +27,9 @@ class RefreshConfig(AppConfig):
         from controlplane.fleet.signals import discovery_finished
 
         discovery_finished.connect(on_discovery_finished, dispatch_uid="refresh.drift")
+
+        from controlplane.fleet.metrics import EXTRA_COLLECTORS
+        from controlplane.refresh.drift_metrics import DriftCollector
+
+        if not any(isinstance(c, DriftCollector) for c in EXTRA_COLLECTORS):
+            EXTRA_COLLECTORS.append(DriftCollector())

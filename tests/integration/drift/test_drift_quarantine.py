@@ -8,13 +8,16 @@ close (the gate closes naming the worker) or observe (recorded, nothing paused).
 
 from __future__ import annotations
 
+import re
 import threading
 
 import httpx
 import pytest
 
 from controlplane.fleet import discovery
-from controlplane.fleet.models import DiscoveryTrigger
+from django.urls import reverse
+
+from controlplane.fleet.models import DiscoveryTrigger, Worker
 from controlplane.refresh import quarantine as quarantines
 from controlplane.refresh.models import (
     Gate,
@@ -99,13 +102,31 @@ def pinned_completion(fleet, instance_id: str) -> list[int]:
     return reply.json()["nvext"]["completion_token_ids"]
 
 
-def test_restarted_worker_is_paused_caught_up_alone_and_admitted(fleet, operator, celery_worker):
+def shown_while_quarantined(client, source, instance_id) -> None:
+    """The fleet overview, source page, worker page and /metrics all show the quarantine."""
+    worker = Worker.objects.get(source=source, instance_id=instance_id)
+    for url in ("/", reverse("fleet:source", args=[source.pk])):
+        page = client.get(url).content.decode()
+        assert "1 drifted" in page and "1 quarantined" in page, url
+    page = client.get(reverse("fleet:worker", args=[worker.pk])).content.decode()
+    assert "joined" in page and "Quarantine" in page
+    metrics = client.get(reverse("fleet:metrics")).content.decode()
+    assert 'controlplane_drifted_workers{kind="joined",source="sim"} 1.0' in metrics
+    assert re.search(
+        r'controlplane_quarantined_workers\{source="sim",state="(quarantined|catching_up)"\} 1.0',
+        metrics,
+    )
+
+
+def test_restarted_worker_is_paused_caught_up_alone_and_admitted(
+    fleet, operator, operator_client, celery_worker
+):
     source = refreshed(fleet, operator)
     before = gate(source)
     assert before.state == GateState.OPEN and len(before.verified_instances) == 2
     old_id, new_id = restart_one(fleet)
     # Slow its update down so the paused, quarantined state can be observed from outside.
-    fleet.inject(new_id, UPDATE_ROUTE, Fault.latency(1.5, once=True))
+    fleet.inject(new_id, UPDATE_ROUTE, Fault.latency(4.0, once=True))
 
     q = detected_within_two_discoveries(
         source,
@@ -117,6 +138,7 @@ def test_restarted_worker_is_paused_caught_up_alone_and_admitted(fleet, operator
     assert during.state == GateState.OPEN  # open for the others the whole time
     assert new_id not in during.verified_instances and old_id not in during.verified_instances
     assert [d["instance_id"] for d in during.drift] == [new_id]
+    shown_while_quarantined(operator_client, source, new_id)
 
     # A request pinned to it while it is quarantined waits; it is answered by v2 weights,
     # never by the base weights the restart brought back.

@@ -13,10 +13,9 @@ import threading
 
 import httpx
 import pytest
-
-from controlplane.fleet import discovery
 from django.urls import reverse
 
+from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryTrigger, Worker
 from controlplane.refresh import quarantine as quarantines
 from controlplane.refresh.models import (

@@ -7,9 +7,10 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from controlplane.dynamo import fingerprint as fp
-from controlplane.fleet.models import FAMILY_CHOICES, AgreementRule, Source
+from controlplane.fleet.models import FAMILY_CHOICES, AgreementRule, DriftPolicy, Source
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
+    DEFAULT_DRIFT_POLICY,
     clean_source_values,
     clean_static_worker_values,
 )
@@ -60,6 +61,15 @@ class SourceForm(forms.Form):
         help_text="logprob rule only: largest allowed difference of a chosen token's logprob",
     )
 
+    drift_policy = forms.ChoiceField(
+        choices=DriftPolicy.choices,
+        initial=DriftPolicy.QUARANTINE,
+        required=False,
+        label="On drift",
+        help_text="what a worker that no longer matches its gate's verified policy does: "
+        "quarantine (pause, catch up alone, admit back), close the gate, or only observe",
+    )
+
     @classmethod
     def for_source(cls, source: Source, data=None) -> SourceForm:
         initial = {f: getattr(source, f) for f in cls.base_fields}
@@ -75,6 +85,8 @@ class SourceForm(forms.Form):
         for name in AGREEMENT_DEFAULTS:
             if data.get(name) in (None, ""):
                 data[name] = self.initial.get(name, AGREEMENT_DEFAULTS[name])
+        if not data.get("drift_policy"):
+            data["drift_policy"] = self.initial.get("drift_policy", DEFAULT_DRIFT_POLICY)
         try:
             return clean_source_values(data)
         except ValidationError as exc:

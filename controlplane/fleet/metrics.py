@@ -24,6 +24,10 @@ from controlplane.fleet.models import DiscoveryRun, Source, Worker
 
 DEFAULT_ALLOWED = ("127.0.0.1/32", "::1/128")
 
+#: Collectors of the apps built on fleet (fleet never imports them): each registers its own
+#: in its AppConfig.ready(), e.g. refresh's drift and quarantine gauges.
+EXTRA_COLLECTORS: list[Collector] = []
+
 
 def _allowed(request: HttpRequest) -> bool:
     networks = getattr(settings, "METRICS_ALLOWED_NETWORKS", DEFAULT_ALLOWED)
@@ -103,4 +107,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return HttpResponseForbidden("metrics are not served to this address\n")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector())
+    for collector in EXTRA_COLLECTORS:
+        registry.register(collector)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

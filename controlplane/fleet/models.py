@@ -27,6 +27,17 @@ class AgreementRule(models.TextChoices):
     LOGPROB = fp.LOGPROB, "chosen-token logprobs within epsilon over the first k tokens"
 
 
+class DriftPolicy(models.TextChoices):
+    """What a worker that no longer matches its gate's verified policy does (README: "Drift")."""
+
+    #: Pause it at once, keep it out of the verified set, catch it up alone and admit it back.
+    QUARANTINE = "quarantine", "quarantine and catch up"
+    #: Close the namespace's gate, naming the drift, until an operator acts.
+    CLOSE = "close", "close the gate"
+    #: Record and show it; never act on it.
+    OBSERVE = "observe", "observe only"
+
+
 class Source(models.Model):
     """One Dynamo deployment: its RL listener, its frontend and its admin network policy.
 
@@ -59,6 +70,9 @@ class Source(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(fp.MAX_FINGERPRINT_TOKENS)],
     )
     agreement_epsilon = models.FloatField(default=fp.DEFAULT_EPSILON)
+    drift_policy = models.CharField(
+        max_length=16, choices=DriftPolicy.choices, default=DriftPolicy.QUARANTINE
+    )
 
     reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     stale = models.BooleanField(default=False)

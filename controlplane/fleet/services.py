@@ -22,6 +22,7 @@ from controlplane.fleet.models import (
 )
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
+    DEFAULT_DRIFT_POLICY,
     SOURCE_FIELDS,
     clean_source_values,
     clean_static_worker_values,
@@ -55,6 +56,7 @@ def create_source(
     agreement_rule: str = AGREEMENT_DEFAULTS["agreement_rule"],
     agreement_tokens: int = AGREEMENT_DEFAULTS["agreement_tokens"],
     agreement_epsilon: float = AGREEMENT_DEFAULTS["agreement_epsilon"],
+    drift_policy: str = DEFAULT_DRIFT_POLICY,
 ) -> Source:
     """Register a source. Raises ValidationError (keyed by field) and changes nothing on bad
     input."""
@@ -73,6 +75,7 @@ def create_source(
             "agreement_rule": agreement_rule,
             "agreement_tokens": agreement_tokens,
             "agreement_epsilon": agreement_epsilon,
+            "drift_policy": drift_policy,
         }
     )
     if _name_taken(values["name"]):

@@ -38,7 +38,10 @@ SOURCE_FIELDS = (
     "agreement_rule",
     "agreement_tokens",
     "agreement_epsilon",
+    "drift_policy",
 )
+DRIFT_POLICIES = ("quarantine", "close", "observe")
+DEFAULT_DRIFT_POLICY = "quarantine"
 #: Defaults for the agreement fields, so callers that predate them still validate.
 AGREEMENT_DEFAULTS: dict[str, Any] = {
     "agreement_rule": AgreementRule().kind,
@@ -123,6 +126,10 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
     clean["require_approval"] = bool(values.get("require_approval", False))
     clean["enabled"] = bool(values.get("enabled", True))
     clean.update(_clean_agreement(values, errors))
+    policy_name = values.get("drift_policy") or DEFAULT_DRIFT_POLICY
+    if policy_name not in DRIFT_POLICIES:
+        errors["drift_policy"] = f"drift policy must be one of {', '.join(DRIFT_POLICIES)}"
+    clean["drift_policy"] = policy_name
     if errors:
         raise ValidationError(errors)
     return clean

@@ -279,3 +279,148 @@ def detach_refresh(refresh, reason: str) -> None:
     Gate.objects.filter(active_refresh=refresh).update(active_refresh=None)
     if touched:
         _announce(touched)
+
+
+# -- drift and quarantine (refresh/drift.py, refresh/quarantine.py) ---------------------------
+# Appended here because this module is the only writer of gate rows. Every function takes the
+# gate row lock itself (level 4 of `controlplane/lockorder.py`) and audits last.
+
+
+def locked_gate(gate_id: int) -> Gate | None:
+    lockorder.domain_lock("gates")
+    return (
+        Gate.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("source")
+        .filter(pk=gate_id)
+        .first()
+    )
+
+
+def record_drift(
+    gate: Gate,
+    *,
+    actor: Actor,
+    verified: Sequence[str],
+    unverified_count: int,
+    drift: list[dict[str, Any]],
+    new: Sequence[dict[str, Any]] = (),
+    close_reason: str = "",
+) -> Gate:
+    """Write what one discovery found for a gate the caller holds locked (`locked_gate`).
+
+    `verified` is the verified set minus instances that left or drifted, `drift` the complete
+    drift list, `new` the entries found this time (audited as drift) and `close_reason` set
+    when the source's drift policy closes the gate. A discovery that changes nothing only
+    moves `confirmed_at` (no revision, no push: trainers' ETags stay valid).
+    """
+    now = timezone.now()
+    changes: dict[str, Any] = {}
+    verified_sorted = sorted(set(verified), key=int)
+    if verified_sorted != list(gate.verified_instances):
+        changes["verified_instances"] = verified_sorted
+    if unverified_count != gate.unverified_count:
+        changes["unverified_count"] = unverified_count
+    if drift != list(gate.drift):
+        changes["drift"] = drift
+    if not changes and not close_reason:
+        Gate.objects.filter(pk=gate.pk).update(confirmed_at=now)
+        return gate
+    named = "; ".join(f"{d['key']} ({d['kind']}: {d['detail']})" for d in new)
+    if close_reason:
+        return _change(
+            [gate],
+            AuditAction.GATE_CLOSED,
+            actor=actor,
+            refresh=None,
+            note=close_reason,
+            state=GateState.CLOSED,
+            reason=close_reason,
+            confirmed_at=now,
+            state_before_unknown="",
+            **_NOT_FORCED,
+            **changes,
+        )[0]
+    action = AuditAction.GATE_DRIFT_RECORDED if new else AuditAction.GATE_RECONCILED
+    note = f"drift: {named}" if new else "verified set confirmed by discovery"
+    return _change(
+        [gate], action, actor=actor, refresh=None, note=note, confirmed_at=now, **changes
+    )[0]
+
+
+@transaction.atomic
+def set_drift_state(gate_id: int, instance_id: str, state: str, detail: str = "") -> None:
+    """A quarantine moved on: its drift entry says so (the entry stays until admission/drop)."""
+    gate = locked_gate(gate_id)
+    if gate is None:
+        return
+    drift = [dict(d) for d in gate.drift]
+    for entry in drift:
+        if entry.get("instance_id") == instance_id:
+            entry["state"] = state
+            if detail:
+                entry["detail"] = detail
+    if drift != gate.drift:
+        _update([gate.pk], drift=drift)
+        _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
+
+
+@transaction.atomic
+def close_for_drift(gate_id: int, *, actor: Actor, reason: str) -> None:
+    """Drift the control plane could not contain (a worker that cannot be paused)."""
+    gate = locked_gate(gate_id)
+    if gate is None:
+        return
+    if gate.state == GateState.CLOSED:  # already closed: add the worker to the reason
+        _update([gate.pk], reason=(f"{gate.reason}; {reason}" if gate.reason else reason)[:2000])
+        _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
+        return
+    _change(
+        [gate],
+        AuditAction.GATE_CLOSED,
+        actor=actor,
+        refresh=None,
+        note=reason,
+        state=GateState.CLOSED,
+        reason=reason,
+        state_before_unknown="",
+        **_NOT_FORCED,
+    )
+
+
+@transaction.atomic
+def admit_instance(
+    gate_id: int, instance_id: str, *, version: Any, actor: Actor, note: str
+) -> bool:
+    """A caught-up worker joins the verified set, if the gate is still at `version`.
+
+    False (nothing written) when the gate has moved to another version since the drift was
+    found: the worker was verified at a policy the gate no longer stands for.
+    """
+    gate = locked_gate(gate_id)
+    if gate is None or gate.verified_version != version:
+        return False
+    verified = sorted({*gate.verified_instances, instance_id}, key=int)
+    drift = [d for d in gate.drift if d.get("instance_id") != instance_id]
+    _change(
+        [gate],
+        AuditAction.GATE_INSTANCE_ADMITTED,
+        actor=actor,
+        refresh=None,
+        note=note,
+        verified_instances=verified,
+        drift=drift,
+        unverified_count=max(0, gate.unverified_count - 1),
+    )
+    return True
+
+
+@transaction.atomic
+def forget_drift(gate_id: int, instance_id: str) -> None:
+    """The drifted instance is gone (dropped): its entry leaves the gate's drift list."""
+    gate = locked_gate(gate_id)
+    if gate is None:
+        return
+    drift = [d for d in gate.drift if d.get("instance_id") != instance_id]
+    if drift != gate.drift:
+        _update([gate.pk], drift=drift)
+        _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))

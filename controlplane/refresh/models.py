@@ -360,3 +360,112 @@ class JournalEntry(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.refresh_id} {self.step} {self.operation} {'ok' if self.ok else 'failed'}"
+
+
+class QuarantineState(models.TextChoices):
+    """Where one drifted worker's catch-up stands (README: "Drift and quarantine")."""
+
+    #: Paused and out of the verified set; its catch-up is queued.
+    QUARANTINED = "quarantined"
+    #: Being updated to the gate's verified policy and verified, alone.
+    CATCHING_UP = "catching_up"
+    #: Verified at the gate's version, resumed and back in the verified set.
+    ADMITTED = "admitted"
+    #: Catch-up (or the pause) failed: it stays paused and out of the set, with its reason.
+    FAILED = "failed"
+    #: A person resumed it without admitting it: it serves, outside the verified set.
+    RELEASED = "released"
+    #: It left the fleet; nothing more to do.
+    DROPPED = "dropped"
+
+
+#: States in which the quarantine row, not drift detection, owns the instance.
+OPEN_QUARANTINE_STATES = frozenset(
+    {
+        QuarantineState.QUARANTINED,
+        QuarantineState.CATCHING_UP,
+        QuarantineState.FAILED,
+        QuarantineState.RELEASED,
+    }
+)
+#: States in which the worker is held paused by the control plane.
+HELD_QUARANTINE_STATES = frozenset(
+    {QuarantineState.QUARANTINED, QuarantineState.CATCHING_UP, QuarantineState.FAILED}
+)
+
+
+class Quarantine(models.Model):
+    """One drifted worker, paused and caught up alone to its gate's verified policy.
+
+    A small sequence of its own rather than a one-worker PolicyRefresh: the refresh's scope lock,
+    gate closing and lease belong to a whole scope, while a catch-up must leave the gate open
+    for everyone else. `target` is the gate's `verified_policy` when the drift was found;
+    `QuarantineCall` rows journal every admin and generation call made for it.
+    """
+
+    source = models.ForeignKey("fleet.Source", on_delete=models.CASCADE, related_name="+")
+    namespace = models.CharField(max_length=200)
+    instance_id = models.CharField(max_length=20)
+    key = models.CharField(max_length=700)
+    worker = models.ForeignKey(
+        "fleet.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    #: joined | version | recovered (the drift kinds of `refresh.drift`).
+    kind = models.CharField(max_length=16)
+    detail = models.TextField(blank=True)
+    state = models.CharField(
+        max_length=16, choices=QuarantineState.choices, default=QuarantineState.QUARANTINED
+    )
+    reason = models.TextField(blank=True)
+    paused = models.BooleanField(default=False)
+    attempts = models.PositiveIntegerField(default=0)
+    target = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source", "namespace", "instance_id"],
+                condition=models.Q(state__in=["quarantined", "catching_up", "failed", "released"]),
+                name="quarantine_one_open_per_instance",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"quarantine #{self.pk} {self.key} ({self.state})"
+
+    @property
+    def correlation_id(self) -> str:
+        return f"quarantine-{self.pk}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in OPEN_QUARANTINE_STATES
+
+
+class QuarantineCall(models.Model):
+    """One admin or generation call made for a quarantined worker (its journal)."""
+
+    quarantine = models.ForeignKey(Quarantine, on_delete=models.CASCADE, related_name="journal")
+    step = models.CharField(max_length=24)
+    attempt = models.PositiveIntegerField(default=1)
+    operation = models.CharField(max_length=32)
+    method = models.CharField(max_length=8)
+    url = models.CharField(max_length=800)
+    request_body = models.JSONField(null=True, blank=True)
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    ok = models.BooleanField()
+    error = models.TextField(blank=True)
+    duration_ms = models.FloatField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"quarantine #{self.quarantine_id} {self.step} {self.operation}"

@@ -15,3 +15,20 @@ def execute_policy_refresh(refresh_id: int) -> str:
 @shared_task(name="refresh.reconcile_policy_refreshes", ignore_result=True)
 def reconcile_policy_refreshes() -> list[int]:
     return reconcile(resume=execute_policy_refresh.delay)
+
+
+@shared_task(name="refresh.reconcile_drift", ignore_result=True)
+def reconcile_drift(source_id: int, run_id: int | None = None) -> list[int]:
+    from controlplane.refresh import drift
+
+    opened = drift.reconcile_source(source_id, run_id)
+    for quarantine_id in opened:
+        catch_up_quarantine.delay(quarantine_id)
+    return opened
+
+
+@shared_task(name="refresh.catch_up_quarantine", ignore_result=True)
+def catch_up_quarantine(quarantine_id: int) -> str:
+    from controlplane.refresh import quarantine
+
+    return quarantine.catch_up(quarantine_id)

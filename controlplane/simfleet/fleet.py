@@ -69,6 +69,15 @@ class SimFleet:
         self._forget(worker)
         self._event("leave", worker)
 
+    def restart(self, key: str | int) -> int:
+        """The worker process restarts: the old instance leaves discovery and a new one
+        registers with a fresh instance id and the spec's base weights (what a restarted
+        Dynamo worker does), on the same system port (same token). Returns the new id."""
+        old = self.get(key)
+        self.remove_worker(old.token)
+        values = old.spec.to_dict() | {"instance_id": None, "token": old.token}
+        return self.get(self.add_worker(WorkerSpec(**values))).instance_id
+
     def crash(self, worker: SimWorker) -> None:
         """A worker process dies mid-request (EngineDeadError, init watchdog)."""
         if worker.dead:

@@ -126,6 +126,10 @@ class FleetHandle:
     def remove_worker(self, key: str | int) -> None:
         self.call(lambda: self.fleet.remove_worker(key))
 
+    def restart(self, key: str | int) -> int:
+        """Restart the worker's process (new instance id, base weights); returns the new id."""
+        return self.call(lambda: self.fleet.restart(key))
+
     def inject(self, key: str | int, route: str, fault: Fault | dict[str, Any]) -> None:
         self.call(lambda: self.fleet.inject(key, route, fault))
 

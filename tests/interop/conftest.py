@@ -116,6 +116,18 @@ class RunningProcess:
 class RunningWorker(RunningProcess):
     spec: WorkerSpec = field(default_factory=lambda: WorkerSpec("unset"))
     system_port: int = 0
+    #: How it was started, so `restart()` runs the same program on the same system port.
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+
+    def restart(self) -> None:
+        """Stop the process and start it again: the runtime registers a new instance id and
+        the worker comes back on its base (undeclared) weights, as a restarted worker does."""
+        self.stop()
+        self.restarts += 1
+        self.log_path = self.log_path.with_name(f"{self.log_path.stem}-r{self.restarts}.log")
+        self.proc = _spawn(self.name, self.argv, self.env, self.log_path)
 
     @property
     def system_url(self) -> str:
@@ -278,7 +290,9 @@ def dynamo_deployment(
             env = {**base, "DYN_SYSTEM_PORT": str(port), **spec.env}
             log_path = tmp_path / f"worker-{index}-{spec.namespace}-{spec.component}.log"
             proc = _spawn(name, argv, env, log_path)
-            worker = RunningWorker(name, proc, log_path, spec=spec, system_port=port)
+            worker = RunningWorker(
+                name, proc, log_path, spec=spec, system_port=port, argv=argv, env=env
+            )
             started.append(worker)
             running_workers.append(worker)
 

@@ -27,6 +27,10 @@ router = Router(tags=["sources"])
 Text = Field(max_length=500)
 #: The verify step's cross-worker agreement rule (see controlplane/dynamo/fingerprint.py).
 AgreementKind = Literal["exact", "logprob"]
+DriftPolicyName = Literal["quarantine", "close", "observe"]
+DRIFT_POLICY_HELP = (
+    "what drift does: quarantine (pause, catch up alone, admit back), close the gate, or observe"
+)
 AGREEMENT_TOKENS_HELP = "how many leading completion tokens workers of one model must agree on"
 
 
@@ -45,6 +49,7 @@ class SourceOut(Schema):
     agreement_rule: str
     agreement_tokens: int
     agreement_epsilon: float
+    drift_policy: str
     reported_namespace: str
     stale: bool
     stale_reason: str
@@ -67,6 +72,7 @@ class SourceIn(Schema):
     agreement_rule: AgreementKind = "exact"
     agreement_tokens: int = Field(8, ge=1, le=256, description=AGREEMENT_TOKENS_HELP)
     agreement_epsilon: float = Field(0.05, gt=0, le=10, allow_inf_nan=False)
+    drift_policy: DriftPolicyName = Field("quarantine", description=DRIFT_POLICY_HELP)
 
 
 class SourcePatch(Schema):
@@ -83,6 +89,7 @@ class SourcePatch(Schema):
     agreement_rule: AgreementKind | None = None
     agreement_tokens: int | None = Field(None, ge=1, le=256, description=AGREEMENT_TOKENS_HELP)
     agreement_epsilon: float | None = Field(None, gt=0, le=10, allow_inf_nan=False)
+    drift_policy: DriftPolicyName | None = Field(None, description=DRIFT_POLICY_HELP)
 
 
 class Accepted(Schema):

@@ -72,6 +72,12 @@ class Command(BaseCommand):
             metavar="EPS",
             help="logprob rule: largest allowed chosen-token logprob difference (default 0.05)",
         )
+        add.add_argument(
+            "--drift-policy",
+            choices=["quarantine", "close", "observe"],
+            default="quarantine",
+            help="what a worker that drifts from its gate's policy does (default quarantine)",
+        )
         sub.add_parser("list", help="list sources")
         remove = sub.add_parser("remove", help="remove a source and its history")
         remove.add_argument("name")
@@ -122,6 +128,7 @@ class Command(BaseCommand):
             agreement_rule=o["agreement_rule"],
             agreement_tokens=o["agreement_tokens"],
             agreement_epsilon=o["agreement_epsilon"],
+            drift_policy=o["drift_policy"],
         )
         self.stdout.write(f"created source {source.name} (id {source.pk})")
 

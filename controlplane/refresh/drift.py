@@ -1,0 +1,247 @@
+"""Drift reconciliation: after every discovery, does each worker still match its gate?
+
+A gated namespace (a gate in an admitting state that a refresh verified) is compared worker by
+worker with the gate's verified set and version:
+
+- `joined`: a live instance id not in the verified set (a new worker, or a restarted one: a
+  restart registers a new instance id, on its base weights);
+- `recovered`: the same, for a worker this discovery saw stop erroring;
+- `version`: a verified instance whose version readback is not the gate's verified version.
+
+A verified instance that is gone is not drift: it left, and leaves the verified set.
+Namespaces with an active refresh are skipped (the refresh owns them), and so are instances
+an open quarantine already owns.
+
+What drift does is the source's `drift_policy` (fleet.DriftPolicy): `quarantine` opens a
+`Quarantine` per drifted worker and hands it to `refresh.quarantine` (pause at once, catch up
+alone, admit back); `close` closes the gate naming the drift; `observe` only records it. Under
+every policy a drifted worker is left out of `verified_instances`: that set must stay exactly
+the instances serving the verified version.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane import lockorder
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor, record
+from controlplane.fleet.models import (
+    DriftPolicy,
+    Source,
+    Worker,
+    WorkerEvent,
+    WorkerEventKind,
+    WorkerState,
+)
+from controlplane.refresh import gates
+from controlplane.refresh.models import (
+    ADMITTING_STATES,
+    OPEN_QUARANTINE_STATES,
+    Gate,
+    Quarantine,
+    QuarantineState,
+    ScopeLock,
+)
+
+logger = logging.getLogger(__name__)
+
+RECONCILER = Actor.system("drift reconciler")
+JOINED, VERSION, RECOVERED = "joined", "version", "recovered"
+
+
+@dataclass(frozen=True)
+class Drifted:
+    worker: Worker
+    kind: str
+    detail: str
+
+    def entry(self, state: str) -> dict[str, str]:
+        return {
+            "key": self.worker.key,
+            "instance_id": self.worker.instance_id,
+            "kind": self.kind,
+            "detail": self.detail,
+            "state": state,
+        }
+
+
+def _readback_differs(worker: Worker, version) -> bool:
+    """Only a current, declared readback counts: a failed probe keeps the last known version,
+    which is not evidence of anything."""
+    return (
+        worker.version_probed_at is not None
+        and not worker.version_error
+        and worker.weight_version_declared
+        and worker.weight_version != version
+    )
+
+
+def find_drift(
+    gate: Gate, workers: list[Worker], owned: set[str], recovered_ids: set[int]
+) -> tuple[list[Drifted], set[str]]:
+    """(drifted workers, instance ids still verified) for one gate; pure."""
+    verified = set(gate.verified_instances)
+    present = {w.instance_id for w in workers}
+    still_verified = verified & present
+    drifted: list[Drifted] = []
+    for worker in workers:
+        if worker.instance_id in owned or worker.state != WorkerState.LIVE:
+            continue
+        if worker.instance_id not in verified:
+            kind = RECOVERED if worker.pk in recovered_ids else JOINED
+            what = "stopped erroring" if kind == RECOVERED else "joined"
+            detail = (
+                f"{what} with version {worker.weight_version!r}, not verified at "
+                f"{gate.verified_version!r}"
+            )
+            drifted.append(Drifted(worker, kind, detail))
+        elif _readback_differs(worker, gate.verified_version):
+            still_verified.discard(worker.instance_id)
+            detail = (
+                f"reads back {worker.weight_version!r}, gate verified {gate.verified_version!r}"
+            )
+            drifted.append(Drifted(worker, VERSION, detail))
+    return drifted, still_verified
+
+
+def _outcome_state(policy: str) -> str:
+    return {
+        DriftPolicy.QUARANTINE: QuarantineState.QUARANTINED.value,
+        DriftPolicy.CLOSE: "closed",
+    }.get(policy, "observed")
+
+
+def reconcile_source(source_id: int, run_id: int | None = None) -> list[int]:
+    """Compare every gated namespace of the source with the latest discovery.
+
+    Returns the ids of the quarantines opened (the caller enqueues their catch-up).
+    """
+    source = Source.objects.filter(pk=source_id).first()
+    if source is None or source.stale:
+        return []
+    candidates = list(
+        Gate.objects.filter(
+            source=source,
+            state__in=ADMITTING_STATES,
+            verified_policy__isnull=False,
+            active_refresh__isnull=True,
+        ).values_list("pk", "namespace")
+    )
+    locked = set(ScopeLock.objects.filter(source=source).values_list("namespace", flat=True))
+    recovered_ids: set[int] = set()
+    if run_id is not None:
+        recovered_ids = set(
+            WorkerEvent.objects.filter(
+                run_id=run_id, kind=WorkerEventKind.STOPPED_ERRORING
+            ).values_list("worker_id", flat=True)
+        )
+    opened: list[int] = []
+    for gate_id, namespace in sorted(candidates, key=lambda c: c[1]):
+        if namespace in locked:
+            continue  # an active refresh owns this scope
+        try:
+            opened += _reconcile_gate(source, gate_id, recovered_ids)
+        except IntegrityError:
+            # A concurrent reconcile opened the same quarantine first; it owns the worker.
+            logger.info("drift: %s/%s reconciled concurrently", source.name, namespace)
+    return opened
+
+
+@transaction.atomic
+def _reconcile_gate(source: Source, gate_id: int, recovered_ids: set[int]) -> list[int]:
+    gate = gates.locked_gate(gate_id)
+    if (
+        gate is None
+        or gate.state not in ADMITTING_STATES
+        or gate.active_refresh_id is not None
+        or ScopeLock.objects.filter(source=source, namespace=gate.namespace).exists()
+    ):
+        return []
+    workers = list(
+        Worker.objects.filter(source=source, namespace=gate.namespace).exclude(
+            state=WorkerState.GONE
+        )
+    )
+    present = {w.instance_id for w in workers}
+    lockorder.domain_lock("quarantines")
+    open_quarantines = list(
+        Quarantine.objects.select_for_update(no_key=True, of=("self",)).filter(
+            source=source, namespace=gate.namespace, state__in=OPEN_QUARANTINE_STATES
+        )
+    )
+    left = [q for q in open_quarantines if q.instance_id not in present]
+    owned = {q.instance_id for q in open_quarantines if q.instance_id in present}
+    drifted, still_verified = find_drift(gate, workers, owned, recovered_ids)
+
+    policy = source.drift_policy
+    outcome = _outcome_state(policy)
+    # Entries that stay: open quarantines of present workers, and observed/closed drift that
+    # is still drift (recomputed each time, so it disappears when the worker is fixed).
+    kept = [d for d in gate.drift if d.get("instance_id") in owned]
+    new_entries = [d.entry(outcome) for d in drifted]
+    known = {d.get("instance_id") for d in gate.drift}
+    fresh = [e for e in new_entries if e["instance_id"] not in known]
+    drift = kept + new_entries
+    unverified = sum(1 for w in workers if w.instance_id not in still_verified)
+
+    close_reason = ""
+    if policy == DriftPolicy.CLOSE and drifted:
+        named = ", ".join(f"{d.worker.key} ({d.kind})" for d in drifted[:5])
+        close_reason = f"drift: {named}; a refresh or a force-reopen reopens it"
+
+    quarantines: list[Quarantine] = []
+    if policy == DriftPolicy.QUARANTINE:
+        for d in drifted:
+            quarantines.append(
+                Quarantine.objects.create(
+                    source=source,
+                    namespace=gate.namespace,
+                    instance_id=d.worker.instance_id,
+                    key=d.worker.key,
+                    worker=d.worker,
+                    kind=d.kind,
+                    detail=d.detail,
+                    target=gate.verified_policy,
+                    reason="pause queued",
+                )
+            )
+        for entry, q in zip(new_entries, quarantines, strict=True):
+            entry["quarantine_id"] = q.pk
+    now = timezone.now()
+    for q in left:
+        q.state, q.reason = QuarantineState.DROPPED, "left the fleet"
+        q.updated_at = q.finished_at = now
+        q.save(update_fields=["state", "reason", "updated_at", "finished_at"])
+
+    gates.record_drift(
+        gate,
+        actor=RECONCILER,
+        verified=sorted(still_verified),
+        unverified_count=unverified,
+        drift=drift,
+        new=fresh,
+        close_reason=close_reason,
+    )
+    # Audit last (lock order): the quarantines opened and dropped.
+    for q in quarantines:
+        record(
+            AuditAction.QUARANTINE_STARTED,
+            actor=RECONCILER,
+            target=q,
+            details={"key": q.key, "kind": q.kind, "detail": q.detail, "namespace": q.namespace},
+            correlation_id=q.correlation_id,
+        )
+    for q in left:
+        record(
+            AuditAction.QUARANTINE_DROPPED,
+            actor=RECONCILER,
+            target=q,
+            details={"key": q.key, "reason": "left the fleet"},
+            correlation_id=q.correlation_id,
+        )
+    return [q.pk for q in quarantines]

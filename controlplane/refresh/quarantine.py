@@ -1,0 +1,532 @@
+"""Quarantine: pause one drifted worker at once, catch it up alone, admit it back.
+
+The sequence, for one worker, while its gate stays open for the others:
+
+1. pause — through its family's pause route (vLLM Python: requests queue while paused; a
+   sidecar's pause leaves the routing set). Mode `abort`: whatever it is generating comes
+   from the wrong policy, so it is dropped rather than finished. A worker that cannot be
+   paused closes its gate, naming it.
+2. update to the gate's `verified_policy`, then flush where the family needs it;
+3. verify while still paused: version readback (must be the gate's version) and liveness;
+4. resume — only now, so it never serves before its readback says V;
+5. generation check pinned to it (`nvext.backend_instance_id`), cross-checked against one other
+   verified worker of the gate when one is live (same prompt, pinned there, compared by the
+   source's agreement rule); with no other verified worker, the generation check alone. A
+   failure here pauses it again before the quarantine fails;
+6. admit: back into the gate's verified set, if the gate is still at that version.
+
+Every call goes through the executor's call machinery (`executor/calls.run_jobs`, hence the
+source's outbound policy) and is journaled as a `QuarantineCall`; every move is audited.
+A quarantine that fails stays paused with its reason. Its exits (`retry`, `release`, `drop`)
+are operator actions below. `release` resumes the worker without admitting it, and is refused
+while its version readback is not the gate's verified version: a released worker serves
+unpinned traffic, so it must at least hold the right weights. `drop` is for a worker that has
+left the fleet (discovery also drops those by itself).
+
+Lock order: the gate row (level 4), then quarantine rows, then the audit chain head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane import lockorder
+from controlplane.accounts.roles import Perm
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor, record
+from controlplane.dynamo.generation import completion_sample, run_generation_check
+from controlplane.dynamo.http import make_client
+from controlplane.fleet.models import Worker, WorkerState
+from controlplane.refresh import gates
+from controlplane.refresh.executor.calls import CallRecord, CallSettings, WorkerJob, run_jobs
+from controlplane.refresh.models import (
+    HELD_QUARANTINE_STATES,
+    Gate,
+    PauseMode,
+    Quarantine,
+    QuarantineCall,
+    QuarantineState,
+)
+from controlplane.refresh.planning import (
+    GENERATION,
+    agreement_rule_of,
+    generation_check_from_call,
+    normalize_verification,
+    plan_worker,
+    source_policy,
+)
+from controlplane.refresh.sequence import StepName
+
+CATCH_UP = Actor.system("quarantine catch-up")
+#: A catch-up whose task died mid-way may be retried after this long without news.
+STALE_CATCH_UP = timedelta(minutes=5)
+AGREEMENT = "agreement"
+
+
+class QuarantineRefused(ValidationError):
+    """An exit that is not possible in the quarantine's current state (changes nothing)."""
+
+
+# -- calls ---------------------------------------------------------------------------------------
+
+
+def _settings(source) -> CallSettings:
+    from controlplane.refresh.executor.runner import call_settings
+
+    return call_settings(source)
+
+
+def _run(job: WorkerJob, cfg: CallSettings):
+    outcomes = []
+    asyncio.run(run_jobs([job], cfg, emit=outcomes.append, stop=threading.Event()))
+    return outcomes[0]
+
+
+def _journal(q: Quarantine, step: str, records: list[CallRecord]) -> None:
+    QuarantineCall.objects.bulk_create(
+        QuarantineCall(
+            quarantine=q,
+            step=step,
+            attempt=max(q.attempts, 1),
+            operation=r.operation,
+            method=r.method,
+            url=r.url[:800],
+            request_body=r.request_body,
+            http_status=r.http_status,
+            response_body=r.response_body,
+            ok=r.ok,
+            error=r.error,
+            duration_ms=r.duration_ms,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+        )
+        for r in records
+    )
+
+
+class Plan:
+    """The worker's calls for each step, built by the refresh planner for the gate's policy."""
+
+    def __init__(self, q: Quarantine, worker: Worker) -> None:
+        source = q.source
+        verification = normalize_verification({"agreement": agreement_rule_of(source).to_dict()})
+        self.verification = verification
+        self.version = (q.target or {}).get("weight_version")
+        self.cfg = _settings(source)
+        self.worker = worker
+        self.policy = source_policy(source)
+        if self.policy is None or not q.target:
+            self.plan = None
+            self.blockers = ["the source's allowed networks are invalid or no verified policy"]
+            return
+        self.plan = plan_worker(
+            worker,
+            target=q.target,
+            pause_mode=PauseMode.ABORT,
+            flush_policy="auto",
+            verification=verification,
+            policy=self.policy,
+        )
+        self.blockers = list(self.plan.blockers)
+
+    def calls(self, step: str) -> list[dict[str, Any]]:
+        return [] if self.plan is None else list(self.plan.calls.get(step, []))
+
+    def run(self, q: Quarantine, step: str, calls: list[dict[str, Any]], **job: Any):
+        if not calls:
+            return None
+        outcome = _run(
+            WorkerJob(0, q.key, self.worker.system_url, self.plan.family, calls, **job), self.cfg
+        )
+        _journal(q, step, outcome.records)
+        return outcome
+
+
+# -- state moves ---------------------------------------------------------------------------------
+
+
+def _move(
+    q: Quarantine,
+    state: str,
+    action: AuditAction | None,
+    reason: str,
+    *,
+    gate_write: Callable[[int], bool] | None = None,
+    **fields,
+) -> bool:
+    """Save the quarantine's new state with its gate's side of it, audited, in one transaction.
+
+    Lock order: the gate row first (`refresh.drift` locks gate, then quarantines), then this
+    row, then `gate_write(gate_id)` (which may audit), then this move's audit row. When
+    `gate_write` answers False nothing is written and False is returned.
+    """
+    actor = fields.pop("actor", None) or CATCH_UP
+    now = timezone.now()
+    with transaction.atomic():
+        gate = _gate_of(q)
+        if gate is not None:
+            gates.locked_gate(gate.pk)
+            if state not in (QuarantineState.ADMITTED, QuarantineState.DROPPED):
+                gates.set_drift_state(gate.pk, q.instance_id, state)
+        q.state, q.reason, q.updated_at = state, reason[:4000], now
+        for name, value in fields.items():
+            setattr(q, name, value)
+        if state in (QuarantineState.ADMITTED, QuarantineState.DROPPED):
+            q.finished_at = now
+        lockorder.domain_lock("quarantines")
+        q.save()
+        if gate_write is not None and (gate is None or not gate_write(gate.pk)):
+            transaction.set_rollback(True)
+            q.refresh_from_db()
+            return False
+        if action is not None:
+            record(
+                action,
+                actor=actor,
+                target=q,
+                details={"key": q.key, "state": state, "reason": q.reason},
+                correlation_id=q.correlation_id,
+            )
+    return True
+
+
+def _gate_of(q: Quarantine) -> Gate | None:
+    return Gate.objects.filter(source_id=q.source_id, namespace=q.namespace).first()
+
+
+def _current_worker(q: Quarantine) -> Worker | None:
+    return (
+        Worker.objects.select_related("static_worker")
+        .filter(source_id=q.source_id, namespace=q.namespace, instance_id=q.instance_id)
+        .exclude(state=WorkerState.GONE)
+        .first()
+    )
+
+
+def pause(q: Quarantine) -> bool:
+    """Stop the drifted worker generating. A worker that cannot be paused closes its gate."""
+    worker = _current_worker(q)
+    if worker is None:
+        _drop(q, CATCH_UP, "left the fleet before it was paused")
+        return False
+    plan = Plan(q, worker)
+    pause_calls = plan.calls(StepName.PAUSE)
+    if not pause_calls:
+        problem = "; ".join(plan.blockers) or "no pause route"
+        return _cannot_pause(q, f"cannot be paused: {problem}")
+    outcome = plan.run(q, StepName.PAUSE, pause_calls)
+    if outcome.status != "ok":
+        return _cannot_pause(q, f"pause failed: {outcome.error}")
+    _move(q, QuarantineState.QUARANTINED, None, "paused; catch-up queued", paused=True)
+    return True
+
+
+def _cannot_pause(q: Quarantine, reason: str) -> bool:
+    def close(gate_id: int) -> bool:
+        gates.close_for_drift(gate_id, actor=CATCH_UP, reason=f"drifted worker {q.key} {reason}")
+        return True
+
+    if not _move(
+        q, QuarantineState.FAILED, AuditAction.QUARANTINE_FAILED, reason, gate_write=close
+    ):
+        _move(q, QuarantineState.FAILED, AuditAction.QUARANTINE_FAILED, reason)
+    return False
+
+
+def claim(q: Quarantine, *, allow_stale: bool = False) -> bool:
+    """Take the quarantine for a catch-up attempt (one at a time, by conditional UPDATE)."""
+    states = [QuarantineState.QUARANTINED, QuarantineState.FAILED]
+    rows = Quarantine.objects.filter(pk=q.pk, state__in=states)
+    if allow_stale:
+        stale = Quarantine.objects.filter(
+            pk=q.pk,
+            state=QuarantineState.CATCHING_UP,
+            updated_at__lt=timezone.now() - STALE_CATCH_UP,
+        )
+        rows = rows | stale
+    lockorder.domain_lock("quarantines")
+    claimed = rows.update(
+        state=QuarantineState.CATCHING_UP,
+        attempts=q.attempts + 1,
+        updated_at=timezone.now(),
+        reason="catching up",
+    )
+    if claimed:
+        q.refresh_from_db()
+    return bool(claimed)
+
+
+def catch_up(quarantine_id: int) -> str:
+    """Pause (if not yet), update, verify, resume and admit one quarantined worker."""
+    q = Quarantine.objects.select_related("source").get(pk=quarantine_id)
+    if q.state not in HELD_QUARANTINE_STATES:
+        return q.state
+    if not q.paused and not pause(q):
+        q.refresh_from_db()
+        return q.state
+    if not claim(q):
+        return q.state
+    record(
+        AuditAction.QUARANTINE_CATCH_UP_STARTED,
+        actor=CATCH_UP,
+        target=q,
+        details={"key": q.key, "attempt": q.attempts, "target": q.target},
+        correlation_id=q.correlation_id,
+    )
+    gate = _gate_of(q)
+    if gate is not None:
+        gates.set_drift_state(gate.pk, q.instance_id, QuarantineState.CATCHING_UP)
+    try:
+        problem = _catch_up_steps(q)
+    except Exception as exc:  # never leave it `catching_up` without an owner
+        problem = f"catch-up error: {type(exc).__name__}: {exc}"
+    q.refresh_from_db()
+    if problem == "left":
+        return q.state
+    if problem:
+        _move(q, QuarantineState.FAILED, AuditAction.QUARANTINE_FAILED, problem)
+        return q.state
+    version = (q.target or {}).get("weight_version")
+
+    def admit(gate_id: int) -> bool:
+        return gates.admit_instance(
+            gate_id,
+            q.instance_id,
+            version=version,
+            actor=CATCH_UP,
+            note=f"{q.key} caught up to {version!r} (quarantine #{q.pk})",
+        )
+
+    if not _move(
+        q, QuarantineState.ADMITTED, AuditAction.QUARANTINE_ADMITTED, "caught up", gate_write=admit
+    ):
+        _move(
+            q,
+            QuarantineState.FAILED,
+            AuditAction.QUARANTINE_FAILED,
+            f"caught up to {version!r}, but the gate is no longer at that version",
+        )
+    return q.state
+
+
+def _catch_up_steps(q: Quarantine) -> str:
+    """'' when the worker is verified and resumed; otherwise why not ('left' if it left)."""
+    worker = _current_worker(q)
+    if worker is None:
+        _drop(q, CATCH_UP, "left the fleet during catch-up")
+        return "left"
+    plan = Plan(q, worker)
+    if plan.blockers:
+        return "cannot catch up: " + "; ".join(plan.blockers)
+    for step in (StepName.UPDATE, StepName.FLUSH):
+        outcome = plan.run(q, step, plan.calls(step))
+        if outcome is not None and outcome.status != "ok":
+            return f"{step}: {outcome.error}"
+    verify = plan.calls(StepName.VERIFY)
+    paused_checks = [c for c in verify if c["operation"] != GENERATION]
+    generation = [c for c in verify if c["operation"] == GENERATION]
+    outcome = plan.run(q, StepName.VERIFY, paused_checks, expect_version=plan.version)
+    if outcome is not None and outcome.status != "ok":
+        return f"verify: {outcome.error}"
+    outcome = plan.run(q, StepName.RESUME_ENGINES, plan.calls(StepName.RESUME_ENGINES))
+    if outcome is not None and outcome.status != "ok":
+        return f"resume: {outcome.error}"
+    Quarantine.objects.filter(pk=q.pk).update(paused=False, updated_at=timezone.now())
+    if generation:
+        outcome = plan.run(q, StepName.VERIFY, generation)
+        problem = "" if outcome.status == "ok" else f"generation check: {outcome.error}"
+        if not problem:
+            problem = _cross_check(q, plan, generation[0], outcome.records[-1])
+        if problem:
+            repause = plan.run(q, StepName.PAUSE, plan.calls(StepName.PAUSE))
+            paused = repause is not None and repause.status == "ok"
+            Quarantine.objects.filter(pk=q.pk).update(paused=paused)
+            if not paused:
+                gate = _gate_of(q)
+                if gate is not None:
+                    gates.close_for_drift(
+                        gate.pk,
+                        actor=CATCH_UP,
+                        reason=f"drifted worker {q.key} failed its check and could not be "
+                        f"paused again",
+                    )
+            return problem
+    return ""
+
+
+def _cross_check(q: Quarantine, plan: Plan, spec: dict[str, Any], own: CallRecord) -> str:
+    """Compare its completion with one other verified worker of the gate, pinned there."""
+    gate = _gate_of(q)
+    ours = completion_sample(q.key, own.response_body)
+    if gate is None or ours is None:
+        return ""
+    reference = (
+        Worker.objects.filter(
+            source_id=q.source_id,
+            namespace=q.namespace,
+            state=WorkerState.LIVE,
+            instance_id__in=[i for i in gate.verified_instances if i != q.instance_id],
+            model=plan.worker.model,
+        )
+        .order_by("instance_id")
+        .first()
+    )
+    if reference is None:
+        return ""  # no other verified worker: the generation check alone decides
+    check = generation_check_from_call(spec)
+    pinned = type(check)(
+        model=check.model,
+        prompt_token_ids=check.prompt_token_ids,
+        max_tokens=check.max_tokens,
+        backend_instance_id=int(reference.instance_id),
+        expected_model=check.expected_model,
+    )
+
+    async def ask():
+        async with make_client(timeout=plan.cfg.timeout, transport=plan.cfg.transport) as client:
+            return await run_generation_check(
+                client, plan.cfg.policy, plan.cfg.frontend_url, pinned, timeout=plan.cfg.timeout
+            )
+
+    started = timezone.now()
+    verdict = asyncio.run(ask())
+    theirs = completion_sample(reference.key, verdict.body) if verdict.ok else None
+    rule = agreement_rule_of(q.source)
+    if theirs is None:
+        # The reference could not answer: say so, and let the generation check alone decide.
+        error, ok = f"reference {reference.key} did not answer: {verdict.reason}", True
+    else:
+        difference = rule.compare(theirs, ours)
+        ok = difference is None
+        error = "" if ok else f"disagrees with verified {reference.key}: {difference}"
+    _journal(
+        q,
+        StepName.VERIFY,
+        [
+            CallRecord(
+                operation=AGREEMENT,
+                method="POST",
+                url=plan.cfg.frontend_url.rstrip("/") + "/v1/completions",
+                request_body=pinned.request_body(),
+                http_status=verdict.http_status,
+                response_body=verdict.body,
+                ok=ok,
+                error=error,
+                duration_ms=(timezone.now() - started).total_seconds() * 1000.0,
+                started_at=started,
+                finished_at=timezone.now(),
+            )
+        ],
+    )
+    return "" if ok else f"agreement: {error}"
+
+
+# -- operator exits ------------------------------------------------------------------------------
+
+
+def _require(actor: Actor, perm: Perm) -> None:
+    if actor.user is not None and not actor.user.has_perm(perm.value):
+        raise PermissionDenied(f"{actor.label} may not {perm.codename.replace('_', ' ')}")
+
+
+def retry(q: Quarantine, *, actor: Actor) -> Quarantine:
+    """Run the catch-up again (a failed one, or one whose task died)."""
+    _require(actor, Perm.OPERATE_REFRESH)
+    cutoff = timezone.now() - STALE_CATCH_UP
+    stale = q.state == QuarantineState.CATCHING_UP and q.updated_at < cutoff
+    if q.state not in (QuarantineState.FAILED, QuarantineState.QUARANTINED) and not stale:
+        raise QuarantineRefused(f"quarantine #{q.pk} is {q.state}; only a failed one is retried")
+    if _current_worker(q) is None:
+        raise QuarantineRefused(f"{q.key} has left the fleet; drop it instead")
+    with transaction.atomic():
+        lockorder.domain_lock("quarantines")
+        Quarantine.objects.filter(pk=q.pk).update(
+            state=QuarantineState.QUARANTINED, reason="retry queued", updated_at=timezone.now()
+        )
+        record(
+            AuditAction.QUARANTINE_RETRIED,
+            actor=actor,
+            target=q,
+            details={"key": q.key, "previous_reason": q.reason},
+            correlation_id=q.correlation_id,
+        )
+        transaction.on_commit(lambda: enqueue_catch_up(q.pk))
+    q.refresh_from_db()
+    return q
+
+
+def release(q: Quarantine, *, actor: Actor, reason: str) -> Quarantine:
+    """Resume the worker without admitting it (it stays outside the verified set)."""
+    _require(actor, Perm.OPERATE_REFRESH)
+    if not reason.strip():
+        raise QuarantineRefused("a release needs a reason")
+    if q.state not in (QuarantineState.FAILED, QuarantineState.QUARANTINED):
+        raise QuarantineRefused(f"quarantine #{q.pk} is {q.state}; only a held one is released")
+    worker = _current_worker(q)
+    if worker is None:
+        raise QuarantineRefused(f"{q.key} has left the fleet; drop it instead")
+    plan = Plan(q, worker)
+    if plan.plan is None:
+        raise QuarantineRefused("; ".join(plan.blockers))
+    readback = [c for c in plan.calls(StepName.VERIFY) if c["operation"] == "get_weight_version"]
+    if not readback:
+        raise QuarantineRefused(f"{q.key} cannot read back its version: release refused")
+    outcome = plan.run(q, "release", readback, expect_version=plan.version)
+    if outcome.status != "ok":
+        raise QuarantineRefused(
+            f"release refused: it would serve the wrong policy ({outcome.error})"
+        )
+    outcome = plan.run(q, "release", plan.calls(StepName.RESUME_ENGINES))
+    if outcome is None or outcome.status != "ok":
+        error = outcome.error if outcome else "no resume route"
+        raise QuarantineRefused(f"resume failed: {error}")
+    _move(
+        q,
+        QuarantineState.RELEASED,
+        AuditAction.QUARANTINE_RELEASED,
+        f"released by {actor.label}: {reason.strip()}",
+        paused=False,
+        actor=actor,
+    )
+    return q
+
+
+def drop(q: Quarantine, *, actor: Actor) -> Quarantine:
+    """Forget a quarantined worker that has left the fleet (refused while it is still there)."""
+    _require(actor, Perm.OPERATE_REFRESH)
+    if not q.is_open:
+        raise QuarantineRefused(f"quarantine #{q.pk} is {q.state} already")
+    if _current_worker(q) is not None:
+        raise QuarantineRefused(f"{q.key} is still in the fleet; retry or release it")
+    _drop(q, actor, f"dropped by {actor.label}: it left the fleet")
+    return q
+
+
+def _drop(q: Quarantine, actor: Actor, reason: str) -> None:
+    def forget(gate_id: int) -> bool:
+        gates.forget_drift(gate_id, q.instance_id)
+        return True
+
+    if not _move(
+        q,
+        QuarantineState.DROPPED,
+        AuditAction.QUARANTINE_DROPPED,
+        reason,
+        actor=actor,
+        gate_write=forget,
+    ):
+        _move(q, QuarantineState.DROPPED, AuditAction.QUARANTINE_DROPPED, reason, actor=actor)
+
+
+def enqueue_catch_up(quarantine_id: int) -> None:
+    from controlplane.refresh.tasks import catch_up_quarantine
+
+    catch_up_quarantine.delay(quarantine_id)

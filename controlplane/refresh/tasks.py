@@ -2,6 +2,7 @@
 
 from celery import shared_task
 
+from controlplane.refresh import freshness
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
 
@@ -15,3 +16,8 @@ def execute_policy_refresh(refresh_id: int) -> str:
 @shared_task(name="refresh.reconcile_policy_refreshes", ignore_result=True)
 def reconcile_policy_refreshes() -> list[int]:
     return reconcile(resume=execute_policy_refresh.delay)
+
+
+@shared_task(name="refresh.sync_gate_freshness", ignore_result=True)
+def sync_gate_freshness() -> dict[str, int]:
+    return freshness.sync_all()

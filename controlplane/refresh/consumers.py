@@ -108,7 +108,8 @@ class GateTableConsumer(LiveStream):
         rows = presenters.gate_rows()
         self.shown = {row.pk for row in rows}
         context = {"gate_rows": rows, "oob": True, "streamed": True}
-        body = render_to_string("refresh/gates.html#gate-rows", context)
+        # Stripped: a table fragment must start with its own tag (see the fleet consumers).
+        body = render_to_string("refresh/gates.html#gate-rows", context).strip()
         banner = presenters.banner_context() | {"oob": True}
         return [body, render_to_string("refresh/banner.html#banner", banner)]
 
@@ -124,4 +125,4 @@ class GateTableConsumer(LiveStream):
         if gate is None or gate.pk not in self.shown:
             return self.resync()[:1]
         context = {"row": presenters.gate_row(gate), "row_oob": True, "streamed": True}
-        return [render_to_string("refresh/gates.html#gate-row", context)]
+        return [render_to_string("refresh/gates.html#gate-row", context).strip()]

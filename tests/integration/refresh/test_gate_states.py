@@ -73,6 +73,13 @@ def _api(client: Client, source: Source, namespace: str) -> dict:
     return response.json()
 
 
+def _api_in_thread(client: Client, source: Source, namespace: str) -> dict:
+    try:
+        return _api(client, source, namespace)
+    finally:
+        connections.close_all()  # this thread's own connection
+
+
 def _discover(source_id: int, listener_url: str | None = None) -> None:
     """One discovery run in its own thread (like a Celery worker), optionally re-pointed."""
     try:
@@ -118,7 +125,7 @@ async def test_a_stale_source_is_unknown_over_api_and_websockets_then_recovers(
     open_source, viewer, viewer_client
 ):
     source = open_source
-    before = await asyncio.to_thread(_api, viewer_client, source, "rl-a")
+    before = await asyncio.to_thread(_api_in_thread, viewer_client, source, "rl-a")
     assert before["state"] == "open" and before["open"] is True
     good_url = source.listener_url
 
@@ -143,7 +150,7 @@ async def test_a_stale_source_is_unknown_over_api_and_websockets_then_recovers(
     rows = await _frames_until(page_stream, lambda f: 'data-state="unknown"' in f)
     assert 'hx-swap-oob="true"' in rows[-1] and ">unknown</span>" in rows[-1]
 
-    stale = await asyncio.to_thread(_api, viewer_client, source, "rl-a")
+    stale = await asyncio.to_thread(_api_in_thread, viewer_client, source, "rl-a")
     assert stale["state"] == "unknown" and stale["open"] is False
     assert stale["reason"].startswith("source sim is stale: ")
     assert stale["since"] > before["since"] and stale["revision"] > before["revision"]
@@ -161,7 +168,7 @@ async def test_a_stale_source_is_unknown_over_api_and_websockets_then_recovers(
 
     await _frames_until(api_stream, reopened)
     await _frames_until(page_stream, lambda f: 'id="gate-' in f and 'data-state="open"' in f)
-    back = await asyncio.to_thread(_api, viewer_client, source, "rl-a")
+    back = await asyncio.to_thread(_api_in_thread, viewer_client, source, "rl-a")
     assert back["state"] == "open" and back["open"] is True and back["reason"] == ""
     assert back["since"] > stale["since"]
     assert back["verified_instances"] == before["verified_instances"]
@@ -201,9 +208,7 @@ def quiet_source(db):
     return source
 
 
-def test_a_too_old_discovery_marks_gates_unknown_through_the_beat_task(
-    quiet_source, celery_worker
-):
+def test_a_too_old_discovery_marks_gates_unknown_through_the_beat_task(quiet_source, celery_worker):
     schedule = settings.CELERY_BEAT_SCHEDULE["gate-freshness"]
     assert schedule["task"] == sync_gate_freshness.name
     assert schedule["schedule"] == timedelta(seconds=settings.DISCOVERY_TICK_SECONDS)

@@ -82,7 +82,16 @@ class Command(BaseCommand):
         gates = Gate.objects.select_related("source").order_by("source__name", "namespace")
         if opts["source"]:
             gates = gates.filter(source=self._source(opts["source"]))
-        header = ("SOURCE", "NAMESPACE", "STATE", "VERSION", "VERIFIED", "UNVERIFIED", "DRIFT")
+        header = (
+            "SOURCE",
+            "NAMESPACE",
+            "STATE",
+            "VERSION",
+            "VERIFIED",
+            "UNVERIFIED",
+            "DRIFT",
+            "SINCE",
+        )
         rows = [header]
         for gate in gates:
             g = serialize_gate(gate)
@@ -95,7 +104,7 @@ class Command(BaseCommand):
                     str(g["verified_count"]),
                     str(g["unverified_count"]),
                     str(g["drift_count"]),
-                    f"since {g['since']}",
+                    g["since"] or "-",
                 )
             )
         if len(rows) == 1:
@@ -103,8 +112,8 @@ class Command(BaseCommand):
             return
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         for row in rows:
-            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-            self.stdout.write("  ".join([*cells, *row[len(header) :]]).rstrip())
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+            self.stdout.write("  ".join(cells).rstrip())
 
     def _show(self, opts) -> None:
         g = serialize_gate(self._gate(opts))

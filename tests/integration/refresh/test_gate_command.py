@@ -25,7 +25,7 @@ def source(db):
         namespace="rl-a",
         state=GateState.OPEN,
         verified_version="v7",
-        verified_instances=["18446744073709551615", "12"],
+        verified_instances=["12", "18446744073709551615"],
         unverified_count=1,
         drift=[{"key": "w-3", "instance_id": "99", "kind": "joined", "detail": ""}],
         since=timezone.now() - timedelta(minutes=5),

@@ -10,8 +10,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
 from controlplane.refresh.models import Gate
@@ -33,7 +31,8 @@ def test_the_readme_pins_generations_to_verified_workers(
     source = make_source(fleet, name="prod-a")
     refresh = run_inline(source, operator, version="step-1200")
     assert refresh.state == "succeeded", refresh.held_reason
-    verified = {int(i) for i in Gate.objects.get(source=source, namespace="rl-a").verified_instances}
+    gate = Gate.objects.get(source=source, namespace="rl-a")
+    verified = {int(i) for i in gate.verified_instances}
     assert len(verified) == 2
     _, secret = create_token(user=operator, label="readme", actor=Actor.system("test"))
 
@@ -43,11 +42,13 @@ def test_the_readme_pins_generations_to_verified_workers(
         "FRONTEND": fleet.frontend_url,
         "TOKEN": secret,
     }.items():
-        code, count = re.subn(rf'^{name} = "[^"]*"', f"{name} = {json.dumps(value)}", code, 1, re.M)
+        code, count = re.subn(
+            rf'^{name} = "[^"]*"', f"{name} = {json.dumps(value)}", code, count=1, flags=re.M
+        )
         assert count == 1, f"the README example no longer defines {name}"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
 
     lines = out.getvalue().splitlines()
     assert len(lines) == 2, lines

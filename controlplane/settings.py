@@ -244,6 +244,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=RECONCILE_TICK_SECONDS),
         "options": {"expires": RECONCILE_TICK_SECONDS * 0.9},
     },
+    # Gates of a source whose last successful discovery is too old become `unknown`.
+    "gate-freshness": {
+        "task": "refresh.sync_gate_freshness",
+        "schedule": timedelta(seconds=DISCOVERY_TICK_SECONDS),
+        "options": {"expires": DISCOVERY_TICK_SECONDS * 0.9},
+    },
     "observation-retention": {
         "task": "fleet.prune_observations",
         "schedule": timedelta(hours=1),
@@ -260,6 +266,13 @@ DISCOVERY_PROBE_CONCURRENCY = env_int("DISCOVERY_PROBE_CONCURRENCY", 64, minimum
 # Who may scrape /metrics without signing in (Prometheus); loopback unless configured.
 METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
 OBSERVATION_RETENTION_DAYS = env_int("OBSERVATION_RETENTION_DAYS", 14, minimum=1)
+
+# A source's gates say `unknown` (do not assume open) once its last successful discovery is
+# older than GATE_STALE_INTERVALS of its own refresh interval, and never sooner than
+# GATE_STALE_AFTER_SECONDS (which stays above one slow listener call: 35 s by default). A
+# failing listener marks them at once, through the discovery run that fails.
+GATE_STALE_AFTER_SECONDS = env_float("GATE_STALE_AFTER_SECONDS", 60.0, minimum=1.0)
+GATE_STALE_INTERVALS = env_float("GATE_STALE_INTERVALS", 3.0, minimum=1.0)
 
 # Policy refresh defaults.
 REFRESH_CALL_TIMEOUT_SECONDS = env_float("REFRESH_CALL_TIMEOUT_SECONDS", 30.0, minimum=0.1)

@@ -4,6 +4,9 @@ A custom collector reads the current state at scrape time (the database is the t
 several web processes answer scrapes, so per-process counters would disagree). Labels stay
 low-cardinality: source name and worker state only — never worker ids or versions. Access is
 limited to `METRICS_ALLOWED_NETWORKS` (default: loopback), since scrapers do not sign in.
+
+Gate gauges read the refresh app's gates by model label (`apps.get_model`): fleet never imports
+the apps built on it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator
 
+from django.apps import apps
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.db.models import Count, Max, Q
@@ -98,6 +102,27 @@ class FleetCollector(Collector):
             if latest_started.get(source_id) == started_at:
                 duration.add_metric([names[source_id]], duration_ms / 1000.0)
         yield duration
+
+        yield gate_state_gauge(names)
+
+
+def gate_state_gauge(names: dict[int, str]) -> GaugeMetricFamily:
+    """Gates by source and state; every state of a source with gates gets a sample (0 too), so
+    an alert on `state="unknown"` sees the value fall back instead of the series vanishing."""
+    gates = GaugeMetricFamily(
+        "controlplane_gates",
+        "Gates by source and state (open, open_forced, closed, unknown).",
+        labels=["source", "state"],
+    )
+    gate_model = apps.get_model("refresh", "Gate")
+    states = [value for value, _ in gate_model._meta.get_field("state").choices]
+    counts: dict[int, dict[str, int]] = {}
+    for row in gate_model.objects.values("source_id", "state").annotate(n=Count("id")).order_by():
+        counts.setdefault(row["source_id"], dict.fromkeys(states, 0))[row["state"]] = row["n"]
+    for source_id, by_state in sorted(counts.items(), key=lambda item: names[item[0]]):
+        for state, n in by_state.items():
+            gates.add_metric([names[source_id], state], n)
+    return gates
 
 
 @login_not_required

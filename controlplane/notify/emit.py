@@ -1,6 +1,6 @@
 """Emitting notifications: the `notify` service other apps call when something people should
-know about happens (a refresh waits for approval, succeeds or is held; a gate is force-reopened;
-a source went stale).
+know about happens (a refresh waits for approval, succeeds or is held; a gate opens, closes,
+becomes unknown or is force-reopened; a source went stale).
 
 `notify` is called inside the caller's transaction. It stores one delivery per interested
 destination and enqueues the Celery delivery on commit, so a rolled-back change notifies nobody
@@ -31,6 +31,9 @@ _TITLES = {
     Event.REFRESH_SUCCEEDED: "Policy refresh succeeded",
     Event.REFRESH_HELD: "Policy refresh held",
     Event.GATE_FORCE_REOPENED: "Gate force-reopened",
+    Event.GATE_OPENED: "Gate opened",
+    Event.GATE_CLOSED: "Gate closed",
+    Event.GATE_UNKNOWN: "Gate unknown (source stale)",
     Event.SOURCE_STALE: "Source went stale",
     Event.TEST: "Test notification",
 }
@@ -54,8 +57,35 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _iso(value) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _gate_data(gate) -> dict[str, Any]:
+    """What a receiver needs to know about one gate (the gate API has the rest)."""
+    state = str(getattr(gate, "state", "") or "")
+    forced = None
+    if state == "open_forced":
+        forced = {
+            "by": str(getattr(gate, "forced_by", "") or ""),
+            "at": _iso(getattr(gate, "forced_at", None)),
+            "reason": str(getattr(gate, "reason", "") or ""),
+        }
+    return {
+        "namespace": gate.namespace,
+        "state": state,
+        "open": bool(getattr(gate, "is_open", False)),
+        "since": _iso(getattr(gate, "since", None)),
+        "forced": forced,
+        "verified_version": _jsonable(getattr(gate, "verified_version", None)),
+        "verified_count": len(getattr(gate, "verified_instances", None) or ()),
+        "unverified_count": _jsonable(getattr(gate, "unverified_count", None)),
+        "revision": _jsonable(getattr(gate, "revision", None)),
+    }
+
+
 def build_payload(
-    event: str, *, source=None, refresh=None, gate=None, reason: str = ""
+    event: str, *, source=None, refresh=None, gate=None, gates=(), reason: str = ""
 ) -> dict[str, Any]:
     """The JSON body generic webhooks receive (Standard Webhooks shape: type, timestamp, data)."""
     data: dict[str, Any] = {"reason": reason}
@@ -71,12 +101,10 @@ def build_payload(
             data["reason"] = str(getattr(refresh, "held_reason", "") or "")
     if gate is not None:
         source = source or getattr(gate, "source", None)
-        data["gate"] = {
-            "namespace": gate.namespace,
-            "open": bool(getattr(gate, "is_open", False)),
-            "verified_version": _jsonable(getattr(gate, "verified_version", None)),
-            "revision": _jsonable(getattr(gate, "revision", None)),
-        }
+        data["gate"] = _gate_data(gate)
+    if gates:
+        source = source or getattr(gates[0], "source", None)
+        data["gates"] = [_gate_data(g) for g in gates]
     if source is not None:
         data["source"] = {"id": source.pk, "name": source.name}
         if event == Event.SOURCE_STALE and not reason:
@@ -89,13 +117,17 @@ def build_payload(
     }
 
 
-def notify(event: str, *, source=None, refresh=None, gate=None, reason: str = "") -> None:
-    """Queue `event` to every enabled destination that subscribes to it (and to its source)."""
+def notify(event: str, *, source=None, refresh=None, gate=None, gates=(), reason: str = "") -> None:
+    """Queue `event` to every enabled destination that subscribes to it (and to its source).
+
+    `gate` describes one gate (`data.gate`); `gates` several of one source (`data.gates`)."""
     if event not in EVENTS:
         logger.error("unknown notification event %r ignored", event)
         return
     try:
-        payload = build_payload(event, source=source, refresh=refresh, gate=gate, reason=reason)
+        payload = build_payload(
+            event, source=source, refresh=refresh, gate=gate, gates=gates, reason=reason
+        )
         source_id = (payload["data"].get("source") or {}).get("id")
         with transaction.atomic():
             deliveries = [

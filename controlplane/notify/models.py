@@ -14,6 +14,10 @@ class NotificationEvent(models.TextChoices):
     REFRESH_SUCCEEDED = "refresh.succeeded"
     REFRESH_HELD = "refresh.held"
     GATE_FORCE_REOPENED = "gate.force_reopened"
+    # A gate entered a state: one notification per source and change, listing its gates.
+    GATE_OPENED = "gate.opened"
+    GATE_CLOSED = "gate.closed"
+    GATE_UNKNOWN = "gate.unknown"
     SOURCE_STALE = "source.stale"
     # Signed checkpoints of the audit chain head; only destinations that select it get it.
     AUDIT_CHECKPOINT = "audit.checkpoint"

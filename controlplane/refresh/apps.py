@@ -33,3 +33,10 @@ class RefreshConfig(AppConfig):
 
         if not any(isinstance(c, DriftCollector) for c in EXTRA_COLLECTORS):
             EXTRA_COLLECTORS.append(DriftCollector())
+
+        from controlplane.refresh import freshness
+
+        # Gates follow their source's discovery (`unknown` while it is stale).
+        discovery_finished.connect(
+            freshness.on_discovery_finished, dispatch_uid="refresh.gate_freshness"
+        )

@@ -14,8 +14,14 @@ from django.template.loader import render_to_string
 from controlplane.fleet.models import Source
 from controlplane.realtime import LiveStream
 from controlplane.refresh import presenters
-from controlplane.refresh.live import EVENT_PROGRESS, GATES_GROUP, REFRESHES_GROUP, refresh_group
-from controlplane.refresh.models import PolicyRefresh
+from controlplane.refresh.live import (
+    EVENT_GATE_CHANGED,
+    EVENT_PROGRESS,
+    GATES_GROUP,
+    REFRESHES_GROUP,
+    refresh_group,
+)
+from controlplane.refresh.models import Gate, PolicyRefresh
 
 
 class RefreshConsumer(LiveStream):
@@ -85,3 +91,38 @@ class BannerConsumer(LiveStream):
         if self.source_id and payload.get("source_id") not in (None, self.source_id):
             return []
         return self.resync()
+
+
+class GateTableConsumer(LiveStream):
+    """`ws/gate-table/`: the Gates page. A gate change swaps that gate's row; a gate not yet
+    on the page (or anything unexpected) redraws the whole table body; refresh changes redraw
+    the banner. Table fragments travel in frames of their own (see the fleet consumers)."""
+
+    groups_to_join = (GATES_GROUP, REFRESHES_GROUP)
+
+    async def prepare(self) -> bool:
+        self.shown: set[int] = set()
+        return True
+
+    def resync(self) -> list[str]:
+        rows = presenters.gate_rows()
+        self.shown = {row.pk for row in rows}
+        context = {"gate_rows": rows, "oob": True, "streamed": True}
+        # Stripped: a table fragment must start with its own tag (see the fleet consumers).
+        body = render_to_string("refresh/gates.html#gate-rows", context).strip()
+        banner = presenters.banner_context() | {"oob": True}
+        return [body, render_to_string("refresh/banner.html#banner", banner)]
+
+    def render(self, event: str, payload: dict) -> list[str]:
+        if event != EVENT_GATE_CHANGED:
+            banner = presenters.banner_context() | {"oob": True}
+            return [render_to_string("refresh/banner.html#banner", banner)]
+        gate = (
+            Gate.objects.select_related("source", "active_refresh")
+            .filter(source_id=payload.get("source_id"), namespace=payload.get("namespace"))
+            .first()
+        )
+        if gate is None or gate.pk not in self.shown:
+            return self.resync()[:1]
+        context = {"row": presenters.gate_row(gate), "row_oob": True, "streamed": True}
+        return [render_to_string("refresh/gates.html#gate-row", context).strip()]

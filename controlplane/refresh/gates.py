@@ -1,6 +1,8 @@
 """Gate reads and writes, and the release of a refresh's scope.
 
-Every gate change bumps `revision`, is audited and published (`refresh.live`).
+Every gate change bumps `revision`, is audited and published (`refresh.live`); a change of
+state is also notified (`gate.opened`, `gate.closed`, `gate.unknown`: one notification per
+source and change, listing its gates; `gate.force_reopened` is sent by the action itself).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from django.utils import timezone
 from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
+from controlplane.notify.emit import notify
 from controlplane.refresh.live import publish_gate_changes
 from controlplane.refresh.models import ADMITTING_STATES, Gate, GateState, ScopeLock
 
@@ -57,10 +60,20 @@ def _iso(value) -> str | None:
 
 
 def displayed_reason(gate: Gate) -> str:
-    """Why the gate is in its state, in words (an unknown gate names the stale source)."""
+    """Why the gate is in its state, in words (an unknown gate names the stale source).
+
+    An unknown gate keeps its own `reason` (a forced gate's written reason must survive the
+    round trip through `unknown`), so the words for `unknown` come from the source."""
     if gate.state == GateState.UNKNOWN:
-        stale = gate.source.stale_reason or "no recent discovery"
-        return f"source {gate.source.name} is stale: {stale}"
+        source = gate.source
+        if source.stale:
+            return f"source {source.name} is stale: {source.stale_reason or 'listener failed'}"
+        if source.last_success_at is None:
+            return f"source {source.name} has no successful discovery"
+        return (
+            f"source {source.name} is stale: no successful discovery since "
+            f"{source.last_success_at.isoformat()}"
+        )
     return gate.reason
 
 
@@ -119,6 +132,7 @@ def _change(
     **fields,
 ) -> list[Gate]:
     ids = [g.pk for g in gates]
+    before = {g.pk: g.state for g in gates}
     now = timezone.now()
     _update(ids, state=state, now=now, **fields)
     for gate_id, values in (per_gate or {}).items():
@@ -139,8 +153,33 @@ def _change(
             },
             correlation_id=refresh.correlation_id if refresh else None,
         )
+    if action != AuditAction.GATE_FORCE_REOPENED:  # the force-reopen action notifies itself
+        _notify_state_changes(before, fresh, refresh=refresh, reason=note)
     _announce(fresh)
     return fresh
+
+
+#: The notification sent when a gate enters a state. `open_forced` is only entered through
+#: the force-reopen action (which sends `gate.force_reopened`) or by returning from `unknown`.
+_STATE_EVENTS = {
+    GateState.OPEN: "gate.opened",
+    GateState.OPEN_FORCED: "gate.opened",
+    GateState.CLOSED: "gate.closed",
+    GateState.UNKNOWN: "gate.unknown",
+}
+
+
+def _notify_state_changes(
+    before: Mapping[int, str], fresh: list[Gate], *, refresh=None, reason: str = ""
+) -> None:
+    """One notification per new state for the gates whose state changed (a refresh of three
+    namespaces sends one `gate.closed`, not three; a gate already closed sends none)."""
+    changed: dict[str, list[Gate]] = {}
+    for gate in fresh:
+        if before.get(gate.pk) != gate.state:
+            changed.setdefault(_STATE_EVENTS[GateState(gate.state)], []).append(gate)
+    for event, gates in changed.items():
+        notify(event, source=gates[0].source, refresh=refresh, gates=gates, reason=reason)
 
 
 _NOT_FORCED = {"forced_by": "", "forced_at": None}
@@ -224,28 +263,52 @@ def force_open(gates: list[Gate], *, actor: Actor, refresh, reason: str) -> None
     )
 
 
+def _locked_in_states(source, states) -> list[Gate]:
+    """The source's gates in `states`, locked (namespace order) so a refresh closing one of
+    them meanwhile is seen before we decide (callers run inside a transaction)."""
+    lockorder.domain_lock("gates")
+    return list(
+        Gate.objects.select_for_update(no_key=True, of=("self",))
+        .filter(source=source, state__in=list(states))
+        .order_by("namespace")
+    )
+
+
 def mark_source_unknown(source, *, actor: Actor) -> list[Gate]:
     """The source went stale: its admitting gates become `unknown` (closed ones stay closed,
     which already tells trainers not to send rollouts). The state to return to is kept."""
-    gates = list(Gate.objects.filter(source=source, state__in=ADMITTING_STATES))
+    gates = _locked_in_states(source, ADMITTING_STATES)
     if not gates:
         return []
+    before = {g.pk: g.state for g in gates}
     for state in {g.state for g in gates}:
         same = [g for g in gates if g.state == state]
         _update([g.pk for g in same], state=GateState.UNKNOWN, state_before_unknown=state)
-    return _audited(gates, AuditAction.GATE_UNKNOWN, actor=actor)
+    return _audited(gates, AuditAction.GATE_UNKNOWN, actor=actor, before=before)
 
 
 def restore_source_known(source, *, actor: Actor) -> list[Gate]:
     """The stale source answers again: `unknown` gates return to the state they had."""
-    gates = list(Gate.objects.filter(source=source, state=GateState.UNKNOWN))
+    gates = _locked_in_states(source, [GateState.UNKNOWN])
+    if not gates:
+        return []
+    before = {g.pk: g.state for g in gates}
     for gate in gates:
-        _update([gate.pk], state=gate.state_before_unknown or GateState.CLOSED)
-        Gate.objects.filter(pk=gate.pk).update(state_before_unknown="")
-    return _audited(gates, AuditAction.GATE_KNOWN, actor=actor) if gates else []
+        _update(
+            [gate.pk], state=gate.state_before_unknown or GateState.CLOSED, state_before_unknown=""
+        )
+    note = f"source {source.name} answers discovery again"
+    return _audited(gates, AuditAction.GATE_KNOWN, actor=actor, before=before, note=note)
 
 
-def _audited(gates: list[Gate], action: AuditAction, *, actor: Actor) -> list[Gate]:
+def _audited(
+    gates: list[Gate],
+    action: AuditAction,
+    *,
+    actor: Actor,
+    before: Mapping[int, str],
+    note: str = "",
+) -> list[Gate]:
     fresh = list(Gate.objects.filter(pk__in=[g.pk for g in gates]).select_related("source"))
     for gate in fresh:
         record(
@@ -255,9 +318,10 @@ def _audited(gates: list[Gate], action: AuditAction, *, actor: Actor) -> list[Ga
             details={
                 "namespace": gate.namespace,
                 "state": gate.state,
-                "reason": displayed_reason(gate),
+                "reason": note or displayed_reason(gate),
             },
         )
+    _notify_state_changes(before, fresh, reason=note or displayed_reason(fresh[0]))
     _announce(fresh)
     return fresh
 

@@ -7,9 +7,11 @@ from typing import Any
 
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
 from controlplane.refresh.actions import can_end
+from controlplane.refresh.gates import displayed_reason
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
+    GateState,
     JournalEntry,
     PolicyRefresh,
     RefreshState,
@@ -177,6 +179,36 @@ def gates_of(source=None) -> list[Gate]:
     if source is not None:
         gates = gates.filter(source=source)
     return list(gates)
+
+
+#: The badge class of each gate state: a forced gate never looks like a verified one.
+GATE_BADGE = {
+    GateState.OPEN: "open",
+    GateState.OPEN_FORCED: "forced",
+    GateState.CLOSED: "closed",
+    GateState.UNKNOWN: "unknown",
+}
+
+
+@dataclass
+class GateRow:
+    """One row of the Gates page (and of its live stream)."""
+
+    gate: Gate
+    reason: str
+    badge: str
+
+    @property
+    def pk(self) -> int:
+        return self.gate.pk
+
+
+def gate_row(gate: Gate) -> GateRow:
+    return GateRow(gate, displayed_reason(gate), GATE_BADGE.get(gate.state, "closed"))
+
+
+def gate_rows(gates: list[Gate] | None = None) -> list[GateRow]:
+    return [gate_row(g) for g in (gates if gates is not None else gates_of())]
 
 
 def banner_context(source=None) -> dict[str, Any]:

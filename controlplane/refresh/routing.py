@@ -5,4 +5,5 @@ from controlplane.refresh import consumers
 websocket_urlpatterns: list = [
     path("ws/refreshes/<int:refresh_id>/", consumers.RefreshConsumer.as_asgi()),
     path("ws/refresh-banner/<int:source_id>/", consumers.BannerConsumer.as_asgi()),
+    path("ws/gate-table/", consumers.GateTableConsumer.as_asgi()),
 ]

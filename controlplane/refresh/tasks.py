@@ -2,6 +2,7 @@
 
 from celery import shared_task
 
+from controlplane.refresh import freshness
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
 
@@ -32,3 +33,8 @@ def catch_up_quarantine(quarantine_id: int) -> str:
     from controlplane.refresh import quarantine
 
     return quarantine.catch_up(quarantine_id)
+
+
+@shared_task(name="refresh.sync_gate_freshness", ignore_result=True)
+def sync_gate_freshness() -> dict[str, int]:
+    return freshness.sync_all()

@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.refresh_list, name="list"),
     path("new/", views.plan, name="plan"),
     path("gates/", views.gate_list, name="gates"),
+    path("gates/<int:pk>/actions/", views.gate_actions, name="gate_actions"),
     path("gates/<int:pk>/force-reopen/", views.force_reopen, name="force_reopen"),
     path("<int:pk>/", views.detail, name="detail"),
     path("<int:pk>/actions/", views.refresh_actions, name="actions"),

@@ -139,9 +139,18 @@ rollback = _act(ROLLBACK)
 @require_GET
 @requires(Perm.VIEW)
 def gate_list(request: HttpRequest) -> HttpResponse:
-    context = {"banner_gates": presenters.gates_of()}
+    """Every gate with its state, counts, since and reason; `/ws/gate-table/` keeps it live."""
+    context = {"gate_rows": presenters.gate_rows()} | presenters.banner_context()
     template = "refresh/gates.html#gates" if request.htmx else "refresh/gates.html"
     return render(request, template, context)
+
+
+@require_GET
+@requires(Perm.VIEW)
+def gate_actions(request: HttpRequest, pk: int) -> HttpResponse:
+    """One gate's action form, rendered for this user (a streamed row asks for it)."""
+    gate = get_object_or_404(Gate, pk=pk)
+    return render(request, "refresh/gates.html#gate-actions", {"gate": gate})
 
 
 @require_POST

@@ -451,6 +451,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "refresh:list": ["/refreshes/"],
         "refresh:plan": ["/refreshes/new/"],
         "refresh:gates": ["/refreshes/gates/"],
+        "refresh:gate_actions": [f"/refreshes/gates/{g.pk}/actions/" for g in Gate.objects.all()],
         "refresh:detail": [f"/refreshes/{pk}/" for pk in r],
         "refresh:actions": [f"/refreshes/{pk}/actions/" for pk in r],
         "intake:admin_index": ["/admin-tools/"],
@@ -582,6 +583,7 @@ def _stream_paths(w: World) -> dict[str, list[str]]:
             f"/ws/refresh-banner/{w.sim.pk}/",
         ],
         "ws/gates/": ["/ws/gates/"],
+        "ws/gate-table/": ["/ws/gate-table/"],
     }
 
 

@@ -588,7 +588,7 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
                     + (
                         "it is resuming the engines of a namespace closed out a moment ago; "
                         "try again when it is held"
-                        if refresh.state == RefreshState.RELEASING
+                        if refresh.end_state == RefreshState.HELD
                         else "abort it first"
                     )
                 )

@@ -27,8 +27,8 @@ from controlplane.simfleet import Fault
 from tests.integration.refresh.helpers import (
     actor_for,
     fleet_config,
-    force_reopen_each,
     fleet_versions,
+    force_reopen_each,
     make_source,
     paused_workers,
     run_inline,

@@ -289,7 +289,7 @@ class Runner:
                 refresh=refresh, step=StepName.RELEASE, attempt=step_run.attempt
             )
             .exclude(status__in=("ok", "skipped", DEPARTED))
-            .values_list("planned_worker__key", flat=True)
+            .values_list("planned_worker__key", "error")
         )
         with transaction.atomic():
             self.lease.release(
@@ -306,7 +306,7 @@ class Runner:
                     "step": refresh.failed_step,
                     "reason": refresh.held_reason,
                     "released": result.detail,
-                    "not_resumed": unresumed,
+                    "not_resumed": [{"worker": k, "error": e} for k, e in unresumed],
                     "resolved_namespaces": sorted(refresh.resolved_namespaces or {}),
                 },
                 correlation_id=refresh.correlation_id,

@@ -57,6 +57,8 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_RECOVERED = "policy_refresh.recovered"
     POLICY_REFRESH_WORKERS_DEPARTED = "policy_refresh.workers_departed"
     POLICY_REFRESH_ENDED = "policy_refresh.ended"
+    POLICY_REFRESH_MEMBERSHIP_RESOLVED = "policy_refresh.membership_resolved"
+    POLICY_REFRESH_NAMESPACES_REOPENED = "policy_refresh.namespaces_reopened"
     # trainer integration
     WEBHOOK_ENDPOINT_CREATED = "webhook_endpoint.created"
     WEBHOOK_ENDPOINT_UPDATED = "webhook_endpoint.updated"

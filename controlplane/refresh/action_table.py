@@ -22,6 +22,8 @@ class ActionInput:
 
     reason: str = ""
     resume_engines: bool = False
+    #: The namespace a per-namespace action acts on (force-reopen from a refresh).
+    namespace: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,27 @@ END = Action[PolicyRefresh](
     ),
     "Ended; the scope is free and its gates stay closed.",
 )
+RESOLVE_MEMBERSHIP = Action[PolicyRefresh](
+    "resolve-membership",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: actions.resolve_membership(refresh, actor=actor),
+    "Membership resolved: leavers dropped, joiners left out of the verified set; "
+    "the held step runs again.",
+)
+REOPEN_VERIFIED = Action[PolicyRefresh](
+    "reopen-verified",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: actions.reopen_verified_namespaces(refresh, actor=actor),
+    "Every namespace whose workers all passed verify is open; the others stay closed.",
+)
+FORCE_REOPEN_NAMESPACE = Action[PolicyRefresh](
+    "force-reopen",
+    Perm.FORCE_REOPEN,
+    lambda refresh, actor, given: actions.force_reopen_namespace(
+        refresh, given.namespace, actor=actor, reason=given.reason
+    ),
+    "Gate force-reopened for that namespace; the refresh goes on for the others.",
+)
 FORCE_REOPEN = Action[Gate](
     "force-reopen",
     Perm.FORCE_REOPEN,
@@ -95,5 +118,17 @@ FORCE_REOPEN = Action[Gate](
 
 #: The actions on one refresh, by the name their URLs use.
 REFRESH_ACTIONS: dict[str, Action[PolicyRefresh]] = {
-    action.name: action for action in (START, APPROVE, REJECT, ABORT, RETRY, ROLLBACK, END)
+    action.name: action
+    for action in (
+        START,
+        APPROVE,
+        REJECT,
+        ABORT,
+        RETRY,
+        ROLLBACK,
+        END,
+        RESOLVE_MEMBERSHIP,
+        REOPEN_VERIFIED,
+        FORCE_REOPEN_NAMESPACE,
+    )
 }

@@ -206,13 +206,16 @@ def open_gates_verified(
     actor: Actor,
     verified: Mapping[str, Sequence[str]],
     unverified: Mapping[str, int] | None = None,
+    namespaces: Sequence[str] | None = None,
 ) -> None:
     """Open the refresh's gates at its version for exactly the instances verified at it.
 
     `verified` maps each namespace to the instance ids (decimal strings) verified at the
     refresh's version; `unverified` counts the serving workers of a namespace left out.
+    `namespaces` opens only those (a refresh resolved namespace by namespace); default: all.
     """
-    gates = [gate_for(refresh.source, ns) for ns in refresh.namespaces]
+    namespaces = refresh.namespaces if namespaces is None else namespaces
+    gates = [gate_for(refresh.source, ns) for ns in sorted(namespaces)]
     unverified = unverified or {}
     per_gate = {
         g.pk: {
@@ -240,8 +243,11 @@ def open_gates_verified(
 
 
 def update_gate_reason(refresh, reason: str) -> None:
-    """A held/aborted refresh explains why the gate is still closed (not a separate audit)."""
-    gates = Gate.objects.filter(source=refresh.source, namespace__in=refresh.namespaces)
+    """A held/aborted refresh explains why the gate is still closed (not a separate audit).
+
+    Only the gates the refresh still holds: a namespace resolved on its own (force-reopened,
+    reopened verified) keeps its own state and reason."""
+    gates = Gate.objects.filter(active_refresh=refresh)
     _update(list(gates.values_list("pk", flat=True)), reason=reason)
     _announce(list(gates.select_related("source")))
 

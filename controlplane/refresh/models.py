@@ -184,6 +184,15 @@ class PolicyRefresh(models.Model):
     # After a release (abort with resume, force-reopen) the executor ends in this state.
     end_state = models.CharField(max_length=24, blank=True)
     abort_requested = models.BooleanField(default=False)
+    #: What the last membership check that held found, by name: `{"step", "left": [key],
+    #: "joined": [key], "changed": [{"key", "detail"}]}`; empty when it passed.
+    membership_change = models.JSONField(default=dict, blank=True)
+    #: Listed workers a person chose to leave out of the verified set (joiners, changed ones):
+    #: the reopen does not count them as a membership change; the gate counts them unverified.
+    left_out = models.JSONField(default=list, blank=True)
+    #: Namespaces closed out one by one while the rest of the refresh goes on (`refresh.
+    #: namespaces`): namespace → `{"outcome": "force_reopened"|"reopened", "by", "at", "reason"}`.
+    resolved_namespaces = models.JSONField(default=dict, blank=True)
 
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

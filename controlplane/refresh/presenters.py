@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
-from controlplane.refresh.actions import can_end
+from controlplane.refresh.actions import can_end, is_membership_hold
 from controlplane.refresh.gates import displayed_reason
 from controlplane.refresh.models import (
     ACTIVE_STATES,
@@ -18,6 +18,7 @@ from controlplane.refresh.models import (
     StepRun,
     WorkerStepResult,
 )
+from controlplane.refresh.namespaces import verified_namespaces
 from controlplane.refresh.sequence import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 
 
@@ -152,6 +153,76 @@ def verification_summary(refresh: PolicyRefresh) -> str:
     return f"{text}; trainer fingerprint: {fingerprint}" if fingerprint else text
 
 
+@dataclass
+class NamespaceGate:
+    """One namespace of a refresh and what its gate says now, in words."""
+
+    namespace: str
+    state: str
+    text: str
+    #: The refresh still holds this namespace (its gate closes and opens with the refresh).
+    held_here: bool
+    #: How the namespace was resolved on its own, if it was ("force_reopened", "reopened").
+    outcome: str = ""
+    gate_id: int | None = None
+
+
+def _gate_text(gate: Gate) -> str:
+    if gate.state == GateState.OPEN:
+        text = (
+            f"open at {gate.verified_version!r} for {len(gate.verified_instances)} verified "
+            f"worker{'' if len(gate.verified_instances) == 1 else 's'}"
+        )
+        if gate.unverified_count:
+            text += f" ({gate.unverified_count} serving outside the verified set)"
+        return text
+    if gate.state == GateState.OPEN_FORCED:
+        return f"open (forced) by {gate.forced_by}: {gate.reason}"
+    reason = displayed_reason(gate)
+    return f"{gate.get_state_display()}: {reason}" if reason else gate.get_state_display()
+
+
+def namespace_gates(refresh: PolicyRefresh) -> list[NamespaceGate]:
+    """Per namespace of the refresh: its gate's state, what it says, who holds it."""
+    gates = {
+        g.namespace: g
+        for g in Gate.objects.filter(
+            source=refresh.source, namespace__in=refresh.namespaces
+        ).select_related("source")
+    }
+    resolved = refresh.resolved_namespaces or {}
+    rows = []
+    for namespace in refresh.namespaces:
+        gate = gates.get(namespace)
+        outcome = (resolved.get(namespace) or {}).get("outcome", "")
+        if gate is None:
+            rows.append(NamespaceGate(namespace, "open", "open: never gated", False, outcome))
+            continue
+        rows.append(
+            NamespaceGate(
+                namespace,
+                gate.state,
+                _gate_text(gate),
+                gate.active_refresh_id == refresh.pk,
+                outcome,
+                gate.pk,
+            )
+        )
+    return rows
+
+
+def recovery_context(refresh: PolicyRefresh) -> dict[str, Any]:
+    """What the held refresh's recoveries need: per-namespace gates, which namespaces passed
+    verify (for "reopen all verified") and whether a membership change holds it."""
+    held = refresh.state == RefreshState.HELD
+    return {
+        "namespace_gates": namespace_gates(refresh),
+        "verified_namespaces": verified_namespaces(refresh) if held else [],
+        "membership_hold": is_membership_hold(refresh),
+        "membership_change": refresh.membership_change or {},
+    }
+
+
 def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
     """Everything the refresh page and its live stream render, from the database."""
     return {
@@ -164,6 +235,7 @@ def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
         "journal": latest_journal(refresh),
         "agreement": agreement_summary(refresh),
         "fingerprint": fingerprint_summary(refresh),
+        **recovery_context(refresh),
     }
 
 

@@ -19,4 +19,7 @@ urlpatterns = [
     path("<int:pk>/retry/", views.retry, name="retry"),
     path("<int:pk>/rollback/", views.rollback, name="rollback"),
     path("<int:pk>/end/", views.end, name="end"),
+    path("<int:pk>/resolve-membership/", views.resolve_membership, name="resolve_membership"),
+    path("<int:pk>/reopen-verified/", views.reopen_verified, name="reopen_verified"),
+    path("<int:pk>/force-reopen/", views.force_reopen_namespace, name="force_reopen_namespace"),
 ]

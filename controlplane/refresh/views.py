@@ -22,7 +22,10 @@ from controlplane.refresh.action_table import (
     APPROVE,
     END,
     FORCE_REOPEN,
+    FORCE_REOPEN_NAMESPACE,
     REJECT,
+    REOPEN_VERIFIED,
+    RESOLVE_MEMBERSHIP,
     RETRY,
     ROLLBACK,
     START,
@@ -47,6 +50,7 @@ def _given(request: HttpRequest) -> ActionInput:
     return ActionInput(
         reason=request.POST.get("reason", ""),
         resume_engines=request.POST.get("resume_engines") == "1",
+        namespace=request.POST.get("namespace", ""),
     )
 
 
@@ -105,6 +109,7 @@ def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
         "refresh": refresh,
         "is_active": refresh.state in ACTIVE_STATES,
         "can_end": actions.can_end(refresh),
+        **presenters.recovery_context(refresh),
     }
     return render(request, "refresh/detail.html#actions", context)
 
@@ -134,6 +139,9 @@ abort = _act(ABORT)
 retry = _act(RETRY)
 end = _act(END)
 rollback = _act(ROLLBACK)
+resolve_membership = _act(RESOLVE_MEMBERSHIP)
+reopen_verified = _act(REOPEN_VERIFIED)
+force_reopen_namespace = _act(FORCE_REOPEN_NAMESPACE)
 
 
 @require_GET

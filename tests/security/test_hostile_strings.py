@@ -388,6 +388,9 @@ POST_ONLY = {
     "refresh:rollback",
     "refresh:force_reopen",
     "refresh:end",
+    "refresh:resolve_membership",
+    "refresh:reopen_verified",
+    "refresh:force_reopen_namespace",
     "intake:token_revoke",
     "intake:endpoint_rotate",
     "intake:endpoint_remove_secret",
@@ -411,6 +414,9 @@ API_WRITES = {
     "rollback_refresh",
     "force_reopen",
     "end_refresh",
+    "resolve_refresh_membership",
+    "reopen_verified_namespaces",
+    "force_reopen_refresh_namespace",
     "trainer_webhook",
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.

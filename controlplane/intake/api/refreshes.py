@@ -63,6 +63,11 @@ class EndIn(Schema):
     reason: str = Field(min_length=1, max_length=2000)
 
 
+class ForceReopenNamespaceIn(Schema):
+    namespace: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=2000)
+
+
 class RefreshOut(Schema):
     id: int
     source: str
@@ -301,3 +306,28 @@ def end_refresh(request: HttpRequest, response: HttpResponse, refresh_id: Id, pa
     scope is free at once and its gates stay closed. A running refresh is aborted first."""
     given = ActionInput(reason=payload.reason)
     return _action(request, response, refresh_id, action_table.END, given)
+
+
+@_action_route(action_table.RESOLVE_MEMBERSHIP)
+def resolve_refresh_membership(request: HttpRequest, response: HttpResponse, refresh_id: Id):
+    """Resolve a hold on a membership change: drop the workers that left (or changed), leave
+    the joiners out of the verified set, then run the held step again (the reopen re-reads
+    discovery and opens for the verified set)."""
+    return _action(request, response, refresh_id, action_table.RESOLVE_MEMBERSHIP)
+
+
+@_action_route(action_table.REOPEN_VERIFIED)
+def reopen_verified_namespaces(request: HttpRequest, response: HttpResponse, refresh_id: Id):
+    """Open every namespace of a held refresh whose workers all passed verify (state `open`,
+    with the verified set); the others stay closed and the refresh stays held for them."""
+    return _action(request, response, refresh_id, action_table.REOPEN_VERIFIED)
+
+
+@_action_route(action_table.FORCE_REOPEN_NAMESPACE)
+def force_reopen_refresh_namespace(
+    request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: ForceReopenNamespaceIn
+):
+    """Force-reopen one namespace of a held refresh (`open_forced`, with the reason); its
+    engines are resumed and the refresh goes on held for its other namespaces."""
+    given = ActionInput(reason=payload.reason, namespace=payload.namespace)
+    return _action(request, response, refresh_id, action_table.FORCE_REOPEN_NAMESPACE, given)

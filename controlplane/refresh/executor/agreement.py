@@ -32,8 +32,13 @@ class AgreementOutcome:
     summary: str
 
 
-def verified_samples(refresh: PolicyRefresh) -> dict[str, list[tuple[int, Sample]]]:
-    """model → [(planned worker id, sample)] from each worker's latest passing generation."""
+def verified_samples(
+    refresh: PolicyRefresh, exclude: set[int] = frozenset()
+) -> dict[str, list[tuple[int, Sample]]]:
+    """model → [(planned worker id, sample)] from each worker's latest passing generation.
+
+    `exclude`: planned workers out of play (departed, or in a namespace resolved on its own).
+    """
     latest: dict[int, JournalEntry] = {}
     entries = (
         JournalEntry.objects.filter(
@@ -47,6 +52,8 @@ def verified_samples(refresh: PolicyRefresh) -> dict[str, list[tuple[int, Sample
             latest[entry.planned_worker_id] = entry
     by_model: dict[str, list[tuple[int, Sample]]] = {}
     for worker_id, entry in latest.items():
+        if worker_id in exclude:
+            continue
         sample = completion_sample(entry.planned_worker.key, entry.response_body)
         if sample is None:
             continue
@@ -55,10 +62,12 @@ def verified_samples(refresh: PolicyRefresh) -> dict[str, list[tuple[int, Sample
     return by_model
 
 
-def check_agreement(refresh: PolicyRefresh, lease, attempt: int) -> AgreementOutcome:
+def check_agreement(
+    refresh: PolicyRefresh, lease, attempt: int, *, exclude: set[int] = frozenset()
+) -> AgreementOutcome:
     """Compare every verified worker of each model; journal and fail the odd ones out."""
     rule = AgreementRule.from_dict((refresh.verification or {}).get("agreement"))
-    by_model = verified_samples(refresh)
+    by_model = verified_samples(refresh, exclude)
     if not by_model:
         return AgreementOutcome(True, "no generation results to cross-check")
     checks: list[tuple[str, list[tuple[int, Sample]], CrossCheck]] = []

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
-from controlplane.dynamo.discovery import fetch_discovery
+from controlplane.dynamo.discovery import DiscoveredWorker, fetch_discovery
 from controlplane.dynamo.errors import DiscoveryError
 from controlplane.dynamo.http import make_client
 from controlplane.refresh.models import JournalEntry, PlannedWorker, WorkerStepResult
@@ -35,8 +35,12 @@ LEFT_THE_FLEET = "left the fleet: absent from a fresh discovery of {source}"
 EXECUTOR = Actor.system("policy-refresh executor")
 
 
-def read_membership(ctx, step: str) -> tuple[set[str], str]:
-    """Read the listener now: (keys of the scope's listed workers, error). Journaled."""
+def read_listing(ctx, step: str) -> tuple[dict[str, DiscoveredWorker], str]:
+    """Read the listener now: (the scope's listed workers by key, error). Journaled.
+
+    The scope is the refresh's namespaces; the journal row keeps the keys and, for workers
+    listed with a probe error, that error.
+    """
     refresh = ctx.refresh
     started = datetime.now(UTC)
     t0 = time.perf_counter()
@@ -48,14 +52,20 @@ def read_membership(ctx, step: str) -> tuple[set[str], str]:
             )
 
     error = ""
-    current: set[str] = set()
+    listed: dict[str, DiscoveredWorker] = {}
     try:
         result = asyncio.run(fetch())
-        current = {
-            w.identity.key for w in result.workers if w.identity.namespace in refresh.namespaces
+        listed = {
+            w.identity.key: w for w in result.workers if w.identity.namespace in refresh.namespaces
         }
     except DiscoveryError as exc:
         error = exc.reason
+    body = None
+    if not error:
+        body = {"in_scope": sorted(listed)}
+        errors = {key: w.error for key, w in sorted(listed.items()) if w.error is not None}
+        if errors:
+            body["errors"] = errors
     with transaction.atomic():
         ctx.lease.guard()
         JournalEntry.objects.create(
@@ -66,14 +76,20 @@ def read_membership(ctx, step: str) -> tuple[set[str], str]:
             url=refresh.source.listener_url[:800],
             ok=not error,
             error=error,
-            response_body={"in_scope": sorted(current)} if not error else None,
+            response_body=body,
             duration_ms=(time.perf_counter() - t0) * 1000.0,
             attempt=ctx.attempt,
             started_at=started,
             finished_at=datetime.now(UTC),
             lease_token=ctx.lease.token,
         )
-    return current, error
+    return listed, error
+
+
+def read_membership(ctx, step: str) -> tuple[set[str], str]:
+    """Read the listener now: (keys of the scope's listed workers, error). Journaled."""
+    listed, error = read_listing(ctx, step)
+    return set(listed), error
 
 
 def departed_ids(refresh_id: int) -> set[int]:
@@ -115,32 +131,50 @@ def record_departures(
     if not gone:
         return set()
     refresh = ctx.refresh
-    reason = LEFT_THE_FLEET.format(source=refresh.source.name)
-    now = timezone.now()
     with transaction.atomic():
         ctx.lease.guard()
-        WorkerStepResult.objects.bulk_create(
-            WorkerStepResult(
-                refresh=refresh,
-                planned_worker=w,
-                step=step,
-                attempt=ctx.attempt,
-                status=DEPARTED,
-                error=reason,
-                finished_at=now,
-            )
-            for w in gone
-        )
-        record(
-            AuditAction.POLICY_REFRESH_WORKERS_DEPARTED,
+        write_departures(
+            refresh,
+            gone,
+            step=step,
+            attempt=ctx.attempt,
+            reason=LEFT_THE_FLEET.format(source=refresh.source.name),
             actor=EXECUTOR,
-            target=refresh,
-            details={
-                "refresh_id": refresh.pk,
-                "step": step,
-                "workers": [w.key for w in gone],
-                "outcome": "left the fleet; not called again by this refresh",
-            },
-            correlation_id=refresh.correlation_id,
+            outcome="left the fleet; not called again by this refresh",
         )
     return {w.pk for w in gone}
+
+
+def write_departures(
+    refresh, workers: list[PlannedWorker], *, step: str, attempt: int, reason: str, actor, outcome
+) -> None:
+    """Record `workers` as departed at `step` (a result each) and audit them in one event.
+
+    The caller holds the transaction (and the executor's lease or the refresh row): the audit
+    chain head is taken last.
+    """
+    now = timezone.now()
+    WorkerStepResult.objects.bulk_create(
+        WorkerStepResult(
+            refresh=refresh,
+            planned_worker=w,
+            step=step,
+            attempt=attempt,
+            status=DEPARTED,
+            error=reason[:2000],
+            finished_at=now,
+        )
+        for w in workers
+    )
+    record(
+        AuditAction.POLICY_REFRESH_WORKERS_DEPARTED,
+        actor=actor,
+        target=refresh,
+        details={
+            "refresh_id": refresh.pk,
+            "step": step,
+            "workers": [w.key for w in workers],
+            "outcome": outcome,
+        },
+        correlation_id=refresh.correlation_id,
+    )

@@ -235,6 +235,9 @@ class Runner:
         the audit event. The gate stays as the person left it (closed after an abort, open
         after a force-reopen); the next refresh of the scope pauses and resumes them anyway.
         """
+        if refresh.end_state == RefreshState.HELD:
+            self._back_to_held(refresh, step_run, result)
+            return
         end_state = refresh.end_state or RefreshState.ABORTED
         unresumed = list(
             WorkerStepResult.objects.filter(
@@ -271,6 +274,38 @@ class Runner:
                     "engines_resumed": not unresumed,
                     "not_resumed": [{"worker": k, "error": e} for k, e in unresumed],
                     "left_the_fleet": departed,
+                },
+                correlation_id=refresh.correlation_id,
+            )
+        publish_state(self.load())
+
+    def _back_to_held(self, refresh, step_run: StepRun, result: StepResult) -> None:
+        """A namespace was closed out on its own and its engines resumed: the refresh is held
+        again for the namespaces left, at the step it was held at, with its reason."""
+        unresumed = list(
+            WorkerStepResult.objects.filter(
+                refresh=refresh, step=StepName.RELEASE, attempt=step_run.attempt
+            )
+            .exclude(status__in=("ok", "skipped", DEPARTED))
+            .values_list("planned_worker__key", "error")
+        )
+        with transaction.atomic():
+            self.lease.release(
+                **state_change(
+                    RefreshState.HELD, end_state="", end_reason="", abort_requested=False
+                )
+            )
+            self._finish_step_run(step_run, "failed" if unresumed else "ok", result.detail)
+            record(
+                AuditAction.POLICY_REFRESH_HELD,
+                actor=EXECUTOR,
+                target=refresh,
+                details={
+                    "step": refresh.failed_step,
+                    "reason": refresh.held_reason,
+                    "released": result.detail,
+                    "not_resumed": [{"worker": k, "error": e} for k, e in unresumed],
+                    "resolved_namespaces": sorted(refresh.resolved_namespaces or {}),
                 },
                 correlation_id=refresh.correlation_id,
             )

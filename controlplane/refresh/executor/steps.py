@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
+from controlplane.dynamo.families import detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
 from controlplane.refresh.executor.agreement import check_agreement
@@ -19,7 +20,7 @@ from controlplane.refresh.executor.calls import CallSettings, WorkerJob
 from controlplane.refresh.executor.departures import (
     departed_ids,
     departed_keys,
-    read_membership,
+    read_listing,
     rechecks_membership,
     record_departures,
 )
@@ -29,8 +30,10 @@ from controlplane.refresh.models import (
     JournalEntry,
     PlannedWorker,
     PolicyRefresh,
+    RefreshState,
     WorkerStepResult,
 )
+from controlplane.refresh.namespaces import REOPENED, open_namespaces, out_of_play_ids
 from controlplane.refresh.planning import update_is_idempotent
 from controlplane.refresh.sequence import StepName
 
@@ -77,37 +80,113 @@ class CloseGate(Step):
         return StepResult(True, detail=f"closed {', '.join(ctx.refresh.namespaces)}")
 
 
-def membership_problem(ctx: StepContext, step: StepName) -> str | None:
-    """Read the listener now and compare the scope's membership with the plan's.
+def _namespace_of(key: str) -> str:
+    # Identity keys are namespace/component/endpoint/instance_id.
+    return key.split("/", 1)[0]
 
-    Workers recorded as departed are no change. On a retry, planned workers that left since
-    are recorded as departed (a person chose to go on) instead of holding again.
+
+def membership_change(ctx: StepContext, step: StepName) -> tuple[dict, dict, str]:
+    """Read the listener now and compare the scope with what the refresh expects.
+
+    Returns (change, the listed workers of the namespaces in play by key, error).
+
+    Expected are the plan's workers of the namespaces still in play, less those recorded as
+    departed. Compared are identities (who left, who joined — less the workers a person chose
+    to leave out), and for each expected worker still listed its admin route and its error: a
+    worker listed with a probe error, a moved `system_url` or routes of another family is not
+    the worker that was verified. On a retry, planned workers that left since are recorded as
+    departed (a person chose to go on) instead of holding again.
     """
     refresh = ctx.refresh
-    current, error = read_membership(ctx, step)
+    listed, error = read_listing(ctx, step)
     if error:
-        return f"discovery failed: {error}"
-    planned = set(refresh.plan_membership) - departed_keys(refresh.pk)
+        return {}, {}, error
+    in_play = set(open_namespaces(refresh))
+    listed = {k: w for k, w in listed.items() if w.identity.namespace in in_play}
+    planned = {w.key: w for w in refresh.workers.all() if w.namespace in in_play}
+    expected = {k for k in refresh.plan_membership if _namespace_of(k) in in_play}
+    expected -= departed_keys(refresh.pk)
     if rechecks_membership(ctx):
-        left_planned = [w for w in refresh.workers.all() if w.key in planned - current]
-        record_departures(ctx, step, left_planned, current)
-        planned &= current
-    joined, left = sorted(current - planned), sorted(planned - current)
-    if joined or left:
-        parts = []
-        if left:
-            parts.append(f"left: {', '.join(left[:MAX_NAMED_FAILURES])}")
-        if joined:
-            parts.append(f"joined: {', '.join(joined[:MAX_NAMED_FAILURES])}")
-        return "membership changed since the plan (" + "; ".join(parts) + ")"
-    return None
+        left_planned = [planned[k] for k in sorted(expected - set(listed)) if k in planned]
+        record_departures(ctx, step, left_planned, set(listed))
+        expected &= set(listed)
+    changed = []
+    for key in sorted(expected & set(listed)):
+        worker, plan = listed[key], planned.get(key)
+        if worker.error is not None:
+            changed.append({"key": key, "detail": f"listed with an error: {worker.error}"})
+        elif plan is not None and (worker.system_url or "") != plan.system_url:
+            changed.append(
+                {
+                    "key": key,
+                    "detail": f"admin route moved from {plan.system_url or 'none'} "
+                    f"to {worker.system_url or 'none'}",
+                }
+            )
+        elif plan is not None and plan.family:
+            family = detect_family(worker.routes)
+            if family is None or family.name != plan.family:
+                changed.append(
+                    {
+                        "key": key,
+                        "detail": f"advertised routes are no longer those of a {plan.family} "
+                        "worker",
+                    }
+                )
+    left = sorted(expected - set(listed))
+    joined = sorted(set(listed) - expected - set(refresh.left_out or []))
+    touched = {_namespace_of(k) for k in left + joined} | {_namespace_of(c["key"]) for c in changed}
+    change = {
+        "step": str(step),
+        "namespaces": sorted(touched),
+        "left": left,
+        "joined": joined,
+        "changed": changed,
+    }
+    return change, listed, ""
+
+
+def describe_membership_change(change: dict) -> str:
+    """One line naming who left, joined or changed (the first few of each)."""
+
+    def named(keys: list[str]) -> str:
+        extra = len(keys) - MAX_NAMED_FAILURES
+        more = f" (+{extra} more)" if extra > 0 else ""
+        return ", ".join(keys[:MAX_NAMED_FAILURES]) + more
+
+    parts = []
+    if change.get("left"):
+        parts.append(f"left: {named(change['left'])}")
+    if change.get("joined"):
+        parts.append(f"joined: {named(change['joined'])}")
+    if change.get("changed"):
+        parts.append(
+            "changed: " + named([f"{c['key']} ({c['detail']})" for c in change["changed"]])
+        )
+    return "membership changed since the plan (" + "; ".join(parts) + ")"
+
+
+def membership_problem(ctx: StepContext, step: StepName) -> tuple[str | None, dict]:
+    """The membership check of `resolve` and `reopen`: (problem or None, listed workers).
+
+    A change is stored on the refresh (`membership_change`) so the hold names who left or
+    joined and the "resolve membership" action acts on exactly that; a pass clears it.
+    """
+    change, listed, error = membership_change(ctx, step)
+    if error:
+        return f"discovery failed: {error}", {}
+    problem = any(change[k] for k in ("left", "joined", "changed"))
+    with transaction.atomic():
+        ctx.lease.guard(membership_change=change if problem else {})
+    ctx.refresh.membership_change = change if problem else {}
+    return (describe_membership_change(change) if problem else None), listed
 
 
 class Resolve(Step):
     name = StepName.RESOLVE
 
     def run(self, ctx: StepContext) -> StepResult:
-        problem = membership_problem(ctx, self.name)
+        problem, _ = membership_problem(ctx, self.name)
         if problem:
             return StepResult(False, problem)
         return StepResult(True, detail=f"{len(ctx.refresh.plan_membership)} workers as planned")
@@ -134,7 +213,7 @@ class WorkerStep(Step):
     """Call every planned worker that has not yet succeeded at this step."""
 
     def pending(self, ctx: StepContext) -> list[PlannedWorker]:
-        done = ok_worker_ids(ctx.refresh.pk, self.name) | departed_ids(ctx.refresh.pk)
+        done = ok_worker_ids(ctx.refresh.pk, self.name) | out_of_play_ids(ctx.refresh)
         pending = [w for w in ctx.refresh.workers.all() if w.pk not in done]
         if pending and rechecks_membership(ctx):
             gone = record_departures(ctx, self.name, pending)
@@ -249,11 +328,11 @@ class Verify(WorkerStep):
             .order_by("id")
             .values_list("planned_worker_id", "status")
         )
-        departed = departed_ids(ctx.refresh.pk)
+        out = out_of_play_ids(ctx.refresh)
         pending = [
             w
             for w in ctx.refresh.workers.all()
-            if w.pk not in departed and latest.get(w.pk) not in ("ok", "skipped")
+            if w.pk not in out and latest.get(w.pk) not in ("ok", "skipped")
         ]
         if pending and rechecks_membership(ctx):
             gone = record_departures(ctx, self.name, pending)
@@ -270,7 +349,9 @@ class Verify(WorkerStep):
         result = super().run(ctx)
         if not result.ok or result.aborted or not ctx.refresh.verification.get("generation"):
             return result
-        agreement = check_agreement(ctx.refresh, ctx.lease, ctx.attempt)
+        agreement = check_agreement(
+            ctx.refresh, ctx.lease, ctx.attempt, exclude=out_of_play_ids(ctx.refresh)
+        )
         if not agreement.ok:
             return StepResult(False, agreement.summary)
         detail = f"{result.detail}; {agreement.summary}" if result.detail else agreement.summary
@@ -278,39 +359,62 @@ class Verify(WorkerStep):
 
 
 class Reopen(Step):
+    """Re-read discovery, then open the gates of the namespaces still in play for exactly the
+    workers verified at the refresh's version."""
+
     name = StepName.REOPEN
 
     def run(self, ctx: StepContext) -> StepResult:
-        problem = membership_problem(ctx, self.name)
+        problem, listed = membership_problem(ctx, self.name)
         if problem:
             return StepResult(False, problem)
-        verified, unverified = verified_instance_sets(ctx.refresh)
+        namespaces = open_namespaces(ctx.refresh)
+        serving = [(w.identity.namespace, str(w.identity.instance_id)) for w in listed.values()]
+        verified, unverified = verified_instance_sets(ctx.refresh, namespaces, serving)
         with transaction.atomic():
             ctx.lease.guard()
             gates.open_gates_verified(
-                ctx.refresh, actor=EXECUTOR, verified=verified, unverified=unverified
+                ctx.refresh,
+                actor=EXECUTOR,
+                verified=verified,
+                unverified=unverified,
+                namespaces=namespaces,
             )
         count = sum(len(ids) for ids in verified.values())
         return StepResult(
-            True, detail=f"opened at {ctx.refresh.weight_version!r} for {count} verified workers"
+            True,
+            detail=f"opened {', '.join(namespaces)} at {ctx.refresh.weight_version!r} "
+            f"for {count} verified workers",
         )
 
 
-def verified_instance_sets(refresh: PolicyRefresh) -> tuple[dict[str, list[str]], dict[str, int]]:
-    """Per namespace: the instance ids verified at the refresh's version (every planned worker
-    that did not leave the fleet: reopen runs only after verify passed for all of them), and how
-    many workers discovery lists as serving there that are not among them."""
+def verified_instance_sets(
+    refresh: PolicyRefresh,
+    namespaces: list[str] | None = None,
+    serving: list[tuple[str, str]] | None = None,
+) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Per namespace (default: all of the refresh's): the instance ids verified at the
+    refresh's version (every planned worker there that did not leave the fleet: a namespace is
+    opened only after verify passed for all of them), and how many workers discovery lists as
+    serving there that are not among them (joiners left out, workers outside a subset).
+
+    `serving` is (namespace, instance id) of each worker a fresh listing just read; default:
+    the live workers of the last discovery run."""
+    namespaces = list(refresh.namespaces if namespaces is None else namespaces)
     gone = departed_ids(refresh.pk)
-    verified: dict[str, list[str]] = {ns: [] for ns in refresh.namespaces}
-    for worker in refresh.workers.all():
+    verified: dict[str, list[str]] = {ns: [] for ns in namespaces}
+    for worker in refresh.workers.filter(namespace__in=namespaces):
         if worker.pk not in gone:
-            verified.setdefault(worker.namespace, []).append(worker.instance_id)
+            verified[worker.namespace].append(worker.instance_id)
     unverified: dict[str, int] = {}
-    serving = Worker.objects.filter(
-        source_id=refresh.source_id, namespace__in=refresh.namespaces, state=WorkerState.LIVE
-    ).values_list("namespace", "instance_id")
+    if serving is None:
+        serving = list(
+            Worker.objects.filter(
+                source_id=refresh.source_id, namespace__in=namespaces, state=WorkerState.LIVE
+            ).values_list("namespace", "instance_id")
+        )
     for namespace, instance_id in serving:
-        if instance_id not in verified.get(namespace, ()):
+        if namespace in verified and instance_id not in verified[namespace]:
             unverified[namespace] = unverified.get(namespace, 0) + 1
     return verified, unverified
 
@@ -334,6 +438,13 @@ class Release(WorkerStep):
         )
         done = ok_worker_ids(ctx.refresh.pk, self.name) | departed_ids(ctx.refresh.pk)
         workers = [w for w in ctx.refresh.workers.all() if w.pk in touched and w.pk not in done]
+        resolved = ctx.refresh.resolved_namespaces or {}
+        # A namespace reopened verified serves already: its engines were resumed and verified.
+        serving = {ns for ns, how in resolved.items() if how.get("outcome") == REOPENED}
+        workers = [w for w in workers if w.namespace not in serving]
+        if ctx.refresh.end_state == RefreshState.HELD:
+            # A namespace closed out on its own: resume only its engines; the rest stay held.
+            workers = [w for w in workers if w.namespace in resolved]
         gone = record_departures(ctx, self.name, workers)
         workers = [w for w in workers if w.pk not in gone]
         jobs = [self.job(ctx, w, StepName.RESUME_ENGINES) for w in workers]

@@ -10,7 +10,7 @@ from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
-from controlplane.refresh.models import PolicyRefresh
+from controlplane.refresh.models import Gate, PolicyRefresh
 from controlplane.simfleet import FleetConfig
 
 NAMESPACES = ("rl-a", "rl-b", "rl-c")
@@ -83,3 +83,13 @@ def fleet_versions(fleet) -> dict[str, object]:
 
 def paused_workers(fleet) -> list[str]:
     return [w["key"] for w in fleet.workers() if w.get("paused")]
+
+
+def force_reopen_each(refresh, user, reason="force-reopened namespace by namespace"):
+    """Force-reopen every namespace the refresh still holds, one by one, running the executor
+    after each (it resumes that namespace's engines and holds again, or ends after the last)."""
+    while gate := Gate.objects.filter(active_refresh=refresh).order_by("namespace").first():
+        actions.force_reopen_gate(gate, actor=actor_for(user), reason=reason)
+        execute_refresh(refresh.pk)
+    refresh.refresh_from_db()
+    return refresh

@@ -28,6 +28,7 @@ from tests.integration.refresh.helpers import (
     actor_for,
     fleet_config,
     fleet_versions,
+    force_reopen_each,
     make_source,
     paused_workers,
     run_inline,
@@ -97,6 +98,10 @@ def test_force_reopen_after_a_crash_mid_update_ends_and_frees_the_scope(
 
     actions.force_reopen_gate(gate, actor=actor_for(approver), reason="worker host died")
     held = run(held)
+    # Only its namespace was closed out: the refresh holds again for the others.
+    assert held.state == RefreshState.HELD, held.end_reason
+    assert not ScopeLock.objects.filter(source=source, namespace="rl-a").exists()
+    held = force_reopen_each(held, approver)
 
     assert held.state == RefreshState.FAILED, held.held_reason
     assert "force-reopened" in held.end_reason and "left the fleet" in held.end_reason
@@ -180,17 +185,20 @@ def test_a_listed_worker_failing_its_resume_does_not_overrule_the_decision(
 
     if how == "force_reopen":
         actions.force_reopen_gate(gate, actor=actor_for(approver), reason="ship it")
+        refresh = force_reopen_each(run(held), approver)
     else:
         actions.abort_policy_refresh(held, actor=actor_for(operator), resume_engines=True)
-    refresh = run(held)
+        refresh = run(held)
 
     expected = RefreshState.FAILED if how == "force_reopen" else RefreshState.ABORTED
     assert refresh.state == expected
     # Said, not dropped: the worker's failed resume, the release step, the end reason, the audit.
-    failed = WorkerStepResult.objects.get(refresh=refresh, step="release", status="failed")
+    failed = WorkerStepResult.objects.filter(
+        refresh=refresh, step="release", status="failed"
+    ).last()
     assert failed.planned_worker.instance_id == str(fleet.state(stuck)["instance_id"])
     assert "engine wedged" in failed.error
-    assert StepRun.objects.get(refresh=refresh, name="release").status == "failed"
+    assert StepRun.objects.filter(refresh=refresh, name="release").last().status == "failed"
     assert "1 engine could not be resumed" in refresh.end_reason
     assert "engine wedged" in refresh.end_reason
     ended = AuditEvent.objects.filter(correlation_id=refresh.correlation_id).latest("sequence")

@@ -30,6 +30,7 @@ from tests.integration.refresh.helpers import (
     actor_for,
     fleet_config,
     fleet_versions,
+    force_reopen_each,
     make_source,
     paused_workers,
     plan,
@@ -88,7 +89,9 @@ def probe_faults() -> dict[str, Fault]:
     }
 
 
-CLOSERS = ("abort_with_resume", "force_reopen", "end")
+#: force_reopen forces every held namespace open one by one (each resumes its own engines);
+#: namespace_by_namespace reopens the verified namespaces, then forces the rest.
+CLOSERS = ("abort_with_resume", "force_reopen", "end", "namespace_by_namespace")
 
 
 def cases():
@@ -124,8 +127,11 @@ def summary(request):
             f"fault matrix: {TALLY['tried']} faults x steps tried, "
             f"{TALLY['recoverable']} recoverable to an unlocked scope; first run "
             f"{TALLY['first:held']} held, {TALLY['first:succeeded']} finished; "
-            f"held ones ended by retry {TALLY['by:retry']}, abort-with-resume "
+            f"held ones ended by retry {TALLY['by:retry']}, resolve-membership "
+            f"{TALLY['by:resolve_membership']}, abort-with-resume "
             f"{TALLY['by:abort_with_resume']}, force-reopen {TALLY['by:force_reopen']}, "
+            f"namespace by namespace {TALLY['by:namespace_by_namespace']} "
+            f"({TALLY['reopened_verified']} reopening verified namespaces first), "
             f"end {TALLY['by:end']}; {TALLY['paused_named']} with engines left paused "
             "and named by the refresh"
         )
@@ -183,9 +189,14 @@ def close_out(refresh, closer, operator, approver):
         actions.abort_policy_refresh(refresh, actor=actor_for(operator), resume_engines=True)
         return run(refresh)
     if closer == "force_reopen":
-        gate = Gate.objects.filter(active_refresh=refresh).order_by("namespace").first()
-        actions.force_reopen_gate(gate, actor=actor_for(approver), reason="fault matrix")
-        return run(refresh)
+        return force_reopen_each(refresh, approver, reason="fault matrix")
+    if closer == "namespace_by_namespace":
+        if actions.verified_namespaces(refresh):
+            refresh = actions.reopen_verified_namespaces(refresh, actor=actor_for(operator))
+            TALLY["reopened_verified"] += 1
+        if refresh.state == RefreshState.HELD:
+            refresh = force_reopen_each(refresh, approver, reason="fault matrix")
+        return refresh
     actions.end_policy_refresh(refresh, actor=actor_for(approver), reason="fault matrix")
     refresh.refresh_from_db()
     return refresh
@@ -225,6 +236,11 @@ def test_every_fault_is_recoverable_to_an_unlocked_scope(
             break
         actions.retry_policy_refresh(refresh, actor=actor_for(operator))
         refresh = run(refresh)
+    if actions.is_membership_hold(refresh):
+        # The default rule held on who left or joined: one action resolves it.
+        actions.resolve_membership(refresh, actor=actor_for(operator))
+        refresh = run(refresh)
+        ended_by = "resolve_membership"
     if refresh.state == RefreshState.HELD:
         ended_by = closer
         refresh = close_out(refresh, closer, operator, approver)
@@ -235,6 +251,9 @@ def test_every_fault_is_recoverable_to_an_unlocked_scope(
     # The scope is free and no gate names the refresh.
     assert not ScopeLock.objects.filter(source=source).exists()
     assert not Gate.objects.filter(active_refresh=refresh).exists()
+    # No gate is stranded: each admits, or is closed with a reason and force-reopen opens it.
+    for gate in Gate.objects.filter(source=source, state="closed"):
+        assert gate.reason, gate
     # Every engine still paused is one the refresh itself names as left paused.
     identity = {w["key"]: w["identity"] for w in fleet.workers()}
     still_paused = {identity[k] for k in paused_workers(fleet)}

@@ -101,10 +101,18 @@ def test_force_reopen_requires_a_reason_and_resumes_the_paused_engines(
     actions.force_reopen_gate(gate, actor=actor_for(approver), reason="trainer incident #42")
     gate.refresh_from_db()
     assert gate.is_open
-    held = run_refresh(held)  # the executor closes the held refresh out
-    assert held.state == RefreshState.FAILED
+    held = run_refresh(held)  # the executor resumes that namespace's engines and holds again
+    assert held.state == RefreshState.HELD
+    assert not any(k in keys_in(fleet, "rl-a") for k in paused_workers(fleet))
+    assert set(paused_workers(fleet)) == set(keys_in(fleet, "rl-b") + keys_in(fleet, "rl-c"))
+    assert not Gate.objects.get(source=source, namespace="rl-b").is_open
+    # The rest is aborted: every engine runs again, the other gates stay closed.
+    actions.abort_policy_refresh(held, actor=actor_for(approver), resume_engines=True)
+    held = run_refresh(held)
+    assert held.state == RefreshState.ABORTED
     assert paused_workers(fleet) == []
     assert not Gate.objects.get(source=source, namespace="rl-b").is_open
+    assert Gate.objects.get(source=source, namespace="rl-a").state == "open_forced"
 
 
 def remove_when(fleet, predicate, action, timeout=20.0):

@@ -15,6 +15,11 @@ class NotificationEvent(models.TextChoices):
     REFRESH_HELD = "refresh.held"
     GATE_FORCE_REOPENED = "gate.force_reopened"
     SOURCE_STALE = "source.stale"
+    # Drift between refreshes (refresh/drift.py, refresh/quarantine.py): a drifted worker was
+    # quarantined, caught up and admitted back, or could not be (paused or caught up).
+    DRIFT_QUARANTINED = "drift.quarantined"
+    DRIFT_ADMITTED = "drift.admitted"
+    DRIFT_FAILED = "drift.failed"
     # Signed checkpoints of the audit chain head; only destinations that select it get it.
     AUDIT_CHECKPOINT = "audit.checkpoint"
     TEST = "test"

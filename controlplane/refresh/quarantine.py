@@ -656,3 +656,49 @@ def enqueue_catch_up(quarantine_id: int) -> None:
     from controlplane.refresh.tasks import catch_up_quarantine
 
     catch_up_quarantine.delay(quarantine_id)
+
+
+# -- presentation --------------------------------------------------------------------------------
+
+
+def serialize_quarantine(q: Quarantine) -> dict[str, Any]:
+    """One quarantine as the API and `manage.py quarantine` show it."""
+    return {
+        "id": q.pk,
+        "source": q.source.name,
+        "namespace": q.namespace,
+        "instance_id": q.instance_id,
+        "key": q.key,
+        "worker_id": q.worker_id,
+        "kind": q.kind,
+        "detail": q.detail,
+        "state": q.state,
+        "reason": q.reason,
+        "paused": q.paused,
+        "attempts": q.attempts,
+        "target_version": (q.target or {}).get("weight_version"),
+        "created_at": q.created_at,
+        "updated_at": q.updated_at,
+        "heartbeat_at": q.heartbeat_at,
+        "finished_at": q.finished_at,
+    }
+
+
+def serialize_journal(q: Quarantine, limit: int = 1000) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": c.pk,
+            "step": c.step,
+            "attempt": c.attempt,
+            "operation": c.operation,
+            "method": c.method,
+            "url": c.url,
+            "http_status": c.http_status,
+            "ok": c.ok,
+            "error": c.error,
+            "duration_ms": c.duration_ms,
+            "started_at": c.started_at,
+            "finished_at": c.finished_at,
+        }
+        for c in q.journal.order_by("id")[:limit]
+    ]

@@ -516,7 +516,7 @@ def _cross_check(q: Quarantine, plan: Plan, spec: dict[str, Any], own: CallRecor
     )
 
     async def ask():
-        async with make_client(timeout=plan.cfg.timeout, transport=plan.cfg.transport) as client:
+        async with make_client(timeout=plan.cfg.timeout) as client:
             return await run_generation_check(
                 client, plan.cfg.policy, plan.cfg.frontend_url, pinned, timeout=plan.cfg.timeout
             )

@@ -35,6 +35,10 @@ _TITLES = {
     Event.GATE_CLOSED: "Gate closed",
     Event.GATE_UNKNOWN: "Gate unknown (source stale)",
     Event.SOURCE_STALE: "Source went stale",
+    # drift
+    Event.DRIFT_QUARANTINED: "Drifted worker quarantined",
+    Event.DRIFT_ADMITTED: "Quarantined worker caught up and admitted",
+    Event.DRIFT_FAILED: "Quarantined worker could not be caught up",
     Event.TEST: "Test notification",
 }
 
@@ -49,6 +53,26 @@ def _refresh_link(refresh) -> str:
     except NoReverseMatch:
         path = f"/refreshes/{refresh.pk}/"
     return absolute_url(path)
+
+
+def _quarantine_data(q) -> dict[str, Any]:
+    """Which worker, which drift, where its quarantine stands, and the API link to act on it."""
+    try:
+        path = reverse("intake:api-v1:get_quarantine", args=[q.pk])
+    except NoReverseMatch:
+        path = f"/api/v1/quarantines/{q.pk}"
+    return {
+        "id": q.pk,
+        "namespace": q.namespace,
+        "instance_id": q.instance_id,
+        "key": q.key,
+        "kind": q.kind,
+        "detail": q.detail,
+        "state": _jsonable(q.state),
+        "attempts": q.attempts,
+        "target_version": _jsonable((q.target or {}).get("weight_version")),
+        "link": absolute_url(path),
+    }
 
 
 def _jsonable(value: Any) -> Any:
@@ -85,7 +109,7 @@ def _gate_data(gate) -> dict[str, Any]:
 
 
 def build_payload(
-    event: str, *, source=None, refresh=None, gate=None, gates=(), reason: str = ""
+    event: str, *, source=None, refresh=None, gate=None, gates=(), reason: str = "", quarantine=None
 ) -> dict[str, Any]:
     """The JSON body generic webhooks receive (Standard Webhooks shape: type, timestamp, data)."""
     data: dict[str, Any] = {"reason": reason}
@@ -105,6 +129,11 @@ def build_payload(
     if gates:
         source = source or getattr(gates[0], "source", None)
         data["gates"] = [_gate_data(g) for g in gates]
+    if quarantine is not None:
+        source = source or getattr(quarantine, "source", None)
+        data["quarantine"] = _quarantine_data(quarantine)
+        if not reason:
+            data["reason"] = str(quarantine.reason or "")
     if source is not None:
         data["source"] = {"id": source.pk, "name": source.name}
         if event == Event.SOURCE_STALE and not reason:
@@ -117,16 +146,32 @@ def build_payload(
     }
 
 
-def notify(event: str, *, source=None, refresh=None, gate=None, gates=(), reason: str = "") -> None:
+def notify(
+    event: str,
+    *,
+    source=None,
+    refresh=None,
+    gate=None,
+    gates=(),
+    reason: str = "",
+    quarantine=None,
+) -> None:
     """Queue `event` to every enabled destination that subscribes to it (and to its source).
 
-    `gate` describes one gate (`data.gate`); `gates` several of one source (`data.gates`)."""
+    `gate` describes one gate (`data.gate`); `gates` several of one source (`data.gates`);
+    `quarantine` one quarantined worker (`data.quarantine`)."""
     if event not in EVENTS:
         logger.error("unknown notification event %r ignored", event)
         return
     try:
         payload = build_payload(
-            event, source=source, refresh=refresh, gate=gate, gates=gates, reason=reason
+            event,
+            source=source,
+            refresh=refresh,
+            gate=gate,
+            gates=gates,
+            reason=reason,
+            quarantine=quarantine,
         )
         source_id = (payload["data"].get("source") or {}).get("id")
         with transaction.atomic():

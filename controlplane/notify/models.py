@@ -19,6 +19,11 @@ class NotificationEvent(models.TextChoices):
     GATE_CLOSED = "gate.closed"
     GATE_UNKNOWN = "gate.unknown"
     SOURCE_STALE = "source.stale"
+    # Drift between refreshes (refresh/drift.py, refresh/quarantine.py): a drifted worker was
+    # quarantined, caught up and admitted back, or could not be (paused or caught up).
+    DRIFT_QUARANTINED = "drift.quarantined"
+    DRIFT_ADMITTED = "drift.admitted"
+    DRIFT_FAILED = "drift.failed"
     # Signed checkpoints of the audit chain head; only destinations that select it get it.
     AUDIT_CHECKPOINT = "audit.checkpoint"
     TEST = "test"

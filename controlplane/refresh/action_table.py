@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import actions
-from controlplane.refresh.models import Gate, PolicyRefresh
+from controlplane.refresh import actions, quarantine
+from controlplane.refresh.models import Gate, PolicyRefresh, Quarantine
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ActionInput:
 
 
 @dataclass(frozen=True)
-class Action[T: (PolicyRefresh, Gate)]:
+class Action[T: (PolicyRefresh, Gate, Quarantine)]:
     """One row: `run(target, actor, given)` returns the object to show next (a rollback
     answers with the new refresh); `success` may name it as `{target}`."""
 
@@ -131,4 +131,32 @@ REFRESH_ACTIONS: dict[str, Action[PolicyRefresh]] = {
         REOPEN_VERIFIED,
         FORCE_REOPEN_NAMESPACE,
     )
+}
+
+
+# -- the exits of a quarantined worker (refresh.quarantine): each refuses, changing nothing,
+# when the quarantine's state does not allow it (`QuarantineRefused`).
+
+RETRY_QUARANTINE = Action[Quarantine](
+    "retry",
+    Perm.OPERATE_REFRESH,
+    lambda q, actor, given: quarantine.retry(q, actor=actor),
+    "Catch-up of {target.key} queued again.",
+)
+RELEASE_QUARANTINE = Action[Quarantine](
+    "release",
+    Perm.OPERATE_REFRESH,
+    lambda q, actor, given: quarantine.release(q, actor=actor, reason=given.reason),
+    "{target.key} resumed without being admitted: it serves outside the verified set.",
+)
+DROP_QUARANTINE = Action[Quarantine](
+    "drop",
+    Perm.OPERATE_REFRESH,
+    lambda q, actor, given: quarantine.drop(q, actor=actor),
+    "Quarantine of {target.key} dropped.",
+)
+
+#: The exits of one quarantine, by the name their URLs and the CLI use.
+QUARANTINE_ACTIONS: dict[str, Action[Quarantine]] = {
+    action.name: action for action in (RETRY_QUARANTINE, RELEASE_QUARANTINE, DROP_QUARANTINE)
 }

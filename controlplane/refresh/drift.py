@@ -38,6 +38,8 @@ from controlplane.fleet.models import (
     WorkerEventKind,
     WorkerState,
 )
+from controlplane.notify.emit import notify
+from controlplane.notify.models import NotificationEvent
 from controlplane.refresh import gates
 from controlplane.refresh.models import (
     ADMITTING_STATES,
@@ -236,6 +238,7 @@ def _reconcile_gate(source: Source, gate_id: int, recovered_ids: set[int]) -> li
             details={"key": q.key, "kind": q.kind, "detail": q.detail, "namespace": q.namespace},
             correlation_id=q.correlation_id,
         )
+        notify(NotificationEvent.DRIFT_QUARANTINED, quarantine=q)
     for q in left:
         record(
             AuditAction.QUARANTINE_DROPPED,

@@ -432,6 +432,10 @@ class Quarantine(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: Touched every few seconds by the runner of a catch-up (`quarantine.Heartbeat`); a
+    #: `catching_up` row whose heartbeat went silent lost its Celery worker and is re-queued by
+    #: the reconciler (`reconcile.requeue_stalled_quarantines`).
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -23,19 +23,28 @@ while its version readback is not the gate's verified version: a released worker
 unpinned traffic, so it must at least hold the right weights. `drop` is for a worker that has
 left the fleet (discovery also drops those by itself).
 
+Nobody is left waiting on a dead runner: a catch-up touches `heartbeat_at` while it runs (a
+thread, so a long update call keeps it fresh); one whose heartbeat falls silent for
+`QUARANTINE_STALL_SECONDS` — or a queued one nobody picked up in that time — is queued again by
+the reconciler beat (`requeue_stalled`). Each claim bumps `attempts`, which fences the old
+runner: its heartbeat stops matching, its remaining calls are skipped, and it writes nothing.
+
 Lock order: the gate row (level 4), then quarantine rows, then the audit chain head.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane import lockorder
@@ -45,6 +54,8 @@ from controlplane.audit.recorder import Actor, record
 from controlplane.dynamo.generation import completion_sample, run_generation_check
 from controlplane.dynamo.http import make_client
 from controlplane.fleet.models import Worker, WorkerState
+from controlplane.notify.emit import notify
+from controlplane.notify.models import NotificationEvent
 from controlplane.refresh import gates
 from controlplane.refresh.executor.calls import CallRecord, CallSettings, WorkerJob, run_jobs
 from controlplane.refresh.models import (
@@ -66,9 +77,10 @@ from controlplane.refresh.planning import (
 from controlplane.refresh.sequence import StepName
 
 CATCH_UP = Actor.system("quarantine catch-up")
-#: A catch-up whose task died mid-way may be retried after this long without news.
-STALE_CATCH_UP = timedelta(minutes=5)
+RECONCILER = Actor.system("quarantine reconciler")
 AGREEMENT = "agreement"
+
+logger = logging.getLogger(__name__)
 
 
 class QuarantineRefused(ValidationError):
@@ -84,9 +96,9 @@ def _settings(source) -> CallSettings:
     return call_settings(source)
 
 
-def _run(job: WorkerJob, cfg: CallSettings):
+def _run(job: WorkerJob, cfg: CallSettings, stop: threading.Event | None = None):
     outcomes = []
-    asyncio.run(run_jobs([job], cfg, emit=outcomes.append, stop=threading.Event()))
+    asyncio.run(run_jobs([job], cfg, emit=outcomes.append, stop=stop or threading.Event()))
     return outcomes[0]
 
 
@@ -115,8 +127,10 @@ def _journal(q: Quarantine, step: str, records: list[CallRecord]) -> None:
 class Plan:
     """The worker's calls for each step, built by the refresh planner for the gate's policy."""
 
-    def __init__(self, q: Quarantine, worker: Worker) -> None:
+    def __init__(self, q: Quarantine, worker: Worker, stop: threading.Event | None = None) -> None:
         source = q.source
+        #: Set when this runner lost the quarantine: calls not yet made are skipped.
+        self.stop = stop
         verification = normalize_verification({"agreement": agreement_rule_of(source).to_dict()})
         self.verification = verification
         self.version = (q.target or {}).get("weight_version")
@@ -144,7 +158,9 @@ class Plan:
         if not calls:
             return None
         outcome = _run(
-            WorkerJob(0, q.key, self.worker.system_url, self.plan.family, calls, **job), self.cfg
+            WorkerJob(0, q.key, self.worker.system_url, self.plan.family, calls, **job),
+            self.cfg,
+            self.stop,
         )
         _journal(q, step, outcome.records)
         return outcome
@@ -195,7 +211,17 @@ def _move(
                 details={"key": q.key, "state": state, "reason": q.reason},
                 correlation_id=q.correlation_id,
             )
+        event = _NOTIFIED.get(state)
+        if event is not None:
+            notify(event, quarantine=q)
     return True
+
+
+#: The quarantine moves people hear about (besides `drift.quarantined`, sent by `refresh.drift`).
+_NOTIFIED = {
+    QuarantineState.ADMITTED: NotificationEvent.DRIFT_ADMITTED,
+    QuarantineState.FAILED: NotificationEvent.DRIFT_FAILED,
+}
 
 
 def _gate_of(q: Quarantine) -> Gate | None:
@@ -241,27 +267,119 @@ def _cannot_pause(q: Quarantine, reason: str) -> bool:
     return False
 
 
-def claim(q: Quarantine, *, allow_stale: bool = False) -> bool:
-    """Take the quarantine for a catch-up attempt (one at a time, by conditional UPDATE)."""
+def claim(q: Quarantine) -> bool:
+    """Take the quarantine for a catch-up attempt (one at a time, by conditional UPDATE).
+
+    Bumping `attempts` is the fencing token: a runner whose attempt is no longer the row's
+    has been taken over (`Heartbeat`). A `catching_up` row is only taken back through
+    `requeue_stalled` or `retry`, which first prove its runner went silent.
+    """
     states = [QuarantineState.QUARANTINED, QuarantineState.FAILED]
-    rows = Quarantine.objects.filter(pk=q.pk, state__in=states)
-    if allow_stale:
-        stale = Quarantine.objects.filter(
-            pk=q.pk,
-            state=QuarantineState.CATCHING_UP,
-            updated_at__lt=timezone.now() - STALE_CATCH_UP,
-        )
-        rows = rows | stale
+    now = timezone.now()
     lockorder.domain_lock("quarantines")
-    claimed = rows.update(
+    claimed = Quarantine.objects.filter(pk=q.pk, state__in=states, attempts=q.attempts).update(
         state=QuarantineState.CATCHING_UP,
         attempts=q.attempts + 1,
-        updated_at=timezone.now(),
+        updated_at=now,
+        heartbeat_at=now,
         reason="catching up",
     )
     if claimed:
         q.refresh_from_db()
     return bool(claimed)
+
+
+def stall_cutoff():
+    return timezone.now() - timedelta(seconds=settings.QUARANTINE_STALL_SECONDS)
+
+
+def stalled() -> Q:
+    """Quarantines whose owner went silent for `QUARANTINE_STALL_SECONDS`: a catch-up with no
+    heartbeat (its Celery worker died), or a queued one nobody picked up (its task was lost)."""
+    cutoff = stall_cutoff()
+    silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, updated_at__lt=cutoff)
+    return (Q(state=QuarantineState.CATCHING_UP) & silent) | Q(
+        state=QuarantineState.QUARANTINED, updated_at__lt=cutoff
+    )
+
+
+def requeue_stalled(q: Quarantine, *, actor: Actor = RECONCILER) -> bool:
+    """Hand a silent quarantine back to the catch-up queue, audited; False if it is not silent
+    (any more). The caller enqueues the catch-up after commit."""
+    now = timezone.now()
+    with transaction.atomic():
+        lockorder.domain_lock("quarantines")
+        before = (
+            Quarantine.objects.select_for_update(no_key=True, of=("self",))
+            .filter(stalled(), pk=q.pk)
+            .first()
+        )
+        if before is None:
+            return False
+        last = before.heartbeat_at or before.updated_at
+        if before.state == QuarantineState.CATCHING_UP:
+            silent = f"its catch-up went silent (last heartbeat {last:%Y-%m-%d %H:%M:%S})"
+        else:
+            silent = f"its queued catch-up was never picked up (since {last:%Y-%m-%d %H:%M:%S})"
+        reason = f"{silent}; queued again"
+        Quarantine.objects.filter(pk=q.pk).update(
+            state=QuarantineState.QUARANTINED, reason=reason, updated_at=now
+        )
+        record(
+            AuditAction.QUARANTINE_REQUEUED,
+            actor=actor,
+            target=before,
+            details={"key": before.key, "previous_state": before.state, "attempt": before.attempts},
+            correlation_id=before.correlation_id,
+        )
+    q.refresh_from_db()
+    return True
+
+
+class Heartbeat:
+    """Touch `heartbeat_at` every third of the stall time while this runner owns the catch-up.
+
+    The touch is a conditional UPDATE on (state `catching_up`, our attempt): when it matches
+    nothing the quarantine was taken over or moved on, `lost` is set, and the runner's
+    remaining calls are skipped (it is the `stop` of the call runner).
+    """
+
+    def __init__(self, quarantine_id: int, attempt: int) -> None:
+        self.quarantine_id = quarantine_id
+        self.attempt = attempt
+        self.lost = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"quarantine-{quarantine_id}")
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def touch(self) -> bool:
+        return bool(
+            Quarantine.objects.filter(
+                pk=self.quarantine_id,
+                state=QuarantineState.CATCHING_UP,
+                attempts=self.attempt,
+            ).update(heartbeat_at=timezone.now())
+        )
+
+    def _beat(self) -> None:
+        interval = settings.QUARANTINE_STALL_SECONDS / 3
+        try:
+            while not self._done.wait(interval):
+                if not self.touch():
+                    self.lost.set()
+                    return
+        except Exception:  # a database hiccup: the next tick tries again; stall is the backstop
+            logger.exception("quarantine #%s: heartbeat failed", self.quarantine_id)
+        finally:
+            close_old_connections()
+            connection.close()
 
 
 def catch_up(quarantine_id: int) -> str:
@@ -274,6 +392,7 @@ def catch_up(quarantine_id: int) -> str:
         return q.state
     if not claim(q):
         return q.state
+    attempt = q.attempts
     record(
         AuditAction.QUARANTINE_CATCH_UP_STARTED,
         actor=CATCH_UP,
@@ -284,12 +403,18 @@ def catch_up(quarantine_id: int) -> str:
     gate = _gate_of(q)
     if gate is not None:
         gates.set_drift_state(gate.pk, q.instance_id, QuarantineState.CATCHING_UP)
-    try:
-        problem = _catch_up_steps(q)
-    except Exception as exc:  # never leave it `catching_up` without an owner
-        problem = f"catch-up error: {type(exc).__name__}: {exc}"
+    with Heartbeat(q.pk, attempt) as heartbeat:
+        try:
+            problem = _catch_up_steps(q, heartbeat.lost)
+        except Exception as exc:  # never leave it `catching_up` without an owner
+            problem = f"catch-up error: {type(exc).__name__}: {exc}"
     q.refresh_from_db()
     if problem == "left":
+        return q.state
+    if q.state != QuarantineState.CATCHING_UP or q.attempts != attempt:
+        # Taken over (re-queued after this runner looked dead) or moved on meanwhile (dropped):
+        # the row is no longer ours to write.
+        logger.warning("quarantine #%s: attempt %s was superseded; not writing", q.pk, attempt)
         return q.state
     if problem:
         _move(q, QuarantineState.FAILED, AuditAction.QUARANTINE_FAILED, problem)
@@ -317,13 +442,13 @@ def catch_up(quarantine_id: int) -> str:
     return q.state
 
 
-def _catch_up_steps(q: Quarantine) -> str:
+def _catch_up_steps(q: Quarantine, stop: threading.Event | None = None) -> str:
     """'' when the worker is verified and resumed; otherwise why not ('left' if it left)."""
     worker = _current_worker(q)
     if worker is None:
         _drop(q, CATCH_UP, "left the fleet during catch-up")
         return "left"
-    plan = Plan(q, worker)
+    plan = Plan(q, worker, stop)
     if plan.blockers:
         return "cannot catch up: " + "; ".join(plan.blockers)
     for step in (StepName.UPDATE, StepName.FLUSH):
@@ -391,7 +516,7 @@ def _cross_check(q: Quarantine, plan: Plan, spec: dict[str, Any], own: CallRecor
     )
 
     async def ask():
-        async with make_client(timeout=plan.cfg.timeout, transport=plan.cfg.transport) as client:
+        async with make_client(timeout=plan.cfg.timeout) as client:
             return await run_generation_check(
                 client, plan.cfg.policy, plan.cfg.frontend_url, pinned, timeout=plan.cfg.timeout
             )
@@ -440,10 +565,11 @@ def _require(actor: Actor, perm: Perm) -> None:
 def retry(q: Quarantine, *, actor: Actor) -> Quarantine:
     """Run the catch-up again (a failed one, or one whose task died)."""
     _require(actor, Perm.OPERATE_REFRESH)
-    cutoff = timezone.now() - STALE_CATCH_UP
-    stale = q.state == QuarantineState.CATCHING_UP and q.updated_at < cutoff
+    stale = Quarantine.objects.filter(stalled(), pk=q.pk).exists()
     if q.state not in (QuarantineState.FAILED, QuarantineState.QUARANTINED) and not stale:
-        raise QuarantineRefused(f"quarantine #{q.pk} is {q.state}; only a failed one is retried")
+        raise QuarantineRefused(
+            f"quarantine #{q.pk} is {q.state}; only a failed, queued or stalled one is retried"
+        )
     if _current_worker(q) is None:
         raise QuarantineRefused(f"{q.key} has left the fleet; drop it instead")
     with transaction.atomic():
@@ -530,3 +656,49 @@ def enqueue_catch_up(quarantine_id: int) -> None:
     from controlplane.refresh.tasks import catch_up_quarantine
 
     catch_up_quarantine.delay(quarantine_id)
+
+
+# -- presentation --------------------------------------------------------------------------------
+
+
+def serialize_quarantine(q: Quarantine) -> dict[str, Any]:
+    """One quarantine as the API and `manage.py quarantine` show it."""
+    return {
+        "id": q.pk,
+        "source": q.source.name,
+        "namespace": q.namespace,
+        "instance_id": q.instance_id,
+        "key": q.key,
+        "worker_id": q.worker_id,
+        "kind": q.kind,
+        "detail": q.detail,
+        "state": q.state,
+        "reason": q.reason,
+        "paused": q.paused,
+        "attempts": q.attempts,
+        "target_version": (q.target or {}).get("weight_version"),
+        "created_at": q.created_at,
+        "updated_at": q.updated_at,
+        "heartbeat_at": q.heartbeat_at,
+        "finished_at": q.finished_at,
+    }
+
+
+def serialize_journal(q: Quarantine, limit: int = 1000) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": c.pk,
+            "step": c.step,
+            "attempt": c.attempt,
+            "operation": c.operation,
+            "method": c.method,
+            "url": c.url,
+            "http_status": c.http_status,
+            "ok": c.ok,
+            "error": c.error,
+            "duration_ms": c.duration_ms,
+            "started_at": c.started_at,
+            "finished_at": c.finished_at,
+        }
+        for c in q.journal.order_by("id")[:limit]
+    ]

@@ -11,6 +11,10 @@ later refresh of that namespace answer `refresh_conflict` for ever. An active re
 never touched here: a held refresh is always ended by a person (retry, rollback, force-reopen,
 abort with resume, or end), and an executing one is resumed or, once its executor is dead,
 ended by an approver.
+
+And it picks up quarantines nobody is running (`requeue_stalled_quarantines`): a catch-up whose
+heartbeat went silent (its Celery worker died) or a queued one whose task was lost is queued
+again, so no drifted worker is left paused — or unpaused and unverified — until a person looks.
 """
 
 from __future__ import annotations
@@ -26,7 +30,13 @@ from django.utils import timezone
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.refresh.gates import release_scope
-from controlplane.refresh.models import ACTIVE_STATES, EXECUTING_STATES, PolicyRefresh, ScopeLock
+from controlplane.refresh.models import (
+    ACTIVE_STATES,
+    EXECUTING_STATES,
+    PolicyRefresh,
+    Quarantine,
+    ScopeLock,
+)
 
 RECONCILER = Actor.system("policy-refresh reconciler")
 
@@ -84,3 +94,16 @@ def reconcile_policy_refreshes(*, resume: Callable[[int], object]) -> list[int]:
     for refresh_id in ids:
         resume(refresh_id)
     return ids
+
+
+def requeue_stalled_quarantines(*, resume: Callable[[int], object]) -> list[int]:
+    """Hand every silent quarantine back to the catch-up queue (audited) and `resume` it after
+    commit: the beat passes the catch-up task's `delay`. Returns the ids queued again."""
+    from controlplane.refresh import quarantine
+
+    requeued = []
+    for q in Quarantine.objects.filter(quarantine.stalled()).order_by("pk"):
+        if quarantine.requeue_stalled(q):
+            requeued.append(q.pk)
+            transaction.on_commit(lambda pk=q.pk: resume(pk))
+    return requeued

@@ -5,6 +5,7 @@ from celery import shared_task
 from controlplane.refresh import freshness
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
+from controlplane.refresh.reconcile import requeue_stalled_quarantines
 
 
 @shared_task(name="refresh.execute_policy_refresh", ignore_result=True)
@@ -15,7 +16,9 @@ def execute_policy_refresh(refresh_id: int) -> str:
 
 @shared_task(name="refresh.reconcile_policy_refreshes", ignore_result=True)
 def reconcile_policy_refreshes() -> list[int]:
-    return reconcile(resume=execute_policy_refresh.delay)
+    resumed = reconcile(resume=execute_policy_refresh.delay)
+    requeue_stalled_quarantines(resume=catch_up_quarantine.delay)
+    return resumed
 
 
 @shared_task(name="refresh.reconcile_drift", ignore_result=True)

@@ -16,17 +16,21 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
+from controlplane.fleet.models import Worker
 from controlplane.refresh import actions, presenters
 from controlplane.refresh.action_table import (
     ABORT,
     APPROVE,
+    DROP_QUARANTINE,
     END,
     FORCE_REOPEN,
     FORCE_REOPEN_NAMESPACE,
     REJECT,
+    RELEASE_QUARANTINE,
     REOPEN_VERIFIED,
     RESOLVE_MEMBERSHIP,
     RETRY,
+    RETRY_QUARANTINE,
     ROLLBACK,
     START,
     Action,
@@ -38,6 +42,7 @@ from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
     PolicyRefresh,
+    Quarantine,
     RefreshState,
 )
 
@@ -172,3 +177,52 @@ def force_reopen(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.success(request, FORCE_REOPEN.message(gate))
     return redirect("refresh:gates")
+
+
+# -- the exits of a quarantined worker (buttons on the worker page) -----------------------------
+
+#: Exits that need a ticked confirmation on the page: release lets a worker serve outside the
+#: verified set, drop forgets the quarantine for good.
+CONFIRMED_EXITS = frozenset({RELEASE_QUARANTINE.name, DROP_QUARANTINE.name})
+
+
+def _back_to_worker(q: Quarantine) -> HttpResponse:
+    """The worker page the buttons are on (the current worker of that instance id, else the
+    one the quarantine was opened for), or the source page when neither is known any more."""
+    worker_id = (
+        Worker.objects.filter(
+            source_id=q.source_id, namespace=q.namespace, instance_id=q.instance_id
+        )
+        .order_by("-id")
+        .values_list("pk", flat=True)
+        .first()
+    ) or q.worker_id
+    if worker_id is not None:
+        return redirect("fleet:worker", pk=worker_id)
+    return redirect("fleet:source", pk=q.source_id)
+
+
+def _quarantine_exit(action: Action[Quarantine]):
+    """A POST view that runs one quarantine exit and reports its outcome as a message."""
+
+    @require_POST
+    @requires(action.perm)
+    def view(request: HttpRequest, pk: int) -> HttpResponse:
+        q = get_object_or_404(Quarantine.objects.select_related("source"), pk=pk)
+        if action.name in CONFIRMED_EXITS and request.POST.get("confirm") != "1":
+            messages.error(request, f"Tick the confirmation to {action.name} {q.key}.")
+            return _back_to_worker(q)
+        try:
+            result = action.run(q, actor_from_request(request), _given(request))
+        except ValidationError as exc:
+            messages.error(request, _error_message(exc))
+        else:
+            messages.success(request, action.message(result))
+        return _back_to_worker(q)
+
+    return view
+
+
+quarantine_retry = _quarantine_exit(RETRY_QUARANTINE)
+quarantine_release = _quarantine_exit(RELEASE_QUARANTINE)
+quarantine_drop = _quarantine_exit(DROP_QUARANTINE)

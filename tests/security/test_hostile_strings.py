@@ -37,7 +37,7 @@ from controlplane.intake.webhooks.trainer.process import process_delivery
 from controlplane.notify.models import NotificationDestination
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
-from controlplane.refresh.models import Gate, GateState, PolicyRefresh, RefreshState
+from controlplane.refresh.models import Gate, GateState, PolicyRefresh, Quarantine, RefreshState
 from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
 from tests.integration.intake.conftest import SECRET, post_webhook
 from tests.security.hostile import PAYLOAD, Hostile, csp_problems, unescaped
@@ -362,6 +362,33 @@ def gate_force_reopen_reason(w: World) -> None:
     w.client.post(f"/refreshes/gates/{gate.pk}/force-reopen/", {"reason": w.hostile("reason")})
 
 
+def quarantine_exits(w: World) -> None:
+    """A drifted worker's quarantine (its key comes from discovery) and the exits a person
+    takes on the worker page: a release reason (refused: it does not read back the target, so
+    the reason is never stored) and a drop (refused while the worker is there)."""
+    worker = Worker.objects.filter(source=w.sim).exclude(state="gone").order_by("pk").first()
+    q = Quarantine.objects.create(
+        source=w.sim,
+        namespace=worker.namespace,
+        instance_id=worker.instance_id,
+        key=worker.key,
+        worker=worker,
+        kind="version",
+        detail=w.hostile("quarantine detail"),
+        state="failed",
+        reason=w.hostile("quarantine reason"),
+        paused=True,
+        target={  # the gate's verified policy, as drift copies it
+            "weight_version": w.hostile("quarantine target", shown=False),
+            "method": "disk",
+            "model_path": "/ckpt/v2",
+        },
+    )
+    reason = w.hostile("quarantine release reason", shown=False)
+    w.client.post(f"/refreshes/quarantines/{q.pk}/release/", {"reason": reason, "confirm": "1"})
+    w.client.post(f"/refreshes/quarantines/{q.pk}/drop/", {"confirm": "1"})
+
+
 CHANNELS: list[Callable[[World], None]] = [
     discovery_payloads,
     sources_via_forms_and_api,
@@ -371,6 +398,7 @@ CHANNELS: list[Callable[[World], None]] = [
     api_refresh_plan,
     cli_policy_refresh_with_failing_workers,
     gate_force_reopen_reason,
+    quarantine_exits,
 ]
 
 
@@ -391,6 +419,9 @@ POST_ONLY = {
     "refresh:resolve_membership",
     "refresh:reopen_verified",
     "refresh:force_reopen_namespace",
+    "refresh:quarantine_retry",
+    "refresh:quarantine_release",
+    "refresh:quarantine_drop",
     "intake:token_revoke",
     "intake:endpoint_rotate",
     "intake:endpoint_remove_secret",
@@ -418,6 +449,9 @@ API_WRITES = {
     "reopen_verified_namespaces",
     "force_reopen_refresh_namespace",
     "trainer_webhook",
+    "retry_quarantine",
+    "release_quarantine",
+    "drop_quarantine",
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
 REFLECTED = ("namespace", "state", "version", "route", "sort", "actor", "target", "page", "q")
@@ -491,6 +525,10 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:api-v1:list_gates": ["/api/v1/gates"],
         "intake:api-v1:get_gate": [
             f"/api/v1/gates/{g.source.name}/{g.namespace}" for g in Gate.objects.all()
+        ],
+        "intake:api-v1:list_quarantines": ["/api/v1/quarantines"],
+        "intake:api-v1:get_quarantine": [
+            f"/api/v1/quarantines/{pk}" for pk in Quarantine.objects.values_list("pk", flat=True)
         ],
         "intake:api-v1:list_refreshes": ["/api/v1/refreshes"],
         "intake:api-v1:get_refresh": [f"/api/v1/refreshes/{pk}" for pk in r],

@@ -16,6 +16,7 @@ from controlplane.intake.api import (
     deliveries,
     errors,
     gates,
+    quarantines,
     refreshes,
     sources,
     workers,
@@ -40,7 +41,7 @@ api = NinjaAPI(
     parser=BoundedJSONParser(),
 )
 errors.install(api)
-for module in (sources, workers, gates, refreshes, audit, deliveries):
+for module in (sources, workers, gates, quarantines, refreshes, audit, deliveries):
     api.add_router("", module.router)
 api.add_router("", trainer_webhooks)
 

@@ -1,12 +1,21 @@
 """`{% load drift_tags %}` — drift and quarantine on the fleet pages (fleet never imports refresh).
 
 `{% drift_badge source %}`: how many workers of the source drift from their gates, and how many
-are quarantined. `{% worker_drift worker %}`: the worker's drift entry and latest quarantine.
+are quarantined. `{% worker_drift worker %}`: the worker's drift entry and latest quarantine, with
+the quarantine's exits (retry, release, drop) for people who may operate refreshes.
 """
 
 from django import template
 
-from controlplane.refresh.models import HELD_QUARANTINE_STATES, Gate, Quarantine
+from controlplane.accounts.roles import Perm
+from controlplane.fleet.models import WorkerState
+from controlplane.refresh.models import (
+    HELD_QUARANTINE_STATES,
+    Gate,
+    Quarantine,
+    QuarantineState,
+)
+from controlplane.refresh.quarantine import stalled
 
 register = template.Library()
 
@@ -22,8 +31,8 @@ def drift_badge(source):
     return {"drift_count": len(entries), "quarantined": held, "entries": entries[:5]}
 
 
-@register.inclusion_tag("refresh/worker_drift.html")
-def worker_drift(worker):
+@register.inclusion_tag("refresh/worker_drift.html", takes_context=True)
+def worker_drift(context, worker):
     entry = next(
         (
             d
@@ -42,4 +51,21 @@ def worker_drift(worker):
         .order_by("-id")
         .first()
     )
-    return {"entry": entry, "quarantine": quarantine}
+    return {"entry": entry, "quarantine": quarantine, **_exits(context, worker, quarantine)}
+
+
+def _exits(context, worker, quarantine) -> dict:
+    """Which exit buttons make sense now (each action still checks state and permission)."""
+    user = getattr(context.get("request"), "user", None)
+    if quarantine is None or not quarantine.is_open or user is None:
+        return {}
+    if not user.has_perm(Perm.OPERATE_REFRESH):
+        return {}
+    held = quarantine.state in (QuarantineState.QUARANTINED, QuarantineState.FAILED)
+    is_stalled = Quarantine.objects.filter(stalled(), pk=quarantine.pk).exists()
+    return {
+        "can_retry": held or is_stalled,
+        "can_release": held,
+        # Drop is for a worker that left the fleet; while it is there retry or release it.
+        "can_drop": worker.state == WorkerState.GONE,
+    }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator
+from typing import Any
 
 from django.apps import apps
 from django.conf import settings
@@ -81,11 +82,11 @@ class FleetCollector(Collector):
             )
             .order_by()
         )
-        latest_started = {}
-        for row in history:
-            runs.add_metric([names[row["source_id"]]], row["total"])
-            errors.add_metric([names[row["source_id"]]], row["failed"])
-            latest_started[row["source_id"]] = row["latest"]
+        latest_started: dict[int, Any] = {}
+        for kept in history:
+            runs.add_metric([names[kept["source_id"]]], kept["total"])
+            errors.add_metric([names[kept["source_id"]]], kept["failed"])
+            latest_started[kept["source_id"]] = kept["latest"]
         yield runs
         yield errors
 
@@ -99,7 +100,7 @@ class FleetCollector(Collector):
             started_at__in=[t for t in latest_started.values() if t is not None],
         ).values_list("source_id", "started_at", "duration_ms")
         for source_id, started_at, duration_ms in latest_runs:
-            if latest_started.get(source_id) == started_at:
+            if duration_ms is not None and latest_started.get(source_id) == started_at:
                 duration.add_metric([names[source_id]], duration_ms / 1000.0)
         yield duration
 
@@ -115,7 +116,7 @@ def gate_state_gauge(names: dict[int, str]) -> GaugeMetricFamily:
         labels=["source", "state"],
     )
     gate_model = apps.get_model("refresh", "Gate")
-    states = [value for value, _ in gate_model._meta.get_field("state").choices]
+    states = [value for value, _ in gate_model._meta.get_field("state").choices or ()]
     counts: dict[int, dict[str, int]] = {}
     for row in gate_model.objects.values("source_id", "state").annotate(n=Count("id")).order_by():
         counts.setdefault(row["source_id"], dict.fromkeys(states, 0))[row["state"]] = row["n"]

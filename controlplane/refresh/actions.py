@@ -90,7 +90,7 @@ def _membership(workers) -> list[str]:
 PLAN_DISCOVERY_WAIT_SECONDS = 15.0
 
 
-def _fresh_discovery(source: Source) -> tuple[object | None, str]:
+def _fresh_discovery(source: Source) -> tuple[DiscoveryRun | None, str]:
     """A fresh discovery refresh through the fleet app: (run, problem).
 
     Fresh means observed after this plan was asked for. When another refresh holds the source,
@@ -534,7 +534,12 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
         else:
             _audit(AuditAction.POLICY_REFRESH_STARTED, new, actor)
             _enqueue(new.pk)
-    transaction.on_commit(lambda: (publish_state(old), publish_state(new)))
+
+    def publish_both() -> None:
+        publish_state(old)
+        publish_state(new)
+
+    transaction.on_commit(publish_both)
     return new
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from channels.db import database_sync_to_async
 from django.template.loader import render_to_string
+from django.utils.html import format_html
 
 from controlplane.fleet.models import Source
 from controlplane.realtime import LiveStream
@@ -66,9 +67,13 @@ class RefreshConsumer(LiveStream):
                     {"worker_id": cell["worker"], "calls": cell["calls"], "step": cell["step"]},
                 )
             )
-        parts.append(
-            f'<span id="progress-count" hx-swap-oob="true">{payload["step"]}: '
-            f"{payload['done']}/{payload['total']}</span>"
+        parts.append(  # escaped like every other fragment
+            format_html(
+                '<span id="progress-count" hx-swap-oob="true">{}: {}/{}</span>',
+                payload["step"],
+                payload["done"],
+                payload["total"],
+            )
         )
         return ["".join(parts)]
 
@@ -119,7 +124,7 @@ class GateTableConsumer(LiveStream):
             return [render_to_string("refresh/banner.html#banner", banner)]
         gate = (
             Gate.objects.select_related("source", "active_refresh")
-            .filter(source_id=payload.get("source_id"), namespace=payload.get("namespace"))
+            .filter(source_id=payload.get("source_id") or 0, namespace=payload.get("namespace"))
             .first()
         )
         if gate is None or gate.pk not in self.shown:

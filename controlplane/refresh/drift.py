@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -62,7 +63,7 @@ class Drifted:
     kind: str
     detail: str
 
-    def entry(self, state: str) -> dict[str, str]:
+    def entry(self, state: str) -> dict[str, Any]:
         return {
             "key": self.worker.key,
             "instance_id": self.worker.instance_id,
@@ -112,10 +113,11 @@ def find_drift(
 
 
 def _outcome_state(policy: str) -> str:
-    return {
+    states: dict[str, str] = {
         DriftPolicy.QUARANTINE: QuarantineState.QUARANTINED.value,
         DriftPolicy.CLOSE: "closed",
-    }.get(policy, "observed")
+    }
+    return states.get(policy, "observed")
 
 
 def reconcile_source(source_id: int, run_id: int | None = None) -> list[int]:

@@ -182,7 +182,7 @@ def _notify_state_changes(
         notify(event, source=gates[0].source, refresh=refresh, gates=gates, reason=reason)
 
 
-_NOT_FORCED = {"forced_by": "", "forced_at": None}
+_NOT_FORCED: dict[str, Any] = {"forced_by": "", "forced_at": None}
 
 
 def close_gates(refresh, *, actor: Actor, reason: str) -> None:

@@ -141,7 +141,7 @@ class WorkerPlan:
 
 
 def _routes_of(worker: Worker) -> list[str]:
-    if worker.static_worker_id is not None:
+    if worker.static_worker is not None:
         return list(worker.static_worker.allowed_routes)
     return list(worker.routes or [])
 

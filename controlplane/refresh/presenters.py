@@ -54,7 +54,7 @@ class StepLine:
 
 
 def current_step(refresh: PolicyRefresh) -> str | None:
-    step = STATE_STEP.get(refresh.state)
+    step = STATE_STEP.get(RefreshState(refresh.state))
     return step.value if step else None
 
 
@@ -67,10 +67,10 @@ def step_lines(refresh: PolicyRefresh) -> list[StepLine]:
     names = list(ORDER) + ([StepName.RELEASE] if StepName.RELEASE in runs else [])
     lines = []
     for name in names:
-        run = runs.get(name)
+        found = runs.get(name)
         line = StepLine(name.value, STEP_LABELS[name], attempts=counts.get(name, 0))
-        if run is not None:
-            line.status, line.detail, line.ms = run.status, run.detail, run.duration_ms
+        if found is not None:
+            line.status, line.detail, line.ms = found.status, found.detail, found.duration_ms
         lines.append(line)
     return lines
 
@@ -100,10 +100,10 @@ def grid(refresh: PolicyRefresh) -> list[GridRow]:
         row = GridRow(worker, calls=timeline.get(worker.pk, []))
         for step in WORKER_STEPS:
             cell = Cell(worker.pk, step.value)
-            result = latest.get((worker.pk, step.value))
-            if result is not None:
-                cell.status, cell.error, cell.ms = result.status, result.error, result.duration_ms
-            if step.value == running and (result is None or result.status != "ok"):
+            last = latest.get((worker.pk, step.value))
+            if last is not None:
+                cell.status, cell.error, cell.ms = last.status, last.error, last.duration_ms
+            if step.value == running and (last is None or last.status != "ok"):
                 cell.status = "running"
             row.cells.append(cell)
         rows.append(row)
@@ -276,7 +276,7 @@ class GateRow:
 
 
 def gate_row(gate: Gate) -> GateRow:
-    return GateRow(gate, displayed_reason(gate), GATE_BADGE.get(gate.state, "closed"))
+    return GateRow(gate, displayed_reason(gate), GATE_BADGE.get(GateState(gate.state), "closed"))
 
 
 def gate_rows(gates: list[Gate] | None = None) -> list[GateRow]:

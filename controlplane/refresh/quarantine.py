@@ -97,7 +97,7 @@ def _settings(source) -> CallSettings:
 
 
 def _run(job: WorkerJob, cfg: CallSettings, stop: threading.Event | None = None):
-    outcomes = []
+    outcomes: list[Any] = []
     asyncio.run(run_jobs([job], cfg, emit=outcomes.append, stop=stop or threading.Event()))
     return outcomes[0]
 
@@ -157,6 +157,7 @@ class Plan:
     def run(self, q: Quarantine, step: str, calls: list[dict[str, Any]], **job: Any):
         if not calls:
             return None
+        assert self.plan is not None  # calls exist only for a planned worker
         outcome = _run(
             WorkerJob(0, q.key, self.worker.system_url, self.plan.family, calls, **job),
             self.cfg,
@@ -218,7 +219,7 @@ def _move(
 
 
 #: The quarantine moves people hear about (besides `drift.quarantined`, sent by `refresh.drift`).
-_NOTIFIED = {
+_NOTIFIED: dict[str, str] = {
     QuarantineState.ADMITTED: NotificationEvent.DRIFT_ADMITTED,
     QuarantineState.FAILED: NotificationEvent.DRIFT_FAILED,
 }

@@ -19,6 +19,7 @@ again, so no drifted worker is left paused — or unpaused and unverified — un
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -105,5 +106,5 @@ def requeue_stalled_quarantines(*, resume: Callable[[int], object]) -> list[int]
     for q in Quarantine.objects.filter(quarantine.stalled()).order_by("pk"):
         if quarantine.requeue_stalled(q):
             requeued.append(q.pk)
-            transaction.on_commit(lambda pk=q.pk: resume(pk))
+            transaction.on_commit(functools.partial(resume, q.pk))
     return requeued

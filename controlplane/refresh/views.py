@@ -45,6 +45,7 @@ from controlplane.refresh.models import (
     Quarantine,
     RefreshState,
 )
+from controlplane.requests import HtmxHttpRequest
 
 
 def _get_refresh(pk: int) -> PolicyRefresh:
@@ -95,7 +96,7 @@ def plan(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @requires(Perm.VIEW)
-def detail(request: HttpRequest, pk: int) -> HttpResponse:
+def detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     refresh = _get_refresh(pk)
     context = presenters.detail_context(refresh)
     template = "refresh/detail.html#live" if request.htmx else "refresh/detail.html"
@@ -151,7 +152,7 @@ force_reopen_namespace = _act(FORCE_REOPEN_NAMESPACE)
 
 @require_GET
 @requires(Perm.VIEW)
-def gate_list(request: HttpRequest) -> HttpResponse:
+def gate_list(request: HtmxHttpRequest) -> HttpResponse:
     """Every gate with its state, counts, since and reason; `/ws/gate-table/` keeps it live."""
     context = {"gate_rows": presenters.gate_rows()} | presenters.banner_context()
     template = "refresh/gates.html#gates" if request.htmx else "refresh/gates.html"

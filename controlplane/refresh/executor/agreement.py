@@ -10,6 +10,7 @@ and a journal row saying what they generated against what the others agreed on.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -33,7 +34,7 @@ class AgreementOutcome:
 
 
 def verified_samples(
-    refresh: PolicyRefresh, exclude: set[int] = frozenset()
+    refresh: PolicyRefresh, exclude: AbstractSet[int] = frozenset()
 ) -> dict[str, list[tuple[int, Sample]]]:
     """model → [(planned worker id, sample)] from each worker's latest passing generation.
 
@@ -54,6 +55,7 @@ def verified_samples(
     for worker_id, entry in latest.items():
         if worker_id in exclude:
             continue
+        assert entry.planned_worker is not None  # the query keeps per-worker rows only
         sample = completion_sample(entry.planned_worker.key, entry.response_body)
         if sample is None:
             continue
@@ -63,7 +65,7 @@ def verified_samples(
 
 
 def check_agreement(
-    refresh: PolicyRefresh, lease, attempt: int, *, exclude: set[int] = frozenset()
+    refresh: PolicyRefresh, lease, attempt: int, *, exclude: AbstractSet[int] = frozenset()
 ) -> AgreementOutcome:
     """Compare every verified worker of each model; journal and fail the odd ones out."""
     rule = AgreementRule.from_dict((refresh.verification or {}).get("agreement"))

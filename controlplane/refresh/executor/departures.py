@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -60,12 +61,10 @@ def read_listing(ctx, step: str) -> tuple[dict[str, DiscoveredWorker], str]:
         }
     except DiscoveryError as exc:
         error = exc.reason
-    body = None
+    body: dict[str, Any] | None = None
     if not error:
-        body = {"in_scope": sorted(listed)}
         errors = {key: w.error for key, w in sorted(listed.items()) if w.error is not None}
-        if errors:
-            body["errors"] = errors
+        body = {"in_scope": sorted(listed), **({"errors": errors} if errors else {})}
     with transaction.atomic():
         ctx.lease.guard()
         JournalEntry.objects.create(

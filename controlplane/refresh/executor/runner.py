@@ -89,7 +89,7 @@ class Runner:
             if refresh.abort_requested and refresh.state != RefreshState.RELEASING:
                 self._abort(refresh)
                 continue
-            step = STATE_STEP[refresh.state]
+            step = STATE_STEP[RefreshState(refresh.state)]
             result, step_run = self._run_step(refresh, step)
             self.takeover_pending = False
             refresh = self.load()
@@ -213,7 +213,7 @@ class Runner:
         publish_state(self.load())
 
     def _abort(self, refresh: PolicyRefresh) -> None:
-        step = STATE_STEP[refresh.state]
+        step = STATE_STEP[RefreshState(refresh.state)]
         reason = refresh.end_reason or "aborted by an operator"
         if refresh.end_state:
             with transaction.atomic():
@@ -320,7 +320,7 @@ class Runner:
         refresh = self.load()
         if refresh.state not in EXECUTING_STATES:
             return refresh.state
-        step = STATE_STEP[refresh.state]
+        step = STATE_STEP[RefreshState(refresh.state)]
         self._hold(refresh, step, f"executor error: {type(exc).__name__}: {exc}", None)
         return RefreshState.HELD
 

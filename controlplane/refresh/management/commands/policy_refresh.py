@@ -183,5 +183,5 @@ class Command(BaseCommand):
                     f"  {run.name:<15} {status:<7} {run.duration_ms or 0:8.0f} ms  {detail[:200]}"
                 )
 
-        runner._finish_step_run = report
+        runner._finish_step_run = report  # type: ignore[method-assign]  # print each step as it ends
         return runner.run()

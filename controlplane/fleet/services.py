@@ -20,6 +20,7 @@ from controlplane.fleet.models import (
     Worker,
     WorkerState,
 )
+from controlplane.fleet.tasks import refresh_source_task
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
     DEFAULT_DRIFT_POLICY,
@@ -175,8 +176,6 @@ def remove_static_worker(static_worker: StaticWorker, *, actor: Actor) -> None:
 
 def request_discovery(source: Source, *, actor: Actor) -> None:
     """Ask for a refresh now ("Refresh now"); it runs on a Celery worker after commit."""
-    from controlplane.fleet.tasks import refresh_source_task
-
     with transaction.atomic():
         record(AuditAction.DISCOVERY_REQUESTED, actor=actor, target=source)
         transaction.on_commit(

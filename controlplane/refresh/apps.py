@@ -10,6 +10,7 @@ def on_discovery_finished(sender, *, source_id, run_id, ok, **kwargs) -> None:
     receivers must be quick and must not raise."""
     if not ok:
         return
+    # Imported here: this module loads before the app registry, and tasks imports models.
     from controlplane.refresh.tasks import reconcile_drift
 
     try:

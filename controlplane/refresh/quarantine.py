@@ -41,6 +41,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import close_old_connections, connection, transaction
@@ -58,6 +59,7 @@ from controlplane.notify.emit import notify
 from controlplane.notify.models import NotificationEvent
 from controlplane.refresh import gates
 from controlplane.refresh.executor.calls import CallRecord, CallSettings, WorkerJob, run_jobs
+from controlplane.refresh.executor.runner import call_settings
 from controlplane.refresh.models import (
     HELD_QUARANTINE_STATES,
     Gate,
@@ -87,12 +89,14 @@ class QuarantineRefused(ValidationError):
     """An exit that is not possible in the quarantine's current state (changes nothing)."""
 
 
+#: The Celery task that runs `catch_up` (refresh/tasks.py).
+CATCH_UP_TASK = "refresh.catch_up_quarantine"
+
+
 # -- calls ---------------------------------------------------------------------------------------
 
 
 def _settings(source) -> CallSettings:
-    from controlplane.refresh.executor.runner import call_settings
-
     return call_settings(source)
 
 
@@ -654,9 +658,8 @@ def _drop(q: Quarantine, actor: Actor, reason: str) -> None:
 
 
 def enqueue_catch_up(quarantine_id: int) -> None:
-    from controlplane.refresh.tasks import catch_up_quarantine
-
-    catch_up_quarantine.delay(quarantine_id)
+    # By task name: refresh/tasks.py imports this module to run the catch-up.
+    current_app.send_task(CATCH_UP_TASK, args=(quarantine_id,))
 
 
 # -- presentation --------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
+from controlplane.refresh import quarantine
 from controlplane.refresh.gates import release_scope
 from controlplane.refresh.models import (
     ACTIVE_STATES,
@@ -100,8 +101,6 @@ def reconcile_policy_refreshes(*, resume: Callable[[int], object]) -> list[int]:
 def requeue_stalled_quarantines(*, resume: Callable[[int], object]) -> list[int]:
     """Hand every silent quarantine back to the catch-up queue (audited) and `resume` it after
     commit: the beat passes the catch-up task's `delay`. Returns the ids queued again."""
-    from controlplane.refresh import quarantine
-
     requeued = []
     for q in Quarantine.objects.filter(quarantine.stalled()).order_by("pk"):
         if quarantine.requeue_stalled(q):

@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from controlplane.refresh import freshness
+from controlplane.refresh import drift, freshness, quarantine
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
 from controlplane.refresh.reconcile import requeue_stalled_quarantines
@@ -23,8 +23,6 @@ def reconcile_policy_refreshes() -> list[int]:
 
 @shared_task(name="refresh.reconcile_drift", ignore_result=True)
 def reconcile_drift(source_id: int, run_id: int | None = None) -> list[int]:
-    from controlplane.refresh import drift
-
     opened = drift.reconcile_source(source_id, run_id)
     for quarantine_id in opened:
         catch_up_quarantine.delay(quarantine_id)
@@ -33,8 +31,6 @@ def reconcile_drift(source_id: int, run_id: int | None = None) -> list[int]:
 
 @shared_task(name="refresh.catch_up_quarantine", ignore_result=True)
 def catch_up_quarantine(quarantine_id: int) -> str:
-    from controlplane.refresh import quarantine
-
     return quarantine.catch_up(quarantine_id)
 
 

@@ -13,6 +13,7 @@ from controlplane.accounts.roles import Perm
 from controlplane.intake.api.auth import limit_to_sources, require
 from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.models import ReceivedWebhook
+from controlplane.refresh.models import PolicyRefresh
 
 router = Router(tags=["trainer webhooks"])
 
@@ -51,8 +52,6 @@ class DeliveryFilters(Schema):
 def serialize_delivery(delivery: ReceivedWebhook) -> dict:
     refresh_state = None
     if delivery.refresh_id is not None:
-        from controlplane.refresh.models import PolicyRefresh
-
         refresh_state = (
             PolicyRefresh.objects.filter(pk=delivery.refresh_id)
             .values_list("state", flat=True)

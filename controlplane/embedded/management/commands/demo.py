@@ -139,6 +139,7 @@ class Command(BaseCommand):
         self.stdout.write("Stopped.")
 
     def _start_simfleet(self, supervisor: Supervisor, workers: int, namespaces: str) -> None:
+        # Imported once the embedded Redis is up and settings point at it (see above).
         from controlplane.audit.recorder import Actor
         from controlplane.fleet import services
         from controlplane.fleet.models import Source

@@ -200,8 +200,12 @@ def test_fifty_concurrent_webhooks_on_one_scope(settings, sim_source, simfleet):
 def test_fifty_concurrent_api_plans_and_starts_on_one_scope(sim_source, simfleet):
     # Slow probes make each discovery take a while, as on a real fleet: fifty plans queueing
     # one discovery each would outlast the plan's wait and be blocked for a transient reason.
+    # The winner's update fails, so it holds its scope until a person acts, however long the
+    # burst takes: every other start must meet it (a winner that finished mid-burst would
+    # rightly let a later start through, and the count would depend on timing).
     for worker in simfleet.workers():
         simfleet.inject(worker["key"], "probe", Fault.latency(0.5))
+        simfleet.inject(worker["key"], "update_weights_from_disk", Fault.error("held on purpose"))
     operator = bearer_for(Role.OPERATOR, "trainer-bot")
     deadlocks_before = deadlocks()
 
@@ -249,6 +253,13 @@ def test_fifty_concurrent_api_plans_and_starts_on_one_scope(sim_source, simfleet
         "pk", flat=True
     )
     assert list(running) in ([winner["id"]], [])
+    wait_for(
+        lambda: PolicyRefresh.objects.filter(pk=winner["id"], state=RefreshState.HELD).first(),
+        what="the winning refresh to hold",
+    )
+    simfleet.clear_faults()
+    retried = Client().post(f"/api/v1/refreshes/{winner['id']}/retry", **operator)
+    assert retried.status_code == 200, retried.content
     refresh = wait_for(
         lambda: PolicyRefresh.objects.filter(pk=winner["id"], state__in=ENDED).first(),
         what="the winning refresh to end",

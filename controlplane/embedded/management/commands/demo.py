@@ -132,10 +132,14 @@ class Command(BaseCommand):
         except _Stop:
             self.stdout.write("\nStopping…")
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            # A second Ctrl-C while stopping must not abandon the children half-stopped:
+            # ignore it until every child is down, then restore the old handlers.
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
             supervisor.stop_all()
             redis.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         self.stdout.write("Stopped.")
 
     def _start_simfleet(self, supervisor: Supervisor, workers: int, namespaces: str) -> None:

@@ -53,6 +53,7 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_RETRIED = "policy_refresh.retried"
     POLICY_REFRESH_ROLLED_BACK = "policy_refresh.rolled_back"
     POLICY_REFRESH_ABORTED = "policy_refresh.aborted"
+    POLICY_REFRESH_DISCARDED = "policy_refresh.discarded"
     POLICY_REFRESH_SUCCEEDED = "policy_refresh.succeeded"
     POLICY_REFRESH_FAILED = "policy_refresh.failed"
     POLICY_REFRESH_RECOVERED = "policy_refresh.recovered"

@@ -68,6 +68,14 @@ ABORT = Action[PolicyRefresh](
     ),
     "Abort requested; the refresh stops at the next call boundary.",
 )
+DISCARD = Action[PolicyRefresh](
+    "discard",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: actions.discard_policy_refresh(
+        refresh, actor=actor, reason=given.reason
+    ),
+    "Plan discarded; nothing was started.",
+)
 RETRY = Action[PolicyRefresh](
     "retry",
     Perm.OPERATE_REFRESH,
@@ -124,6 +132,7 @@ REFRESH_ACTIONS: dict[str, Action[PolicyRefresh]] = {
         APPROVE,
         REJECT,
         ABORT,
+        DISCARD,
         RETRY,
         ROLLBACK,
         END,

@@ -371,6 +371,30 @@ def abort_policy_refresh(
     return refresh
 
 
+def discard_policy_refresh(
+    refresh: PolicyRefresh, *, actor: Actor, reason: str = ""
+) -> PolicyRefresh:
+    """Throw away a plan that was never started, so it stops waiting to be confirmed.
+
+    Only from `planned`: nothing was locked, gated or called, so the plan simply ends. It
+    ends in the terminal state `aborted` (the model has no state of its own for it; the end
+    reason and the `policy_refresh.discarded` audit event say it was discarded).
+    """
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        if refresh.state != RefreshState.PLANNED:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {refresh.state}; only a planned refresh that "
+                "was never started can be discarded"
+            )
+        reason = (reason or "").strip()
+        end_reason = f"plan discarded by {actor.label}" + (f": {reason}" if reason else "")
+        refresh.transition(RefreshState.ABORTED, end_reason=end_reason[:4000])
+        _audit(AuditAction.POLICY_REFRESH_DISCARDED, refresh, actor, reason=reason)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
 def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
     """Re-run the failed step on failed or unreached workers only, then carry on."""
     with transaction.atomic():

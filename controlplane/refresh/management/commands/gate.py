@@ -1,11 +1,12 @@
 """`manage.py gate list [SOURCE]`, `gate show SOURCE NAMESPACE`, `gate reopen SOURCE NAMESPACE
---reason TEXT --as USER`.
+--reason TEXT --as USER`, each with `--json`.
 
-`list` and `show` print what the gate API serves (`refresh.gates.serialize_gate`). `reopen`
-force-reopens through the action table's FORCE_REOPEN row, as the named user: the same
-permission check, audit and notification as the Gates page and the API. Exit codes: 0 done,
-1 refused or bad input (unknown source, namespace or user; no permission; no reason; the gate
-is already open or its refresh is running).
+`list` and `show` print what the gate API serves (`refresh.gates.serialize_gate`; `--json`
+prints exactly its keys). `reopen` force-reopens through the action table's FORCE_REOPEN row,
+as the named user: the same permission check, audit and notification as the Gates page and the
+API. Exit codes as every operator command (README "Operating it"): 0 done, 2 bad input (no
+reason), 3 not permitted (unknown user, no permission), 4 not found (source or gate), 5 the gate
+is already open or its refresh is running.
 
 Text from outside (namespaces, reasons quoted from listeners) is printed with control and
 format characters escaped, so it cannot move the cursor or reorder a terminal line.
@@ -13,50 +14,43 @@ format characters escaped, so it cannot move the cursor or reorder a terminal li
 
 from __future__ import annotations
 
-import json
-
-from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
-
+from controlplane.accounts.management.commands._cli import (
+    EXIT_CODES_HELP,
+    Exit,
+    OperatorCommand,
+    Refused,
+    acting_user,
+    add_as_argument,
+    add_json_argument,
+    dumps,
+    shown,
+)
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
 from controlplane.refresh.action_table import FORCE_REOPEN, ActionInput
-from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.gates import serialize_gate
+from controlplane.refresh.management.commands._refusals import REFUSALS, refusal
 from controlplane.refresh.models import Gate
 
-EXIT_REFUSED = 1
 
-
-def shown(value) -> str:
-    """One value as terminal-safe text."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
-
-
-def refused(message: str) -> CommandError:
-    return CommandError(message, returncode=EXIT_REFUSED)
-
-
-class Command(BaseCommand):
-    help = "Read gates, and force-reopen one as a named user."
+class Command(OperatorCommand):
+    help = "Read gates, and force-reopen one as a named user. " + EXIT_CODES_HELP
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
         listing = sub.add_parser("list", help="every gate (of one source)")
         listing.add_argument("source", nargs="?", default=None)
+        add_json_argument(listing)
         show = sub.add_parser("show", help="one gate: verified set, drift, since, reason")
         show.add_argument("source")
         show.add_argument("namespace")
-        show.add_argument("--json", action="store_true", help="print the gate API's JSON")
+        add_json_argument(show)
         reopen = sub.add_parser("reopen", help="force-reopen without verification (audited)")
         reopen.add_argument("source")
         reopen.add_argument("namespace")
         reopen.add_argument("--reason", required=True, help="why (required, recorded)")
-        reopen.add_argument(
-            "--as", dest="username", required=True, help="the user who decides; needs the role"
-        )
+        add_as_argument(reopen)
+        add_json_argument(reopen)
 
     def handle(self, *args, **opts):
         getattr(self, f"_{opts['action']}")(opts)
@@ -64,7 +58,7 @@ class Command(BaseCommand):
     def _source(self, name: str) -> Source:
         source = Source.objects.filter(name=name).first()
         if source is None:
-            raise refused(f"no source named {shown(name)!s}")
+            raise Refused(f"no source named {shown(name)}", Exit.NOT_FOUND)
         return source
 
     def _gate(self, opts) -> Gate:
@@ -75,7 +69,9 @@ class Command(BaseCommand):
             .first()
         )
         if gate is None:
-            raise refused(f"source {source.name} has no gate for {shown(opts['namespace'])}")
+            raise Refused(
+                f"source {source.name} has no gate for {shown(opts['namespace'])}", Exit.NOT_FOUND
+            )
         return gate
 
     def _list(self, opts) -> None:
@@ -92,9 +88,12 @@ class Command(BaseCommand):
             "DRIFT",
             "SINCE",
         )
+        serialized = [serialize_gate(gate) for gate in gates]
+        if opts["json"]:
+            self.stdout.write(dumps({"ok": True, "gates": serialized}))
+            return
         rows = [header]
-        for gate in gates:
-            g = serialize_gate(gate)
+        for g in serialized:
             rows.append(
                 (
                     g["source"],
@@ -118,7 +117,7 @@ class Command(BaseCommand):
     def _show(self, opts) -> None:
         g = serialize_gate(self._gate(opts))
         if opts["json"]:
-            self.stdout.write(json.dumps(g, indent=2, ensure_ascii=True))
+            self.stdout.write(dumps({"ok": True, "gate": g}))
             return
         version = g["verified_version"]
         lines = [
@@ -149,17 +148,15 @@ class Command(BaseCommand):
         self.stdout.write("\n".join(lines))
 
     def _reopen(self, opts) -> None:
-        user = get_user_model().objects.filter(username=opts["username"]).first()
-        if user is None or not user.is_active:
-            raise refused(f"no active user named {shown(opts['username'])}")
-        if not user.has_perm(FORCE_REOPEN.perm):
-            raise refused(f"{user.get_username()} may not force-reopen gates")
+        user = acting_user(opts["username"], FORCE_REOPEN.perm, "force-reopen gates")
         gate = self._gate(opts)
         try:
             gate = FORCE_REOPEN.run(gate, Actor.for_user(user), ActionInput(reason=opts["reason"]))
-        except (RefreshError, ValidationError) as exc:
-            message = exc.message if isinstance(exc, RefreshError) else "; ".join(exc.messages)
-            raise refused(message) from None
+        except REFUSALS as exc:
+            raise refusal(exc) from None
+        if opts["json"]:
+            self.stdout.write(dumps({"ok": True, "gate": serialize_gate(gate)}))
+            return
         self.stdout.write(
             f"gate {gate.source.name}/{shown(gate.namespace)} force-reopened: {gate.state} "
             f"(by {user.get_username()}, audited)"

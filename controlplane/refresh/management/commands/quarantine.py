@@ -1,27 +1,38 @@
 """`manage.py quarantine list [SOURCE] [--state S] | show ID | retry ID | release ID --reason R |
-drop ID`, the exits acting `--as USER`.
+drop ID`, the exits acting `--as USER`, each with `--json`.
 
 The exits run through the same action-table rows as the worker page and the API: the named
-user's permissions are checked, and the action is audited as that user. Exit codes: 0 done,
-1 refused (no such user or quarantine, no permission, or the quarantine's state does not allow
-it — nothing changed).
+user's permissions are checked, and the action is audited as that user. Exit codes as every
+operator command (README "Operating it"): 0 done, 2 bad input, 3 not permitted (no such
+active user, or no permission), 4 no such quarantine, 5 the quarantine's state does not allow
+it. Nothing changes on a refusal.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.management.base import BaseCommand
 
+from controlplane.accounts.management.commands._cli import (
+    EXIT_CODES_HELP,
+    Exit,
+    OperatorCommand,
+    Refused,
+    acting_user,
+    add_as_argument,
+    add_json_argument,
+    dumps,
+    shown,
+)
 from controlplane.audit.recorder import Actor
 from controlplane.refresh.action_table import QUARANTINE_ACTIONS, ActionInput
+from controlplane.refresh.management.commands._refusals import refusal
 from controlplane.refresh.models import Quarantine, QuarantineState
-from controlplane.refresh.quarantine import serialize_journal, serialize_quarantine
+from controlplane.refresh.quarantine import (
+    QuarantineRefused,
+    serialize_journal,
+    serialize_quarantine,
+)
 
-EXIT_REFUSED = 1
 COLUMNS = ("id", "source", "namespace", "key", "kind", "state", "attempts", "reason")
 HELP = {
     "retry": "queue the catch-up again (failed, queued, or its runner went silent)",
@@ -30,36 +41,28 @@ HELP = {
 }
 
 
-class Refused(Exception):
-    pass
-
-
-class Command(BaseCommand):
-    help = "List, show, retry, release or drop quarantined (drifted) workers."
+class Command(OperatorCommand):
+    help = "List, show, retry, release or drop quarantined (drifted) workers. " + EXIT_CODES_HELP
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="verb", required=True)
         listing = sub.add_parser("list", help="quarantines, newest first")
         listing.add_argument("source", nargs="?", help="only this source")
         listing.add_argument("--state", choices=QuarantineState.values)
-        listing.add_argument("--json", action="store_true", help="one JSON object per line")
-        show = sub.add_parser("show", help="one quarantine with its call journal")
+        add_json_argument(listing)
+        show = sub.add_parser("show", help="one quarantine with its call journal (JSON)")
         show.add_argument("id", type=int)
+        add_json_argument(show)
         for name in QUARANTINE_ACTIONS:
             exit_ = sub.add_parser(name, help=HELP.get(name))
             exit_.add_argument("id", type=int)
-            exit_.add_argument(
-                "--as", dest="user", required=True, help="the user acting (checked, audited)"
-            )
+            add_as_argument(exit_)
+            add_json_argument(exit_)
             if name == "release":
                 exit_.add_argument("--reason", required=True, help="why (audited)")
 
     def handle(self, *args, **opts):
-        try:
-            getattr(self, f"_{opts['verb']}", self._exit)(opts)
-        except Refused as exc:
-            self.stderr.write(f"refused: {exc}")
-            sys.exit(EXIT_REFUSED)
+        getattr(self, f"_{opts['verb']}", self._exit)(opts)
 
     def _list(self, opts) -> None:
         rows = Quarantine.objects.select_related("source").order_by("-id")
@@ -67,37 +70,38 @@ class Command(BaseCommand):
             rows = rows.filter(source__name=opts["source"])
         if opts["state"]:
             rows = rows.filter(state=opts["state"])
-        for q in rows:
-            data = serialize_quarantine(q)
-            if opts["json"]:
-                self.stdout.write(json.dumps(data, default=str))
-            else:
-                self.stdout.write("\t".join(str(data[c]) for c in COLUMNS))
+        serialized = [serialize_quarantine(q) for q in rows]
+        if opts["json"]:
+            self.stdout.write(dumps({"ok": True, "quarantines": serialized}))
+            return
+        for data in serialized:
+            self.stdout.write("\t".join(shown(str(data[c])) for c in COLUMNS))
 
     def _show(self, opts) -> None:
         q = self._quarantine(opts["id"])
         data = {**serialize_quarantine(q), "journal": serialize_journal(q)}
-        self.stdout.write(json.dumps(data, default=str, indent=2))
+        # Always JSON (the journal is nested data); `--json` adds the `ok` envelope.
+        self.stdout.write(dumps({"ok": True, "quarantine": data}) if opts["json"] else dumps(data))
 
     def _exit(self, opts) -> None:
         action = QUARANTINE_ACTIONS[opts["verb"]]
-        user = get_user_model().objects.filter(username=opts["user"], is_active=True).first()
-        if user is None:
-            raise Refused(f"no active user {opts['user']!r}")
-        if not user.has_perm(action.perm):
-            raise Refused(f"{user.get_username()} may not {action.name} quarantines")
+        user = acting_user(opts["username"], action.perm, f"{action.name} quarantines")
         q = self._quarantine(opts["id"])
         given = ActionInput(reason=opts.get("reason") or "")
         try:
             result = action.run(q, Actor.for_user(user), given)
+        except QuarantineRefused as exc:
+            raise Refused("; ".join(exc.messages), Exit.CONFLICT, "conflict") from None
         except (PermissionDenied, ValidationError) as exc:
-            messages = getattr(exc, "messages", None) or [str(exc)]
-            raise Refused("; ".join(messages)) from None
+            raise refusal(exc) from None
         result.refresh_from_db()
-        self.stdout.write(f"{action.message(result)} Now {result.state}: {result.reason}")
+        if opts["json"]:
+            self.stdout.write(dumps({"ok": True, "quarantine": serialize_quarantine(result)}))
+            return
+        self.stdout.write(f"{action.message(result)} Now {result.state}: {shown(result.reason)}")
 
     def _quarantine(self, pk: int) -> Quarantine:
         q = Quarantine.objects.select_related("source").filter(pk=pk).first()
         if q is None:
-            raise Refused(f"no quarantine #{pk}")
+            raise Refused(f"no quarantine #{pk}", Exit.NOT_FOUND)
         return q

@@ -44,6 +44,7 @@ from controlplane.intake.api.workers import (
 CLAIM_WAIT_SECONDS = 60.0
 #: The runner's logger, whose warning would repeat the failure this command reports itself.
 RUNNER_LOGGER = "controlplane.fleet.discovery.runner"
+COLUMNS = ("IDENTITY", "NAMESPACE", "STATE", "ROUTES", "VERSION", "ERROR")
 #: The ROUTES column never gets narrower than this, however wide the others are.
 MIN_ROUTES_WIDTH = 16
 
@@ -167,7 +168,7 @@ class Command(OperatorCommand):
         if not workers:
             self.stdout.write("  no workers known")
             return
-        rows = [("IDENTITY", "NAMESPACE", "STATE", "ROUTES", "VERSION", "ERROR")]
+        rows: list[tuple[str, ...]] = [COLUMNS]
         rows += [worker_row(w) for w in workers]
         routes = [[str(r) for r in (w.routes or ())] for w in workers]
         columns = shutil.get_terminal_size((120, 24)).columns

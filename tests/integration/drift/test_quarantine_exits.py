@@ -9,14 +9,16 @@ the quarantine's state does not allow the exit.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from controlplane.accounts.management.commands._cli import Exit
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
 from controlplane.accounts.tokens import create_token
@@ -238,8 +240,8 @@ def run_cli(*args) -> tuple[int, str, str]:
     out, err = StringIO(), StringIO()
     try:
         call_command("quarantine", *args, stdout=out, stderr=err)
-    except SystemExit as exc:
-        return int(exc.code or 0), out.getvalue(), err.getvalue()
+    except CommandError as exc:
+        return exc.returncode, out.getvalue(), str(exc)
     return 0, out.getvalue(), err.getvalue()
 
 
@@ -254,19 +256,22 @@ def test_exits_on_the_command_line(fleet, operator, viewer, drift_hook, celery_w
 
     code, out, _ = run_cli("list", "sim")
     assert code == 0 and f"{q.pk}\tsim\trl-a" in out and "failed" in out
+    code, out, _ = run_cli("list", "sim", "--json")
+    listed = json.loads(out)
+    assert listed["ok"] is True and [item["id"] for item in listed["quarantines"]] == [q.pk]
     code, out, _ = run_cli("show", str(q.pk))
     assert code == 0 and f'"instance_id": "{new_id}"' in out and '"pause"' in out
-    assert run_cli("show", "999999")[0] == 1
+    assert run_cli("show", "999999")[0] == Exit.NOT_FOUND
 
     me = operator.get_username()
     before = (q.state, q.reason, q.attempts, q.updated_at)
     code, _, err = run_cli("retry", str(q.pk), "--as", viewer.get_username())
-    assert code == 1 and "may not" in err
-    assert run_cli("retry", str(q.pk), "--as", "nobody")[0] == 1
+    assert code == Exit.NOT_PERMITTED and "may not" in err
+    assert run_cli("retry", str(q.pk), "--as", "nobody")[0] == Exit.NOT_PERMITTED
     code, _, err = run_cli("release", str(q.pk), "--as", me, "--reason", "capacity")
-    assert code == 1 and "wrong policy" in err  # still reads back the base weights
+    assert code == Exit.CONFLICT and "wrong policy" in err  # still reads back the base weights
     code, _, err = run_cli("drop", str(q.pk), "--as", me)
-    assert code == 1 and "still in the fleet" in err
+    assert code == Exit.CONFLICT and "still in the fleet" in err
     q.refresh_from_db()
     assert (q.state, q.reason, q.attempts, q.updated_at) == before  # refusals change nothing
     assert not audited("quarantine.retried", q) and not audited("quarantine.dropped", q)
@@ -286,7 +291,7 @@ def test_exits_on_the_command_line(fleet, operator, viewer, drift_hook, celery_w
     q.refresh_from_db()
     assert q.state == QuarantineState.FAILED
     code, _, err = run_cli("drop", str(q.pk), "--as", viewer.get_username())
-    assert code == 1
+    assert code == Exit.NOT_PERMITTED
     code, out, _ = run_cli("drop", str(q.pk), "--as", me)
     assert code == 0, out
     q.refresh_from_db()

@@ -13,12 +13,14 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from controlplane.accounts.management.commands._cli import Exit
 from controlplane.fleet.models import Source
 from controlplane.intake.models import ReceivedWebhook
 from controlplane.intake.webhooks.trainer.process import process_delivery
 from controlplane.refresh.models import PolicyRefresh
 from tests.api.conftest import bearer
 from tests.integration.intake.conftest import SECRET, post_webhook
+from tests.integration.refresh.cli import cli
 
 pytestmark = pytest.mark.django_db
 
@@ -189,9 +191,18 @@ def test_plan_form_refuses_a_bad_fingerprint(operator_client, source, fields, fi
 
 
 def run_command(*args):
-    with pytest.raises(SystemExit) as exit_info:
-        call_command("policy_refresh", "src-a", "--version", "v2", "--model-path", "/c", *args)
-    return exit_info.value.code
+    """(exit code, stdout, stderr) of `policy_refresh` as the operator persona."""
+    return cli(
+        "policy_refresh",
+        "src-a",
+        "--weight-version",
+        "v2",
+        "--model-path",
+        "/c",
+        "--as",
+        "operator-1",
+        *args,
+    )
 
 
 @pytest.mark.parametrize(
@@ -203,31 +214,32 @@ def run_command(*args):
         ("--expect-tokens", "1", "--logprob-tolerance", "-1"),
     ],
 )
-def test_policy_refresh_command_refuses_a_bad_fingerprint(source, capsys, args):
-    assert run_command(*args) == 1
-    assert "refused:" in capsys.readouterr().err
+def test_policy_refresh_command_refuses_a_bad_fingerprint(source, operator, args):
+    code, _, err = run_command(*args)
+    assert code == Exit.USAGE and err
     assert not PolicyRefresh.objects.exists()
 
 
-def test_policy_refresh_command_reads_a_fingerprint_file(source, tmp_path, capsys):
+def test_policy_refresh_command_reads_a_fingerprint_file(source, operator, tmp_path):
     path = tmp_path / "fp.json"
     path.write_text(json.dumps(GOOD))
     # The plan is blocked (nobody listens), but it was stored with the file's fingerprint.
-    assert run_command("--fingerprint-file", str(path)) == 1
+    code, out, err = run_command("--fingerprint-file", str(path))
+    assert code == Exit.FAILED and "refused at plan time" in err
     assert PolicyRefresh.objects.get().fingerprint == GOOD
-    assert "trainer fingerprint: 3 expected ids" in capsys.readouterr().out
+    assert "trainer fingerprint: 3 expected ids" in out
 
 
-def test_policy_refresh_command_refuses_a_bad_fingerprint_file(source, tmp_path, capsys):
+def test_policy_refresh_command_refuses_a_bad_fingerprint_file(source, operator, tmp_path):
     path = tmp_path / "fp.json"
     path.write_text("[" * 10_000)  # deeper than the JSON decoder recurses
-    assert run_command("--fingerprint-file", str(path)) == 1
-    assert "cannot read fingerprint file" in capsys.readouterr().err
+    code, _, err = run_command("--fingerprint-file", str(path))
+    assert code == Exit.USAGE and "cannot read fingerprint file" in err
     path.write_text("[" * 100_000)
-    assert run_command("--fingerprint-file", str(path)) == 1
-    assert "is larger than 65536 bytes" in capsys.readouterr().err
+    code, _, err = run_command("--fingerprint-file", str(path))
+    assert code == Exit.USAGE and "is larger than 65536 bytes" in err
     path.write_text(json.dumps({"completion_token_ids": [1.5]}))
-    assert run_command("--fingerprint-file", str(path)) == 1
+    assert run_command("--fingerprint-file", str(path))[0] == Exit.USAGE
     assert not PolicyRefresh.objects.exists()
 
 

@@ -1,17 +1,21 @@
 """`manage.py gate list|show|reopen`: reads what the gate API serves; reopen is the action
-table's FORCE_REOPEN as the named user (permission-checked, audited), exit 1 when refused."""
+table's FORCE_REOPEN as the named user (permission-checked, audited); refusals exit with the
+operator commands' codes (2 bad input, 3 not permitted, 4 not found, 5 conflict)."""
 
 from __future__ import annotations
 
 import io
+import json
 from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from controlplane.accounts.management.commands._cli import Exit
 from controlplane.audit.models import AuditEvent
 from controlplane.fleet.models import Source
+from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.models import Gate, GateState
 
 
@@ -42,10 +46,10 @@ def gate(*args) -> str:
     return out.getvalue()
 
 
-def refused(*args) -> str:
+def refused(*args, code: Exit) -> str:
     with pytest.raises(CommandError) as caught:
         gate(*args)
-    assert caught.value.returncode == 1
+    assert caught.value.returncode == code
     return str(caught.value)
 
 
@@ -78,12 +82,16 @@ def test_list_and_show_print_state_counts_since_and_reason(source):
 
 
 def test_bad_input_exits_1_and_changes_nothing(source, approver):
-    assert "no source named nope" in refused("list", "nope")
-    assert "has no gate for rl-z" in refused("show", "sim", "rl-z")
-    assert "no active user" in refused("reopen", "sim", "rl-b", "--reason", "x", "--as", "ghost")
-    assert "reason" in refused("reopen", "sim", "rl-b", "--reason", "  ", "--as", approver.username)
+    assert "no source named nope" in refused("list", "nope", code=Exit.NOT_FOUND)
+    assert "has no gate for rl-z" in refused("show", "sim", "rl-z", code=Exit.NOT_FOUND)
+    assert "no active user" in refused(
+        "reopen", "sim", "rl-b", "--reason", "x", "--as", "ghost", code=Exit.NOT_PERMITTED
+    )
+    assert "reason" in refused(
+        "reopen", "sim", "rl-b", "--reason", "  ", "--as", approver.username, code=Exit.USAGE
+    )
     assert "already open" in refused(
-        "reopen", "sim", "rl-a", "--reason", "x", "--as", approver.username
+        "reopen", "sim", "rl-a", "--reason", "x", "--as", approver.username, code=Exit.CONFLICT
     )
     assert Gate.objects.get(namespace="rl-b").state == GateState.CLOSED
     assert not AuditEvent.objects.filter(action="gate.force_reopened").exists()
@@ -91,7 +99,16 @@ def test_bad_input_exits_1_and_changes_nothing(source, approver):
 
 def test_reopen_is_refused_for_a_viewer(source, viewer, operator):
     for user in (viewer, operator):
-        message = refused("reopen", "sim", "rl-b", "--reason", "go", "--as", user.username)
+        message = refused(
+            "reopen",
+            "sim",
+            "rl-b",
+            "--reason",
+            "go",
+            "--as",
+            user.username,
+            code=Exit.NOT_PERMITTED,
+        )
         assert "may not force-reopen" in message
     assert Gate.objects.get(namespace="rl-b").state == GateState.CLOSED
     assert not AuditEvent.objects.filter(action="gate.force_reopened").exists()
@@ -107,3 +124,27 @@ def test_reopen_as_an_approver_is_forced_and_audited_under_their_name(source, ap
     assert event.actor_label == approver.username and event.actor_user_id == approver.pk
     assert event.details["reason"] == "eval needs it"
     assert "forced by approver-1 at " in gate("show", "sim", "rl-b")
+
+
+def test_every_gate_verb_answers_json_with_the_gate_api_keys(source, approver):
+    listed = json.loads(gate("list", "--json"))
+    assert listed["ok"] is True
+    assert [(g["source"], g["namespace"], g["state"]) for g in listed["gates"]] == [
+        ("sim", "rl-a", "open"),
+        ("sim", "rl-b", "closed"),
+    ]
+    api = serialize_gate(Gate.objects.get(namespace="rl-a"))
+    shown = json.loads(gate("show", "sim", "rl-a", "--json"))
+    assert shown["gate"] == json.loads(json.dumps(api, default=str))
+    reopened = json.loads(
+        gate("reopen", "sim", "rl-b", "--reason", "eval", "--as", approver.username, "--json")
+    )
+    assert reopened["gate"]["state"] == "open_forced" and reopened["gate"]["reason"] == "eval"
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("gate", "show", "sim", "rl-z", "--json", stdout=out)
+    assert json.loads(out.getvalue())["error"] == {
+        "code": "not_found",
+        "exit": Exit.NOT_FOUND,
+        "message": "source sim has no gate for rl-z",
+    }

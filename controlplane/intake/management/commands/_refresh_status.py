@@ -142,7 +142,13 @@ def progress_line(status: dict[str, Any]) -> str:
         line += f" {status['phase']}"
         if progress["workers_total"]:
             line += f" {progress['workers_done']}/{progress['workers_total']} workers"
+    elif status["state"] == RefreshState.HELD and refresh["failed_step"]:
+        line += f", held at {refresh['failed_step']}"
     return line
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'}"
 
 
 def status_text(status: dict[str, Any]) -> str:
@@ -173,18 +179,19 @@ def status_text(status: dict[str, Any]) -> str:
         detail = shown(step["detail"])[:120]
         lines.append(f"  {step['label']:<26} {step['status'] + tries:<10} {ms}  {detail}".rstrip())
     workers = status["workers"]
-    lines.append(f"workers: {workers['total']}")
+    lines.append(f"workers: {workers['total']}")  # then per worker step: status count, ...
     for step, counts in workers["by_step"].items():
         text = ", ".join(f"{status} {n}" for status, n in counts.items()) or "-"
         lines.append(f"  {step:<15} {text}")
     lines.append("namespaces:")
     for ns in status["namespaces"]:
-        held = " (held by this refresh)" if ns["held_here"] else ""
         outcome = f" [{ns['outcome'].replace('_', '-')}]" if ns["outcome"] else ""
         failed = f", {ns['failed_workers']} failed" if ns["failed_workers"] else ""
+        # A gate this refresh holds says why in the refresh's own reason, printed above.
+        gate = f"{ns['gate_state']}, held by this refresh" if ns["held_here"] else ns["gate"]
         lines.append(
-            f"  {shown(ns['namespace'])}: {ns['workers']} workers{failed}; "
-            f"gate {shown(ns['gate'])}{held}{outcome}"
+            f"  {shown(ns['namespace'])}: {_workers(ns['workers'])}{failed}; "
+            f"gate {shown(gate)}{outcome}"
         )
     return "\n".join(lines)
 

@@ -180,7 +180,8 @@ class Command(OperatorCommand):
             )
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         for row in table:
-            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+            cells = (c.ljust(w) for c, w in zip(row, widths, strict=True))
+            self.stdout.write("  ".join(cells).rstrip())
 
     def _status(self, opts) -> None:
         self._refresh(opts["id"])
@@ -200,15 +201,21 @@ class Command(OperatorCommand):
         if opts["interval"] <= 0:
             raise Refused("--interval must be positive", Exit.USAGE, "invalid_input")
         tty = not opts["json"] and self.stdout.isatty()
+        shown_lines: list[str] = []
 
         def show(status) -> None:
             if opts["json"]:
                 self.stdout.write(dumps({"ok": True, **status}))
-            elif tty:
-                self.stdout.write("\r\x1b[K" + progress_line(status), ending="")
+                return
+            line = progress_line(status)
+            if shown_lines and shown_lines[-1] == line:
+                return  # only a step's detail changed; the line would repeat itself
+            shown_lines.append(line)
+            if tty:
+                self.stdout.write("\r\x1b[K" + line, ending="")
                 self.stdout.flush()
             else:
-                self.stdout.write(progress_line(status))
+                self.stdout.write(line)
 
         status, outcome = watch(
             pk, interval=opts["interval"], timeout=opts["timeout"], on_change=show

@@ -38,7 +38,10 @@ def _wire_instance_ids(dep: DynamoDeployment) -> dict[str, int]:
     }
 
 
-def test_discover_lists_real_workers_with_routes_versions_and_errors(dynamo_deployment):
+def test_discover_lists_real_workers_with_routes_versions_and_errors(
+    dynamo_deployment, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "400")  # room for every route name in the ROUTES summary
     dep = dynamo_deployment(
         [
             WorkerSpec("backend", model_name="tiny-policy"),
@@ -72,6 +75,7 @@ def test_discover_lists_real_workers_with_routes_versions_and_errors(dynamo_depl
     assert backend.weight_version == "policy-3"
     backend_line = next(line for line in table.splitlines() if backend.key in line)
     assert "policy-3" in backend_line and "pause_generation" in backend_line
+    assert " 12: " in backend_line
 
     assert broken.state == WorkerState.ERRORING
     broken_line = next(line for line in table.splitlines() if broken.key in line)

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from django.core.management import call_command
 
+from controlplane.accounts.roles import Role
+from controlplane.accounts.services import create_user_with_role
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery, services
 from controlplane.fleet.models import DiscoveryTrigger
@@ -57,11 +59,14 @@ def test_restarted_worker_is_detected_and_caught_up(dynamo_deployment, celery_wo
         frontend_url=dep.frontend_url,
         allowed_networks=["127.0.0.0/8"],
     )
+    create_user_with_role("interop-operator", Role.OPERATOR, "interop-pass-1234", validate=False)
     out = io.StringIO()
     call_command(
         "policy_refresh",
         source.name,
-        "--version",
+        "--as",
+        "interop-operator",
+        "--weight-version",
         VERSION,
         "--model-path",
         MODEL_PATH,

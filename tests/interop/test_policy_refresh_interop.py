@@ -1,20 +1,20 @@
 """`manage.py policy_refresh` against real Dynamo 1.6.1: a healthy set and a plan-time refusal.
 
-The command runs in-process (same executor as the Celery task): fresh discovery through the real
-RL listener, admin calls on the workers' real system servers, and the generation check through
-the real frontend pinned to each worker with `nvext.backend_instance_id`. The worker state is
-then checked independently with plain httpx (`get_weight_version`, `/engine/interop/state`).
+The command runs in-process (the Celery task's executor, in a thread of the command): fresh
+discovery through the real RL listener, admin calls on the workers' real system servers, and
+the generation check through the real frontend pinned to each worker with
+`nvext.backend_instance_id`. The worker state is then checked independently with plain httpx (`get_weight_version`, `/engine/interop/state`).
 """
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 
 import httpx
 import pytest
-from django.core.management import call_command
 
+from controlplane.accounts.roles import Role
+from controlplane.accounts.services import create_user_with_role
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
 from controlplane.refresh.gates import gate_state
@@ -27,6 +27,7 @@ from controlplane.refresh.models import (
     StepRun,
     WorkerStepResult,
 )
+from tests.integration.refresh.cli import cli
 from tests.interop.conftest import DynamoDeployment, RunningWorker, WorkerSpec
 from tests.interop.programs.synthetic_model import policy_tokens
 
@@ -55,15 +56,10 @@ def _engine(worker: RunningWorker, route: str) -> dict:
 
 
 def _policy_refresh(source_name: str, *args: str) -> tuple[int, str, str]:
-    """Run the command in-process; (exit code, stdout, stderr). It exits 1/2 via sys.exit."""
-    out, err = io.StringIO(), io.StringIO()
-    argv = [source_name, "--version", VERSION, "--model-path", MODEL_PATH, "--yes", *args]
-    try:
-        call_command("policy_refresh", *argv, stdout=out, stderr=err)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
+    """Run the command in-process as an operator; (exit code, stdout, stderr)."""
+    create_user_with_role("interop-operator", Role.OPERATOR, "interop-pass-1234", validate=False)
+    argv = [source_name, "--weight-version", VERSION, "--model-path", MODEL_PATH, "--yes"]
+    return cli("policy_refresh", *argv, *args, "--as", "interop-operator")
 
 
 def test_policy_refresh_succeeds_on_real_workers_across_two_namespaces(dynamo_deployment):

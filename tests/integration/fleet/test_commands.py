@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import json
+import re
+
 import pytest
 from django.core.management import CommandError, call_command
 
 from controlplane.audit.models import AuditEvent
-from controlplane.fleet.models import Source, StaticWorker
+from controlplane.fleet.models import DiscoveryRun, Source, StaticWorker, Worker
+from controlplane.intake.api.workers import DiscoveryRunOut, WorkerOut
+from controlplane.intake.management.commands.discover import routes_summary
 from tests.integration.fleet.conftest import closed_port_url
 
 
@@ -122,7 +128,8 @@ def test_add_static_and_remove_static(db):
     assert not StaticWorker.objects.exists()
 
 
-def test_discover_prints_the_table_and_exits_zero(simfleet, make_source):
+def test_discover_prints_the_table_and_exits_zero(simfleet, make_source, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
     make_source(simfleet)
     key = simfleet.workers()[0]["instance_id"]
     simfleet.set_version(key, "step-12")
@@ -130,22 +137,79 @@ def test_discover_prints_the_table_and_exits_zero(simfleet, make_source):
     assert "listener namespace rl" in out
     assert "IDENTITY" in out and "VERSION" in out
     assert str(key) in out and "step-12" in out
-    assert "get_weight_version" in out
     assert out.count("rl-a/") + out.count("rl-b/") >= 4
+    # A wide terminal has room for every route: the count, then the names.
+    worker = Worker.objects.get(instance_id=str(key))
+    line = next(line for line in out.splitlines() if str(key) in line)
+    assert f"{len(worker.routes)}: " + ",".join(worker.routes) in line
 
 
-def test_discover_fails_with_one_line_reason_when_listener_is_down(db, make_source):
+def test_discover_summarises_routes_to_the_terminal_width(simfleet, make_source, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    make_source(simfleet)
+    out = _run("discover", "sim")
+    rows = out.splitlines()[2:]
+    assert len(rows) == 4 and max(len(line) for line in out.splitlines()[1:]) <= 100
+    for row in rows:
+        worker = Worker.objects.get(instance_id=row.split()[0].rsplit("/", 1)[-1])
+        # The count, then the start of the real list, cut with an ellipsis.
+        count, names = re.search(r" (\d+): (\S+)…", row).groups()
+        assert int(count) == len(worker.routes) > 3
+        assert ",".join(worker.routes).startswith(names)
+
+
+def test_routes_summary_fits_its_width():
+    routes = ["pause_generation", "resume_generation", "update_weights_from_disk"]
+    assert routes_summary(routes, 200) == "3: " + ",".join(routes)
+    assert routes_summary(routes, 20) == "3: pause_generation…"
+    assert len(routes_summary(routes, 20)) == 20
+    assert routes_summary([], 20) == "-"
+    assert routes_summary(["a\x1b[2J"], 40) == "1: a\\u001b[2J"
+
+
+def test_discover_json_has_the_api_keys_and_every_route(simfleet, make_source):
+    make_source(simfleet)
+    data = json.loads(_run("discover", "sim", "--json"))
+    assert data["ok"] is True
+    [source] = data["sources"]
+    assert source["source"] == "sim" and source["ok"] is True
+    assert set(source["run"]) == set(DiscoveryRunOut.model_fields)
+    assert source["run"]["workers_total"] == 4 and len(source["workers"]) == 4
+    for worker in source["workers"]:
+        assert set(worker) == set(WorkerOut.model_fields)
+        assert worker["routes"] == Worker.objects.get(pk=worker["id"]).routes
+
+
+def test_discover_prints_a_failure_once_on_one_line(db, make_source, capsys, caplog):
     class Down:
         listener_url = closed_port_url()
         frontend_url = ""
 
     make_source(Down)
+    out, err = io.StringIO(), io.StringIO()
     with pytest.raises(CommandError) as info:
-        _run("discover", "sim")
-    assert "listener unreachable" in str(info.value)
-    assert "\n" not in str(info.value)
+        call_command("discover", "sim", stdout=out, stderr=err)
+    assert info.value.returncode == 1
+    message = str(info.value)
+    assert "listener unreachable" in message and "\n" not in message
+    printed = out.getvalue() + err.getvalue() + capsys.readouterr().err + message
+    assert printed.count("listener unreachable") == 1
+    assert out.getvalue().startswith("sim: listener failed (showing last known workers)")
+    assert not [r for r in caplog.records if "listener unreachable" in r.getMessage()]
+    # Still recorded like any discovery refresh.
+    assert DiscoveryRun.objects.get().error.startswith("listener unreachable")
+
+    # With --json: one document (ok false, the error in the run), exit 1, nothing else on stdout.
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("discover", "sim", "--json", stdout=out, stderr=io.StringIO())
+    assert exited.value.code == 1
+    [line] = out.getvalue().splitlines()
+    data = json.loads(line)
+    assert data["ok"] is False and "listener unreachable" in data["sources"][0]["run"]["error"]
 
 
 def test_discover_unknown_source(db):
-    with pytest.raises(CommandError, match="no source named"):
+    with pytest.raises(CommandError, match="no source named") as info:
         _run("discover", "nope")
+    assert info.value.returncode == 4

@@ -3,7 +3,8 @@
 The command runs in-process (the Celery task's executor, in a thread of the command): fresh
 discovery through the real RL listener, admin calls on the workers' real system servers, and
 the generation check through the real frontend pinned to each worker with
-`nvext.backend_instance_id`. The worker state is then checked independently with plain httpx (`get_weight_version`, `/engine/interop/state`).
+`nvext.backend_instance_id`. The worker state is then checked independently with plain httpx
+(`get_weight_version`, `/engine/interop/state`).
 """
 
 from __future__ import annotations

@@ -335,11 +335,13 @@ def cli_policy_refresh_with_failing_workers(w: World) -> None:
     first, second = w.by_ns["rl-a"][:2]
     w.fleet.inject(first, "update_weights_from_disk", Fault.error(h("worker error body")))
     w.fleet.inject(second, "update_weights_from_disk", Fault.http(500, h("worker http 500")))
-    with contextlib.suppress(SystemExit):  # exit 2: held, as intended
+    with contextlib.suppress(CommandError, SystemExit):  # exit 1: held, as intended
         call_command(
             "policy_refresh",
             "sim",
-            "--version",
+            "--as",
+            w.admin.username,
+            "--weight-version",
             h("cli weight_version"),
             "--model-path",
             "/c/" + h("cli model_path"),

@@ -4,9 +4,11 @@ through the action table (permission, audit under that user), with documented ex
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from django.core.management import call_command
 
 from controlplane.accounts.management.commands._cli import Exit
 from controlplane.audit.models import AuditEvent
@@ -290,6 +292,8 @@ def test_approval_is_four_eyes_and_a_rejection_needs_a_reason(
     pk = plan(source, admin_user).pk
     code, acted = cli_json("refresh", "start", str(pk), "--as", admin_user.username)
     assert code == Exit.OK and acted["refresh"]["state"] == "awaiting_approval"
+    # Only a plan never started is discarded; a refresh awaiting approval is rejected instead.
+    assert cli("refresh", "discard", str(pk), "--as", admin_user.username)[0] == Exit.CONFLICT
 
     # The requester may not approve their own refresh, whatever their role.
     code, refused = cli_json("refresh", "approve", str(pk), "--as", admin_user.username)
@@ -371,3 +375,48 @@ def test_force_reopen_and_end_a_held_refresh_as_an_approver(
     assert code == Exit.OK and acted["refresh"]["state"] == "aborted"
     assert "give up" in acted["refresh"]["end_reason"]
     assert audited("policy_refresh.ended", pk)[0].actor_user_id == approver.pk
+
+
+def test_a_blocked_plan_exits_1_and_cannot_start_and_a_busy_scope_is_a_conflict(
+    fleet, source, operator
+):
+    key = fleet.workers()[0]["key"]
+    descriptor = fleet.call(lambda: fleet.fleet.get(key).descriptor())
+    descriptor["routes"] = [r for r in descriptor["routes"] if r != "update_weights_from_disk"]
+    fleet.inject(key, "probe", Fault.reply(descriptor, once=True))
+    code, blocked = cli_json("refresh", "plan", "sim", *PLAN, "--as", operator.username)
+    assert code == Exit.FAILED and blocked["ok"] is False
+    assert any("missing route update_weights_from_disk" in b for b in blocked["blockers"])
+    code, refused = cli_json(
+        "refresh", "start", str(blocked["refresh"]["id"]), "--as", "operator-1"
+    )
+    assert code == Exit.CONFLICT and refused["error"]["code"] == "plan_blocked"
+
+    # Two clean plans of one scope: the first start takes it, the second is a conflict.
+    sync_workers(source)
+    first, second = plan(source, operator).pk, plan(source, operator, "v6").pk
+    assert cli("refresh", "start", str(first), "--as", operator.username)[0] == Exit.OK
+    code, refused = cli_json("refresh", "start", str(second), "--as", operator.username)
+    assert code == Exit.CONFLICT and refused["error"]["code"] == "refresh_conflict"
+    assert f"policy refresh #{first}" in refused["error"]["message"]
+    assert PolicyRefresh.objects.get(pk=second).state == RefreshState.PLANNED
+    code, listed = cli_json("refresh", "list", "--active")
+    assert [r["id"] for r in listed["refreshes"]] == [first]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_watch_on_a_terminal_redraws_one_line_in_place(source, operator):
+    pk = plan(source, operator).pk
+    out = Terminal()
+    with pytest.raises(SystemExit) as exited:
+        call_command(
+            "refresh", "watch", str(pk), "--interval", "0.05", "--timeout", "0.1", stdout=out
+        )
+    assert exited.value.code == Exit.TIMED_OUT
+    text = out.getvalue()
+    assert text.startswith(f"\r\x1b[K#{pk} planned ") and "\n" not in text.split("\n")[0]
+    assert text.endswith(f"\npolicy refresh #{pk} still planned after 0.1 s\n")

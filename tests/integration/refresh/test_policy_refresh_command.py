@@ -6,6 +6,7 @@ is running), so these tests use committed transactions."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import django
@@ -102,3 +103,12 @@ def test_version_stays_djangos_and_an_old_script_is_refused_not_fooled(source, c
     assert exited.value.code == Exit.USAGE
     assert "--weight-version" in capsys.readouterr().err
     assert not PolicyRefresh.objects.exists()
+
+
+def test_declining_at_the_prompt_starts_nothing(fleet, source, operator, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    code, out, err = cli("policy_refresh", *ARGS[:-1], "--as", operator.username)
+    assert code == Exit.FAILED and "declined" in err
+    assert "Start this refresh? [y/N]" in err and "Start this" not in out
+    assert PolicyRefresh.objects.get().state == RefreshState.PLANNED
+    assert all(w["update_count"] == 0 for w in fleet.workers())

@@ -180,6 +180,10 @@ def test_rollback_plans_a_new_refresh_to_the_last_verified_policy(
     assert new["target"]["weight_version"] == "v5"
     assert PolicyRefresh.objects.get(pk=second).state == RefreshState.FAILED
     assert audited("policy_refresh.rolled_back", second)[0].actor_user_id == operator.pk
+    # The rollback runs (Celery) to the last verified policy; watch it through.
+    code, out, _ = cli("refresh", "watch", str(new["id"]), "--interval", "0.1")
+    assert code == Exit.OK and out.splitlines()[-1].endswith("succeeded at v5")
+    assert set(fleet_versions(fleet).values()) == {"v5"}
 
 
 # -- permissions, not found, usage: exit codes, and nothing changes -----------------------------

@@ -86,7 +86,7 @@ class Command(OperatorCommand):
         blockers = blocker_lines(refresh)
         if blockers:
             raise Refused("refused at plan time: " + "; ".join(blockers), Exit.FAILED, "blocked")
-        if not opts["yes"] and input("Start this refresh? [y/N] ").strip().lower() != "y":
+        if not opts["yes"] and not self.confirmed():
             raise Refused("declined", Exit.FAILED, "declined")
         try:
             refresh = START.run(refresh, actor, ActionInput())
@@ -100,6 +100,12 @@ class Command(OperatorCommand):
                 "awaiting_approval",
             )
         self.see_through(refresh.pk, opts)
+
+    def confirmed(self) -> bool:
+        # The question goes to stderr, so stdout stays the plan (or one JSON document).
+        self.stderr.write("Start this refresh? [y/N] ", ending="")
+        self.stderr.flush()
+        return sys.stdin.readline().strip().lower() == "y"
 
     def see_through(self, refresh_id: int, opts) -> None:
         executor = threading.Thread(

@@ -144,11 +144,12 @@ class Command(OperatorCommand):
     # -- reading --------------------------------------------------------------------------------
 
     def _refresh(self, pk: int) -> PolicyRefresh:
-        refresh = PolicyRefresh.objects.select_related("source", "approved_by").filter(pk=pk)
-        found = refresh.first()
-        if found is None:
+        refresh = (
+            PolicyRefresh.objects.select_related("source", "approved_by").filter(pk=pk).first()
+        )
+        if refresh is None:
             raise Refused(f"no policy refresh #{pk}", Exit.NOT_FOUND)
-        return found
+        return refresh
 
     def _list(self, opts) -> None:
         refreshes = PolicyRefresh.objects.select_related("source", "approved_by").order_by("-id")
@@ -277,7 +278,7 @@ class Command(OperatorCommand):
                 error = Refused(error.args[0], Exit.NOT_PERMITTED, exc.code)
             raise error from None
         result = self._refresh(result.pk)
-        if opts["json"] and not opts["watch"]:
+        if opts["json"]:  # with --watch, watch's documents follow (JSON lines)
             self.stdout.write(
                 dumps({"ok": True, "action": action.name, "refresh": refresh_json(result)})
             )

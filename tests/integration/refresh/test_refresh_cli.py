@@ -325,6 +325,12 @@ def test_watch_times_out_with_exit_6_printing_one_line_per_change(source, operat
     assert len(lines) == 2 and lines[0].startswith(f"#{pk} planned") and "0%" in lines[0]
     assert lines[1] == f"policy refresh #{pk} still planned after 0.2 s"
     assert cli("refresh", "watch", str(pk), "--interval", "0")[0] == Exit.USAGE
+    # Refused before acting: the refresh is not started with a watch that cannot run.
+    code, _, err = cli(
+        "refresh", "start", str(pk), "--as", operator.username, "--watch", "--timeout", "-1"
+    )
+    assert code == Exit.USAGE and "--timeout" in err
+    assert PolicyRefresh.objects.get(pk=pk).state == RefreshState.PLANNED
 
 
 def test_list_filters_and_prints_the_api_keys(source, operator):

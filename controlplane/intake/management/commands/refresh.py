@@ -62,6 +62,7 @@ ACTION_HELP = {
     "reopen-verified": "open every namespace whose workers all passed verify",
     "force-reopen": "open one namespace's gate without verification, with a reason",
 }
+AWAITING_APPROVAL = RefreshState.AWAITING_APPROVAL
 #: The inputs each action reads (`ActionInput` fields); the rest take none.
 REASON_REQUIRED = frozenset({"reject", "end", "force-reopen"})
 REASON_OPTIONAL = frozenset({"discard"})
@@ -136,6 +137,11 @@ class Command(OperatorCommand):
 
     def handle(self, *args, **opts):
         verb = opts["verb"]
+        # Checked before anything acts, so a bad --interval never leaves an action half-watched.
+        if opts.get("interval") is not None and opts["interval"] <= 0:
+            raise Refused("--interval must be positive", Exit.USAGE, "invalid_input")
+        if opts.get("timeout") is not None and opts["timeout"] < 0:
+            raise Refused("--timeout must not be negative", Exit.USAGE, "invalid_input")
         if verb in REFRESH_ACTIONS:
             self._act(opts)
         else:
@@ -199,8 +205,6 @@ class Command(OperatorCommand):
     def _watch_until_stopped(self, pk: int, opts) -> None:
         """Stream progress; exit with the outcome (0 succeeded, 1 stopped otherwise, 6 timed
         out). On a terminal the line is redrawn in place; otherwise one line per change."""
-        if opts["interval"] <= 0:
-            raise Refused("--interval must be positive", Exit.USAGE, "invalid_input")
         tty = not opts["json"] and self.stdout.isatty()
         shown_lines: list[str] = []
 
@@ -274,7 +278,7 @@ class Command(OperatorCommand):
             error = refusal(exc)
             refresh.refresh_from_db(fields=["state"])
             # Four eyes: on a refresh that does await approval, this refusal is about who asks.
-            if isinstance(exc, ApprovalNotAllowed) and refresh.state == "awaiting_approval":
+            if isinstance(exc, ApprovalNotAllowed) and refresh.state == AWAITING_APPROVAL:
                 error = Refused(error.args[0], Exit.NOT_PERMITTED, exc.code)
             raise error from None
         result = self._refresh(result.pk)
@@ -282,7 +286,7 @@ class Command(OperatorCommand):
             self.stdout.write(
                 dumps({"ok": True, "action": action.name, "refresh": refresh_json(result)})
             )
-        elif not opts["json"]:
+        else:
             self.stdout.write(
                 f"{action.message(result)} Policy refresh #{result.pk} is now {result.state} "
                 f"(by {user.get_username()}, audited)."

@@ -88,6 +88,8 @@ class Command(OperatorCommand):
         user = acting_user(opts["username"], action.perm, f"{action.name} quarantines")
         q = self._quarantine(opts["id"])
         given = ActionInput(reason=opts.get("reason") or "")
+        if action.name == "release" and not given.reason.strip():
+            raise Refused("a release needs a reason", Exit.USAGE, "invalid_input")
         try:
             result = action.run(q, Actor.for_user(user), given)
         except QuarantineRefused as exc:

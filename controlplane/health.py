@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from kombu import Connection
+from kombu import Connection, Producer, pidbox
 
 from controlplane.celery import app as celery_app
 
@@ -97,11 +98,46 @@ def check_redis(url: str | None = None, timeout: float | None = None) -> CheckRe
     return _timed(run)
 
 
+class _OneShotProducer(Producer):
+    """Publishes once: a probe must fail fast, not wait (kombu's default) for the broker."""
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["retry"] = False
+        return super().publish(*args, **kwargs)
+
+
+class _ProbeMailbox(pidbox.Mailbox):
+    """Celery's control mailbox, publishing on the probe's own connection.
+
+    Celery's `app.control` publishes through the app's producer pool, bound to whichever
+    broker the app first connected to and retrying forever while it is down.
+    """
+
+    @contextmanager
+    def producer_or_acquire(self, producer: Any = None, channel: Any = None) -> Iterator[Any]:
+        yield _OneShotProducer(channel, auto_declare=False)
+
+
+def _mailbox() -> _ProbeMailbox:
+    conf = celery_app.conf
+    return _ProbeMailbox(
+        conf.control_exchange,
+        type="fanout",
+        accept=conf.accept_content,
+        serializer=conf.task_serializer,
+        queue_ttl=conf.control_queue_ttl,
+        reply_queue_ttl=conf.control_queue_ttl,
+        queue_expires=conf.control_queue_expires,
+        reply_queue_expires=conf.control_queue_expires,
+    )
+
+
 def check_celery(timeout: float | None = None) -> CheckResult:
     """At least one worker answers a broadcast ping on this deployment's broker.
 
-    The connection is our own, with one connection attempt bounded by `timeout`: the app's
-    default connection retries for a long time when the broker is down.
+    The connection is our own, one attempt bounded by `timeout`, and so is the mailbox (see
+    `_ProbeMailbox`), so the check follows the current settings and never hangs on a dead
+    broker.
     """
     timeout = timeout if timeout is not None else settings.READINESS_TIMEOUT_SECONDS
 
@@ -112,7 +148,7 @@ def check_celery(timeout: float | None = None) -> CheckResult:
             transport_options=dict(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})),
         ) as conn:
             conn.ensure_connection(max_retries=0, timeout=timeout)
-            replies = celery_app.control.ping(timeout=timeout, connection=conn)
+            replies = _mailbox()(conn)._broadcast("ping", reply=True, timeout=timeout) or []
         workers = sorted(name for reply in replies for name in reply)
         if not workers:
             raise CheckFailed(f"no Celery worker answered within {timeout:g}s")

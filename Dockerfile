@@ -35,4 +35,4 @@ USER 10001
 EXPOSE 8000
 # uvicorn: several worker processes, X-Forwarded-* trusted from the proxy in front
 # (the web port is never published; see docker-compose.yml and deploy/kubernetes).
-CMD ["sh", "-c", "exec uvicorn controlplane.asgi:application --host 0.0.0.0 --port 8000 --workers ${WEB_CONCURRENCY:-4} --proxy-headers --forwarded-allow-ips=* --no-server-header"]
+CMD ["sh", "-c", "exec uvicorn controlplane.asgi:application --host 0.0.0.0 --port 8000 --workers ${WEB_CONCURRENCY:-4} --proxy-headers --forwarded-allow-ips=* --no-server-header --lifespan off"]

@@ -225,4 +225,8 @@ class HealthCheckMiddleware:
         if path == LIVENESS_PATH:
             return _respond({"status": "ok"}, 200)
         body = readiness_body(readiness_cache.get())
-        return _respond(body, 503 if body["failed"] else 200)
+        response = _respond(body, 503 if body["failed"] else 200)
+        # A failing probe every few seconds is not a server error: the checks log the cause
+        # once each, so Django's "Service Unavailable" error line per probe is turned off.
+        response._has_been_logged = True  # type: ignore[attr-defined]
+        return response

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -203,7 +204,11 @@ def docker_compose_config() -> tuple[bool, str]:
         [docker, "compose", "-f", str(COMPOSE_FILE), "--profile", "sim", "config", "-q"],
         capture_output=True,
         text=True,
-        env={**SAMPLE_ENV, "PATH": "/usr/bin:/bin"},
+        env={
+            **SAMPLE_ENV,
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(Path.home()),
+        },
         cwd=ROOT,
     )
     return True, (result.stdout + result.stderr).strip() if result.returncode else ""

@@ -49,10 +49,12 @@ def _from_probe(name: str, result: health.CheckResult, ok_detail: str) -> Findin
 
 def check_settings() -> Iterator[Finding]:
     """Django's system checks (with the deployment ones in production) and our own."""
-    messages = django_checks.run_checks(include_deployment_checks=settings.PRODUCTION)
+    messages = [
+        message
+        for message in django_checks.run_checks(include_deployment_checks=settings.PRODUCTION)
+        if not message.is_silenced()
+    ]
     for message in messages:
-        if message.is_silenced():
-            continue
         status = FAIL if message.level >= django_checks.ERROR else WARN
         yield Finding("settings", status, f"{message.id}: {message.msg}")
     anchor_dir = settings.AUDIT_ANCHOR_FILE.parent

@@ -22,6 +22,7 @@ from controlplane.notify.models import (
     NotificationDestination,
 )
 from controlplane.ops import retention
+from controlplane.ops.tasks import purge_expired
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshState
 
 pytestmark = pytest.mark.django_db
@@ -209,3 +210,20 @@ def test_a_second_purge_finds_nothing_and_audits_nothing(aged):
     out = _purge("--apply")
     assert AuditEvent.objects.count() == audited
     assert all(line.split()[-1] == "0" for line in out.splitlines()[1:6])
+
+
+def test_beat_runs_the_purge_as_the_system(aged, settings):
+    assert settings.CELERY_BEAT_SCHEDULE["retention-purge"]["task"] == "ops.purge_expired"
+    assert purge_expired() == {
+        "worker_events": 1,
+        "discovery_runs": 1,
+        "journal_entries": 1,
+        "webhook_deliveries": 1,
+        "notification_deliveries": 2,
+    }
+    labels = set(
+        AuditEvent.objects.filter(action=AuditAction.RETENTION_PURGED).values_list(
+            "actor_label", flat=True
+        )
+    )
+    assert labels == {"retention"}

@@ -132,8 +132,11 @@ def _mailbox() -> _ProbeMailbox:
     )
 
 
-def check_celery(timeout: float | None = None) -> CheckResult:
+def check_celery(timeout: float | None = None, *, count_all: bool = False) -> CheckResult:
     """At least one worker answers a broadcast ping on this deployment's broker.
+
+    Readiness stops at the first answer; `count_all` waits out the timeout to count every
+    worker (what `doctor` reports).
 
     The connection is our own, one attempt bounded by `timeout`, and so is the mailbox (see
     `_ProbeMailbox`), so the check follows the current settings and never hangs on a dead
@@ -148,7 +151,12 @@ def check_celery(timeout: float | None = None) -> CheckResult:
             transport_options=dict(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})),
         ) as conn:
             conn.ensure_connection(max_retries=0, timeout=timeout)
-            replies = _mailbox()(conn)._broadcast("ping", reply=True, timeout=timeout) or []
+            replies = (
+                _mailbox()(conn)._broadcast(
+                    "ping", reply=True, timeout=timeout, limit=None if count_all else 1
+                )
+                or []
+            )
         workers = sorted(name for reply in replies for name in reply)
         if not workers:
             raise CheckFailed(f"no Celery worker answered within {timeout:g}s")

@@ -99,7 +99,7 @@ def check_redis() -> Iterator[Finding]:
 
 
 def check_celery() -> Iterator[Finding]:
-    probe = health.check_celery()
+    probe = health.check_celery(count_all=True)
     yield _from_probe("celery", probe, f"{probe.extra.get('workers', 0)} worker(s) answered")
 
 

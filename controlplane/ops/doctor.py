@@ -62,7 +62,8 @@ def check_settings() -> Iterator[Finding]:
         yield Finding(
             "settings",
             WARN if not settings.PRODUCTION else FAIL,
-            f"AUDIT_ANCHOR_FILE's directory {anchor_dir} is not writable: no audit checkpoints",
+            f"AUDIT_ANCHOR_FILE's directory {anchor_dir} is not writable here: a worker"
+            " running the checkpoint task from this image could not write checkpoints",
         )
     public_host = urlsplit(settings.PUBLIC_BASE_URL).hostname or ""
     if settings.PRODUCTION and not _host_allowed(public_host):

@@ -97,3 +97,11 @@ def test_clock_skew_beyond_half_the_webhook_window_fails(monkeypatch, settings):
 def test_a_running_worker_answers_the_celery_check(celery_worker):
     (finding,) = _findings("celery")
     assert finding["status"] == "ok" and finding["detail"].startswith("1 worker(s) answered")
+
+
+def test_an_unwritable_anchor_directory_is_reported(settings, tmp_path):
+    settings.AUDIT_ANCHOR_FILE = tmp_path / "missing-dir" / "audit-anchors.jsonl"
+    findings = [f for f in _findings("settings") if "AUDIT_ANCHOR_FILE" in f["detail"]]
+    assert [f["status"] for f in findings] == ["warn"]  # development; production fails
+    settings.AUDIT_ANCHOR_FILE = tmp_path / "audit-anchors.jsonl"
+    assert not [f for f in _findings("settings") if "AUDIT_ANCHOR_FILE" in f["detail"]]

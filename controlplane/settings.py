@@ -77,9 +77,12 @@ INSTALLED_APPS = [
     "controlplane.intake",
     "controlplane.simfleet",
     "controlplane.embedded",
+    "controlplane.ops",
 ]
 
 MIDDLEWARE = [
+    # First: probes must answer before host validation and the HTTPS redirect (health.py).
+    "controlplane.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "controlplane.audit.middleware.CorrelationIdMiddleware",
@@ -250,11 +253,6 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=DISCOVERY_TICK_SECONDS),
         "options": {"expires": DISCOVERY_TICK_SECONDS * 0.9},
     },
-    "observation-retention": {
-        "task": "fleet.prune_observations",
-        "schedule": timedelta(hours=1),
-        "options": {"expires": 3000},
-    },
 }
 
 # Discovery (each source has its own refresh interval; the tick only looks for due sources).
@@ -334,6 +332,36 @@ CELERY_BEAT_SCHEDULE["audit-checkpoint"] = {
     "task": "audit.checkpoint_chain_head",
     "schedule": timedelta(seconds=AUDIT_CHECKPOINT_SECONDS),
     "options": {"expires": AUDIT_CHECKPOINT_SECONDS * 0.9},
+}
+
+# Operations (README "Production"): probes, retention, and the beat heartbeat `doctor` reads.
+# /readyz keeps its verdict this long per process, and bounds each dependency's answer.
+READINESS_CACHE_SECONDS = env_float("READINESS_CACHE_SECONDS", 3.0, minimum=0.0)
+READINESS_TIMEOUT_SECONDS = env_float("READINESS_TIMEOUT_SECONDS", 2.0, minimum=0.1)
+# Days kept before `manage.py purge` (and its hourly beat run) deletes; 0 keeps forever.
+# Observations: discovery runs and worker events. Journal: admin-call rows of finished policy
+# refreshes (the refreshes themselves and every audit row stay). Webhook deliveries: received
+# trainer webhooks that reached an outcome. Notification deliveries: delivered or failed ones.
+JOURNAL_RETENTION_DAYS = env_int("JOURNAL_RETENTION_DAYS", 90, minimum=0)
+WEBHOOK_RETENTION_DAYS = env_int("WEBHOOK_RETENTION_DAYS", 30, minimum=0)
+NOTIFICATION_RETENTION_DAYS = env_int("NOTIFICATION_RETENTION_DAYS", 30, minimum=0)
+if 0 < WEBHOOK_RETENTION_DAYS * 86400 <= WEBHOOK_TOLERANCE_SECONDS:
+    # A forgotten webhook id could be replayed while its signature's timestamp is still valid.
+    raise ImproperlyConfigured("WEBHOOK_RETENTION_DAYS must outlast WEBHOOK_TOLERANCE_SECONDS")
+RETENTION_PURGE_SECONDS = env_float("RETENTION_PURGE_SECONDS", 3600.0, minimum=60.0)
+CELERY_BEAT_SCHEDULE["retention-purge"] = {
+    "task": "ops.purge_expired",
+    "schedule": timedelta(seconds=RETENTION_PURGE_SECONDS),
+    "options": {"expires": RETENTION_PURGE_SECONDS * 0.9},
+}
+# Beat's schedule touches a heartbeat key through a worker; `doctor` calls beat dead when the
+# key is older than BEAT_HEARTBEAT_STALE_INTERVALS of these.
+BEAT_HEARTBEAT_SECONDS = env_float("BEAT_HEARTBEAT_SECONDS", 30.0, minimum=1.0)
+BEAT_HEARTBEAT_STALE_INTERVALS = 3
+CELERY_BEAT_SCHEDULE["beat-heartbeat"] = {
+    "task": "ops.beat_heartbeat",
+    "schedule": timedelta(seconds=BEAT_HEARTBEAT_SECONDS),
+    "options": {"expires": BEAT_HEARTBEAT_SECONDS * 0.9},
 }
 
 LANGUAGE_CODE = "en-us"

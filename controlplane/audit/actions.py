@@ -74,6 +74,8 @@ class AuditAction(models.TextChoices):
     NOTIFICATION_DESTINATION_REMOVED = "notification_destination.removed"
     NOTIFICATION_DESTINATION_TEST_SENT = "notification_destination.test_sent"
     API_REQUEST = "api.request"
+    # operations (controlplane/ops): rows deleted by the retention purge, per kind and batch
+    RETENTION_PURGED = "retention.purged"
 
 
 class ActorType(models.TextChoices):

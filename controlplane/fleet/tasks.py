@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from celery import shared_task
-from django.conf import settings
 from django.utils import timezone
 
 from controlplane.fleet.discovery import refresh_source
-from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, WorkerEvent
+from controlplane.fleet.models import DiscoveryTrigger, Source
 
 
 @shared_task(name="fleet.refresh_source", ignore_result=True)
@@ -39,12 +36,3 @@ def schedule_discovery_refreshes() -> int:
         )
         due += 1
     return due
-
-
-@shared_task(name="fleet.prune_observations", ignore_result=True)
-def prune_observations() -> dict[str, int]:
-    """Drop observation history older than OBSERVATION_RETENTION_DAYS. Workers stay."""
-    cutoff = timezone.now() - timedelta(days=settings.OBSERVATION_RETENTION_DAYS)
-    events, _ = WorkerEvent.objects.filter(occurred_at__lt=cutoff).delete()
-    runs, _ = DiscoveryRun.objects.filter(started_at__lt=cutoff).delete()
-    return {"events": events, "runs": runs}

@@ -53,6 +53,11 @@ class Command(BaseCommand):
         add.add_argument("--expected-worker-suffix", default="")
         add.add_argument("--disabled", action="store_true")
         add.add_argument(
+            "--if-absent",
+            action="store_true",
+            help="do nothing if a source of this name exists (for start-up scripts)",
+        )
+        add.add_argument(
             "--agreement-rule",
             choices=["exact", "logprob"],
             default="exact",
@@ -113,6 +118,9 @@ class Command(BaseCommand):
             raise CommandError(f"no source named {name!r}") from None
 
     def _add(self, o):
+        if o["if_absent"] and Source.objects.filter(name=o["name"]).exists():
+            self.stdout.write(f"source {o['name']} exists; left as it is")
+            return
         source = services.create_source(
             actor=_actor(),
             name=o["name"],

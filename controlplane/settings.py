@@ -320,6 +320,40 @@ LOGOUT_REDIRECT_URL = "accounts:login"
 LOGIN_THROTTLE_ATTEMPTS = env_int("LOGIN_THROTTLE_ATTEMPTS", 5, minimum=1)
 LOGIN_THROTTLE_WINDOW_SECONDS = env_int("LOGIN_THROTTLE_WINDOW_SECONDS", 900, minimum=1)
 
+# Single sign-on (README "Single sign-on"): OpenID Connect through mozilla-django-oidc, off
+# unless OIDC_RP_CLIENT_ID is set. The provider's groups claim decides the role at every
+# sign-in (controlplane/accounts/sso.py). Local accounts stay for break-glass unless
+# LOCAL_LOGIN_ENABLED=false. mozilla-django-oidc reads the OIDC_* names below itself.
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "") or ""
+SSO_ENABLED = bool(OIDC_RP_CLIENT_ID)
+LOCAL_LOGIN_ENABLED = env_bool("LOCAL_LOGIN_ENABLED", True)
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+if SSO_ENABLED:
+    from controlplane.accounts.rolemap import parse_role_map  # noqa: E402
+
+    SSO_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+    OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET", required=True)
+    OIDC_OP_ISSUER = env_str("OIDC_OP_ISSUER", required=True)
+    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT", required=True)
+    OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT", required=True)
+    OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT", required=True)
+    OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT", required=True)
+    OIDC_RP_SIGN_ALGO = env_choice("OIDC_RP_SIGN_ALGO", "RS256", ("RS256", "ES256", "PS256"))
+    OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid profile email")
+    OIDC_USE_PKCE = True
+    OIDC_USE_NONCE = True
+    OIDC_CREATE_USER = True
+    OIDC_AUTHENTICATION_CALLBACK_URL = "accounts:sso_callback"
+    OIDC_TIMEOUT = env_float("OIDC_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+    # Which claim lists the person's groups, and group → role (`group=role,...`); the highest
+    # role among a person's groups wins; no mapped group means no access.
+    SSO_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+    SSO_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+    SSO_ROLE_MAP = parse_role_map(env_list("OIDC_ROLE_MAP"), "OIDC_ROLE_MAP")
+    AUTHENTICATION_BACKENDS.append("controlplane.accounts.sso.SsoBackend")
+elif not LOCAL_LOGIN_ENABLED:
+    raise ImproperlyConfigured("LOCAL_LOGIN_ENABLED=false needs single sign-on (OIDC_RP_CLIENT_ID)")
+
 # Audit chain anchoring (README "Audit trail and its threat model"). Rows are HMAC-signed with
 # keys held outside the database (`id:secret` pairs, newest first; required in production, a
 # generated key file in development), and a beat task appends signed checkpoints of the chain

@@ -329,7 +329,7 @@ SSO_ENABLED = bool(OIDC_RP_CLIENT_ID)
 LOCAL_LOGIN_ENABLED = env_bool("LOCAL_LOGIN_ENABLED", True)
 AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
 if SSO_ENABLED:
-    from controlplane.accounts.rolemap import parse_role_map  # noqa: E402
+    from controlplane.accounts.rolemap import parse_role_map
 
     SSO_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
     OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET", required=True)
@@ -353,6 +353,19 @@ if SSO_ENABLED:
     AUTHENTICATION_BACKENDS.append("controlplane.accounts.sso.SsoBackend")
 elif not LOCAL_LOGIN_ENABLED:
     raise ImproperlyConfigured("LOCAL_LOGIN_ENABLED=false needs single sign-on (OIDC_RP_CLIENT_ID)")
+
+# Telemetry (README "Telemetry"): OpenTelemetry traces, off unless an OTLP endpoint is set or
+# OTEL_TRACES_ENABLED=true; the exporter reads the standard OTEL_EXPORTER_OTLP_* variables.
+# TRACE_URL_TEMPLATE links a refresh's trace id to a trace viewer, e.g.
+# `https://grafana.example/explore?left={"queries":[{"query":"{trace_id}"}]}`.
+OTEL_TRACES_ENABLED = env_bool(
+    "OTEL_TRACES_ENABLED",
+    bool(env_str("OTEL_EXPORTER_OTLP_ENDPOINT") or env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")),
+)
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "dynamo-rl-controlplane")
+TRACE_URL_TEMPLATE = env_str("TRACE_URL_TEMPLATE", "")
+if TRACE_URL_TEMPLATE and "{trace_id}" not in TRACE_URL_TEMPLATE:
+    raise ImproperlyConfigured("TRACE_URL_TEMPLATE must contain {trace_id}")
 
 # Audit chain anchoring (README "Audit trail and its threat model"). Rows are HMAC-signed with
 # keys held outside the database (`id:secret` pairs, newest first; required in production, a

@@ -350,6 +350,9 @@ if SSO_ENABLED:
     SSO_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
     SSO_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
     SSO_ROLE_MAP = parse_role_map(env_list("OIDC_ROLE_MAP"), "OIDC_ROLE_MAP")
+    # A single sign-on session lasts this long, then the person signs in again and their
+    # groups are read afresh: how long a role outlives its removal at the provider.
+    SSO_SESSION_SECONDS = env_int("OIDC_SESSION_SECONDS", 8 * 3600, minimum=60)
     AUTHENTICATION_BACKENDS.append("controlplane.accounts.sso.SsoBackend")
 elif not LOCAL_LOGIN_ENABLED:
     raise ImproperlyConfigured("LOCAL_LOGIN_ENABLED=false needs single sign-on (OIDC_RP_CLIENT_ID)")

@@ -31,6 +31,8 @@ VIA = "sso"
 class _Callback(OIDCAuthenticationCallbackView):
     def login_success(self) -> HttpResponse:
         response = super().login_success()
+        # Bounded, so a role taken away at the provider goes at the latest with the session.
+        self.request.session.set_expiry(settings.SSO_SESSION_SECONDS)
         record(
             AuditAction.LOGIN_SUCCEEDED,
             actor=Actor.for_user(self.user),

@@ -169,6 +169,9 @@ def test_group_change_between_sign_ins_changes_the_role(provider, control_plane,
     assert landed.status_code == 200
     assert landed.url.host == "127.0.0.1" and landed.url.path == "/"
     assert 'class="role role-viewer">viewer<' in landed.text
+    # The session is bounded (OIDC_SESSION_SECONDS, 8 hours by default): then groups are reread.
+    callback = [r for r in landed.history if r.url.path == "/accounts/sso/callback/"]
+    assert "Max-Age=28800" in callback[0].headers["set-cookie"]
     alice = get_user_model().objects.get(username="alice")
     assert role_of(alice) == Role.VIEWER
     assert not alice.has_usable_password()

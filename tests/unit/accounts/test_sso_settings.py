@@ -9,6 +9,7 @@ from controlplane.accounts.roles import Role
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.models import AuditEvent
 from tests.conftest import PASSWORD
+from tests.unit.test_settings import _run_check
 
 
 def test_role_map_parses_group_equals_role():
@@ -52,3 +53,21 @@ def test_local_sign_in_turned_off_refuses_even_a_right_password(client, admin_us
     assert "_auth_user_id" not in client.session
     event = AuditEvent.objects.filter(action=AuditAction.LOGIN_FAILED).latest("sequence")
     assert event.details["reason"] == "local sign-in is turned off"
+
+
+def test_sso_with_a_missing_endpoint_stops_start_up():
+    result = _run_check({"OIDC_RP_CLIENT_ID": "cp", "OIDC_RP_CLIENT_SECRET": "s"})
+    assert result.returncode != 0
+    assert "OIDC_OP_ISSUER must be set" in result.stderr
+
+
+def test_local_sign_in_off_without_sso_stops_start_up():
+    result = _run_check({"LOCAL_LOGIN_ENABLED": "false"})
+    assert result.returncode != 0
+    assert "LOCAL_LOGIN_ENABLED=false needs single sign-on" in result.stderr
+
+
+def test_trace_url_template_must_hold_the_trace_id():
+    result = _run_check({"TRACE_URL_TEMPLATE": "https://traces.example/"})
+    assert result.returncode != 0
+    assert "TRACE_URL_TEMPLATE must contain {trace_id}" in result.stderr

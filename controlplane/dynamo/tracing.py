@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Concatenate, Protocol
+from typing import Concatenate, Protocol
 from urllib.parse import urlsplit
 
 try:
@@ -44,9 +44,9 @@ def with_trace_context(headers: Mapping[str, str]) -> Mapping[str, str]:
     return {**headers, **carrier} if carrier else headers
 
 
-def traced_call[C, R: _HasStatus](
-    send: Callable[Concatenate[C, str, str, ...], Awaitable[R]],
-) -> Callable[Concatenate[C, str, str, ...], Awaitable[R]]:
+def traced_call[C, **P, R: _HasStatus](
+    send: Callable[Concatenate[C, str, str, P], Awaitable[R]],
+) -> Callable[Concatenate[C, str, str, P], Awaitable[R]]:
     """Wrap `DynamoClient.send` in a client span (named by method and path, which are few:
     the listener's and the admin routes), current while the request is built so that
     `with_trace_context` sends this span's id."""
@@ -54,7 +54,7 @@ def traced_call[C, R: _HasStatus](
         return send
 
     @functools.wraps(send)
-    async def traced(self: C, method: str, url: str, *args: Any, **kwargs: Any) -> R:
+    async def traced(self: C, method: str, url: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if not _in_trace():
             return await send(self, method, url, *args, **kwargs)
         parts = urlsplit(url)

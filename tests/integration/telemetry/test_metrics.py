@@ -9,12 +9,14 @@ import re
 from pathlib import Path
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.notify.models import NotificationDestination
 from controlplane.refresh.models import RefreshState
 from controlplane.simfleet import Fault
-from tests.integration.refresh.helpers import fleet_config, make_source, run_inline
+from tests.integration.refresh.helpers import fleet_config, make_source, run_inline, sync_workers
 
 pytestmark = pytest.mark.django_db
 
@@ -33,8 +35,11 @@ NEW_FAMILIES = {
 }
 
 
-def scrape(client) -> dict:
-    response = client.get("/metrics")
+def scrape(client, queries: list[int] | None = None) -> dict:
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get("/metrics")
+    if queries is not None:
+        queries.append(len(captured))
     assert response.status_code == 200
     return {f.name: f for f in text_string_to_metric_families(response.content.decode())}
 
@@ -60,14 +65,18 @@ def test_metrics_parse_and_move_with_a_refresh(fleet, operator, client):
     NotificationDestination.objects.create(
         name="ops", kind="webhook", url="http://127.0.0.1:9/hook", allowed_networks=[]
     )
-    before = scrape(client)
+    sync_workers(source)
+    queries: list[int] = []
+    before = scrape(client, queries)
     for name, kind in NEW_FAMILIES.items():
         assert before[name].type == kind, name
     assert value(before, "controlplane_policy_refreshes_total", outcome="succeeded") == 0
 
     refresh = run_inline(source, operator, "v2")
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
-    after = scrape(client)
+    after = scrape(client, queries)
+    # Aggregates only: more refreshes, gates and runs do not mean more queries.
+    assert queries[0] == queries[1], queries
 
     assert (
         value(after, "controlplane_policy_refreshes_total", source="sim", outcome="succeeded") == 1

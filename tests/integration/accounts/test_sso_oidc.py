@@ -261,3 +261,24 @@ def test_forged_callback_is_refused_and_audited(control_plane, transactional_db)
     assert landed.url.path == "/accounts/login/"
     assert "Single sign-on did not let you in" in landed.text
     assert AuditEvent.objects.filter(action=AuditAction.LOGIN_FAILED, details__via="sso").exists()
+
+
+@pytest.mark.browser
+def test_sso_sign_in_in_chromium(provider, control_plane, _browser, transactional_db):
+    """The same flow in a real browser: the button, the provider's form, back signed in (the
+    session cookie survives the cross-site redirect chain back to the callback)."""
+    provider.person("bob", "rl-operators")
+    context = _browser.new_context(base_url=control_plane)
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    try:
+        page.goto("/accounts/login/")
+        page.click(f"text=Sign in with {PROVIDER}")
+        page.wait_for_url(lambda url: url.startswith(provider.url))
+        page.fill("#id_username", "bob")
+        page.fill("#id_password", IDP_PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{control_plane}/")
+        assert page.locator(".whoami .role").inner_text() == "operator"
+    finally:
+        context.close()

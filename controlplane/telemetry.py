@@ -30,6 +30,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from controlplane.dynamo import tracing as dynamo_tracing
+
 TRACER_NAME = "controlplane"
 _W3C = TraceContextTextMapPropagator()
 _lock = threading.Lock()
@@ -52,6 +54,7 @@ def install(processor: SpanProcessor | None = None) -> TracerProvider:
             resource = Resource.create({SERVICE_NAME: settings.OTEL_SERVICE_NAME})
             _provider = TracerProvider(resource=resource)
             trace.set_tracer_provider(_provider)
+            dynamo_tracing.activate()
             if processor is None:
                 # Imported here: only a process that really exports pays for the exporter.
                 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (

@@ -4,8 +4,8 @@ Dynamo's frontend and workers export OpenTelemetry traces of their own; sending 
 context on our calls makes their spans children of ours, so a policy refresh's generation
 checks and admin calls show up inside the refresh's trace.
 
-Only the OpenTelemetry API is used (the caller sets up the SDK), and only inside a trace: with
-no current span — tracing off, or a call made outside any traced work such as a discovery poll —
+Only the OpenTelemetry API is used (the caller sets up the SDK and calls `activate()`), and
+only inside a trace: with no current span (tracing off, or a call made outside any traced work)
 nothing is started and no header is added. Without the `opentelemetry` package at all, both
 hooks below are the identity.
 """
@@ -31,8 +31,20 @@ class _HasStatus(Protocol):
     def status(self) -> int: ...
 
 
+#: Set by `activate()`: until whoever sets up the OpenTelemetry SDK calls it, each hook costs
+#: one check of this flag (looking up the current span costs microseconds per call, and a
+#: refresh makes thousands of calls).
+_active = False
+
+
+def activate() -> None:
+    """Turn the hooks on; called once the process has a tracer provider (telemetry.py)."""
+    global _active
+    _active = trace is not None
+
+
 def _in_trace() -> bool:
-    return trace is not None and trace.get_current_span().get_span_context().is_valid
+    return _active and trace.get_current_span().get_span_context().is_valid
 
 
 def with_trace_context(headers: Mapping[str, str]) -> Mapping[str, str]:

@@ -4,6 +4,9 @@ span exporter and the headers aiohttp really sent, over the simulated fleet."""
 
 from __future__ import annotations
 
+import json
+import logging
+
 import aiohttp
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -13,6 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_tra
 from controlplane import telemetry
 from controlplane.audit.models import AuditEvent
 from controlplane.dynamo.http import USER_AGENT
+from controlplane.logging import StructuredFormatter
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import JournalEntry, RefreshState
@@ -177,3 +181,12 @@ def test_a_discovery_refresh_is_a_trace_and_its_probes_carry_it(spans, sent, sou
     calls = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CLIENT]
     assert len(calls) == len(sent) > 1  # the listener and one probe per worker at least
     assert all(h["traceparent"].split("-")[1] == trace_id for _, _, h in sent)
+
+
+def test_log_lines_inside_a_trace_carry_its_id(spans):
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello", None, None)
+    with telemetry.run_span("some work") as span:
+        inside = json.loads(StructuredFormatter().format(record))
+    outside = json.loads(StructuredFormatter().format(record))
+    assert inside["trace_id"] == format_trace_id(span.get_span_context().trace_id)
+    assert "trace_id" not in outside

@@ -318,6 +318,56 @@ LOGOUT_REDIRECT_URL = "accounts:login"
 LOGIN_THROTTLE_ATTEMPTS = env_int("LOGIN_THROTTLE_ATTEMPTS", 5, minimum=1)
 LOGIN_THROTTLE_WINDOW_SECONDS = env_int("LOGIN_THROTTLE_WINDOW_SECONDS", 900, minimum=1)
 
+# Single sign-on (README "Single sign-on"): OpenID Connect through mozilla-django-oidc, off
+# unless OIDC_RP_CLIENT_ID is set. The provider's groups claim decides the role at every
+# sign-in (controlplane/accounts/sso.py). Local accounts stay for break-glass unless
+# LOCAL_LOGIN_ENABLED=false. mozilla-django-oidc reads the OIDC_* names below itself.
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "") or ""
+SSO_ENABLED = bool(OIDC_RP_CLIENT_ID)
+LOCAL_LOGIN_ENABLED = env_bool("LOCAL_LOGIN_ENABLED", True)
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+if SSO_ENABLED:
+    from controlplane.accounts.rolemap import parse_role_map
+
+    SSO_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+    OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET", required=True)
+    OIDC_OP_ISSUER = env_str("OIDC_OP_ISSUER", required=True)
+    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT", required=True)
+    OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT", required=True)
+    OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT", required=True)
+    OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT", required=True)
+    OIDC_RP_SIGN_ALGO = env_choice("OIDC_RP_SIGN_ALGO", "RS256", ("RS256", "ES256", "PS256"))
+    OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid profile email")
+    OIDC_USE_PKCE = True
+    OIDC_USE_NONCE = True
+    OIDC_CREATE_USER = True
+    OIDC_AUTHENTICATION_CALLBACK_URL = "accounts:sso_callback"
+    OIDC_TIMEOUT = env_float("OIDC_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+    # Which claim lists the person's groups, and group → role (`group=role,...`); the highest
+    # role among a person's groups wins; no mapped group means no access.
+    SSO_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+    SSO_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+    SSO_ROLE_MAP = parse_role_map(env_list("OIDC_ROLE_MAP"), "OIDC_ROLE_MAP")
+    # A single sign-on session lasts this long, then the person signs in again and their
+    # groups are read afresh: how long a role outlives its removal at the provider.
+    SSO_SESSION_SECONDS = env_int("OIDC_SESSION_SECONDS", 8 * 3600, minimum=60)
+    AUTHENTICATION_BACKENDS.append("controlplane.accounts.sso.SsoBackend")
+elif not LOCAL_LOGIN_ENABLED:
+    raise ImproperlyConfigured("LOCAL_LOGIN_ENABLED=false needs single sign-on (OIDC_RP_CLIENT_ID)")
+
+# Telemetry (README "Telemetry"): OpenTelemetry traces, off unless an OTLP endpoint is set or
+# OTEL_TRACES_ENABLED=true; the exporter reads the standard OTEL_EXPORTER_OTLP_* variables.
+# TRACE_URL_TEMPLATE links a refresh's trace id to a trace viewer, e.g.
+# `https://grafana.example/explore?left={"queries":[{"query":"{trace_id}"}]}`.
+OTEL_TRACES_ENABLED = env_bool(
+    "OTEL_TRACES_ENABLED",
+    bool(env_str("OTEL_EXPORTER_OTLP_ENDPOINT") or env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")),
+)
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "dynamo-rl-controlplane")
+TRACE_URL_TEMPLATE = env_str("TRACE_URL_TEMPLATE", "")
+if TRACE_URL_TEMPLATE and "{trace_id}" not in TRACE_URL_TEMPLATE:
+    raise ImproperlyConfigured("TRACE_URL_TEMPLATE must contain {trace_id}")
+
 # Audit chain anchoring (README "Audit trail and its threat model"). Rows are HMAC-signed with
 # keys held outside the database (`id:secret` pairs, newest first; required in production, a
 # generated key file in development), and a beat task appends signed checkpoints of the chain

@@ -64,3 +64,28 @@ class ApiToken(models.Model):
         if self.expires_at is not None and self.expires_at <= timezone.now():
             return "expired"
         return "active"
+
+
+class SsoIdentity(models.Model):
+    """Links a user to one person at the OpenID provider: (issuer, subject) never changes for
+    them, unlike their name or email, so sign-ins find the same user by it.
+
+    A user with an identity was created by single sign-on and has no usable password; a local
+    account (break-glass) has none and is never taken over by a provider's claims.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity"
+    )
+    issuer = models.CharField(max_length=300)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_login_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="sso_identity_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"

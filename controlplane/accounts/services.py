@@ -29,12 +29,18 @@ def create_user_with_role(
     return user
 
 
-def set_role(user, role: Role, *, actor: Actor | None = None) -> None:
+def set_role(user, role: Role | None, *, actor: Actor | None = None, via: str = "") -> None:
+    """Put `user` in exactly `role`'s group (no role at all for None), audited.
+
+    `via` names where the decision came from when it was not a person's (e.g. `sso`)."""
+    details = {"username": user.get_username(), "role": role.value if role else None}
+    if via:
+        details["via"] = via
     with transaction.atomic():
-        user.groups.set([Group.objects.get(name=role.value)])
+        user.groups.set([Group.objects.get(name=role.value)] if role else [])
         record(
             AuditAction.USER_ROLE_CHANGED,
             actor=actor or Actor.system(),
             target=user,
-            details={"username": user.get_username(), "role": role.value},
+            details=details,
         )

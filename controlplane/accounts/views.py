@@ -11,6 +11,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.accounts import throttle
+from controlplane.accounts.sso_views import SSO_ERROR_KEY
 from controlplane.audit.actions import ActorType, AuditAction
 from controlplane.audit.recorder import Actor, client_ip, record
 
@@ -34,8 +35,20 @@ def login(request: HttpRequest) -> HttpResponse:
         return redirect(_next_url(request))
     form = AuthenticationForm(request, data=request.POST or None)
     status = 200
-    error = None
-    if request.method == "POST":
+    # A refused single sign-on comes back here with its reason (accounts/sso_views.py).
+    error = request.session.pop(SSO_ERROR_KEY, None) if request.method == "GET" else None
+    if request.method == "POST" and not settings.LOCAL_LOGIN_ENABLED:
+        username = request.POST.get("username", "")[:150]
+        form = AuthenticationForm(request)
+        error = "Sign-in with a local account is turned off here."
+        record(
+            AuditAction.LOGIN_FAILED,
+            actor=Actor(ActorType.USER, username or "anonymous"),
+            request=request,
+            details={"username": username, "reason": "local sign-in is turned off"},
+        )
+        status = 403
+    elif request.method == "POST":
         username = request.POST.get("username", "")[:150]
         ip = client_ip(request)
         if throttle.is_throttled(username, ip):
@@ -67,6 +80,8 @@ def login(request: HttpRequest) -> HttpResponse:
         "form": form,
         "error": error,
         "next": _next_url(request) if request.GET.get("next") else "",
+        "local_login": settings.LOCAL_LOGIN_ENABLED,
+        "sso_provider_name": settings.SSO_PROVIDER_NAME if settings.SSO_ENABLED else None,
     }
     return render(request, "accounts/login.html", context, status=status)
 

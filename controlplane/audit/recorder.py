@@ -11,7 +11,7 @@ from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane import lockorder
+from controlplane import lockorder, telemetry
 from controlplane.audit.actions import ActorType, AuditAction
 from controlplane.audit.chain import sign_entry
 from controlplane.audit.keys import hmac_keyring
@@ -83,7 +83,8 @@ def record(
     """Append one event to the chain.
 
     `target` is a model instance or a `(type, id[, label])` tuple. `details` must be JSON-safe
-    with stable keys; it is stored and hashed as given.
+    with stable keys; it is stored and hashed as given, plus `trace_id` when written inside an
+    OpenTelemetry trace (a policy refresh's executor run: controlplane/telemetry.py).
     """
     if actor is None:
         actor = actor_from_request(request) if request is not None else Actor.system()
@@ -91,6 +92,10 @@ def record(
         source_ip = source_ip or client_ip(request)
         correlation_id = correlation_id or getattr(request, "correlation_id", None)
     correlation_id = correlation_id or current_correlation_id() or ""
+    trace_id = telemetry.current_trace_id()
+    if trace_id and "trace_id" not in (details or {}):
+        # Part of the details, so signed and chained like the rest of the row.
+        details = {**(details or {}), "trace_id": trace_id}
     target_type, target_id, target_label = _describe_target(target)
 
     with transaction.atomic():

@@ -35,6 +35,7 @@ import aiohttp
 import certifi
 
 from .errors import CallTimeout, ConnectFailed, ConnectionDropped, ProtocolError, TransportError
+from .tracing import traced_call, with_trace_context
 
 #: Default cap on a response body read from a worker or frontend.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
@@ -148,6 +149,7 @@ class DynamoClient:
             await self._session.close()
             self._session = None
 
+    @traced_call
     async def send(
         self,
         method: str,
@@ -174,6 +176,7 @@ class DynamoClient:
         headers: Mapping[str, str] = _BASE_HEADERS if data is None else _JSON_HEADERS
         if accept is not None:
             headers = {**headers, "accept": accept}
+        headers = with_trace_context(headers)  # W3C traceparent inside a trace (tracing.py)
         try:
             async with asyncio.timeout(deadline):
                 async with session.request(

@@ -1,18 +1,28 @@
 """`/metrics`: Prometheus exposition through `prometheus-client`, computed from the database.
 
-A custom collector reads the current state at scrape time (the database is the truth, and
-several web processes answer scrapes, so per-process counters would disagree). Labels stay
-low-cardinality: source name and worker state only — never worker ids or versions. Access is
-limited to `METRICS_ALLOWED_NETWORKS` (default: loopback), since scrapers do not sign in.
+Custom collectors read the state at scrape time. Why not per-process counters (or
+prometheus_client's multiprocess mode): the events happen in many processes — several ASGI
+workers, Celery workers on other machines or pods, beat — that share no directory, and a scrape
+reaches one web replica. The database is shared and is the truth, so every replica answers
+with the same figures and no process keeps metric state. Gauges are current rows; counters
+count rows that are never deleted (ended refreshes, audit events), or the rows kept where a
+table is pruned (then a purge shows up as a counter reset, which `rate()` tolerates); the
+discovery latency is quantiles over the last few minutes of runs, since runs are pruned.
+
+Labels stay low-cardinality: source, namespace, state, step, action, destination or endpoint
+names — never worker ids, instance ids or versions. Access is limited to
+`METRICS_ALLOWED_NETWORKS` (default: loopback), since scrapers do not sign in.
 
 Gate gauges read the refresh app's gates by model label (`apps.get_model`): fleet never imports
-the apps built on it.
+the apps built on it; those register their own collectors (`EXTRA_COLLECTORS`).
+Panels built on these families: deploy/grafana/controlplane.json.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
@@ -20,14 +30,20 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.db.models import Count, Max, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.audit.metrics import AuditCollector
 from controlplane.fleet.models import DiscoveryRun, Source, Worker
+from controlplane.notify.metrics import NotifyCollector
 
 DEFAULT_ALLOWED = ("127.0.0.1/32", "::1/128")
+#: Discovery latency quantiles are taken over the runs of this many recent seconds.
+LATENCY_WINDOW_SECONDS = 300
+LATENCY_QUANTILES = (0.5, 0.9, 0.99, 1.0)
 
 #: Collectors of the apps built on fleet (fleet never imports them): each registers its own
 #: in its AppConfig.ready(), e.g. refresh's drift and quarantine gauges.
@@ -103,8 +119,34 @@ class FleetCollector(Collector):
             if duration_ms is not None and latest_started.get(source_id) == started_at:
                 duration.add_metric([names[source_id]], duration_ms / 1000.0)
         yield duration
+        yield discovery_latency(names)
 
         yield gate_state_gauge(names)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Nearest-rank quantile of a sorted, non-empty list."""
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def discovery_latency(names: dict[int, str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "controlplane_discovery_duration_seconds",
+        f"Discovery refresh duration over the last {LATENCY_WINDOW_SECONDS}s of runs, by "
+        "quantile (1 = the slowest).",
+        labels=["source", "quantile"],
+    )
+    since = timezone.now() - timedelta(seconds=LATENCY_WINDOW_SECONDS)
+    durations: dict[int, list[float]] = {}
+    recent = DiscoveryRun.objects.filter(started_at__gte=since, duration_ms__isnull=False)
+    for source_id, duration_ms in recent.values_list("source_id", "duration_ms"):
+        if duration_ms is not None:
+            durations.setdefault(source_id, []).append(duration_ms / 1000.0)
+    for source_id, values in sorted(durations.items(), key=lambda item: names[item[0]]):
+        values.sort()
+        for q in LATENCY_QUANTILES:
+            family.add_metric([names[source_id], repr(q)], _quantile(values, q))
+    return family
 
 
 def gate_state_gauge(names: dict[int, str]) -> GaugeMetricFamily:
@@ -133,6 +175,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return HttpResponseForbidden("metrics are not served to this address\n")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector())
+    registry.register(NotifyCollector())
+    registry.register(AuditCollector())
     for collector in EXTRA_COLLECTORS:
         registry.register(collector)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

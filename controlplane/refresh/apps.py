@@ -31,9 +31,11 @@ class RefreshConfig(AppConfig):
 
         from controlplane.fleet.metrics import EXTRA_COLLECTORS
         from controlplane.refresh.drift_metrics import DriftCollector
+        from controlplane.refresh.refresh_metrics import RefreshCollector
 
-        if not any(isinstance(c, DriftCollector) for c in EXTRA_COLLECTORS):
-            EXTRA_COLLECTORS.append(DriftCollector())
+        for collector in (DriftCollector, RefreshCollector):
+            if not any(isinstance(c, collector) for c in EXTRA_COLLECTORS):
+                EXTRA_COLLECTORS.append(collector())
 
         from controlplane.refresh import freshness
 

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from controlplane import telemetry
+
 
 class RefreshState(models.TextChoices):
     PLANNED = "planned"
@@ -206,6 +208,10 @@ class PolicyRefresh(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="rollbacks"
     )
 
+    #: W3C `traceparent` of the refresh's root span (controlplane/telemetry.py): every later run
+    #: (retry, takeover) joins that trace. Empty with tracing off.
+    trace_context = models.CharField(max_length=128, blank=True, default="")
+
     lease_token = models.PositiveBigIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -225,6 +231,16 @@ class PolicyRefresh(models.Model):
     @property
     def correlation_id(self) -> str:
         return f"policy-refresh-{self.pk}"
+
+    @property
+    def trace_id(self) -> str:
+        return telemetry.trace_id_of(self.trace_context)
+
+    @property
+    def trace_url(self) -> str:
+        """The trace in the operator's trace viewer (`TRACE_URL_TEMPLATE`), or ""."""
+        template = settings.TRACE_URL_TEMPLATE
+        return template.replace("{trace_id}", self.trace_id) if template and self.trace_id else ""
 
     @property
     def weight_version(self):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import time
 from datetime import datetime, timedelta
@@ -19,7 +20,7 @@ from django.db import DataError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane import lockorder
+from controlplane import lockorder, telemetry
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.dynamo.errors import DiscoveryError, one_line
@@ -77,7 +78,8 @@ def _run_coroutine(coro):
     except RuntimeError:
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+        # In this thread's context: the trace span and the correlation id go along.
+        return pool.submit(contextvars.copy_context().run, asyncio.run, coro).result()
 
 
 def _notify_stale(source: Source, reason: str) -> None:
@@ -105,7 +107,12 @@ def refresh_source(
             return None
         time.sleep(0.1)  # waiting for another refresh's claim (plans need a fresh view)
     try:
-        return _refresh_claimed(source, trigger)
+        # One trace per discovery refresh when tracing is on: its probes send `traceparent`.
+        with telemetry.run_span(
+            "discovery refresh",
+            attributes={"controlplane.source": source.name, "controlplane.trigger": trigger},
+        ):
+            return _refresh_claimed(source, trigger)
     finally:
         _release(source.pk, lease)
 

@@ -12,6 +12,7 @@ reaches the runner within one flush interval.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 import time
@@ -181,7 +182,13 @@ def run_step_calls(
         finally:
             outcomes.put(_DONE)
 
-    thread = threading.Thread(target=main, name=f"refresh-{lease.refresh_id}-{step}", daemon=True)
+    # The calls run in this thread's context (the step's trace span, the correlation id).
+    thread = threading.Thread(
+        target=contextvars.copy_context().run,
+        args=(main,),
+        name=f"refresh-{lease.refresh_id}-{step}",
+        daemon=True,
+    )
     thread.start()
     batch: list[WorkerOutcome] = []
     last_flush = time.monotonic()

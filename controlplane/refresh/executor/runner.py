@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane import telemetry
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
@@ -22,6 +23,7 @@ from controlplane.refresh.executor.calls import CallSettings
 from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.lease import Lease, LeaseLost
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
+from controlplane.refresh.executor.tracing import refresh_trace, step_span
 from controlplane.refresh.live import publish_state, publish_step
 from controlplane.refresh.models import (
     EXECUTING_STATES,
@@ -130,7 +132,11 @@ class Runner:
             attempt=attempt,
             takeover=self.takeover_pending,
         )
-        return STEPS[step].run(ctx), step_run
+        with step_span(step.value, attempt) as span:
+            result = STEPS[step].run(ctx)
+            if not result.ok:
+                telemetry.mark_failed(span, result.reason)
+        return result, step_run
 
     def _finish_step_run(self, step_run: StepRun, status: str, detail: str) -> None:
         now = timezone.now()
@@ -332,4 +338,5 @@ def execute_refresh(
     lease = Lease.claim(refresh_id, owner)
     if lease is None:
         return "not_claimed"
-    return Runner(lease).run(stop_after=stop_after)
+    with refresh_trace(refresh_id):
+        return Runner(lease).run(stop_after=stop_after)

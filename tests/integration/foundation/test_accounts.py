@@ -84,9 +84,10 @@ def _concrete(route: str) -> str:
     return "/" + route.lstrip("^").rstrip("$")
 
 
-# Paths that must answer without a session: sign-in itself and machine-facing endpoints that
-# carry their own authentication (bearer tokens, webhook signatures, a scraper address list).
-PUBLIC_PREFIXES = ("/accounts/login/", "/api/", "/static/", "/metrics")
+# Paths that must answer without a session: sign-in itself (the password form and the single
+# sign-on start and callback) and machine-facing endpoints that carry their own authentication
+# (bearer tokens, webhook signatures, a scraper address list).
+PUBLIC_PREFIXES = ("/accounts/login/", "/accounts/sso/", "/api/", "/static/", "/metrics")
 
 
 def test_every_page_requires_sign_in():

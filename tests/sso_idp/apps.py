@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SsoIdpConfig(AppConfig):
+    name = "tests.sso_idp"
+    label = "sso_idp"

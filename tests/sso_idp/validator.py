@@ -1,0 +1,15 @@
+from oauth2_provider.oauth2_validators import OAuth2Validator
+
+
+class GroupsValidator(OAuth2Validator):
+    """Adds the person's name, email and groups (the claim the control plane maps to roles)."""
+
+    oidc_claim_scope = {**OAuth2Validator.oidc_claim_scope, "groups": "profile"}
+
+    def get_additional_claims(self, request):
+        user = request.user
+        return {
+            "preferred_username": user.username,
+            "email": user.email,
+            "groups": sorted(user.groups.values_list("name", flat=True)),
+        }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 from django.urls import reverse
 from django.utils.html import escape, format_html
@@ -72,7 +73,16 @@ class Pager:
     last_query: str = ""
 
 
-def pager(flt: WorkerFilter, page: Page) -> Pager:
+class Paged(Protocol):
+    """A view in the URL that can name its other pages (`WorkerFilter`, the refresh grid's)."""
+
+    def with_page(self, page: int) -> Paged: ...
+
+    @property
+    def query(self) -> str: ...
+
+
+def pager(flt: Paged, page: Page) -> Pager:
     """Where this page is among all matching rows, and the links to its neighbours."""
     n, total = page.number, page.paginator.num_pages
 

@@ -77,7 +77,7 @@ def test_first_screen_at_2000_workers_is_one_small_page(viewer_client, source):
     assert len(response.content) < 250_000, len(response.content)
     # The summary counts the whole fleet, not the page, through aggregates.
     assert "1600 live" in html and "400 erroring" in html
-    assert "workers 1–100 of 2000 · page 1 of 20" in html
+    assert "1–100 of 2000 · page 1 of 20" in html
     assert 'ws-connect="/ws/fleet/sources/' in html
 
 

@@ -154,7 +154,9 @@ def filter_options(source: Source) -> FilterOptions:
     """Three aggregate queries: workers per namespace, per version, and the distinct route sets
     (fleets repeat a handful of route sets, so that is a few rows, not one per worker)."""
     workers = Worker.objects.filter(source=source).order_by()
-    namespaces = list(workers.values_list("namespace").annotate(n=Count("id")).order_by("namespace"))
+    namespaces = list(
+        workers.values_list("namespace").annotate(n=Count("id")).order_by("namespace")
+    )
     versions: Counter[str] = Counter()
     for version, n in workers.values_list("weight_version").annotate(n=Count("id")):
         versions[version_label(version)] += n

@@ -177,9 +177,7 @@ def grid(refresh: PolicyRefresh, workers: Iterable[Any] | None = None) -> list[G
 def grid_namespaces(refresh: PolicyRefresh) -> list[tuple[str, int]]:
     """The refresh's namespaces with their planned workers, counted by the database."""
     return list(
-        refresh.workers.order_by("namespace")
-        .values_list("namespace")
-        .annotate(n=Count("id"))
+        refresh.workers.order_by("namespace").values_list("namespace").annotate(n=Count("id"))
     )
 
 

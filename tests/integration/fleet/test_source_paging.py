@@ -6,14 +6,12 @@ import re
 
 import pytest
 from django.urls import reverse
-from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
 from controlplane.fleet.filters import PAGE_SIZE
 from controlplane.fleet.models import Worker, WorkerState
-
-ROUTES = ["get_weight_version", "pause_generation", "resume_generation", "update_weights_from_disk"]
+from tests.fixtures.scale import make_fleet
 
 
 @pytest.fixture
@@ -28,29 +26,8 @@ def source(db):
 
 
 def fleet(source, n: int) -> None:
-    """`n` workers in 4 namespaces, 3 versions, every fifth erroring, every seventh with an
-    extra route; instance ids of mixed lengths so numeric order differs from text order."""
-    now = timezone.now()
-    Worker.objects.bulk_create(
-        Worker(
-            source=source,
-            namespace=f"rl-{i % 4}",
-            component="backend",
-            endpoint="generate",
-            instance_id=str(7 + i * 997),
-            routes=ROUTES + (["flush_cache"] if i % 7 == 0 else []),
-            family="vllm",
-            model=f"model-{i % 2}",
-            system_url=f"http://10.0.{i // 250}.{i % 250}:9000",
-            weight_version=f"step-{i % 3}",
-            version_probed_at=now,
-            state=WorkerState.ERRORING if i % 5 == 0 else WorkerState.LIVE,
-            error="probe failed" if i % 5 == 0 else "",
-            first_seen_at=now,
-            last_seen_at=now,
-        )
-        for i in range(n)
-    )
+    """`n` workers in 4 namespaces, 3 versions, every fifth erroring, mixed id lengths."""
+    make_fleet(source, n)
 
 
 ROW_IID = re.compile(r'<div class="mono iid">(\d+)</div>')
@@ -104,7 +81,9 @@ def test_filters_and_search_reach_exactly_the_matching_workers(viewer_client, so
     assert set(got) == expected and len(got) == len(expected) > 0
 
     flushable = walk(viewer_client, url, "route=flush_cache")
-    assert set(flushable) == {w.instance_id for w in Worker.objects.all() if "flush_cache" in w.routes}
+    assert set(flushable) == {
+        w.instance_id for w in Worker.objects.all() if "flush_cache" in w.routes
+    }
 
     target = Worker.objects.order_by("?").first()
     assert walk(viewer_client, url, f"q={target.instance_id}") == [target.instance_id]

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
+from django.core.paginator import Page
 from django.urls import reverse
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
-
-from django.core.paginator import Page
 
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.models import Worker

@@ -29,10 +29,8 @@ from controlplane.refresh.sequence import STEP_LABELS, WORKER_STEPS
 
 
 def _mark(query: QueryDict, name: str) -> int | None:
-    try:
-        return int(query[name])
-    except (KeyError, ValueError):
-        return None
+    value = query.get(name)
+    return int(value) if isinstance(value, str) and value.isdecimal() else None
 
 
 class RefreshConsumer(LiveStream):
@@ -52,12 +50,14 @@ class RefreshConsumer(LiveStream):
         self.refresh_id = int(self.scope["url_route"]["kwargs"]["refresh_id"])
         query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
         self.view = presenters.GridFilter.from_query(query)
-        self.client_marks = {
+        journal = _mark(query, "seen_journal")
+        #: What the client's page holds (`presenters.seen_marks`); `None` marks: a bare client.
+        self.client_marks: dict[str, object] = {
             "state": query.get("seen_state"),
-            "journal": _mark(query, "seen_journal"),
+            "journal": journal,
             "results": _mark(query, "seen_results"),
         }
-        self.journal_top = self.client_marks["journal"] or 0
+        self.journal_top: int = journal or 0
         self.page_ids: set[int] = set()
         #: Each cell of the client's page → the status this stream last gave it.
         self.sent: dict[str, str] = {}

@@ -85,7 +85,7 @@ def step_lines(refresh: PolicyRefresh) -> list[StepLine]:
 
 @dataclass(frozen=True, slots=True)
 class GridFilter:
-    """Which page of a refresh's worker × step grid a client shows: by namespace, a search over
+    """Which page of a refresh's worker-by-step grid a client shows: by namespace, a search over
     worker keys, and the page number; all in the URL, like the source page's worker table."""
 
     namespace: str = ""
@@ -123,7 +123,7 @@ class GridFilter:
         return paginate(workers.order_by("namespace", "key", "pk"), self.page, GRID_PAGE_SIZE)
 
 
-#: Grid rows per page: 100 workers × their step cells and call timelines.
+#: Grid rows per page: 100 workers with their step cells and call timelines.
 GRID_PAGE_SIZE = 100
 
 

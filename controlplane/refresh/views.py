@@ -97,7 +97,7 @@ def plan(request: HttpRequest) -> HttpResponse:
 @require_GET
 @requires(Perm.VIEW)
 def detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    """The refresh page: one page of its worker × step grid (filter, search and page in the
+    """The refresh page: one page of its worker-by-step grid (filter, search and page in the
     URL) and its latest calls; htmx paging gets the grid (and its live stream) alone."""
     refresh = _get_refresh(pk)
     context = presenters.detail_context(refresh, presenters.GridFilter.from_query(request.GET))

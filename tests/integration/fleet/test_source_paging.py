@@ -54,7 +54,7 @@ def test_first_screen_at_2000_workers_is_one_small_page(viewer_client, source):
     assert len(response.content) < 250_000, len(response.content)
     # The summary counts the whole fleet, not the page, through aggregates.
     assert "1600 live" in html and "400 erroring" in html
-    assert "1–100 of 2000 · page 1 of 20" in html
+    assert "1\u2013100 of 2000 · page 1 of 20" in html
     assert 'ws-connect="/ws/fleet/sources/' in html
 
 
@@ -95,7 +95,7 @@ def test_filtered_page_is_a_link_and_bad_page_numbers_show_a_real_page(viewer_cl
     url = reverse("fleet:source", args=[source.pk])
     html = viewer_client.get(url, {"namespace": "rl-2", "sort": "-version"}).content.decode()
     # The live socket follows the same view, and the pager keeps every parameter.
-    assert 'ws-connect="/ws/fleet/sources/%d/?namespace=rl-2&amp;sort=-version"' % source.pk in html
+    assert f'ws-connect="/ws/fleet/sources/{source.pk}/?namespace=rl-2&amp;sort=-version"' in html
     for bad in ("0", "-3", "abc", "999"):
         response = viewer_client.get(url, {"page": bad})
         assert response.status_code == 200
@@ -110,7 +110,7 @@ def test_htmx_paging_returns_the_table_partial_only(viewer_client, source):
     html = viewer_client.get(url, {"page": "2"}, headers={"HX-Request": "true"}).content.decode()
     assert "<html" not in html and 'id="source-summary"' not in html
     assert html.count('<tr id="worker-') == 50 and "page 2 of 2" in html
-    assert 'ws-connect="/ws/fleet/sources/%d/?page=2"' % source.pk in html
+    assert f'ws-connect="/ws/fleet/sources/{source.pk}/?page=2"' in html
 
 
 def test_json_versions_filter_by_their_label(viewer_client, source):

@@ -1,4 +1,4 @@
-"""The refresh page at fleet scale: one page of the worker × step grid, constant queries, and a
+"""The refresh page at fleet scale: one page of the worker-by-step grid, constant queries, and a
 live stream that sends only what changed on the page a client shows."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_first_screen_at_2000_workers_is_small_and_shows_the_grid_page(source, v
     assert len(response.content) < 250_000, len(response.content)
     assert html.count('<tr id="worker-row-') == 100
     assert html.count('data-status="running"') > 0 and html.count('data-status="ok"') > 100
-    assert "1–100 of 2000 · page 1 of 20" in html
+    assert "1\u2013100 of 2000 · page 1 of 20" in html
     journal = html[html.index('id="journal-rows"') :]
     assert journal.count("<tr ") == presenters.JOURNAL_LIMIT
 

@@ -12,7 +12,7 @@ from django.http import QueryDict
 from django.utils.html import format_html
 
 from controlplane.fleet import live
-from controlplane.fleet.filters import PAGE_SIZE, WorkerFilter
+from controlplane.fleet.filters import WorkerFilter, paginate
 from controlplane.fleet.models import Source
 from controlplane.realtime import LiveStream
 
@@ -39,9 +39,9 @@ class SourceStreamConsumer(LiveStream):
     nothing on the wire. We chose this over broadcasting every row as an out-of-band swap
     that htmx ignores when the id is not in the DOM: with 2,000 workers that would ship the
     whole table to every subscriber and make every browser parse it, which is the cost paging
-    removes. A worker that newly matches the view joins the last page while it has room;
-    elsewhere it would land mid-table out of order, so the client gets a one-line notice to
-    re-read its page instead.
+    removes. A row that newly matches the view is appended when the database puts it on the
+    client's page (the last page; sort order is restored on the next read); a row that
+    belongs to another page brings a one-line notice to re-read the page instead.
     """
 
     async def prepare(self) -> bool:
@@ -85,10 +85,10 @@ class SourceStreamConsumer(LiveStream):
             )
             return [head + self._notice(""), self._take(table)]
         replaced: list[str] = []
-        appended: list[str] = []
-        elsewhere = False
+        arrivals: list[dict] = []
         for row in payload.get("rows", ()):
-            elsewhere |= self._row(row, replaced, appended)
+            self._row(row, replaced, arrivals)
+        appended, elsewhere = self._place(arrivals)
         if elsewhere:
             head += self._notice(
                 "Workers matching this view joined or changed on other pages. Reload the page "
@@ -103,22 +103,33 @@ class SourceStreamConsumer(LiveStream):
             )
         return frames
 
-    def _row(self, row: dict, replaced: list[str], appended: list[str]) -> bool:
-        """Place one pushed row; True when it belongs to this view but not to this page."""
+    def _row(self, row: dict, replaced: list[str], arrivals: list[dict]) -> None:
+        """Swap or delete a row this page shows; keep a newly matching one for `_place`."""
         pk = row["id"]
         if not self.filter.matches(row):
             if pk in self.shown:
                 self.shown.discard(pk)
                 replaced.append(f'<tr id="worker-{pk}" hx-swap-oob="delete"></tr>')
-            return False
-        if pk in self.shown:
+        elif pk in self.shown:
             replaced.append(row["html"].replace("<tr ", '<tr hx-swap-oob="true" ', 1))
-            return False
-        if self.is_last_page and len(self.shown) < PAGE_SIZE:
-            self.shown.add(pk)
-            appended.append(row["html"])
-            return False
-        return True
+        else:
+            arrivals.append(row)
+
+    def _place(self, arrivals: list[dict]) -> tuple[list[str], bool]:
+        """Rows that match the view but are not shown: those the database now puts on this
+        page join it (only the last page can gain rows without pushing others out); the rest
+        belong to other pages. One query, and only when such a row arrives at a last page."""
+        if not arrivals:
+            return [], False
+        if not self.is_last_page:
+            return [], True
+        page = paginate(
+            self.filter.queryset(self.source_id).values_list("pk", flat=True), self.filter.page
+        )
+        here = set(page.object_list)
+        appended = [row["html"] for row in arrivals if row["id"] in here]
+        self.shown |= {row["id"] for row in arrivals if row["id"] in here}
+        return appended, len(appended) < len(arrivals)
 
     def _notice(self, text: str) -> str:
         if not text:

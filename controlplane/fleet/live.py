@@ -22,7 +22,7 @@ from django.utils import timezone
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.models import Source, Worker, WorkerEvent
 from controlplane.fleet.presenters import summarise, version_label
-from controlplane.fleet.rows import render_row, render_rows
+from controlplane.fleet.rows import render_row, render_rows, render_timeline
 from controlplane.realtime import publish
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,9 @@ def summary_html(source: Source, *, oob: bool = True) -> str:
 
 
 def timeline_html(source: Source, *, oob: bool = True) -> str:
-    return render_to_string("fleet/source.html#timeline", {"events": timeline(source), "oob": oob})
+    return render_to_string(
+        "fleet/source.html#timeline", {"events_html": render_timeline(timeline(source)), "oob": oob}
+    )
 
 
 @dataclass(frozen=True, slots=True)

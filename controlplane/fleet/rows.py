@@ -19,9 +19,10 @@ from django.core.paginator import Page
 from django.urls import reverse
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.timezone import localtime
 
 from controlplane.fleet.filters import WorkerFilter
-from controlplane.fleet.models import Worker
+from controlplane.fleet.models import Worker, WorkerEvent, WorkerEventKind
 from controlplane.fleet.presenters import capabilities, route_groups, version_label
 from controlplane.html import neutralize_bidi
 
@@ -172,3 +173,43 @@ def _row(w: Worker, oob: str) -> str:
         f'<td class="cell-error">{escape(w.error)}</td>'
         "</tr>"
     )
+
+
+# -- the membership timeline (up to `live.TIMELINE_LIMIT` events, on the page and pushed) -------
+
+_KIND_LABELS = dict(WorkerEventKind.choices)
+
+
+def _event_details(e: WorkerEvent) -> str:
+    details = e.details or {}
+    if not details:
+        return ""
+    if e.kind in (WorkerEventKind.VERSION_CHANGED, WorkerEventKind.LIVENESS_CHANGED):
+        text = f"{details.get('from') or 'none'} → {details.get('to') or 'none'}"
+    elif e.kind == WorkerEventKind.STARTED_ERRORING:
+        text = str(details.get("error", ""))
+    elif e.kind == WorkerEventKind.CHANGED:
+        text = ", ".join(str(f) for f in details.get("fields") or ())
+    else:
+        return ""
+    return f' <span class="muted">{escape(text)}</span>'
+
+
+def _event(e: WorkerEvent) -> str:
+    at = localtime(e.occurred_at)
+    kind = _escaped_choice(e.kind)
+    return (
+        f'<li class="event-{kind}"><time datetime="{at.isoformat()}">{at:%H:%M:%S}</time> '
+        f'<span class="badge {kind}">{escape(_KIND_LABELS.get(e.kind, e.kind))}</span> '
+        f'<a class="mono" href="{_worker_url_prefix()}{e.worker_id}/">{escape(e.worker.key)}</a>'
+        f"{_event_details(e)}</li>"
+    )
+
+
+def render_timeline(events) -> SafeString:
+    """The timeline's `<li>` items, newest first (events with their worker selected)."""
+    items = "".join(_event(e) for e in events)
+    if not items:
+        items = '<li class="empty">No membership changes in the last day.</li>'
+    # Safe: `_event` escapes every value it interpolates; bidi controls neutralised here.
+    return mark_safe(neutralize_bidi(items))

@@ -21,7 +21,13 @@ from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.forms import SourceForm, StaticWorkerForm
 from controlplane.fleet.models import Source, StaticWorker, Worker, WorkerState
 from controlplane.fleet.presenters import filter_options, summarise
-from controlplane.fleet.rows import HEADERS, pager, render_rows, sort_headers
+from controlplane.fleet.rows import (
+    HEADERS,
+    pager,
+    render_rows,
+    render_timeline,
+    sort_headers,
+)
 from controlplane.requests import HtmxHttpRequest
 
 
@@ -68,7 +74,7 @@ def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "headers": sort_headers(flt),
         "options": filter_options(source),
         "states": WorkerState.values,
-        "events": live.timeline(source),
+        "events_html": render_timeline(live.timeline(source)),
         "can_refresh": request.user.has_perm(Perm.RUN_DISCOVERY),
         "can_manage": request.user.has_perm(Perm.MANAGE_SOURCES),
         "static_workers": source.static_workers.all(),

@@ -17,6 +17,7 @@ from django.utils.html import format_html
 from controlplane.fleet.models import Source
 from controlplane.realtime import LiveStream
 from controlplane.refresh import presenters
+from controlplane.refresh.gridrows import render_cells, render_grid
 from controlplane.refresh.live import (
     EVENT_GATE_CHANGED,
     EVENT_PROGRESS,
@@ -25,7 +26,7 @@ from controlplane.refresh.live import (
     refresh_group,
 )
 from controlplane.refresh.models import Gate, PolicyRefresh
-from controlplane.refresh.sequence import STEP_LABELS, WORKER_STEPS
+from controlplane.refresh.sequence import WORKER_STEPS
 
 
 def _mark(query: QueryDict, name: str) -> int | None:
@@ -90,8 +91,7 @@ class RefreshConsumer(LiveStream):
         rows = presenters.grid(refresh, workers)
         self._remember({row.worker.pk: row.cells for row in rows})
         context = {
-            "grid": rows,
-            "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
+            "grid_html": render_grid(rows, len(WORKER_STEPS) + 2),
             "rows_oob": True,  # the tbody swaps; its cells travel inside it, not on their own
         }
         frames = [head, render_to_string("refresh/detail.html#grid-rows", context).strip()]
@@ -133,12 +133,13 @@ class RefreshConsumer(LiveStream):
             if self.sent.get(c.dom_id) != c.status
         ]
         if changed:
-            frames.append("".join(self._cell(c) for c in changed))
+            frames.append(self._cells(changed))
         return frames + self._new_calls(refresh)
 
-    def _cell(self, cell: presenters.Cell) -> str:
-        self.sent[cell.dom_id] = cell.status
-        return render_to_string("refresh/detail.html#cell", {"cell": cell, "oob": True})
+    def _cells(self, cells: list[presenters.Cell]) -> str:
+        for cell in cells:
+            self.sent[cell.dom_id] = cell.status
+        return render_cells(cells, oob=True)
 
     def _progress(self, payload: dict) -> list[str]:
         parts = []
@@ -146,10 +147,12 @@ class RefreshConsumer(LiveStream):
             if cell["worker"] not in self.page_ids:
                 continue  # a worker on another page of the grid
             parts.append(
-                self._cell(
-                    presenters.Cell(
-                        cell["worker"], cell["step"], cell["status"], cell["error"], cell["ms"]
-                    )
+                self._cells(
+                    [
+                        presenters.Cell(
+                            cell["worker"], cell["step"], cell["status"], cell["error"], cell["ms"]
+                        )
+                    ]
                 )
             )
             parts.append(

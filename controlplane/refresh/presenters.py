@@ -16,6 +16,7 @@ from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
 from controlplane.fleet.rows import pager
 from controlplane.refresh.actions import can_end, is_membership_hold
 from controlplane.refresh.gates import displayed_reason
+from controlplane.refresh.gridrows import render_grid
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
@@ -315,12 +316,14 @@ def detail_context(refresh: PolicyRefresh, view: GridFilter | None = None) -> di
     view = view.with_page(page.number)
     journal = list(latest_journal(refresh))
     planned = refresh.state == RefreshState.PLANNED
+    rows = grid(refresh, page.object_list)
     return head_context(refresh) | {
         "detail_url": reverse("refresh:detail", args=[refresh.pk]),
         # What a grid page or filter swaps: the plan's table, or the live stream (its socket
         # follows the page the client shows).
         "grid_target": "#refresh-plan" if planned else "#refresh-stream",
-        "grid": grid(refresh, page.object_list),
+        "grid": rows,
+        "grid_html": render_grid(rows, len(WORKER_STEPS) + 2),
         "grid_filter": view,
         "grid_pager": pager(view, page),
         "grid_namespaces": grid_namespaces(refresh),

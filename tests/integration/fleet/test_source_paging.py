@@ -10,8 +10,9 @@ from django.urls import reverse
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
 from controlplane.fleet.filters import PAGE_SIZE
+from controlplane.fleet.live import TIMELINE_LIMIT
 from controlplane.fleet.models import Worker, WorkerState
-from tests.fixtures.scale import make_fleet
+from tests.fixtures.scale import make_events, make_fleet
 
 
 @pytest.fixture
@@ -48,6 +49,7 @@ def walk(client, url: str, query: str = "") -> list[str]:
 
 def test_first_screen_at_2000_workers_is_one_small_page(viewer_client, source):
     fleet(source, 2000)
+    make_events(source, TIMELINE_LIMIT)  # a full membership timeline too
     response = viewer_client.get(reverse("fleet:source", args=[source.pk]))
     html = response.content.decode()
     assert html.count('<tr id="worker-') == PAGE_SIZE

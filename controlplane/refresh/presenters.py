@@ -115,8 +115,12 @@ class GridFilter:
     def with_page(self, page: int) -> GridFilter:
         return replace(self, page=page)
 
-    def page_of(self, refresh: PolicyRefresh) -> Page:
+    def page_of(self, refresh: PolicyRefresh, *, with_calls: bool = False) -> Page:
+        """One page of planned workers; their planned calls (large JSON) only when asked,
+        for the plan preview: the live grid shows keys and results."""
         workers = refresh.workers.all()
+        if not with_calls:
+            workers = workers.defer("calls", "blockers")
         if self.namespace:
             workers = workers.filter(namespace=self.namespace)
         if self.q:
@@ -312,10 +316,10 @@ def head_context(refresh: PolicyRefresh) -> dict[str, Any]:
 def detail_context(refresh: PolicyRefresh, view: GridFilter | None = None) -> dict[str, Any]:
     """Everything the refresh page renders, from the database: one page of the grid."""
     view = view or GridFilter()
-    page = view.page_of(refresh)
+    planned = refresh.state == RefreshState.PLANNED
+    page = view.page_of(refresh, with_calls=planned)
     view = view.with_page(page.number)
     journal = list(latest_journal(refresh))
-    planned = refresh.state == RefreshState.PLANNED
     rows = grid(refresh, page.object_list)
     return head_context(refresh) | {
         "detail_url": reverse("refresh:detail", args=[refresh.pk]),

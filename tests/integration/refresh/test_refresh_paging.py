@@ -226,3 +226,18 @@ async def test_a_stale_page_reconnecting_gets_its_grid_page_only(source, viewer)
     assert grid.count("data-status=") == len(page_ids) * len(WORKER_STEPS)
     assert await c.receive_nothing(timeout=0.5)  # no new calls: no journal frame
     await c.disconnect()
+
+
+def test_plan_preview_of_2000_workers_is_paged_too(source, viewer_client):
+    refresh = make_refresh(source, 2000)
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(state=RefreshState.PLANNED)
+    url = reverse("refresh:detail", args=[refresh.pk])
+    response = viewer_client.get(url)
+    html = response.content.decode()
+    assert len(response.content) < 250_000, len(response.content)
+    assert html.count('<ol class="plan-calls">') == 100
+    assert "engine/update_weights_from_disk" in html  # the exact planned calls are shown
+    partial = viewer_client.get(url, {"page": "20"}, headers={"HX-Request": "true"})
+    body = partial.content.decode()
+    assert body.lstrip().startswith('<div id="refresh-plan">')
+    assert body.count('<ol class="plan-calls">') == 100 and "page 20 of 20" in body

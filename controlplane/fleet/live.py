@@ -1,22 +1,28 @@
 """Live fleet streams: what a refresh publishes, and the HTML each stream sends.
 
-Groups: `fleet` (overview) and `fleet.source.<id>` (source page). A refresh publishes only the
-rows it touched; the consumer turns them into htmx out-of-band swaps for its client. Rendering
-happens once per refresh here, not once per subscriber.
+Groups: `fleet` (overview) and `fleet.source.<id>` (source page). A refresh publishes the
+source's summary and only the rows it touched, each rendered once here for every subscriber;
+the consumer picks the rows its client's page shows (`consumers.SourceStreamConsumer`). A gate
+or refresh change publishes the summary alone: it holds the gate and drift badges, and no row
+of the worker table changes with a gate.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
+from dataclasses import dataclass
 from datetime import timedelta
+from functools import lru_cache
 
+from django.http import QueryDict
 from django.template.loader import render_to_string
 from django.utils import timezone
 
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.models import Source, Worker, WorkerEvent
 from controlplane.fleet.presenters import summarise, version_label
-from controlplane.fleet.rows import render_row, render_rows
+from controlplane.fleet.rows import render_row, render_rows, render_timeline
 from controlplane.realtime import publish
 
 logger = logging.getLogger(__name__)
@@ -30,6 +36,8 @@ TIMELINE_LIMIT = 200
 EVENT_SOURCES_CHANGED = "fleet.sources_changed"
 EVENT_SOURCE_REFRESHED = "fleet.source_refreshed"
 EVENT_WORKERS_CHANGED = "fleet.workers_changed"
+#: The summary (gate and drift badges, counts) changed; no row did.
+EVENT_SUMMARY_CHANGED = "fleet.summary_changed"
 
 
 def source_group(source_id: int) -> str:
@@ -68,20 +76,46 @@ def summary_html(source: Source, *, oob: bool = True) -> str:
 
 
 def timeline_html(source: Source, *, oob: bool = True) -> str:
-    return render_to_string("fleet/source.html#timeline", {"events": timeline(source), "oob": oob})
+    return render_to_string(
+        "fleet/source.html#timeline", {"events_html": render_timeline(timeline(source)), "oob": oob}
+    )
 
 
-def table_html(source: Source, flt: WorkerFilter) -> tuple[str, set[int]]:
-    rows = flt.apply(Worker.objects.filter(source=source))
+@dataclass(frozen=True, slots=True)
+class PageTable:
+    """One page of the worker table as a stream sends it, and what the page holds."""
+
+    html: str
+    shown: frozenset[int]
+    #: Only the last page takes newcomers; a full or middle page leaves them to later pages.
+    is_last: bool
+
+
+def table_html(source: Source | int, flt: WorkerFilter) -> PageTable:
+    """The visible page's `<tbody>` (at most `PAGE_SIZE` rows), for a (re)connecting client."""
+    page = flt.page_of(source)
+    rows = list(page.object_list)
     body = f'<tbody id="worker-rows" hx-swap-oob="true">{render_rows(rows)}</tbody>'
-    return body, {w.pk for w in rows}
+    return PageTable(body, frozenset(w.pk for w in rows), not page.has_next())
+
+
+@lru_cache(maxsize=32)
+def shared_table_html(source_id: int, query: str, stamp: str) -> PageTable:
+    """`table_html` once per (event, view) in this process: after a big refresh every
+    subscriber that shows the same page of the same view shares one render."""
+    return table_html(source_id, WorkerFilter.from_query(QueryDict(query)))
 
 
 def row_payload(w: Worker) -> dict:
+    """A changed row, rendered once, with what a stream's filter judges it by."""
     return {
         "id": w.pk,
         "html": str(render_row(w)),
         "namespace": w.namespace,
+        "component": w.component,
+        "endpoint": w.endpoint,
+        "instance_id": w.instance_id,
+        "model": w.model,
         "state": w.state,
         "version": version_label(w.weight_version),
         "routes": list(w.routes or ()),
@@ -105,9 +139,32 @@ def publish_refresh(source_id: int, worker_ids: list[int]) -> None:
         if worker_ids:
             payload["timeline_html"] = timeline_html(source)
         if len(worker_ids) > LIVE_ROW_LIMIT:
+            # Too many rows to ship to every subscriber: each re-reads its visible page, and
+            # subscribers of this process showing the same view share that read (`stamp`).
             payload["resync"] = True
+            payload["stamp"] = uuid.uuid4().hex
         elif worker_ids:
             payload["rows"] = [row_payload(w) for w in Worker.objects.filter(pk__in=worker_ids)]
         publish(source_group(source_id), EVENT_WORKERS_CHANGED, payload)
     except Exception:  # a lost push is repaired by the next resync; never fail the refresh
         logger.exception("publishing the refresh of source %s failed", source_id)
+
+
+def publish_summary(source_ids) -> None:
+    """A gate, drift entry or policy refresh of these sources changed: their summaries and
+    overview cards, each rendered once here. The worker table is untouched: no row shows a
+    gate, so nothing of the table travels."""
+    for source in Source.objects.filter(pk__in=list(source_ids)):
+        try:
+            publish(
+                FLEET_GROUP,
+                EVENT_SOURCE_REFRESHED,
+                {"source_id": source.pk, "html": card_html(source)},
+            )
+            publish(
+                source_group(source.pk),
+                EVENT_SUMMARY_CHANGED,
+                {"summary_html": summary_html(source)},
+            )
+        except Exception:  # best effort, like every push; the next resync repairs it
+            logger.exception("publishing the summary of source %s failed", source.pk)

@@ -1,4 +1,5 @@
-"""What the fleet pages show, computed in Python from rows already loaded (no extra queries).
+"""What the fleet pages show: per-worker presentation from rows already loaded, and per-source
+numbers from aggregate queries (a constant number of queries, whatever the fleet size).
 
 Capability sets come from the family adapters' required routes, so a page never claims a
 worker can do something the policy refresh would refuse.
@@ -138,6 +139,30 @@ def summarise(source: Source) -> SourceSummary:
         source_scope(source),
         scope_matches_report(source),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOptions:
+    """The choices of the worker table's filters, with how many workers each one shows."""
+
+    namespaces: list[tuple[str, int]]
+    versions: list[tuple[str, int]]
+    routes: list[str]
+
+
+def filter_options(source: Source) -> FilterOptions:
+    """Three aggregate queries: workers per namespace, per version, and the distinct route sets
+    (fleets repeat a handful of route sets, so that is a few rows, not one per worker)."""
+    workers = Worker.objects.filter(source=source).order_by()
+    namespaces = list(
+        workers.values_list("namespace").annotate(n=Count("id")).order_by("namespace")
+    )
+    versions: Counter[str] = Counter()
+    for version, n in workers.values_list("weight_version").annotate(n=Count("id")):
+        versions[version_label(version)] += n
+    route_sets = workers.values_list("routes", flat=True).distinct()
+    routes = sorted({r for rs in route_sets for r in (rs or ())})
+    return FilterOptions(namespaces, sorted(versions.items()), routes)
 
 
 def source_scope(source: Source) -> Scope:

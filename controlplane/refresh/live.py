@@ -3,7 +3,7 @@
 Groups: `refresh.<id>` (one refresh's page: state, steps and per-call progress), `refreshes`
 (lists and banners follow every refresh's state) and `gates` (every gate change, for the gate
 page, the banners and the gate API stream `ws/gates/`). The fleet pages show gate badges, so a
-gate or refresh change also asks their streams (`controlplane.fleet.live`) to redraw.
+gate or refresh change also pushes their summaries (`controlplane.fleet.live.publish_summary`).
 
 Consumers, actions and the executor import group names and publishers from here only. Publishing
 is best effort (`controlplane.realtime`): every consumer resyncs from the database on connect.
@@ -33,8 +33,6 @@ EVENT_PROGRESS = "progress"
 EVENT_REFRESH_STATE = "refresh.state"
 #: On `gates`: one serialised gate (`refresh.gates.serialize_gate`).
 EVENT_GATE_CHANGED = "gate.changed"
-#: On the fleet groups: a gate badge there may be stale.
-EVENT_FLEET_GATE_CHANGED = "refresh.gate_changed"
 
 
 def refresh_group(refresh_id: int) -> str:
@@ -86,9 +84,7 @@ def publish_gate_changes(gates: list[dict[str, Any]]) -> None:
 
 
 def announce_to_fleet_pages(source_ids: Iterable[int]) -> None:
-    """Fleet pages render our gate badges; ask their streams to redraw (they resync)."""
-    source_ids = sorted(set(source_ids))
-    for source_id in source_ids:
-        publish(fleet_live.source_group(source_id), EVENT_FLEET_GATE_CHANGED, {"resync": True})
-    if source_ids:
-        publish(fleet_live.FLEET_GROUP, EVENT_FLEET_GATE_CHANGED, {"source_ids": source_ids})
+    """Fleet pages show our gate and refresh badges in the source summary and overview card:
+    push those, rendered once for all subscribers. Never the worker table (no row shows a
+    gate), which at 2,000 workers was most of every refresh state change's cost."""
+    fleet_live.publish_summary(sorted(set(source_ids)))

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlencode
+
+from django.core.paginator import Page
+from django.db.models import Count, Max
+from django.urls import reverse
 
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
+from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
+from controlplane.fleet.rows import pager
 from controlplane.refresh.actions import can_end, is_membership_hold
 from controlplane.refresh.gates import displayed_reason
+from controlplane.refresh.gridrows import render_grid
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
@@ -75,13 +84,85 @@ def step_lines(refresh: PolicyRefresh) -> list[StepLine]:
     return lines
 
 
-def grid(refresh: PolicyRefresh) -> list[GridRow]:
+@dataclass(frozen=True, slots=True)
+class GridFilter:
+    """Which page of a refresh's worker-by-step grid a client shows: by namespace, a search over
+    worker keys, and the page number; all in the URL, like the source page's worker table."""
+
+    namespace: str = ""
+    q: str = ""
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> GridFilter:
+        return cls(
+            namespace=(query.get("namespace") or "").strip(),
+            q=(query.get("q") or "").strip()[:SEARCH_MAX],
+            page=parse_page(query.get("page")),
+        )
+
+    def params(self) -> dict[str, str]:
+        out = {"namespace": self.namespace, "q": self.q}
+        out = {k: v for k, v in out.items() if v}
+        if self.page != 1:
+            out["page"] = str(self.page)
+        return out
+
+    @property
+    def query(self) -> str:
+        return urlencode(self.params())
+
+    def with_page(self, page: int) -> GridFilter:
+        return replace(self, page=page)
+
+    def page_of(self, refresh: PolicyRefresh, *, with_calls: bool = False) -> Page:
+        """One page of planned workers; their planned calls (large JSON) only when asked,
+        for the plan preview: the live grid shows keys and results."""
+        workers = refresh.workers.all()
+        if not with_calls:
+            workers = workers.defer("calls", "blockers")
+        if self.namespace:
+            workers = workers.filter(namespace=self.namespace)
+        if self.q:
+            workers = workers.filter(key__icontains=self.q)
+        return paginate(workers.order_by("namespace", "key", "pk"), self.page, GRID_PAGE_SIZE)
+
+
+#: Grid rows per page: 100 workers with their step cells and call timelines.
+GRID_PAGE_SIZE = 100
+
+
+def cells_of(refresh: PolicyRefresh, worker_ids: Iterable[int]) -> dict[int, list[Cell]]:
+    """The step cells of these workers (one page of them), from their latest results."""
+    ids = list(worker_ids)
     latest: dict[tuple[int, str], WorkerStepResult] = {}
-    for result in WorkerStepResult.objects.filter(refresh=refresh).order_by("id"):
+    for result in WorkerStepResult.objects.filter(
+        refresh=refresh, planned_worker_id__in=ids
+    ).order_by("id"):
         latest[(result.planned_worker_id, result.step)] = result
+    running = current_step(refresh)
+    out: dict[int, list[Cell]] = {}
+    for pk in ids:
+        cells = out[pk] = []
+        for step in WORKER_STEPS:
+            cell = Cell(pk, step.value)
+            last = latest.get((pk, step.value))
+            if last is not None:
+                cell.status, cell.error, cell.ms = last.status, last.error, last.duration_ms
+            if step.value == running and (last is None or last.status != "ok"):
+                cell.status = "running"
+            cells.append(cell)
+    return out
+
+
+def grid(refresh: PolicyRefresh, workers: Iterable[Any] | None = None) -> list[GridRow]:
+    """Grid rows of `workers` (a page of the refresh's planned workers; all when None):
+    three queries whatever the fleet size, since only the page's results and calls are read."""
+    workers = list(refresh.workers.all() if workers is None else workers)
+    ids = [w.pk for w in workers]
     timeline: dict[int, list[dict[str, Any]]] = {}
     for call in (
-        JournalEntry.objects.filter(refresh=refresh, planned_worker__isnull=False)
+        JournalEntry.objects.filter(refresh=refresh, planned_worker_id__in=ids)
         .order_by("id")
         .values("planned_worker_id", "step", "operation", "ok", "duration_ms", "started_at")
     ):
@@ -94,29 +175,26 @@ def grid(refresh: PolicyRefresh) -> list[GridRow]:
                 "step": call["step"],
             }
         )
-    running = current_step(refresh)
-    rows = []
-    for worker in refresh.workers.all():
-        row = GridRow(worker, calls=timeline.get(worker.pk, []))
-        for step in WORKER_STEPS:
-            cell = Cell(worker.pk, step.value)
-            last = latest.get((worker.pk, step.value))
-            if last is not None:
-                cell.status, cell.error, cell.ms = last.status, last.error, last.duration_ms
-            if step.value == running and (last is None or last.status != "ok"):
-                cell.status = "running"
-            row.cells.append(cell)
-        rows.append(row)
-    return rows
+    cells = cells_of(refresh, ids)
+    return [GridRow(w, cells[w.pk], timeline.get(w.pk, [])) for w in workers]
 
 
-#: Journal rows shown on the refresh page (newest first); the API serves the full journal.
-JOURNAL_LIMIT = 500
+def grid_namespaces(refresh: PolicyRefresh) -> list[tuple[str, int]]:
+    """The refresh's namespaces with their planned workers, counted by the database."""
+    return list(
+        refresh.workers.order_by("namespace").values_list("namespace").annotate(n=Count("id"))
+    )
 
 
-def latest_journal(refresh: PolicyRefresh):
+#: Journal rows shown on the refresh page (newest first), each with its bodies. The API serves
+#: the full journal (`/api/v1/refreshes/<id>/journal`); 50 keep the page small at any size.
+JOURNAL_LIMIT = 50
+
+
+def latest_journal(refresh: PolicyRefresh, after: int = 0):
+    """The newest calls (only those with an id above `after`: what a client has not seen)."""
     return (
-        JournalEntry.objects.filter(refresh=refresh)
+        JournalEntry.objects.filter(refresh=refresh, id__gt=after)
         .select_related("planned_worker")
         .order_by("-id")[:JOURNAL_LIMIT]
     )
@@ -223,19 +301,58 @@ def recovery_context(refresh: PolicyRefresh) -> dict[str, Any]:
     }
 
 
-def detail_context(refresh: PolicyRefresh) -> dict[str, Any]:
-    """Everything the refresh page and its live stream render, from the database."""
+def head_context(refresh: PolicyRefresh) -> dict[str, Any]:
+    """The refresh's state, steps, gates and held reason: the small part a state change
+    re-sends (no grid, no journal)."""
     return {
         "refresh": refresh,
         "steps": step_lines(refresh),
-        "grid": grid(refresh),
-        "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
         "is_active": refresh.state in ACTIVE_STATES,
         "can_end": can_end(refresh),
-        "journal": latest_journal(refresh),
+        **recovery_context(refresh),
+    }
+
+
+def detail_context(refresh: PolicyRefresh, view: GridFilter | None = None) -> dict[str, Any]:
+    """Everything the refresh page renders, from the database: one page of the grid."""
+    view = view or GridFilter()
+    planned = refresh.state == RefreshState.PLANNED
+    page = view.page_of(refresh, with_calls=planned)
+    view = view.with_page(page.number)
+    journal = list(latest_journal(refresh))
+    rows = grid(refresh, page.object_list)
+    return head_context(refresh) | {
+        "detail_url": reverse("refresh:detail", args=[refresh.pk]),
+        # What a grid page or filter swaps: the plan's table, or the live stream (its socket
+        # follows the page the client shows).
+        "grid_target": "#refresh-plan" if planned else "#refresh-stream",
+        "grid": rows,
+        "grid_html": render_grid(rows, len(WORKER_STEPS) + 2),
+        "grid_filter": view,
+        "grid_pager": pager(view, page),
+        "grid_namespaces": grid_namespaces(refresh),
+        "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
+        "journal": journal,
         "agreement": agreement_summary(refresh),
         "fingerprint": fingerprint_summary(refresh),
-        **recovery_context(refresh),
+        # What this page shows, so its live stream's resync sends only what is newer.
+        "stream_query": stream_query(view, seen_marks(refresh)),
+    }
+
+
+def stream_query(view: GridFilter, seen: Mapping[str, Any]) -> str:
+    """The live stream's query string: the grid page shown and what the page already holds."""
+    return urlencode(view.params() | {f"seen_{k}": v for k, v in seen.items()})
+
+
+def seen_marks(refresh: PolicyRefresh) -> dict[str, Any]:
+    """The newest journal entry and worker result ids: the grid and journal a page shows are
+    exactly those of the database up to them (both tables are append-only)."""
+    return {
+        "state": refresh.state,
+        "journal": JournalEntry.objects.filter(refresh=refresh).aggregate(m=Max("id"))["m"] or 0,
+        "results": WorkerStepResult.objects.filter(refresh=refresh).aggregate(m=Max("id"))["m"]
+        or 0,
     }
 
 

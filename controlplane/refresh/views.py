@@ -97,9 +97,14 @@ def plan(request: HttpRequest) -> HttpResponse:
 @require_GET
 @requires(Perm.VIEW)
 def detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The refresh page: one page of its worker-by-step grid (filter, search and page in the
+    URL) and its latest calls; htmx paging gets the grid (and its live stream) alone."""
     refresh = _get_refresh(pk)
-    context = presenters.detail_context(refresh)
-    template = "refresh/detail.html#live" if request.htmx else "refresh/detail.html"
+    context = presenters.detail_context(refresh, presenters.GridFilter.from_query(request.GET))
+    template = "refresh/detail.html"
+    if request.htmx:
+        planned = refresh.state == RefreshState.PLANNED
+        template += "#plan-grid" if planned else "#stream"
     return render(request, template, context)
 
 

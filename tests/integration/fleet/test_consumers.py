@@ -117,3 +117,129 @@ async def test_overview_stream_pushes_the_refreshed_source_card(prefilled, viewe
     frame = await _receive_until(communicator, lambda f: "1 gone" in f)
     assert 'hx-swap-oob="true"' in frame and "3 live" in frame
     await communicator.disconnect()
+
+
+# -- a paged view: only the rows the client shows travel --------------------------------------
+
+
+def _bulk_fleet(source, n: int) -> list[int]:
+    from django.utils import timezone
+
+    from controlplane.fleet.models import WorkerState
+
+    now = timezone.now()
+    Worker.objects.bulk_create(
+        Worker(
+            source=source,
+            namespace=f"rl-{i % 2}",
+            component="backend",
+            endpoint="generate",
+            instance_id=str(1000 + i),
+            routes=["pause_generation"],
+            weight_version="v1",
+            state=WorkerState.LIVE,
+            first_seen_at=now,
+            last_seen_at=now,
+        )
+        for i in range(n)
+    )
+    # identity order: namespace, then numeric instance id
+    return list(
+        Worker.objects.filter(source=source)
+        .order_by("namespace", "instance_id")
+        .values_list("pk", flat=True)
+    )
+
+
+@pytest.fixture
+def big_source(db):
+    from controlplane.audit.recorder import Actor
+    from controlplane.fleet import services
+
+    return services.create_source(
+        actor=Actor.system("test"),
+        name="big",
+        listener_url="http://10.0.0.5:8001",
+        allowed_networks=["10.0.0.0/8"],
+    )
+
+
+def _change(pks: list[int], **fields) -> None:
+    from controlplane.fleet import live
+
+    Worker.objects.filter(pk__in=pks).update(**fields)
+    live.publish_refresh(Worker.objects.get(pk=pks[0]).source_id, pks)
+
+
+async def test_a_state_change_pushes_the_summary_and_only_the_changed_row_on_the_page(
+    big_source, viewer
+):
+    pks = await database_sync_to_async(_bulk_fleet)(big_source, 400)
+    rl1 = pks[200:]  # the rl-1 half, identity order
+    c = _communicator(f"/ws/fleet/sources/{big_source.pk}/?namespace=rl-1&page=2", viewer)
+    assert (await c.connect())[0]
+    await c.receive_from(timeout=10)
+    table = await c.receive_from(timeout=10)
+    assert table.count('<tr id="worker-') == 100  # the visible page only, not 400
+    on_page, off_page, other_ns = rl1[150], rl1[10], pks[5]
+    assert f'id="worker-{on_page}"' in table and f'id="worker-{off_page}"' not in table
+
+    from controlplane.fleet.models import WorkerState
+
+    await database_sync_to_async(_change)(
+        [on_page, off_page, other_ns], state=WorkerState.ERRORING, error="boom"
+    )
+    head = await c.receive_from(timeout=10)
+    assert 'id="source-summary" hx-swap-oob="true"' in head and "3 erroring" in head
+    assert "<tbody" not in head and "<tr" not in head
+    row = await c.receive_from(timeout=10)
+    assert row.startswith(f'<tr hx-swap-oob="true" id="worker-{on_page}"')
+    assert row.count("<tr ") == 1 and "boom" in row
+    assert await c.receive_nothing(timeout=0.5)  # page 1's row and rl-0's never come
+    await c.disconnect()
+
+
+async def test_a_newcomer_beyond_a_full_page_brings_a_notice_not_a_row(big_source, viewer):
+    pks = await database_sync_to_async(_bulk_fleet)(big_source, 250)
+    c = _communicator(f"/ws/fleet/sources/{big_source.pk}/", viewer)  # page 1 of 3, full
+    assert (await c.connect())[0]
+    await c.receive_from(timeout=10)
+    await c.receive_from(timeout=10)
+    outside = pks[-1]  # on page 3
+    await database_sync_to_async(_change)([outside], weight_version="v2")
+    head = await c.receive_from(timeout=10)
+    assert 'id="workers-notice"' in head and "on other pages" in head
+    assert await c.receive_nothing(timeout=0.5)
+    await c.disconnect()
+
+
+async def test_a_gate_change_pushes_the_summary_and_no_table(big_source, viewer):
+    from controlplane.refresh.live import announce_to_fleet_pages
+
+    await database_sync_to_async(_bulk_fleet)(big_source, 120)
+    c = _communicator(f"/ws/fleet/sources/{big_source.pk}/", viewer)
+    assert (await c.connect())[0]
+    await c.receive_from(timeout=10)
+    await c.receive_from(timeout=10)
+    await database_sync_to_async(announce_to_fleet_pages)({big_source.pk})
+    frame = await c.receive_from(timeout=10)
+    assert 'id="source-summary" hx-swap-oob="true"' in frame
+    assert "<tr" not in frame and "<tbody" not in frame and len(frame) < 20_000
+    assert await c.receive_nothing(timeout=0.5)
+    await c.disconnect()
+
+
+async def test_a_big_refresh_re_reads_the_visible_page_only(big_source, viewer):
+    from controlplane.fleet.live import LIVE_ROW_LIMIT
+
+    pks = await database_sync_to_async(_bulk_fleet)(big_source, LIVE_ROW_LIMIT + 50)
+    c = _communicator(f"/ws/fleet/sources/{big_source.pk}/?page=2", viewer)
+    assert (await c.connect())[0]
+    await c.receive_from(timeout=10)
+    await c.receive_from(timeout=10)
+    await database_sync_to_async(_change)(pks, error="restarted")
+    await c.receive_from(timeout=10)  # summary and timeline
+    table = await c.receive_from(timeout=10)
+    assert table.startswith('<tbody id="worker-rows" hx-swap-oob="true">')
+    assert table.count('<tr id="worker-') == 100 and table.count("restarted") == 100
+    await c.disconnect()

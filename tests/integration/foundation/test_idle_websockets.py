@@ -14,12 +14,14 @@ import asyncio
 
 import aiohttp
 import pytest
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.test import Client
 
 from controlplane.fleet import live
 from controlplane.realtime import publish
 from controlplane.refresh.live import refresh_group
+from controlplane.refresh.presenters import GridFilter, seen_marks, stream_query
 from tests.integration.refresh.helpers import fleet_config, make_source, plan
 
 pytestmark = [
@@ -61,8 +63,12 @@ async def test_idle_refresh_and_fleet_sockets_stay_up_and_still_receive(
     live_server_url, planned_refresh, viewer_cookie
 ):
     ws_base = live_server_url.replace("http://", "ws://")
+    # What the refresh page connects with: its grid page and what it already shows, so a
+    # (re)connect resends only what changed since (here: nothing, so the head alone).
+    marks = await database_sync_to_async(seen_marks)(planned_refresh)
+    drawn = stream_query(GridFilter(), marks)
     paths = {
-        "refresh": f"/ws/refreshes/{planned_refresh.pk}/",
+        "refresh": f"/ws/refreshes/{planned_refresh.pk}/?{drawn}",
         "fleet": "/ws/fleet/",
     }
     async with aiohttp.ClientSession(headers={"Cookie": viewer_cookie}) as http:

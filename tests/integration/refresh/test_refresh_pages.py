@@ -56,7 +56,7 @@ def test_plan_preview_confirm_and_live_page(source, operator_client):
     page = operator_client.get(reverse("refresh:detail", args=[refresh.pk])).content.decode()
     assert 'data-state="succeeded"' in page
     assert page.count('class="cell ok"') == 3 * 4  # pause, update, resume, verify
-    assert f'ws-connect="/ws/refreshes/{refresh.pk}/"' in page
+    assert f'ws-connect="/ws/refreshes/{refresh.pk}/?seen_state=succeeded&amp;seen_journal=' in page
     listing = operator_client.get(reverse("refresh:list")).content.decode()
     assert f"#{refresh.pk}" in listing
     assert {g.verified_version for g in Gate.objects.all()} == {"v2"}

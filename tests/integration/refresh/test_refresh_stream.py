@@ -15,6 +15,7 @@ from django.db import connection
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.routing import websocket_urlpatterns
+from controlplane.refresh.sequence import WORKER_STEPS
 from tests.integration.refresh.helpers import actor_for, fleet_config, make_source, plan
 
 pytestmark = [
@@ -66,29 +67,41 @@ async def test_journal_events_reach_an_authorised_subscriber(started, viewer):
     c = communicator(f"/ws/refreshes/{started.pk}/", viewer)
     connected, _ = await c.connect()
     assert connected
-    first = await c.receive_from(timeout=10)
-    # The resync comes from the database: the whole grid, every cell still pending.
-    assert 'id="refresh-live" hx-swap-oob="true"' in first and 'data-status="pending"' in first
+    head = await c.receive_from(timeout=10)
+    # A bare client (no page drawn) gets everything from the database: head, grid, journal.
+    assert 'id="refresh-live" hx-swap-oob="true"' in head and 'id="refresh-journal"' in head
+    grid = await c.receive_from(timeout=10)
+    assert grid.startswith('<tbody id="grid-rows" hx-swap-oob="true">')
+    assert grid.count('data-status="pending"') == 3 * len(WORKER_STEPS)
 
     # Its own thread (not the consumer's sync thread), like a Celery worker elsewhere.
     runner = asyncio.create_task(asyncio.to_thread(run_and_close, started.pk))
     frames = await frames_until(c, lambda f: 'data-state="succeeded"' in f)
+    await runner
+    frames += await drain(c)
     cells = [f for f in frames if 'id="cell-' in f and 'data-status="ok"' in f]
     assert cells, "no per-worker progress cell was pushed"
     assert any('hx-swap-oob="beforeend:#timeline-' in f for f in frames), [f[:90] for f in frames]
-    # The final state frame carries the journal table too, with the calls just made.
-    final = frames[-1]
-    assert 'id="refresh-journal" hx-swap-oob="true"' in final
-    assert "engine/update_weights_from_disk" in final and "No calls yet" not in final
-    await runner
+    # State changes carry the new journal calls, prepended; never a whole table again.
+    calls = "".join(f for f in frames if f.startswith('<tbody hx-swap-oob="afterbegin:#journal'))
+    assert "engine/update_weights_from_disk" in calls
+    assert not any('id="grid-rows"' in f or 'id="refresh-journal"' in f for f in frames)
     await c.disconnect()
+
+
+async def drain(c) -> list[str]:
+    frames = []
+    while not await c.receive_nothing(timeout=0.5):
+        frames.append(await c.receive_from(timeout=1))
+    return frames
 
 
 async def test_reconnect_resyncs_from_the_journal(started, viewer):
     await database_sync_to_async(execute_refresh)(started.pk)
     c = communicator(f"/ws/refreshes/{started.pk}/", viewer)
     await c.connect()
-    frame = await c.receive_from(timeout=10)
-    assert 'data-state="succeeded"' in frame
-    assert frame.count('data-status="ok"') == 3 * 4
+    head = await c.receive_from(timeout=10)
+    assert 'data-state="succeeded"' in head
+    grid = await c.receive_from(timeout=10)
+    assert grid.count('data-status="ok"') == 3 * 4
     await c.disconnect()

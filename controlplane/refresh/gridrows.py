@@ -1,0 +1,77 @@
+"""The refresh page's worker-by-step grid rows and cells, built in Python.
+
+A grid page is 100 workers by 5 step cells plus each worker's call timeline (a dot per call):
+thousands of template lookups per page, and cells are pushed one by one as calls finish. Like
+the source page's worker rows (`controlplane.fleet.rows`), this hot fragment is formatted
+directly; every value it interpolates is escaped here and bidi controls are neutralised once
+per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.timezone import localtime
+
+from controlplane.html import neutralize_bidi
+
+if TYPE_CHECKING:  # presenters builds the rows and renders them with this module
+    from controlplane.refresh.presenters import Cell, GridRow
+
+#: Statuses whose error is worth opening: the cell folds it under the status.
+_FOLDED = frozenset({"failed", "unreached"})
+
+
+def _ms(value: float | None) -> str:
+    return f" <small>{value:.0f} ms</small>" if value else ""
+
+
+def _cell(cell: Cell, oob: bool) -> str:
+    status = escape(cell.status)
+    title = f' title="{escape(cell.error)}"' if cell.error else ""
+    swap = ' hx-swap-oob="true"' if oob else ""
+    body = (
+        f"<details><summary>{status}</summary>{escape(cell.error)}</details>"
+        if cell.status in _FOLDED
+        else status
+    )
+    return (
+        f'<td id="{escape(cell.dom_id)}" class="cell {status}"{swap} data-status="{status}"'
+        f"{title}>{body}{_ms(cell.ms)}</td>"
+    )
+
+
+def render_cells(cells: Iterable[Cell], *, oob: bool = False) -> SafeString:
+    """Step cells; `oob` makes each an out-of-band swap for a websocket push."""
+    # Safe: `_cell` escapes every value it interpolates.
+    return mark_safe(neutralize_bidi("".join(_cell(c, oob) for c in cells)))
+
+
+def _call(call: dict[str, Any]) -> str:
+    at = call.get("at")
+    when = f"{localtime(at):%H:%M:%S.%f}" if at is not None and hasattr(at, "tzinfo") else at
+    title = f"{call['step']} {call['op']} {call['ms'] or 0:.0f} ms at {when}"
+    return f'<span class="call {"ok" if call["ok"] else "failed"}" title="{escape(title)}"></span>'
+
+
+def _row(row: GridRow) -> str:
+    w = row.worker
+    return (
+        f'<tr id="worker-row-{w.pk}"><td><code>{escape(w.key)}</code> '
+        f'<small class="muted">{escape(w.family)}</small></td>'
+        f"{''.join(_cell(c, False) for c in row.cells)}"
+        f'<td><div class="call-timeline" id="timeline-{w.pk}">'
+        f"{''.join(_call(c) for c in row.calls)}</div></td></tr>"
+    )
+
+
+def render_grid(rows: list[GridRow], columns: int) -> SafeString:
+    """The grid page's `<tr>`s (`columns` wide when empty)."""
+    html = "".join(_row(r) for r in rows) or (
+        f'<tr><td colspan="{columns}" class="empty">No worker matches.</td></tr>'
+    )
+    # Safe: `_row` escapes every value it interpolates; bidi neutralised once for the page.
+    return mark_safe(neutralize_bidi(html))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import weakref
 from collections import OrderedDict
@@ -33,12 +34,14 @@ class LiveStream(AsyncWebsocketConsumer):
     event becomes the frames `render()` returns. A stream is one-way: what a client sends is
     ignored. `resync` and `render` run in a worker thread, so they may use the ORM.
 
-    Fan-out to thousands of subscribers: a class whose `render` gives every subscriber the
-    same frames for one event sets `shared_render = True`; each process then renders an event
-    once for all its subscribers of that class (and equal `render_share_key()`), instead of
-    once per subscriber. Such a `render` must neither read nor change per-subscriber state
-    beyond what `render_share_key` names. A `render` that touches no database and does not
-    block may set `render_uses_orm = False` to run on the event loop without a thread hop.
+    Fan-out to thousands of subscribers. Every `resync` and `render` waiting at the same
+    moment in a process runs in one hop to the database thread (`_orm_hop`), not one each.
+    A class whose `render` gives every subscriber the same frames for one event sets
+    `shared_render = True`; each process then renders an event once for all its subscribers
+    of that class (and equal `render_share_key()`), instead of once per subscriber. Such a
+    `render` must neither read nor change per-subscriber state beyond what
+    `render_share_key` names. A `render` that touches no database and does not block may set
+    `render_uses_orm = False` to run on the event loop with no thread hop at all.
     """
 
     groups_to_join: tuple[str, ...] = ()
@@ -53,11 +56,20 @@ class LiveStream(AsyncWebsocketConsumer):
         for group in self.groups_to_join:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
-        await self._send_frames(await database_sync_to_async(self.resync)())
+        await self._send_frames(await _orm_hop(self.resync))
 
     async def disconnect(self, code: int) -> None:
         for group in self.groups_to_join:
             await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels hops to the database thread before every handler to close stale
+        # connections: one hop per subscriber per event, the bulk of a fan-out's cost. Events
+        # reach the ORM only through `_orm_hop`, which closes stale connections itself.
+        if message.get("type") == "stream.event":
+            await self.stream_event(message)
+        else:
+            await super().dispatch(message)
 
     async def stream_event(self, message: dict[str, Any]) -> None:
         event, payload = message["event"], message.get("payload") or {}
@@ -71,7 +83,7 @@ class LiveStream(AsyncWebsocketConsumer):
 
     async def _render(self, event: str, payload: dict[str, Any]) -> list[str]:
         if self.render_uses_orm:
-            return await database_sync_to_async(self.render)(event, payload)
+            return await _orm_hop(functools.partial(self.render, event, payload))
         return self.render(event, payload)
 
     async def _send_frames(self, frames: list[str]) -> None:
@@ -127,3 +139,66 @@ async def _shared_frames(
         entry = (now, asyncio.ensure_future(render()))
         cache[key] = entry
     return await asyncio.shield(entry[1])
+
+
+class _OrmHops:
+    """Calls waiting for the database thread, taken there together: one hop per batch.
+
+    `database_sync_to_async` runs every call of a process in the same single thread anyway,
+    so a batch loses no parallelism; it saves the per-call handoff (futures, a thread wake-up,
+    close_old_connections twice) that, times thousands of subscribers, was the fan-out.
+    """
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        self.running = False
+        self.task: asyncio.Task[None] | None = None  # held: the loop keeps only a weak one
+
+    async def run(self) -> None:
+        batch: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting, []
+                outcomes = await database_sync_to_async(_call_each)([call for call, _ in batch])
+                for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                    if future.done():  # its subscriber went away meanwhile
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+                batch = []
+        finally:
+            self.running = False
+            for _, future in batch + self.waiting:  # cancelled mid-hop: nobody waits forever
+                future.cancel()
+            self.waiting = []
+
+
+def _call_each(calls: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+    outcomes: list[tuple[bool, Any]] = []
+    for call in calls:
+        try:
+            outcomes.append((True, call()))
+        except Exception as exc:  # raised to its own caller, not to the batch
+            outcomes.append((False, exc))
+    return outcomes
+
+
+_hops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _OrmHops] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _orm_hop(call: Callable[[], Any]) -> Any:
+    """`call()` in the database thread, batched with every other call waiting right now."""
+    loop = asyncio.get_running_loop()
+    hops = _hops.get(loop)
+    if hops is None:
+        hops = _hops[loop] = _OrmHops()
+    future: asyncio.Future[Any] = loop.create_future()
+    hops.waiting.append((call, future))
+    if not hops.running:
+        hops.running = True
+        hops.task = loop.create_task(hops.run())
+    return await future

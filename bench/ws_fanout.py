@@ -13,7 +13,7 @@ task would, `--events` times per run, one every `--interval` seconds, each paylo
 wall-clock time just before the call; a subscriber's latency is its receipt time minus that.
 Each run connects every subscriber afresh (they resync from the database, as a page does),
 publishes, waits for the frames (at most 10 s after the last publish) and closes. Lost is
-subscribers × events − frames received, counted over connected subscribers only.
+subscribers x events - frames received, counted over connected subscribers only.
 
 Prints per run: connected, connect time, lost, latency p50/p95/max and the slowest publish()
 call; then min/median/max over the runs, and one summary line per subscriber count against
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import re
@@ -230,6 +231,23 @@ def _start_server(database_url: str, workers: int) -> tuple[subprocess.Popen, st
             time.sleep(0.2)
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of `pids` so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -244,7 +262,7 @@ def _spread(values: list[float], fmt: str = "{:.0f}") -> str:
     )
 
 
-def one_run(run: int, clients: list, publisher, subscribers: int, args) -> dict:
+def one_run(run: int, clients: list, publisher, server_pids: list[int], args) -> dict:
     for conn in clients:
         conn.send(("connect",))
     connects = [conn.recv() for conn in clients]
@@ -252,12 +270,15 @@ def one_run(run: int, clients: list, publisher, subscribers: int, args) -> dict:
     errors: Counter = Counter()
     for c in connects:
         errors.update(c["errors"])
+    cpu_before = _cpu_seconds(server_pids)
+    load_before = os.getloadavg()[0]
     publisher.send(("publish", run, args.events, args.interval))
     published = publisher.recv()
     deadline = published["last_at"] + RECEIVE_GRACE_SECONDS
     for conn in clients:
         conn.send(("expect", run, args.events, deadline))
     results = [conn.recv() for conn in clients]
+    server_cpu = _cpu_seconds(server_pids) - cpu_before
     for conn in clients:
         conn.send(("close",))
         conn.recv()
@@ -274,14 +295,17 @@ def one_run(run: int, clients: list, publisher, subscribers: int, args) -> dict:
         "max": max(latencies, default=float("nan")),
         "slowest_call_ms": published["slowest_call"] * 1000,
         "flushed": published["flushed"],
+        "server_us_per_frame": server_cpu * 1e6 / max(1, received),
+        "load": load_before,
     }
 
 
-def bench(subscribers: int, url: str, cookie: str, args) -> list[dict]:
+def bench(subscribers: int, url: str, cookie: str, server_pids: list[int], args) -> list[dict]:
     ctx = multiprocessing.get_context("spawn")  # no Django state, sockets or threads inherited
     path = STREAMS[args.stream][0]
     ws_url = url.replace("http://", "ws://") + path
-    shares = [subscribers // args.clients + (i < subscribers % args.clients) for i in range(args.clients)]
+    base, extra = divmod(subscribers, args.clients)
+    shares = [base + (i < extra) for i in range(args.clients)]
     pipes, processes = [], []
     for share in shares:
         parent, child = ctx.Pipe()
@@ -296,22 +320,22 @@ def bench(subscribers: int, url: str, cookie: str, args) -> list[dict]:
     results = []
     try:
         for run in range(1, args.runs + 1):
-            r = one_run(run, pipes, pub_parent, subscribers, args)
+            r = one_run(run, pipes, pub_parent, server_pids, args)
             results.append(r)
             print(
                 f"  N={subscribers} run {run}: connected {r['connected']}/{subscribers} in "
                 f"{r['connect_s']:.1f} s, lost {r['lost']}, latency p50 {r['p50']:.0f} ms, "
                 f"p95 {r['p95']:.0f} ms, max {r['max']:.0f} ms; slowest publish() "
-                f"{r['slowest_call_ms']:.2f} ms; errors {r['errors'] or 0}, "
-                f"closed early {r['closed_early']}",
+                f"{r['slowest_call_ms']:.2f} ms; "
+                f"server CPU {r['server_us_per_frame']:.0f} us/frame; "
+                f"errors {r['errors'] or 0}, closed early {r['closed_early']}; "
+                f"load average {r['load']:.1f}",
                 flush=True,
             )
     finally:
         for conn in [*pipes, pub_parent]:
-            try:
+            with contextlib.suppress(OSError):
                 conn.send(("exit",))
-            except OSError:
-                pass
         for p in processes:
             p.join(30)
             if p.is_alive():
@@ -327,7 +351,10 @@ def report(subscribers: int, results: list[dict], args) -> str:
     print("  p95 ms           " + _spread([r["p95"] for r in results]))
     print("  max ms           " + _spread([r["max"] for r in results]))
     print("  connect s        " + _spread([r["connect_s"] for r in results], "{:.1f}"))
-    print("  slowest publish  " + _spread([r["slowest_call_ms"] for r in results], "{:.2f}") + " ms")
+    slowest = _spread([r["slowest_call_ms"] for r in results], "{:.2f}")
+    print(f"  slowest publish  {slowest} ms")
+    print("  server us/frame  " + _spread([r["server_us_per_frame"] for r in results]))
+    print("  load average     " + _spread([r["load"] for r in results], "{:.1f}"))
     worst_connected = min(r["connected"] for r in results)
     total_lost = sum(r["lost"] for r in results)
     p95 = statistics.median(r["p95"] for r in results)
@@ -382,7 +409,8 @@ def main() -> None:
         )
         summaries = []
         for n in args.subscribers:
-            summaries.append(report(n, bench(n, url, cookie, args), args))
+            workers = _children(server.pid)  # uvicorn's supervisor does no per-frame work
+            summaries.append(report(n, bench(n, url, cookie, workers, args), args))
         for line in summaries:
             print(line)
     finally:

@@ -119,9 +119,7 @@ _shared: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
-async def _shared_frames(
-    key: Hashable, render: Callable[[], Awaitable[list[str]]]
-) -> list[str]:
+async def _shared_frames(key: Hashable, render: Callable[[], Awaitable[list[str]]]) -> list[str]:
     """The frames for `key`, rendered by the first subscriber to ask, awaited by the rest.
 
     A subscriber that disconnects while the render runs does not cancel it for the others.
@@ -185,9 +183,7 @@ def _call_each(calls: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
     return outcomes
 
 
-_hops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _OrmHops] = (
-    weakref.WeakKeyDictionary()
-)
+_hops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _OrmHops] = weakref.WeakKeyDictionary()
 
 
 async def _orm_hop(call: Callable[[], Any]) -> Any:

@@ -319,7 +319,11 @@ def _run_script(body: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     return subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
 
@@ -387,5 +391,3 @@ async def test_a_forked_child_publishes_through_a_publisher_of_its_own():
         received = await _collect(receive, 3)
         await _nothing_more(receive)
     assert [m["payload"]["who"] for m in received] == ["parent-before", "child", "parent-after"]
-
-

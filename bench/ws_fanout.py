@@ -1,7 +1,7 @@
 """Live push to many websocket subscribers: publish→receipt latency and messages lost.
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/ws_fanout.py \\
-        [--subscribers 500 2000] [--runs 5] [--events 20] [--interval 0.1] \\
+        [--subscribers 500 2000] [--runs 5] [--events 20] [--interval 0.25] \\
         [--workers 2] [--clients 2] [--stream fleet|gates]
 
 The real ASGI app runs under uvicorn (`--workers` processes, DEBUG off) on a throwaway
@@ -9,8 +9,9 @@ PostgreSQL database and the real Redis channel layer. `--clients` processes hold
 subscribers: aiohttp websockets authenticated with a viewer's session cookie, on a real stream
 — the fleet overview (`/ws/fleet/`, the source-card push a refresh makes) or the gate stream
 (`/ws/gates/`). A separate publisher process calls `controlplane.realtime.publish` as a Celery
-task would, `--events` times per run, one every `--interval` seconds, each payload carrying the
-wall-clock time just before the call; a subscriber's latency is its receipt time minus that.
+task would, `--events` times per run, one every `--interval` seconds (default 4 a second: the
+most one coalesced progress stream sends), each payload carrying the wall-clock time just
+before the call; a subscriber's latency is its receipt time minus that.
 Each run connects every subscriber afresh (they resync from the database, as a page does),
 publishes, waits for the frames (at most 10 s after the last publish) and closes. Lost is
 subscribers x events - frames received, counted over connected subscribers only.
@@ -373,7 +374,7 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, nargs="+", default=[500, 2000])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--events", type=int, default=20)
-    parser.add_argument("--interval", type=float, default=0.1)
+    parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--clients", type=int, default=2, help="subscriber processes")
     parser.add_argument("--stream", choices=sorted(STREAMS), default="fleet")

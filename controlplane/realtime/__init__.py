@@ -12,6 +12,7 @@ returns at once; `flush` waits until what was published has been sent (tests, an
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable
 from typing import Any
 
@@ -21,6 +22,8 @@ from controlplane.realtime.publisher import FLUSH_TIMEOUT_SECONDS, next_event_id
 from controlplane.realtime.streams import REFUSED, LiveStream
 
 __all__ = ["REFUSED", "LiveStream", "flush", "publish"]
+
+logger = logging.getLogger(__name__)
 
 
 def publish(
@@ -38,15 +41,18 @@ def publish(
     times per second per key, the newest winning. Events without one are never coalesced or
     dropped for rate, and never overtake a coalescible event published before them.
     """
-    if DEFAULT_CHANNEL_LAYER not in channel_layers.configs:
-        return
-    message = {
-        "type": "stream.event",
-        "event": event,
-        "payload": payload or {},
-        "id": next_event_id(),
-    }
-    process_publisher().submit(group, message, coalesce_key)
+    try:
+        if DEFAULT_CHANNEL_LAYER not in channel_layers.configs:
+            return
+        message = {
+            "type": "stream.event",
+            "event": event,
+            "payload": payload or {},
+            "id": next_event_id(),
+        }
+        process_publisher().submit(group, message, coalesce_key)
+    except Exception:  # e.g. no thread can start while the interpreter shuts down
+        logger.warning("live event %s to %s was not queued", event, group, exc_info=True)
 
 
 def flush(timeout: float = FLUSH_TIMEOUT_SECONDS) -> bool:

@@ -159,12 +159,14 @@ async def test_progress_is_coalesced_to_the_newest_and_never_overtakes_a_state_c
     group = _group()
     async with subscribed(group) as receive:
 
-        def burst() -> None:
+        def burst() -> float:
+            started = time.monotonic()
             for n in range(50):
                 realtime.publish(group, "progress", {"n": n}, coalesce_key=("progress", group))
             realtime.publish(group, "state", {"state": "succeeded"})
+            return time.monotonic() - started
 
-        await asyncio.to_thread(burst)
+        elapsed = await asyncio.to_thread(burst)
         received = [await receive()]
         while received[-1]["event"] != "state":
             received.append(await receive())
@@ -174,7 +176,7 @@ async def test_progress_is_coalesced_to_the_newest_and_never_overtakes_a_state_c
     # The first goes at once; the rest of the burst waited and collapsed into the newest,
     # which went out before the state change that followed it.
     assert progress[0] == 0 and progress[-1] == 49, progress
-    assert len(progress) <= 3, progress
+    assert len(progress) <= 2 + int(elapsed * 4), (progress, elapsed)  # a slow burst: more
     assert [m["event"] for m in received][-1] == "state"
     assert progress == sorted(progress)
 

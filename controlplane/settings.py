@@ -14,6 +14,7 @@ from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from redis.connection import parse_url as redis_parse_url
 
 from controlplane.audit.keys import local_key, parse_keys
 from controlplane.env import (
@@ -190,15 +191,26 @@ CACHES: dict[str, dict[str, Any]] = {
     }
 }
 
-# channels-redis waits for a consumer's next message with BZPOPMIN for up to 5 s
-# (RedisChannelLayer.brpop_timeout), and redis-py 8 gives every socket read a default timeout of
-# 5 s: the read gave up first, the idle consumer died with `TimeoutError` and its browser
-# reconnected every ~6 s. The read timeout must stay well above the blocking wait; keepalive
-# and a health check catch a connection that died silently while idle.
+# Channel layer: Redis pub/sub (channels_redis.pubsub), chosen over the core layer for fan-out.
+# - The core layer stores a copy of every group message per subscriber (a Lua ZADD per channel,
+#   capacity and expiry per channel) and took a pooled connection for each group_add/discard:
+#   500 sockets connecting at once hit the pool's 100 ("Too many connections") and lost 28% of
+#   the pushes. Pub/sub sends one PUBLISH per event; each process receives it once on its one
+#   subscriber connection and fans out in memory, so thousands of sockets cost no connections.
+# - Delivery: pub/sub has no capacity or expiry losses, but drops what is published while no
+#   process subscribes, and what is published while a process's subscriber connection is
+#   re-established. Both are fine here: a LiveStream joins its groups before it resyncs from the
+#   database, and every page resyncs on (re)connect (see controlplane/realtime).
+# - Isolation: pub/sub channel names are server-wide, not per database, so the prefix carries
+#   the Redis database number as well as REDIS_KEY_PREFIX (each test run has its own).
+# - Idle sockets: the subscriber reads with a short timeout of its own, but the publisher's pool
+#   connections sit idle between refreshes; keep the read timeout generous (redis-py 8's 5 s
+#   default once killed idle core-layer consumers every ~6 s) and let keepalive and a health
+#   check catch a connection that died silently while idle.
 CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 20.0
 CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {
             "hosts": [
                 {
@@ -209,9 +221,7 @@ CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
                     "health_check_interval": 30,
                 }
             ],
-            "prefix": f"{REDIS_KEY_PREFIX}asgi",
-            "capacity": 1500,
-            "expiry": 30,
+            "prefix": f"{REDIS_KEY_PREFIX}asgi:db{redis_parse_url(REDIS_URL).get('db', 0)}:",
         },
     }
 }

@@ -76,7 +76,9 @@ async def test_cache_channel_layer_and_broker_keys_carry_the_run_prefix(raw_redi
 
     try:
         assert raw_redis.exists(f"{RUN_KEY_PREFIX}controlplane:1:probe")
-        assert raw_redis.exists(f"{RUN_KEY_PREFIX}asgi:group:{group}")
+        # Pub/sub channel names are server-wide: the run prefix is what keeps runs apart.
+        subscribed = {c.decode() for c in raw_redis.pubsub_channels(f"{RUN_KEY_PREFIX}*")}
+        assert any(c.endswith(f"__group__{group}") for c in subscribed), subscribed
         assert raw_redis.llen(f"{RUN_KEY_PREFIX}{queue}") == 1
         assert not raw_redis.exists(queue), "a broker queue outside the run prefix"
     finally:

@@ -1,0 +1,436 @@
+"""Live push to many websocket subscribers: publish→receipt latency and messages lost.
+
+    DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/ws_fanout.py \\
+        [--subscribers 500 2000] [--runs 5] [--events 20] [--interval 0.25] \\
+        [--workers 2] [--clients 2] [--stream fleet|gates]
+
+The real ASGI app runs under uvicorn (`--workers` processes, DEBUG off) on a throwaway
+PostgreSQL database and the real Redis channel layer. `--clients` processes hold the
+subscribers: aiohttp websockets authenticated with a viewer's session cookie, on a real stream
+— the fleet overview (`/ws/fleet/`, the source-card push a refresh makes) or the gate stream
+(`/ws/gates/`). A separate publisher process calls `controlplane.realtime.publish` as a Celery
+task would, `--events` times per run, one every `--interval` seconds (default 4 a second: the
+most one coalesced progress stream sends), each payload carrying the wall-clock time just
+before the call; a subscriber's latency is its receipt time minus that.
+Each run connects every subscriber afresh (they resync from the database, as a page does),
+publishes, waits for the frames (at most 10 s after the last publish) and closes. Lost is
+subscribers x events - frames received, counted over connected subscribers only.
+
+Prints per run: connected, connect time, lost, latency p50/p95/max and the slowest publish()
+call; then min/median/max over the runs, and one summary line per subscriber count against
+the goal (every subscriber connected, 0 lost, p95 < 250 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from connections import (  # noqa: E402  (sets DEBUG off and a Redis prefix of the bench's own)
+    _admin_connect,
+    _free_port,
+    _session_cookie,
+    _with_database,
+)
+
+APPLICATION_NAME = "cp-bench-ws-fanout"
+ASGI_APP = "controlplane.asgi:application"
+GOAL_P95_MS = 250.0
+#: How long after the last publish a run waits for frames still on their way.
+RECEIVE_GRACE_SECONDS = 10.0
+CONNECT_CONCURRENCY = 64
+MARK = re.compile(r"bench-(\d+)-(\d+)-(\d+\.\d+)")
+
+#: stream name -> (websocket path, group, event); payloads from `_payload`
+STREAMS = {
+    "fleet": ("/ws/fleet/", "fleet", "fleet.source_refreshed"),
+    "gates": ("/ws/gates/", "gates", "gate.changed"),
+}
+
+
+def _payload(stream: str, mark: str) -> dict:
+    if stream == "fleet":  # what fleet.live.publish_refresh sends: a pre-rendered card
+        return {"source_id": 0, "html": f'<article id="{mark}" hx-swap-oob="true"></article>'}
+    return {"source": "bench", "namespace": mark, "open": True}  # a serialised gate, in short
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# -- the subscriber processes ---------------------------------------------------------------
+
+
+class Subscribers:
+    """`count` websockets in one process, each counting the marked frames it receives."""
+
+    def __init__(self, url: str, cookie: str, count: int) -> None:
+        self.url, self.cookie, self.count = url, cookie, count
+        self.sockets: list = []
+        self.readers: list[asyncio.Task] = []
+        self.received: Counter = Counter()  # run -> frames
+        self.latencies: dict[int, list[float]] = {}
+        self.closed_early = 0
+        self._closing = False
+
+    async def connect(self) -> dict:
+        import aiohttp
+
+        self.http = aiohttp.ClientSession(
+            headers={"Cookie": self.cookie},
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+        gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+        errors: Counter = Counter()
+        started = time.perf_counter()
+
+        async def one() -> None:
+            async with gate:
+                try:
+                    ws = await self.http.ws_connect(self.url, autoping=True, heartbeat=None)
+                    first = await ws.receive(timeout=120)  # the resync
+                    if first.type != aiohttp.WSMsgType.TEXT:
+                        errors[f"closed {ws.close_code}"] += 1
+                        await ws.close()
+                        return
+                except Exception as exc:
+                    errors[type(exc).__name__] += 1
+                    return
+                self.sockets.append(ws)
+                self.readers.append(asyncio.create_task(self._read(ws)))
+
+        await asyncio.gather(*(one() for _ in range(self.count)))
+        return {
+            "connected": len(self.sockets),
+            "errors": dict(errors),
+            "seconds": time.perf_counter() - started,
+        }
+
+    async def _read(self, ws) -> None:
+        import aiohttp
+
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.TEXT:
+                continue
+            now = time.time()
+            for run, _seq, sent in MARK.findall(message.data):
+                self.received[int(run)] += 1
+                self.latencies.setdefault(int(run), []).append(now - float(sent))
+        if not self._closing:
+            self.closed_early += 1
+
+    async def expect(self, run: int, events: int, deadline: float) -> dict:
+        wanted = events * len(self.sockets)
+        while self.received[run] < wanted and time.time() < deadline:
+            await asyncio.sleep(0.05)
+        return {
+            "received": self.received[run],
+            "latencies": self.latencies.pop(run, []),
+            "closed_early": self.closed_early,
+        }
+
+    async def close(self) -> None:
+        self._closing = True
+        await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
+        await asyncio.gather(*self.readers, return_exceptions=True)
+        await self.http.close()
+        self.sockets, self.readers = [], []
+
+
+def _subscriber_process(url: str, cookie: str, count: int, conn) -> None:
+    _raise_fd_limit()
+
+    async def main() -> None:
+        subs = None
+        while True:
+            command, *args = await asyncio.to_thread(conn.recv)
+            if command == "connect":
+                subs = Subscribers(url, cookie, count)
+                conn.send(await subs.connect())
+            elif command == "expect":
+                assert subs is not None
+                conn.send(await subs.expect(*args))
+            elif command == "close":
+                assert subs is not None
+                await subs.close()
+                conn.send("closed")
+            else:
+                return
+
+    asyncio.run(main())
+
+
+# -- the publisher process ------------------------------------------------------------------
+
+
+def _publisher_process(stream: str, conn) -> None:
+    import django
+
+    django.setup()
+    from controlplane import realtime
+
+    _path, group, event = STREAMS[stream]
+    while True:
+        command, *args = conn.recv()
+        if command != "publish":
+            return
+        run, events, interval = args
+        calls = []
+        next_at = time.monotonic()
+        for seq in range(events):
+            payload = _payload(stream, f"bench-{run}-{seq}-{time.time():.6f}")
+            started = time.perf_counter()
+            realtime.publish(group, event, payload)
+            calls.append(time.perf_counter() - started)
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        flushed = realtime.flush(RECEIVE_GRACE_SECONDS)
+        conn.send({"slowest_call": max(calls), "flushed": flushed, "last_at": time.time()})
+
+
+# -- the bench ------------------------------------------------------------------------------
+
+
+def _start_server(database_url: str, workers: int) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = _free_port()
+    env = dict(os.environ, DATABASE_URL=database_url, CONTROLPLANE_PROCESS="web")
+    command = [sys.executable, "-m", "uvicorn", ASGI_APP, "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    command += ["--no-access-log"]
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"{url}/accounts/login/", timeout=2)
+            return server, url
+        except httpx.TransportError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise SystemExit("the ASGI server did not start") from None
+            time.sleep(0.2)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of `pids` so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _spread(values: list[float], fmt: str = "{:.0f}") -> str:
+    return (
+        f"median {fmt.format(statistics.median(values))} "
+        f"(min {fmt.format(min(values))}, max {fmt.format(max(values))})"
+    )
+
+
+def one_run(run: int, clients: list, publisher, server_pids: list[int], args) -> dict:
+    for conn in clients:
+        conn.send(("connect",))
+    connects = [conn.recv() for conn in clients]
+    connected = sum(c["connected"] for c in connects)
+    errors: Counter = Counter()
+    for c in connects:
+        errors.update(c["errors"])
+    cpu_before = _cpu_seconds(server_pids)
+    load_before = os.getloadavg()[0]
+    publisher.send(("publish", run, args.events, args.interval))
+    published = publisher.recv()
+    deadline = published["last_at"] + RECEIVE_GRACE_SECONDS
+    for conn in clients:
+        conn.send(("expect", run, args.events, deadline))
+    results = [conn.recv() for conn in clients]
+    server_cpu = _cpu_seconds(server_pids) - cpu_before
+    for conn in clients:
+        conn.send(("close",))
+        conn.recv()
+    latencies = [ms * 1000 for r in results for ms in r["latencies"]]
+    received = sum(r["received"] for r in results)
+    return {
+        "connected": connected,
+        "connect_s": max(c["seconds"] for c in connects),
+        "errors": dict(errors),
+        "lost": connected * args.events - received,
+        "closed_early": sum(r["closed_early"] for r in results),
+        "p50": _percentile(latencies, 0.50),
+        "p95": _percentile(latencies, 0.95),
+        "max": max(latencies, default=float("nan")),
+        "slowest_call_ms": published["slowest_call"] * 1000,
+        "flushed": published["flushed"],
+        "server_us_per_frame": server_cpu * 1e6 / max(1, received),
+        "load": load_before,
+    }
+
+
+def bench(subscribers: int, url: str, cookie: str, server_pids: list[int], args) -> list[dict]:
+    ctx = multiprocessing.get_context("spawn")  # no Django state, sockets or threads inherited
+    path = STREAMS[args.stream][0]
+    ws_url = url.replace("http://", "ws://") + path
+    base, extra = divmod(subscribers, args.clients)
+    shares = [base + (i < extra) for i in range(args.clients)]
+    pipes, processes = [], []
+    for share in shares:
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_subscriber_process, args=(ws_url, cookie, share, child))
+        p.start()
+        pipes.append(parent)
+        processes.append(p)
+    pub_parent, pub_child = ctx.Pipe()
+    pub = ctx.Process(target=_publisher_process, args=(args.stream, pub_child))
+    pub.start()
+    processes.append(pub)
+    results = []
+    try:
+        for run in range(1, args.runs + 1):
+            r = one_run(run, pipes, pub_parent, server_pids, args)
+            results.append(r)
+            print(
+                f"  N={subscribers} run {run}: connected {r['connected']}/{subscribers} in "
+                f"{r['connect_s']:.1f} s, lost {r['lost']}, latency p50 {r['p50']:.0f} ms, "
+                f"p95 {r['p95']:.0f} ms, max {r['max']:.0f} ms; slowest publish() "
+                f"{r['slowest_call_ms']:.2f} ms; "
+                f"server CPU {r['server_us_per_frame']:.0f} us/frame; "
+                f"errors {r['errors'] or 0}, closed early {r['closed_early']}; "
+                f"load average {r['load']:.1f}",
+                flush=True,
+            )
+    finally:
+        for conn in [*pipes, pub_parent]:
+            with contextlib.suppress(OSError):
+                conn.send(("exit",))
+        for p in processes:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+def report(subscribers: int, results: list[dict], args) -> str:
+    print(f"N={subscribers}, {len(results)} runs of {args.events} events:")
+    print("  connected        " + _spread([r["connected"] for r in results]))
+    print("  lost             " + _spread([r["lost"] for r in results]))
+    print("  p50 ms           " + _spread([r["p50"] for r in results]))
+    print("  p95 ms           " + _spread([r["p95"] for r in results]))
+    print("  max ms           " + _spread([r["max"] for r in results]))
+    print("  connect s        " + _spread([r["connect_s"] for r in results], "{:.1f}"))
+    slowest = _spread([r["slowest_call_ms"] for r in results], "{:.2f}")
+    print(f"  slowest publish  {slowest} ms")
+    print("  server us/frame  " + _spread([r["server_us_per_frame"] for r in results]))
+    print("  load average     " + _spread([r["load"] for r in results], "{:.1f}"))
+    worst_connected = min(r["connected"] for r in results)
+    total_lost = sum(r["lost"] for r in results)
+    p95 = statistics.median(r["p95"] for r in results)
+    met = worst_connected == subscribers and total_lost == 0 and p95 < GOAL_P95_MS
+    return (
+        f"ws_fanout {args.stream} N={subscribers}: connected {worst_connected}/{subscribers} "
+        f"(worst run), lost (not in {RECEIVE_GRACE_SECONDS:.0f} s after the last publish) "
+        f"{total_lost} of {subscribers * args.events * len(results)}, "
+        f"p95 median {p95:.0f} ms (range {min(r['p95'] for r in results):.0f}-"
+        f"{max(r['p95'] for r in results):.0f}) vs goal < {GOAL_P95_MS:.0f} ms "
+        f"({p95 / GOAL_P95_MS:.2f}x of the limit): {'met' if met else 'NOT met'}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--subscribers", type=int, nargs="+", default=[500, 2000])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--events", type=int, default=20)
+    parser.add_argument("--interval", type=float, default=0.25)
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--clients", type=int, default=2, help="subscriber processes")
+    parser.add_argument("--stream", choices=sorted(STREAMS), default="fleet")
+    args = parser.parse_args()
+    _raise_fd_limit()  # the server and the subscriber processes inherit it
+
+    base_url = os.environ.get("DATABASE_URL", "")
+    if not base_url.startswith(("postgres://", "postgresql://")):
+        raise SystemExit("DATABASE_URL must point at PostgreSQL")
+    dbname = f"bench_ws_fanout_{uuid.uuid4().hex[:8]}"
+    with _admin_connect(base_url) as admin:
+        admin.execute(f'CREATE DATABASE "{dbname}"')
+    os.environ["DATABASE_URL"] = _with_database(base_url, dbname)
+    server = None
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connections
+
+        call_command("migrate", interactive=False, verbosity=0)
+        cookie = "; ".join(f"{k}={v}" for k, v in _session_cookie().items())
+        connections.close_all()
+        server_db = _with_database(base_url, dbname, f"application_name={APPLICATION_NAME}")
+        server, url = _start_server(server_db, args.workers)
+        print(
+            f"uvicorn --workers {args.workers}, DEBUG off, PostgreSQL, Redis pub/sub layer; "
+            f"stream {STREAMS[args.stream][0]}; {args.clients} subscriber processes; "
+            f"{args.events} events per run, one every {args.interval} s; fd limit "
+            f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}",
+            flush=True,
+        )
+        summaries = []
+        for n in args.subscribers:
+            workers = _children(server.pid)  # uvicorn's supervisor does no per-frame work
+            summaries.append(report(n, bench(n, url, cookie, workers, args), args))
+        for line in summaries:
+            print(line)
+    finally:
+        if server is not None:
+            server.terminate()
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        from django.db import connections
+
+        connections.close_all()
+        for conn in connections.all():
+            if hasattr(conn, "close_pool"):
+                conn.close_pool()
+        with _admin_connect(base_url) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,8 @@ loop. Any failure holds the refresh: gate closed, reason recorded, lease release
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 
 from django.conf import settings
@@ -18,7 +20,7 @@ from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
-from controlplane.refresh.executor.calls import CallSettings
+from controlplane.refresh.executor.calls import CallRuntime, CallSettings
 from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.lease import Lease, LeaseLost
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
@@ -51,11 +53,29 @@ class Runner:
     def __init__(self, lease: Lease) -> None:
         self.lease = lease
         self.takeover_pending = lease.takeover
+        self._cfg: CallSettings | None = None
+        self._resources = contextlib.ExitStack()
 
     def load(self) -> PolicyRefresh:
         return PolicyRefresh.objects.select_related("source").get(pk=self.lease.refresh_id)
 
+    def call_settings(self, refresh: PolicyRefresh) -> CallSettings:
+        """The run's call settings, with one event loop and HTTP client for all its steps
+        (started with the first step that runs, closed when `run` returns). The source's
+        allowlist, frontend and timeouts are read once: a change applies from the next run."""
+        if self._cfg is None:
+            cfg = call_settings(refresh.source)
+            runtime = self._resources.enter_context(
+                CallRuntime(cfg.policy, timeout=cfg.timeout, concurrency=cfg.concurrency)
+            )
+            self._cfg = dataclasses.replace(cfg, policy=runtime.policy, runtime=runtime)
+        return self._cfg
+
     def run(self, *, stop_after: str | None = None) -> str:
+        with self._resources:
+            return self._run(stop_after)
+
+    def _run(self, stop_after: str | None) -> str:
         try:
             return self._loop(stop_after)
         except LeaseLost:
@@ -126,7 +146,7 @@ class Runner:
         ctx = StepContext(
             refresh=refresh,
             lease=self.lease,
-            cfg=call_settings(refresh.source),
+            cfg=self.call_settings(refresh),
             attempt=attempt,
             takeover=self.takeover_pending,
         )

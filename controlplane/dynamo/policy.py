@@ -20,7 +20,7 @@ import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from .errors import OutboundPolicyError, one_line
@@ -213,7 +213,7 @@ class OutboundPolicy:
         return verdict
 
     @staticmethod
-    def _remember(memo: dict, key, verdict: str | None) -> None:
+    def _remember(memo: dict[Any, str | None], key: object, verdict: str | None) -> None:
         if len(memo) >= MEMO_LIMIT:
             memo.clear()
         memo[key] = verdict

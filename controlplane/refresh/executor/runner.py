@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet, prefetch_related_objects
 from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
@@ -27,6 +29,7 @@ from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, St
 from controlplane.refresh.live import publish_state, publish_step
 from controlplane.refresh.models import (
     EXECUTING_STATES,
+    PlannedWorker,
     PolicyRefresh,
     RefreshState,
     StepRun,
@@ -55,6 +58,7 @@ class Runner:
         self.takeover_pending = lease.takeover
         self._cfg: CallSettings | None = None
         self._resources = contextlib.ExitStack()
+        self._planned: QuerySet[PlannedWorker] | None = None
 
     def load(self) -> PolicyRefresh:
         return PolicyRefresh.objects.select_related("source").get(pk=self.lease.refresh_id)
@@ -70,6 +74,22 @@ class Runner:
             )
             self._cfg = dataclasses.replace(cfg, policy=runtime.policy, runtime=runtime)
         return self._cfg
+
+    def with_planned_workers(self, refresh: PolicyRefresh) -> PolicyRefresh:
+        """`refresh` with its planned workers (`refresh.workers.all()`) read once per run.
+
+        The plan writes them before the refresh starts and nothing changes them while it
+        executes (a person's changes — leave out, resolve membership — happen while it is held,
+        and the next run reads them again), so every step of one run shares one read, given
+        as Django's prefetch cache: `workers.all()` serves it, a filtered query still asks the
+        database. Decoding each worker's planned calls per step was the largest cost of a
+        refresh of a large fleet after the journal."""
+        if self._planned is None:
+            prefetch_related_objects([refresh], "workers")
+            self._planned = cast(Any, refresh)._prefetched_objects_cache["workers"]
+        else:
+            cast(Any, refresh)._prefetched_objects_cache = {"workers": self._planned}
+        return refresh
 
     def run(self, *, stop_after: str | None = None) -> str:
         with self._resources:
@@ -144,7 +164,7 @@ class Runner:
             )
         publish_step(refresh.pk, step.value, "running")
         ctx = StepContext(
-            refresh=refresh,
+            refresh=self.with_planned_workers(refresh),
             lease=self.lease,
             cfg=self.call_settings(refresh),
             attempt=attempt,

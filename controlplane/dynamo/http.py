@@ -81,8 +81,8 @@ class Reply:
 def tls_context() -> ssl.SSLContext:
     """The one TLS context every client shares (certifi's CA bundle, as before).
 
-    Loading the CA bundle costs ~45 ms and a policy refresh builds a client per step; the
-    context is read-only once built.
+    Loading the CA bundle costs ~45 ms and every discovery refresh and policy refresh run
+    builds a client; the context is read-only once built.
     """
     return ssl.create_default_context(cafile=certifi.where())
 

@@ -1,53 +1,44 @@
 """Discovery benchmark: prints figures, asserts nothing.
 
-    .venv/bin/python bench/discovery.py [--workers 2000] [--latency-ms 20]
+    DATABASE_URL=postgres://... .venv/bin/python bench/discovery.py [--workers 2000]
+        [--latency-ms 20] [--repetitions 5]
 
-1. A simulated source of N vLLM workers whose admin routes answer after `latency` ms, served from
-   a child process (`--fleet-in-thread` serves it from a thread of this process, as before).
-   One full refresh (listener + version/liveness probes + upsert + diff + publish) is timed,
-   cold (every worker joins) and steady (nothing changed), next to a bare aiohttp client doing
-   only the same HTTP calls with the same concurrency, in the same run.
-2. Server time and SQL query count to render the source page at 100 and N workers.
+1. A simulated source of N vLLM workers whose admin routes answer after `latency` ms, served
+   from a child process (`--fleet-in-thread` serves it from a thread of this process). Each
+   repetition times one full discovery refresh (listener + version/liveness probes + upsert +
+   diff + audit + publish) and, in alternating order, a bare aiohttp client doing only the same
+   HTTP calls (and parsing the listing) with the same concurrency (see `_paired.py`). Two
+   kinds: cold (a new source, so every worker joins: inserts) and steady (nothing changed).
+2. Server time and SQL query count to render the source page at 100 and N workers
+   (`--no-page` leaves it out).
 
-Uses a throwaway SQLite database unless DATABASE_URL is set.
+DEBUG is off; a throwaway SQLite database is used unless DATABASE_URL is set.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
-import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="bench-var-"))
-if not os.environ.get("DATABASE_URL"):
-    os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='bench-db-')}/bench.sqlite3"
-
 
 from _fleet import serve_fleet  # bench/ is sys.path[0] when a bench runs as a script
+from _paired import alternate, bench_environment, report, setup_django
+
+bench_environment()
 
 
-def setup_django() -> None:
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
-
-
-async def bare_client(listener_url: str, concurrency: int) -> tuple[float, int]:
+async def bare_client(listener_url: str, concurrency: int) -> int:
     """The same calls as a refresh (listener, then version + liveness per worker), nothing else."""
     import aiohttp
 
     from controlplane.dynamo.families import VLLM_WORKER, Operation
 
     calls = [VLLM_WORKER.build(op)[0] for op in (Operation.GET_WEIGHT_VERSION, Operation.LIVENESS)]
-    t0 = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         async with session.get(listener_url.rstrip("/") + "/v1/rl/workers") as response:
@@ -63,7 +54,7 @@ async def bare_client(listener_url: str, concurrency: int) -> tuple[float, int]:
 
         jobs = [one(w["system_url"], c) for w in payload["workers"] for c in calls]
         await asyncio.gather(*jobs)
-    return time.perf_counter() - t0, len(jobs) + 1
+    return len(jobs) + 1
 
 
 def render_page(source, user) -> tuple[float, int, int]:
@@ -133,6 +124,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2000)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--no-page", action="store_true", help="skip the source page figures")
     parser.add_argument(
         "--fleet-in-thread",
         action="store_true",
@@ -162,46 +155,62 @@ def main() -> None:
     print(
         f"discovery bench: {n} workers, admin routes answer in {args.latency_ms:g} ms, "
         f"probe concurrency {concurrency}, database {settings.DATABASES['default']['ENGINE']}, "
-        f"fleet in {'a thread' if args.fleet_in_thread else 'a child process'}"
+        f"DEBUG {settings.DEBUG}, fleet in "
+        f"{'a thread' if args.fleet_in_thread else 'a child process'}, "
+        f"{args.repetitions} alternating pairs per kind"
     )
-    with serve_fleet(config, args.latency_ms / 1000.0, ["*"], args.fleet_in_thread) as urls:
+    run_id = uuid.uuid4().hex[:8]  # a reused database keeps earlier runs' rows
+    latency = args.latency_ms / 1000.0
+    results = {}
+    t0 = time.perf_counter()
+    with serve_fleet(config, latency, ["*"], args.fleet_in_thread) as urls:
         listener_url = urls["listener_url"]
-        source = services.create_source(
-            actor=Actor.system("bench"),
-            name="bench",
-            listener_url=listener_url,
-            allowed_networks=["127.0.0.0/8"],
-            expected_prefix="rl",
-        )
-        bare_s, bare_requests = asyncio.run(bare_client(listener_url, concurrency))
-        figures = []
-        for label in ("cold (all join)", "steady (no change)"):
-            t0 = time.perf_counter()
+
+        def new_source(name: str):
+            return services.create_source(
+                actor=Actor.system("bench"),
+                name=f"{name}-{run_id}",
+                listener_url=listener_url,
+                allowed_networks=["127.0.0.0/8"],
+                expected_prefix="rl",
+            )
+
+        steady_source = new_source("steady")
+        refresh_source(steady_source.pk, trigger=DiscoveryTrigger.MANUAL)
+        requests: list[int] = []
+
+        def ours(source) -> None:
             run = refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
-            wall = time.perf_counter() - t0
             assert run is not None and run.ok, run and run.error
-            figures.append((label, wall, run))
-        bare_s2, _ = asyncio.run(bare_client(listener_url, concurrency))
-        bare = min(bare_s, bare_s2)
+            assert run.workers_total == n, run.workers_total
 
-    print(
-        f"\nbare aiohttp client: {bare * 1000:8.0f} ms  {bare_requests / bare:8.0f} req/s "
-        f"({bare_requests} requests)"
-    )
-    for label, wall, run in figures:
-        print(
-            f"refresh {label:19}: {wall * 1000:8.0f} ms  {bare_requests / wall:8.0f} req/s  "
-            f"ratio {wall / bare:4.2f}  (workers {run.workers_total}, +{run.joined} "
-            f"-{run.left} ~{run.changed})"
+        def bare(_source) -> None:
+            requests.append(asyncio.run(bare_client(listener_url, concurrency)))
+
+        for kind, prepare in (
+            ("cold (every worker joins)", lambda i: new_source(f"cold{i}")),
+            ("steady (nothing changed)", lambda i: steady_source),
+        ):
+            print(f"\n{kind}:")
+            results[kind] = alternate(args.repetitions, prepare, ours, bare)
+    print(f"\n{max(requests)} HTTP calls per refresh; bench took {time.perf_counter() - t0:.0f} s")
+    for kind, pairs in results.items():
+        print(f"\n--- {kind}")
+        report(
+            f"discovery refresh {kind}, {n} workers, {args.latency_ms:g} ms routes",
+            pairs,
+            ideal=max(requests) * latency / concurrency,
+            targets=(1.3, 1.2),
         )
 
-    viewer = create_user_with_role("bench-viewer", Role.VIEWER, "x", validate=False)
+    if args.no_page:
+        return
+    viewer = create_user_with_role(f"bench-viewer-{run_id}", Role.VIEWER, "x", validate=False)
     print("\nsource page render (best of 3, Django test client, in-process):")
     for size in (100, n):
-        src = synthetic_source(f"page-{size}", size)
+        src = synthetic_source(f"page-{size}-{run_id}", size)
         seconds, queries, rows = render_page(src, viewer)
         print(f"  {size:5} workers: {seconds * 1000:7.1f} ms  {queries:3} SQL queries  {rows} rows")
-    print(f"\ntargets: refresh ratio <= 2; page queries constant; page < 300 ms at {n} workers")
 
 
 if __name__ == "__main__":

@@ -1,44 +1,34 @@
 """Policy refresh benchmark: prints figures, asserts nothing.
 
-    .venv/bin/python bench/policy_refresh.py [--workers 500] [--latency-ms 20]
+    DATABASE_URL=postgres://... .venv/bin/python bench/policy_refresh.py [--workers 500]
+        [--latency-ms 20] [--repetitions 5]
 
 A simulated source of N vLLM workers whose admin routes (and pinned generations) answer after
 `latency` ms, served from a child process (`--fleet-in-thread`: from a thread of this process).
-One full policy refresh is executed (close gate → resolve → pause → update →
+Each repetition executes one full policy refresh (close gate → resolve → pause → update →
 flush (skipped: the disk update invalidates the cache) → resume → verify (version readback,
-liveness, pinned generation) → re-resolve → reopen), with journal writes, audit rows and
-websocket publishing included. In the same run a bare aiohttp client makes the same HTTP calls
-with the same concurrency bound and no bookkeeping. Their ratio is the figure of merit.
-
-Uses a throwaway SQLite database unless DATABASE_URL is set.
+liveness, pinned generation) → re-resolve → reopen) with journal, audit rows and websocket
+publishing, and, in alternating order, a bare aiohttp client making the same HTTP calls with the
+same concurrency bound and no bookkeeping (see `_paired.py`). Planning (a fresh discovery) is
+done before each pair and not timed. DEBUG is off; a throwaway SQLite database is used unless
+DATABASE_URL is set.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
-import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="bench-var-"))
-if not os.environ.get("DATABASE_URL"):
-    os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='bench-db-')}/bench.sqlite3"
-
 
 from _fleet import serve_fleet  # bench/ is sys.path[0] when a bench runs as a script
+from _paired import alternate, bench_environment, report, setup_django
 
-
-def setup_django() -> None:
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+bench_environment()
 
 
 def planned_calls(refresh) -> tuple[str, list[list[list[tuple]]]]:
@@ -62,15 +52,14 @@ def planned_calls(refresh) -> tuple[str, list[list[list[tuple]]]]:
     return refresh.source.listener_url.rstrip("/") + "/v1/rl/workers", steps
 
 
-async def bare_client(listener: str, steps, concurrency: int) -> tuple[float, int]:
+async def bare_client(listener: str, steps, concurrency: int) -> int:
     """The same calls with the same shape (steps in order; per step every worker's calls in
     sequence, `concurrency` workers at a time) and no bookkeeping at all."""
     import aiohttp
 
     semaphore = asyncio.Semaphore(concurrency)
     count = 0
-    t0 = time.perf_counter()
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency + 2)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def get_listener():
@@ -89,13 +78,14 @@ async def bare_client(listener: str, steps, concurrency: int) -> tuple[float, in
         for per_worker in steps:
             await asyncio.gather(*(worker_calls(calls) for calls in per_worker))
         await get_listener()
-    return time.perf_counter() - t0, count + 2
+    return count + 2
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=500)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument(
         "--fleet-in-thread",
         action="store_true",
@@ -128,50 +118,61 @@ def main() -> None:
     print(
         f"policy refresh bench: {n} workers, routes answer in {args.latency_ms:g} ms, "
         f"concurrency {concurrency}, database {settings.DATABASES['default']['ENGINE']}, "
-        f"fleet in {'a thread' if args.fleet_in_thread else 'a child process'}"
+        f"DEBUG {settings.DEBUG}, fleet in "
+        f"{'a thread' if args.fleet_in_thread else 'a child process'}, "
+        f"{args.repetitions} alternating pairs"
     )
-    user = create_user_with_role("bench-operator", Role.OPERATOR, "x", validate=False)
+    run_id = uuid.uuid4().hex[:8]  # a reused database keeps earlier runs' rows
+    user = create_user_with_role(f"bench-operator-{run_id}", Role.OPERATOR, "x", validate=False)
     actor = Actor.for_user(user)
     latency = args.latency_ms / 1000.0
     with serve_fleet(config, latency, ["*", "generate"], args.fleet_in_thread) as urls:
         source = services.create_source(
             actor=actor,
-            name="bench",
+            name=f"bench-{run_id}",
             listener_url=urls["listener_url"],
             frontend_url=urls["frontend_url"],
             allowed_networks=["127.0.0.0/8"],
             expected_prefix="rl",
         )
         refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
+        calls_per_run: list[int] = []
 
-        figures = []
-        bares = []
-        for version in ("v1", "v2"):
+        def prepare(i: int):
             refresh = actions.plan_policy_refresh(
                 source=source,
                 actor=actor,
-                target={"weight_version": version, "method": "disk", "model_path": "/ckpt"},
+                target={"weight_version": f"v{i + 1}", "method": "disk", "model_path": "/ckpt"},
             )
             assert not refresh.plan_blockers, refresh.plan_blockers
             actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
-            t0 = time.perf_counter()
-            state = execute_refresh(refresh.pk)
-            wall = time.perf_counter() - t0
-            refresh.refresh_from_db()
-            assert state == RefreshState.SUCCEEDED, refresh.held_reason
-            calls = JournalEntry.objects.filter(refresh=refresh).count()
-            figures.append((version, wall, calls))
-            listener, steps = planned_calls(refresh)
-            bares.append(asyncio.run(bare_client(listener, steps, concurrency)))
+            return refresh, planned_calls(refresh)
 
-    bare, bare_calls = min(bares)
-    print(f"\nbare aiohttp client: {bare * 1000:8.0f} ms  ({bare_calls} requests)")
-    for version, wall, calls in figures:
-        print(
-            f"refresh to {version}:     {wall * 1000:8.0f} ms  ({calls} journaled calls incl. "
-            f"2 listener reads)  ratio {wall / bare:4.2f}"
-        )
-    print("\ntarget: ratio <= 2")
+        def ours(context) -> None:
+            refresh, _ = context
+            state = execute_refresh(refresh.pk)
+            assert state == RefreshState.SUCCEEDED, state
+
+        def bare(context) -> None:
+            _refresh, (listener, steps) = context
+            calls_per_run.append(asyncio.run(bare_client(listener, steps, concurrency)))
+
+        t0 = time.perf_counter()
+        pairs = alternate(args.repetitions, prepare, ours, bare)
+        journaled = JournalEntry.objects.filter(refresh__source=source).count()
+
+    calls = max(calls_per_run)
+    print(
+        f"\n{calls} HTTP calls per refresh ({journaled // args.repetitions} journaled per "
+        f"refresh, 2 listener reads not journaled as calls); bench took "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
+    report(
+        f"policy refresh, {n} workers, {args.latency_ms:g} ms routes",
+        pairs,
+        ideal=calls * latency / concurrency,
+        targets=(1.3, 1.3),
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,12 @@
 `call_admin` never raises for network or policy problems: the refresh executor journals every
 attempt, so every outcome — policy refusal, timeout, dropped connection, error body — comes back
 as an `AdminCallResult` with `ok=False` and a one-line `error`.
+
+A fan-out sends the same call to thousands of workers, so what does not depend on the worker is
+done once: a `PreparedCall` carries the call with its body already encoded (for the wire) and
+serialised (for the journal), the outbound policy is judged once per worker origin
+(`OutboundPolicy.admin_violation`), and `ReplyCache` decodes each distinct small reply body
+once (a fleet answers `{"status": "ok"}` two thousand times).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 
 from .errors import CallTimeout, ConnectFailed, ConnectionDropped, TransportError, one_line
 from .families.base import AdminCall, AdminFamily
-from .http import MAX_RESPONSE_BYTES, NO_BODY, DynamoClient
+from .http import MAX_RESPONSE_BYTES, NO_BODY, DynamoClient, EncodedJson, encode_json
 from .jsonsafe import loads_bounded
 from .policy import OutboundPolicy
 
@@ -31,6 +37,55 @@ class AdminCallResult:
     started_at: datetime
     finished_at: datetime
     data: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedCall:
+    """An `AdminCall` with its body encoded once: `wire` is what is sent (NO_BODY for GET and
+    HEAD, `{}` for a bodiless POST, as `call_admin` always sent), `body_json` the request body
+    as the journal stores it (None when the call has none)."""
+
+    call: AdminCall
+    wire: EncodedJson | object
+    body_json: str | None
+
+    @classmethod
+    def of(cls, call: AdminCall) -> PreparedCall:
+        if call.method.upper() in ("GET", "HEAD"):
+            wire: EncodedJson | object = NO_BODY
+        else:
+            wire = encode_json(call.body if call.body is not None else {})
+        body_json = None if call.body is None else encode_json(call.body).decode()
+        return cls(call, wire, body_json)
+
+
+#: Reply bodies at most this long are decoded once per distinct content (see `ReplyCache`).
+CACHED_REPLY_BYTES = 2048
+#: Distinct reply bodies one cache keeps before starting over.
+REPLY_CACHE_LIMIT = 1024
+
+
+class ReplyCache:
+    """Decoded reply bodies by their bytes, for one run. Decoding is a pure function of the
+    bytes; the decoded values are shared between results and must not be mutated (nothing
+    does: families read them, the journal serialises them)."""
+
+    __slots__ = ("_decoded",)
+
+    def __init__(self) -> None:
+        self._decoded: dict[bytes, Any] = {}
+
+    def decode(self, raw: bytes) -> Any:
+        if len(raw) > CACHED_REPLY_BYTES:
+            return decode_body(raw)
+        try:
+            return self._decoded[raw]
+        except KeyError:
+            pass
+        if len(self._decoded) >= REPLY_CACHE_LIMIT:
+            self._decoded.clear()
+        body = self._decoded[raw] = decode_body(raw)
+        return body
 
 
 def admin_url(system_url: str, call: AdminCall) -> str:
@@ -58,10 +113,14 @@ async def call_admin(
     policy: OutboundPolicy,
     system_url: str,
     family: AdminFamily,
-    call: AdminCall,
+    call: AdminCall | PreparedCall,
     *,
     timeout: float,
+    replies: ReplyCache | None = None,
 ) -> AdminCallResult:
+    """Check `system_url` against `policy`, send `call`, judge the reply by `family`."""
+    prepared = call if isinstance(call, PreparedCall) else PreparedCall.of(call)
+    call = prepared.call
     url = admin_url(system_url, call)
     started_at = datetime.now(UTC)
     t0 = time.perf_counter()
@@ -86,18 +145,13 @@ async def call_admin(
             data=data,
         )
 
-    problem = await policy.aviolation(url)
+    problem = await policy.admin_violation(system_url)
     if problem is not None:
         return result(False, None, None, f"outbound policy: {problem}")
 
-    json_body: object
-    if call.method.upper() in ("GET", "HEAD"):
-        json_body = NO_BODY
-    else:
-        json_body = call.body if call.body is not None else {}
     try:
         reply = await client.send(
-            call.method, url, json_body=json_body, timeout=timeout, limit=MAX_RESPONSE_BYTES
+            call.method, url, json_body=prepared.wire, timeout=timeout, limit=MAX_RESPONSE_BYTES
         )
     except CallTimeout:
         return result(False, None, None, f"timed out after {timeout:g}s")
@@ -114,7 +168,7 @@ async def call_admin(
     status, raw = reply.status, reply.raw
     if raw is None:
         return result(False, status, None, f"response body over {MAX_RESPONSE_BYTES} bytes")
-    body = decode_body(raw)
+    body = replies.decode(raw) if replies is not None else decode_body(raw)
     if 300 <= status < 400:
         location = reply.headers.get("location", "")
         return result(False, status, body, f"HTTP {status} redirect to {location!r} not followed")

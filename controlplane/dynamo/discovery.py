@@ -157,17 +157,22 @@ def _constant(name: str) -> Any:
 
 
 def _depth_over(value: object, limit: int) -> bool:
-    """True when `value` nests deeper than `limit` (iterative: no recursion to exhaust)."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = item.values()
-        elif not isinstance(item, list):
-            continue
+    """True when `value` nests deeper than `limit` (iterative: no recursion to exhaust).
+
+    Level by level, one comprehension per level: a 2,000-worker listing has ~6,000 containers,
+    and a per-item stack of (item, depth) pairs cost more than parsing the payload."""
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
         if depth >= limit:
             return True
-        stack.extend((child, depth + 1) for child in item if isinstance(child, dict | list))
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+        depth += 1
     return False
 
 

@@ -20,6 +20,7 @@ import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from .errors import OutboundPolicyError, one_line
@@ -59,6 +60,7 @@ def _literal_host(host: str) -> IPAddress | None:
 
 #: Verdicts one policy remembers before starting over (a fleet has far fewer hosts).
 MEMO_LIMIT = 4096
+_MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +70,19 @@ class OutboundPolicy:
     Verdicts that need no DNS (an IP-literal host, or a URL refused before any lookup) depend
     only on the URL's scheme and authority, so each policy remembers them by that pair: a
     refresh checks thousands of URLs on the same few hundred hosts. Verdicts for host names
-    are never remembered; each check resolves again, as the DNS answer may change.
+    are remembered only by a policy made for one run (`for_run`); otherwise each check
+    resolves again, as the DNS answer may change.
     """
 
     allowed_networks: tuple[IPNetwork, ...]
     resolver: Resolver = field(default=system_resolver, compare=False, repr=False)
+    #: Remember verdicts on host names too (a policy made by `for_run`).
+    remember_names: bool = field(default=False, compare=False, repr=False)
     _memo: dict[tuple[str, str], str | None] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    #: Verdicts by exact `system_url` string (see `admin_violation`).
+    _bases: dict[str, str | None] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
 
@@ -111,6 +120,17 @@ class OutboundPolicy:
         if not items:
             raise ValueError("at least one CIDR is required: an empty list allows nothing")
         return [str(net) for net in cls.from_cidrs(items).allowed_networks]
+
+    def for_run(self) -> OutboundPolicy:
+        """This policy for one refresh run: every verdict, host names included, is judged
+        once per URL origin and remembered until the run ends.
+
+        The allowlist is data that does not change during a run (a new one applies from the
+        next run), so the only thing a re-check could catch is a DNS answer changing mid-run —
+        the rebinding the module docstring already names as a known limit: a second lookup
+        here would not close it, since aiohttp resolves again when it connects.
+        """
+        return OutboundPolicy(self.allowed_networks, self.resolver, remember_names=True)
 
     def _allowed(self, addr: IPAddress) -> bool:
         return any(addr.version == net.version and addr in net for net in self.allowed_networks)
@@ -173,9 +193,7 @@ class OutboundPolicy:
                 return False, None, host
             verdict = self._judge_literal(host, literal)
         if key is not None:
-            if len(self._memo) >= MEMO_LIMIT:
-                self._memo.clear()
-            self._memo[key] = verdict
+            self._remember(self._memo, key, verdict)
         return True, verdict, None
 
     def violation(self, url: str) -> str | None:
@@ -186,8 +204,19 @@ class OutboundPolicy:
         try:
             addresses = self.resolver(host)
         except (OSError, UnicodeError) as exc:
-            return f"host {host!r} does not resolve: {one_line(exc, 200)}"
-        return self._judge(host, addresses)
+            verdict = f"host {host!r} does not resolve: {one_line(exc, 200)}"
+        else:
+            verdict = self._judge(host, addresses)
+        key = self._memo_key(url)
+        if self.remember_names and key is not None:
+            self._remember(self._memo, key, verdict)
+        return verdict
+
+    @staticmethod
+    def _remember(memo: dict[Any, str | None], key: object, verdict: str | None) -> None:
+        if len(memo) >= MEMO_LIMIT:
+            memo.clear()
+        memo[key] = verdict
 
     async def aviolation(self, url: str) -> str | None:
         """`violation` for async callers: IP literals inline, DNS names off the event loop."""
@@ -195,6 +224,28 @@ class OutboundPolicy:
         if decided:
             return verdict
         return await asyncio.to_thread(self.violation, url)
+
+    async def admin_violation(self, system_url: str) -> str | None:
+        """The verdict for every admin URL of a worker: `system_url` with `/<route>` appended.
+
+        Judged on the prefix `system_url.rstrip("/") + "/"`, which every admin URL starts with
+        (`dynamo.admin.admin_url`). A URL's scheme, user information, host and port all lie
+        before the first `/`, `?` or `#` after `//`, and the prefix already contains that
+        delimiter, so nothing appended can change them: one verdict stands for all of the
+        worker's calls. Remembered by the exact `system_url` string (no parsing per call)
+        under the same rule as every verdict: always without DNS, host names only in a run.
+        """
+        known = self._bases.get(system_url, _MISSING)
+        if known is not _MISSING:
+            return cast("str | None", known)
+        prefix = system_url.rstrip("/") + "/"
+        decided, verdict, _host = self._without_dns(prefix)
+        if not decided:
+            verdict = await asyncio.to_thread(self.violation, prefix)
+            if not self.remember_names:
+                return verdict
+        self._remember(self._bases, system_url, verdict)
+        return verdict
 
     def check(self, url: str) -> None:
         """Raise OutboundPolicyError when `url` may not be called."""

@@ -47,13 +47,14 @@ def _in_trace() -> bool:
     return _active and trace.get_current_span().get_span_context().is_valid
 
 
-def with_trace_context(headers: Mapping[str, str]) -> Mapping[str, str]:
-    """`headers` plus `traceparent` (and `tracestate`) of the current span, if there is one."""
+def with_trace_context(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """`headers` plus `traceparent` (and `tracestate`) of the current span, if there is one.
+    `None` stays `None` outside a trace: the session's default headers then apply as they are."""
     if not _in_trace():
         return headers
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
-    return {**headers, **carrier} if carrier else headers
+    return {**(headers or {}), **carrier} if carrier else headers
 
 
 def traced_call[C, **P, R: _HasStatus](

@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.dynamo.admin import call_admin
+from controlplane.dynamo.admin import PreparedCall, ReplyCache, call_admin
 from controlplane.dynamo.discovery import (
     DiscoveredWorker,
     DiscoveryResult,
@@ -124,7 +124,11 @@ class Prober:
     """Version and liveness probes for many workers, bounded and timed out per call.
 
     One client (one aiohttp connection pool) and one semaphore: at most `concurrency` calls
-    are in flight, whatever the number of workers.
+    are in flight, whatever the number of workers. What does not depend on the worker is done
+    once per refresh: each family's probe calls are built and encoded once, the outbound
+    policy judges each worker's `system_url` once (the probe's own check and both calls share
+    the verdict, see `OutboundPolicy.admin_violation`; `policy` should be made `for_run`), and
+    identical replies (`{"status": "ok"}` two thousand times) are decoded once.
     """
 
     def __init__(
@@ -135,13 +139,28 @@ class Prober:
         self.policy = policy
         self.timeout = timeout
         self.requests = 0
+        self.replies = ReplyCache()
+        self._calls: dict[tuple[str, Operation], PreparedCall] = {}
+
+    def _prepared(self, family: AdminFamily, op: Operation) -> PreparedCall:
+        prepared = self._calls.get((family.name, op))
+        if prepared is None:
+            (call,) = family.build(op)
+            prepared = self._calls[family.name, op] = PreparedCall.of(call)
+        return prepared
 
     async def _call(self, obs: Observation, family: AdminFamily, op: Operation):
-        (call,) = family.build(op)
+        call = self._prepared(family, op)
         async with self.permits:
             self.requests += 1
             return await call_admin(
-                self.client, self.policy, obs.system_url, family, call, timeout=self.timeout
+                self.client,
+                self.policy,
+                obs.system_url,
+                family,
+                call,
+                timeout=self.timeout,
+                replies=self.replies,
             )
 
     async def probe(self, obs: Observation) -> None:
@@ -149,7 +168,7 @@ class Prober:
             return
         # The system_url comes from whatever the worker advertised: a URL outside the source's
         # networks makes the worker erroring and is never called.
-        problem = await self.policy.aviolation(obs.system_url)
+        problem = await self.policy.admin_violation(obs.system_url)
         if problem is not None:
             obs.error = f"system_url outside allowed networks: {problem}"
             return
@@ -211,6 +230,7 @@ async def observe(
     concurrency: int,
 ) -> ObservedFleet:
     """Fetch discovery and probe every worker. Raises DiscoveryError for listener problems."""
+    policy = policy.for_run()
     async with make_client(
         timeout=max(listener_timeout, probe_timeout), max_connections=concurrency
     ) as client:

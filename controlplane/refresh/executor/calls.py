@@ -1,25 +1,35 @@
 """Running one step's calls on many workers: concurrent with a bound, sequential per worker.
 
-Runs on its own event loop in a helper thread (see `journal.run_step_calls`), so the Django
-thread stays free to batch journal writes while calls are in flight. Each finished worker is
-handed over as one `WorkerOutcome`. Before every call the runner looks at `stop`: an abort
-stops at the next call boundary and the remaining workers come back `unreached`.
+Calls run on an event loop in a helper thread, so the Django thread stays free to batch journal
+writes while calls are in flight (see `journal.run_step_calls`). Each finished worker is handed
+over as one `WorkerOutcome`. Before every call the runner looks at `stop`: an abort stops at the
+next call boundary and the remaining workers come back `unreached`.
+
+A refresh run keeps one `CallRuntime` from its first step to its last: one event loop thread,
+one HTTP client whose pool is sized to the concurrency bound (connections stay open from step
+to step), one policy made for the run (each worker origin judged once, see
+`OutboundPolicy.for_run`), the admin calls of each operation built and encoded once (the plan
+gives every worker the same call; only the URL differs) and each distinct reply decoded once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from controlplane.dynamo.admin import admin_url, call_admin
+from controlplane.bulk import JsonText
+from controlplane.dynamo.admin import PreparedCall, ReplyCache, call_admin
 from controlplane.dynamo.families import FAMILIES, AdminCall, Operation
 from controlplane.dynamo.generation import run_generation_check
-from controlplane.dynamo.http import make_client
+from controlplane.dynamo.http import DynamoClient, make_client
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.refresh.planning import GENERATION, generation_check_from_call
 
@@ -69,19 +79,117 @@ class CallSettings:
     frontend_url: str
     timeout: float
     concurrency: int
+    #: The refresh run's loop and client; None: each step gets a loop and client of its own.
+    runtime: CallRuntime | None = field(default=None, compare=False)
 
 
-def _admin_call(spec: dict[str, Any]) -> AdminCall:
-    return AdminCall(Operation(spec["operation"]), spec["method"], spec["path"], spec["body"])
+#: Distinct calls one run keeps prepared (a plan has a handful per step; per-worker bodies,
+#: should a method need them, simply stop being shared beyond this).
+TEMPLATE_LIMIT = 4096
 
 
-async def _run_one(client, cfg: CallSettings, job: WorkerJob, spec: dict[str, Any]) -> CallRecord:
+class CallTemplates:
+    """Each distinct planned call built once per run: the `AdminCall`, its encoded body for the
+    wire and its serialised body for the journal. Keyed by the call's JSON text, so two calls
+    share a template only when they would send the very same bytes (Python equality would
+    merge `1` and `true`)."""
+
+    __slots__ = ("_prepared",)
+
+    def __init__(self) -> None:
+        self._prepared: dict[str, tuple[PreparedCall, JsonText | None]] = {}
+
+    def get(self, spec: dict[str, Any]) -> tuple[PreparedCall, JsonText | None]:
+        key = json.dumps(
+            (spec["operation"], spec["method"], spec["path"], spec["body"]),
+            separators=(",", ":"),
+        )
+        known = self._prepared.get(key)
+        if known is not None:
+            return known
+        prepared = PreparedCall.of(
+            AdminCall(Operation(spec["operation"]), spec["method"], spec["path"], spec["body"])
+        )
+        body = None if prepared.body_json is None else JsonText(prepared.body_json)
+        if len(self._prepared) >= TEMPLATE_LIMIT:
+            self._prepared.clear()
+        self._prepared[key] = (prepared, body)
+        return prepared, body
+
+
+@dataclass(slots=True)
+class _RunState:
+    """What the calls of one run share; lives on the run's event loop."""
+
+    client: DynamoClient
+    policy: OutboundPolicy
+    templates: CallTemplates = field(default_factory=CallTemplates)
+    replies: ReplyCache = field(default_factory=ReplyCache)
+
+
+class CallRuntime:
+    """One event loop thread and one HTTP client for a whole refresh run.
+
+    `with CallRuntime(...) as runtime:` starts the loop and opens the client (pool sized to the
+    concurrency bound, plus two for the generation checks to the frontend); `submit` runs a
+    coroutine there; leaving closes the client and stops the thread. Steps hand over through
+    `CallSettings.runtime`.
+    """
+
+    def __init__(self, policy: OutboundPolicy, *, timeout: float, concurrency: int) -> None:
+        self.policy = policy.for_run()
+        self.timeout = timeout
+        self.concurrency = concurrency
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="refresh-calls")
+        self._thread.daemon = True
+        self.state: _RunState | None = None
+
+    def __enter__(self) -> CallRuntime:
+        self._thread.start()
+        try:
+            self.state = self.submit(self._open()).result()
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self.state is not None:
+                self.submit(self.state.client.aclose()).result()
+        finally:
+            self._stop()
+
+    async def _open(self) -> _RunState:
+        client = make_client(timeout=self.timeout, max_connections=self.concurrency + 2)
+        await client.__aenter__()
+        return _RunState(client, self.policy)
+
+    def _stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        # The calls run in the submitting thread's context (the step's trace span, the
+        # correlation id), not in the runtime thread's own.
+        return asyncio.run_coroutine_threadsafe(
+            _in_context(coro, contextvars.copy_context()), self.loop
+        )
+
+
+async def _in_context(coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> Any:
+    return await asyncio.get_running_loop().create_task(coro, context=context)
+
+
+async def _run_one(run: _RunState, cfg: CallSettings, job: WorkerJob, spec: dict[str, Any]):
     if spec["operation"] == GENERATION:
         check = generation_check_from_call(spec)
         started = datetime.now(UTC)
         t0 = time.perf_counter()
         verdict = await run_generation_check(
-            client, cfg.policy, cfg.frontend_url, check, timeout=cfg.timeout
+            run.client, run.policy, cfg.frontend_url, check, timeout=cfg.timeout
         )
         return CallRecord(
             operation=GENERATION,
@@ -96,9 +204,18 @@ async def _run_one(client, cfg: CallSettings, job: WorkerJob, spec: dict[str, An
             started_at=started,
             finished_at=datetime.now(UTC),
         )
-    call = _admin_call(spec)
+    prepared, request_body = run.templates.get(spec)
+    call = prepared.call
     family = FAMILIES[job.family]
-    result = await call_admin(client, cfg.policy, job.system_url, family, call, timeout=cfg.timeout)
+    result = await call_admin(
+        run.client,
+        run.policy,
+        job.system_url,
+        family,
+        prepared,
+        timeout=cfg.timeout,
+        replies=run.replies,
+    )
     ok, error = result.ok, result.error or ""
     if ok and call.operation == Operation.GET_WEIGHT_VERSION and job.expect_version is not _UNSET:
         data = result.data or {}
@@ -110,8 +227,8 @@ async def _run_one(client, cfg: CallSettings, job: WorkerJob, spec: dict[str, An
     return CallRecord(
         operation=call.operation.value,
         method=call.method,
-        url=admin_url(job.system_url, call),
-        request_body=call.body,
+        url=result.url,
+        request_body=request_body,
         http_status=result.http_status,
         response_body=result.body,
         ok=ok,
@@ -129,27 +246,42 @@ async def run_jobs(
     emit: Callable[[WorkerOutcome], None],
     stop: threading.Event,
 ) -> None:
-    semaphore = asyncio.Semaphore(cfg.concurrency)
+    if cfg.runtime is not None and cfg.runtime.state is not None:
+        await _run_jobs(cfg.runtime.state, jobs, cfg, emit=emit, stop=stop)
+        return
+    # No run runtime (a step run on its own): a client for this step only.
     # The generation checks go to the frontend, so allow a connection or two beyond the bound.
     async with make_client(timeout=cfg.timeout, max_connections=cfg.concurrency + 2) as client:
+        await _run_jobs(_RunState(client, cfg.policy.for_run()), jobs, cfg, emit=emit, stop=stop)
 
-        async def run(job: WorkerJob) -> None:
-            async with semaphore:
-                t0 = time.perf_counter()
-                outcome = WorkerOutcome(job.planned_worker_id, job.key, "ok")
-                for spec in job.calls:
-                    if stop.is_set():
-                        outcome.status = "unreached"
-                        outcome.error = "stopped before this call (abort requested)"
-                        break
-                    record = await _run_one(client, cfg, job, spec)
-                    outcome.records.append(record)
-                    if not record.ok:
-                        outcome.status = "failed"
-                        outcome.error = f"{spec['operation']}: {record.error}"
-                        break
-                outcome.duration_ms = (time.perf_counter() - t0) * 1000.0
-                outcome.finished_at = datetime.now(UTC)
-                emit(outcome)
 
-        await asyncio.gather(*(run(job) for job in jobs))
+async def _run_jobs(
+    state: _RunState,
+    jobs: list[WorkerJob],
+    cfg: CallSettings,
+    *,
+    emit: Callable[[WorkerOutcome], None],
+    stop: threading.Event,
+) -> None:
+    semaphore = asyncio.Semaphore(cfg.concurrency)
+
+    async def run(job: WorkerJob) -> None:
+        async with semaphore:
+            t0 = time.perf_counter()
+            outcome = WorkerOutcome(job.planned_worker_id, job.key, "ok")
+            for spec in job.calls:
+                if stop.is_set():
+                    outcome.status = "unreached"
+                    outcome.error = "stopped before this call (abort requested)"
+                    break
+                record = await _run_one(state, cfg, job, spec)
+                outcome.records.append(record)
+                if not record.ok:
+                    outcome.status = "failed"
+                    outcome.error = f"{spec['operation']}: {record.error}"
+                    break
+            outcome.duration_ms = (time.perf_counter() - t0) * 1000.0
+            outcome.finished_at = datetime.now(UTC)
+            emit(outcome)
+
+    await asyncio.gather(*(run(job) for job in jobs))

@@ -1,21 +1,33 @@
 """Journaling a step's calls as they finish: batched, fenced, and published as progress.
 
-Calls run on a helper thread's event loop; finished workers arrive on a queue. This thread
-collects them and every FLUSH_INTERVAL (or BATCH outcomes) writes one transaction: the lease
-guard (fencing token), then the journal rows and the worker results as plain tuples through
-`controlplane.bulk.insert_values`; after it, one aggregated progress event (`refresh.live`).
-Between flushes it renews the lease, so a long call (up to the call timeout) never lets the
-lease lapse while the executor is alive. Each flush also reads the abort flag, so an abort
-reaches the runner within one flush interval.
+Calls run on the refresh run's event loop (`calls.CallRuntime`); finished workers arrive on a
+queue. This thread collects them and writes them in one transaction per flush: the lease guard
+(fencing token), then the journal rows and the worker results as plain tuples through
+`controlplane.bulk.insert_values` (one COPY each on PostgreSQL); after it, one aggregated
+progress event (`refresh.live`).
+
+How often: a flush is due when a step's share of outcomes has arrived (the step's workers
+divided into `FLUSHES_PER_STEP` batches), when `HEARTBEAT_SECONDS` passed since the last one,
+and when the calls are over. So a step issues the same statements for 100 workers as for
+2,000, and only a step longer than a heartbeat adds any (one transaction per heartbeat: it
+renews the lease, so a long call never lets it lapse while the executor is alive, and reads
+the abort flag, so an abort reaches the runner within a heartbeat).
+
+Nothing here weakens what the journal promises: every outcome is written, fenced, before
+`run_step_calls` returns (the step is only judged after that), a stale executor's flush
+matches no lease and rolls back whole, and a crash between flushes loses only rows of calls
+whose workers have no `ok` result yet, which a takeover treats as unknown (`steps.Update`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -26,8 +38,10 @@ from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.live import publish_progress, publish_step_running
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, WorkerStepResult
 
-FLUSH_INTERVAL = 0.25
-BATCH = 200
+#: Count-based flushes per step, whatever the number of workers.
+FLUSHES_PER_STEP = 4
+#: Longest a step goes without a flush (lease renewal, abort check, rows so far).
+HEARTBEAT_SECONDS = 1.0
 _DONE = object()
 
 
@@ -162,6 +176,48 @@ class StepJournal:
             )
 
 
+def _start_calls(
+    jobs: list[WorkerJob], cfg: CallSettings, emit: Callable, stop: threading.Event, name: str
+) -> Callable[[], BaseException | None]:
+    """Start the calls; `_DONE` is emitted when they are over. Returns a function that waits
+    for them to be over and gives their failure, if any."""
+    coro = run_jobs(jobs, cfg, emit=emit, stop=stop)
+    if cfg.runtime is not None:
+        future = cfg.runtime.submit(coro)
+        future.add_done_callback(lambda _f: emit(_DONE))
+
+        def wait_future() -> BaseException | None:
+            try:
+                future.result()
+            except BaseException as exc:  # surfaced to the runner
+                return exc
+            return None
+
+        return wait_future
+
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(coro)
+        except BaseException as exc:  # surfaced to the runner
+            failure.append(exc)
+        finally:
+            emit(_DONE)
+
+    # The calls run in this thread's context (the step's trace span, the correlation id).
+    thread = threading.Thread(
+        target=contextvars.copy_context().run, args=(main,), name=name, daemon=True
+    )
+    thread.start()
+
+    def wait_thread() -> BaseException | None:
+        thread.join()
+        return failure[0] if failure else None
+
+    return wait_thread
+
+
 def run_step_calls(
     lease: Lease, step: str, attempt: int, jobs: list[WorkerJob], cfg: CallSettings
 ) -> StepJournal:
@@ -172,49 +228,35 @@ def run_step_calls(
         return journal
     outcomes: queue.SimpleQueue = queue.SimpleQueue()
     stop = threading.Event()
-    failure: list[BaseException] = []
-
-    def main() -> None:
-        try:
-            asyncio.run(run_jobs(jobs, cfg, emit=outcomes.put, stop=stop))
-        except BaseException as exc:  # surfaced to the runner below
-            failure.append(exc)
-        finally:
-            outcomes.put(_DONE)
-
-    # The calls run in this thread's context (the step's trace span, the correlation id).
-    thread = threading.Thread(
-        target=contextvars.copy_context().run,
-        args=(main,),
-        name=f"refresh-{lease.refresh_id}-{step}",
-        daemon=True,
-    )
-    thread.start()
+    wait = _start_calls(jobs, cfg, outcomes.put, stop, f"refresh-{lease.refresh_id}-{step}")
+    batch_size = max(1, math.ceil(len(jobs) / FLUSHES_PER_STEP))
     batch: list[WorkerOutcome] = []
-    last_flush = time.monotonic()
+    next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
     finished = False
     try:
         while not finished:
             try:
-                item = outcomes.get(timeout=FLUSH_INTERVAL)
+                item = outcomes.get(timeout=max(0.0, next_heartbeat - time.monotonic()))
             except queue.Empty:
                 item = None
             if item is _DONE:
+                # The last outcome may have just filled a flush; then nothing is left to write.
                 finished = True
+                if not batch and journal.done == len(jobs):
+                    break
             elif item is not None:
                 batch.append(item)
-            due = time.monotonic() - last_flush >= FLUSH_INTERVAL
-            if finished or len(batch) >= BATCH or due:
+            if finished or len(batch) >= batch_size or time.monotonic() >= next_heartbeat:
                 journal.flush(batch)
                 batch = []
-                last_flush = time.monotonic()
+                next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
                 if journal.aborted:
                     stop.set()
     except BaseException:
         stop.set()  # a lost lease or a database error: stop calling workers at once
         raise
     finally:
-        thread.join()
-    if failure:
-        raise failure[0]
+        failure = wait()
+    if failure is not None:
+        raise failure
     return journal

@@ -7,10 +7,14 @@ loop. Any failure holds the refresh: gate closed, reason recorded, lease release
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet, prefetch_related_objects
 from django.utils import timezone
 
 from controlplane import telemetry
@@ -19,7 +23,7 @@ from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
-from controlplane.refresh.executor.calls import CallSettings
+from controlplane.refresh.executor.calls import CallRuntime, CallSettings
 from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.lease import Lease, LeaseLost
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
@@ -27,6 +31,7 @@ from controlplane.refresh.executor.tracing import refresh_trace, step_span
 from controlplane.refresh.live import publish_state, publish_step
 from controlplane.refresh.models import (
     EXECUTING_STATES,
+    PlannedWorker,
     PolicyRefresh,
     RefreshState,
     StepRun,
@@ -53,11 +58,46 @@ class Runner:
     def __init__(self, lease: Lease) -> None:
         self.lease = lease
         self.takeover_pending = lease.takeover
+        self._cfg: CallSettings | None = None
+        self._resources = contextlib.ExitStack()
+        self._planned: QuerySet[PlannedWorker] | None = None
 
     def load(self) -> PolicyRefresh:
         return PolicyRefresh.objects.select_related("source").get(pk=self.lease.refresh_id)
 
+    def call_settings(self, refresh: PolicyRefresh) -> CallSettings:
+        """The run's call settings, with one event loop and HTTP client for all its steps
+        (started with the first step that runs, closed when `run` returns). The source's
+        allowlist, frontend and timeouts are read once: a change applies from the next run."""
+        if self._cfg is None:
+            cfg = call_settings(refresh.source)
+            runtime = self._resources.enter_context(
+                CallRuntime(cfg.policy, timeout=cfg.timeout, concurrency=cfg.concurrency)
+            )
+            self._cfg = dataclasses.replace(cfg, policy=runtime.policy, runtime=runtime)
+        return self._cfg
+
+    def with_planned_workers(self, refresh: PolicyRefresh) -> PolicyRefresh:
+        """`refresh` with its planned workers (`refresh.workers.all()`) read once per run.
+
+        The plan writes them before the refresh starts and nothing changes them while it
+        executes (a person's changes — leave out, resolve membership — happen while it is held,
+        and the next run reads them again), so every step of one run shares one read, given
+        as Django's prefetch cache: `workers.all()` serves it, a filtered query still asks the
+        database. Decoding each worker's planned calls per step was the largest cost of a
+        refresh of a large fleet after the journal."""
+        if self._planned is None:
+            prefetch_related_objects([refresh], "workers")
+            self._planned = cast(Any, refresh)._prefetched_objects_cache["workers"]
+        else:
+            cast(Any, refresh)._prefetched_objects_cache = {"workers": self._planned}
+        return refresh
+
     def run(self, *, stop_after: str | None = None) -> str:
+        with self._resources:
+            return self._run(stop_after)
+
+    def _run(self, stop_after: str | None) -> str:
         try:
             return self._loop(stop_after)
         except LeaseLost:
@@ -126,9 +166,9 @@ class Runner:
             )
         publish_step(refresh.pk, step.value, "running")
         ctx = StepContext(
-            refresh=refresh,
+            refresh=self.with_planned_workers(refresh),
             lease=self.lease,
-            cfg=call_settings(refresh.source),
+            cfg=self.call_settings(refresh),
             attempt=attempt,
             takeover=self.takeover_pending,
         )

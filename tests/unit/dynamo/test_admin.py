@@ -4,8 +4,15 @@ import json
 
 from aiohttp import web
 
-from controlplane.dynamo.admin import admin_url, call_admin
+from controlplane.dynamo.admin import (
+    CACHED_REPLY_BYTES,
+    PreparedCall,
+    ReplyCache,
+    admin_url,
+    call_admin,
+)
 from controlplane.dynamo.families import SGLANG, VLLM_SIDECAR, VLLM_WORKER, AdminCall, Operation
+from controlplane.dynamo.http import NO_BODY
 from controlplane.dynamo.policy import OutboundPolicy
 
 from .conftest import drop_connection
@@ -174,3 +181,25 @@ async def test_connection_refused_is_a_result(client, loopback_policy):
         client, loopback_policy, f"http://127.0.0.1:{port}", VLLM_WORKER, call, timeout=5
     )
     assert not result.ok and result.error.startswith("connection failed")
+
+
+def test_reply_cache_decodes_each_distinct_small_body_once():
+    replies = ReplyCache()
+    first = replies.decode(b'{"status":"ok"}')
+    assert first == {"status": "ok"}
+    assert replies.decode(b'{"status":"ok"}') is first
+    assert replies.decode(b'{"status":"error"}') == {"status": "error"}
+    big = b'{"pad":"' + b"x" * CACHED_REPLY_BYTES + b'"}'
+    assert replies.decode(big) is not replies.decode(big)  # large bodies are not kept
+    assert replies.decode(b"not json") == "not json"
+
+
+def test_prepared_call_encodes_its_body_once_as_call_admin_sent_it():
+    post = PreparedCall.of(AdminCall(Operation.PAUSE, "POST", "engine/pause_generation", None))
+    assert post.wire == b"{}" and post.body_json is None
+    body = {"path": "/ckpt/é", "n": 1}
+    update = PreparedCall.of(AdminCall(Operation.UPDATE_FROM_DISK, "POST", "engine/u", body))
+    assert update.wire == '{"path":"/ckpt/é","n":1}'.encode()
+    assert update.body_json == '{"path":"/ckpt/é","n":1}'
+    get = PreparedCall.of(AdminCall(Operation.GET_WEIGHT_VERSION, "GET", "engine/v", None))
+    assert get.wire is NO_BODY

@@ -120,3 +120,41 @@ async def test_aviolation_matches_violation():
     assert await policy.aviolation("http://w/") is None
     assert "outside" in await policy.aviolation("http://127.0.0.1/")
     assert "user information" in await policy.aviolation("http://a@w/")
+
+
+def counting_dns(table):
+    lookups: list[str] = []
+
+    def resolve(host):
+        lookups.append(host)
+        return fake_dns(table)(host)
+
+    return resolve, lookups
+
+
+async def test_admin_violation_judges_the_prefix_every_admin_url_starts_with():
+    policy = OutboundPolicy.from_cidrs(["10.0.0.0/8"])
+    assert await policy.admin_violation("http://10.0.0.7:9090") is None
+    assert await policy.admin_violation("http://10.0.0.7:9090/w/") is None
+    assert "outside" in await policy.admin_violation("http://127.0.0.1:9090")
+    assert "user information" in await policy.admin_violation("http://a@10.0.0.7:9090")
+    # No host before the first slash: the appended route cannot supply one.
+    assert "no host" in await policy.admin_violation("http:")
+    assert "no host" in await policy.admin_violation("http://")
+
+
+async def test_a_run_policy_resolves_each_worker_name_once_a_plain_policy_every_time():
+    resolve, lookups = counting_dns({"w1": ["10.0.0.2"], "evil": ["169.254.169.254"]})
+    plain = OutboundPolicy.from_cidrs(["10.0.0.0/8"], resolver=resolve)
+    for _ in range(3):
+        assert await plain.admin_violation("http://w1:9090") is None
+    assert lookups == ["w1", "w1", "w1"]
+
+    lookups.clear()
+    run = plain.for_run()
+    assert run == plain  # the same allowlist, judged the same way
+    for _ in range(3):
+        assert await run.admin_violation("http://w1:9090") is None
+        assert "outside" in await run.admin_violation("http://evil:9090")
+        assert await run.aviolation("http://w1:9090/engine/pause_generation") is None
+    assert sorted(lookups) == ["evil", "w1"]

@@ -18,6 +18,7 @@ from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.notify.emit import notify
+from controlplane.refresh import gate_cache
 from controlplane.refresh.live import publish_gate_changes
 from controlplane.refresh.models import ADMITTING_STATES, Gate, GateState, ScopeLock
 
@@ -105,6 +106,8 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
 
 def _announce(gates: list[Gate]) -> None:
     payloads = [serialize_gate(g) for g in gates]
+    # The gate API's copy first, so a client woken by the push reads the new state.
+    gate_cache.store_on_commit(payloads)
     transaction.on_commit(lambda: publish_gate_changes(payloads))
 
 
@@ -394,6 +397,8 @@ def record_drift(
         changes["drift"] = drift
     if not changes and not close_reason:
         Gate.objects.filter(pk=gate.pk).update(confirmed_at=now)
+        gate.confirmed_at = now  # served by the gate API: its copy moves too (same revision)
+        gate_cache.store_on_commit([serialize_gate(gate)])
         return gate
     named = "; ".join(f"{d['key']} ({d['kind']}: {d['detail']})" for d in new)
     if close_reason:

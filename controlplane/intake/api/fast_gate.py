@@ -1,0 +1,192 @@
+"""The gate poll answered in front of Django, from Redis alone.
+
+Rollout frameworks poll `GET /api/v1/gates/<source>/<namespace>` with a bearer token, every
+second, by the hundred. Through Django each poll runs the whole middleware stack, Ninja's
+routing and a worker thread of its own; this ASGI wrapper answers the common case itself with
+one Redis round trip (the token's grant and the gate's copy, one MGET) and the same bytes and
+headers Django would send (`tests/api/test_fast_gate.py` compares the two).
+
+It answers only when everything is certain: a well-formed bearer token whose cached grant
+accepts the secret, allows viewing and covers the gate's source, a gate copy in Redis, an
+allowed Host, and no redirect due. Anything else — a miss, a revoked or unknown token, a
+limited token asking for another source, Redis away — goes to Django unchanged, which answers
+from the database (and primes the copies): errors, refusals and their bodies stay Django's.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.http.request import split_domain_port, validate_host
+from django.utils.csp import CSP, build_policy
+
+from controlplane import redis_client
+from controlplane.accounts import tokens
+from controlplane.accounts.roles import Perm
+from controlplane.correlation import new_correlation_id
+from controlplane.intake.api.gates import (
+    CACHE_CONTROL,
+    JSON_CONTENT_TYPE,
+    etag_for,
+    not_modified,
+    rendered_copy,
+)
+from controlplane.refresh import gate_cache
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[..., Awaitable[None]]
+
+GATE_PATH = re.compile(r"^/api/v1/gates/([^/]+)/([^/]+)$")
+#: As `audit.middleware.CorrelationIdMiddleware` accepts an offered `X-Request-ID`.
+_ACCEPTABLE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{8,64}$")
+
+
+def wrap(django_app: ASGIApp) -> ASGIApp:
+    async def app(scope: Scope, receive, send) -> None:
+        answer = await _answer(scope) if _candidate(scope) else None
+        if answer is None:
+            await django_app(scope, receive, send)
+            return
+        status, headers, body = answer
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def _candidate(scope: Scope) -> bool:
+    return (
+        scope["type"] == "http"
+        and scope["method"] == "GET"
+        and not scope.get("root_path")
+        and GATE_PATH.match(scope["path"]) is not None
+    )
+
+
+async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    path = GATE_PATH.match(scope["path"])
+    assert path is not None
+    source, namespace = path.groups()
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        if name in headers:  # a repeated header: Django joins them; let it
+            return None
+        headers[name] = value
+    secure = _is_secure(scope, headers)
+    if not _host_allowed(headers) or (settings.SECURE_SSL_REDIRECT and not secure):
+        return None
+    if settings.PREPEND_WWW or settings.DISALLOWED_USER_AGENTS:  # CommonMiddleware's to judge
+        return None
+    secret = _bearer_secret(headers.get(b"authorization", b""))
+    key_id = tokens.key_id_of(secret) if secret is not None else None
+    if secret is None or key_id is None:
+        return None
+    try:
+        raw_grant, raw_gate = await redis_client.async_client().mget(
+            tokens.grant_key(key_id), gate_cache.gate_key(source, namespace)
+        )
+    except redis.RedisError:
+        return None
+    grant = tokens.Grant.decode(raw_grant)
+    cached = gate_cache.decode(raw_gate)
+    if (
+        grant is None
+        or cached is None
+        or not grant.accepts(secret, time.time())
+        or not grant.allows(Perm.VIEW)
+        or (grant.source_ids is not None and cached.source_id not in grant.source_ids)
+    ):
+        return None
+    etag = etag_for(cached.source_id, namespace, cached.revision)
+    offered = headers.get(b"if-none-match", b"").decode("latin-1")
+    if not_modified(offered, etag):
+        status, body, content_type = 304, b"", b"text/html; charset=utf-8"
+    else:
+        status, content_type = 200, JSON_CONTENT_TYPE.encode()
+        body = rendered_copy(source, namespace, cached)
+    request_id = headers.get(b"x-request-id", b"")
+    if not _ACCEPTABLE_REQUEST_ID.match(request_id):
+        request_id = new_correlation_id().encode()
+    response_headers = [
+        (b"content-type", content_type),
+        (b"etag", etag.encode()),
+        (b"cache-control", CACHE_CONTROL.encode()),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id),
+        *_security_headers(secure),
+    ]
+    return status, response_headers, body
+
+
+def _bearer_secret(header: bytes) -> str | None:
+    # As `auth.BearerToken`: anything but "Bearer <secret>" is Django's to refuse.
+    scheme, _, secret = header.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        return None
+    return secret.strip()
+
+
+def _is_secure(scope: Scope, headers: dict[bytes, bytes]) -> bool:
+    """As `HttpRequest.scheme`: the proxy's header when configured, else the connection."""
+    if settings.SECURE_PROXY_SSL_HEADER:
+        header, secure_value = settings.SECURE_PROXY_SSL_HEADER
+        name = header.removeprefix("HTTP_").replace("_", "-").lower().encode()
+        value = headers.get(name)
+        if value is not None:
+            return value.decode("latin-1").split(",", 1)[0].strip() == secure_value
+    return scope.get("scheme") == "https"
+
+
+def _host_allowed(headers: dict[bytes, bytes]) -> bool:
+    """As `HttpRequest.get_host` for a request with a Host header (else Django decides)."""
+    if settings.USE_X_FORWARDED_HOST or b"host" not in headers:
+        return False
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    domain, _ = split_domain_port(headers[b"host"].decode("latin-1"))
+    return bool(domain) and validate_host(domain, allowed)
+
+
+@functools.cache
+def _security_headers(secure: bool) -> tuple[tuple[bytes, bytes], ...]:
+    """What the security, CSP and clickjacking middleware add to an API response."""
+    found: list[tuple[str, str]] = []
+    if settings.X_FRAME_OPTIONS:
+        found.append(("x-frame-options", settings.X_FRAME_OPTIONS.upper()))
+    for header, config in (
+        (CSP.HEADER_ENFORCE, settings.SECURE_CSP),
+        (CSP.HEADER_REPORT_ONLY, settings.SECURE_CSP_REPORT_ONLY),
+    ):
+        if config:
+            found.append((str(header).lower(), build_policy(config, None)))
+    if settings.SECURE_HSTS_SECONDS and secure:
+        sts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+            sts += "; includeSubDomains"
+        if settings.SECURE_HSTS_PRELOAD:
+            sts += "; preload"
+        found.append(("strict-transport-security", sts))
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        found.append(("x-content-type-options", "nosniff"))
+    policy = settings.SECURE_REFERRER_POLICY
+    if policy:
+        values = [v.strip() for v in policy.split(",")] if isinstance(policy, str) else policy
+        found.append(("referrer-policy", ",".join(values)))
+    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+        found.append(("cross-origin-opener-policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY))
+    return tuple((k.encode(), v.encode("latin-1")) for k, v in found)
+
+
+def _settings_changed(**kwargs) -> None:
+    _security_headers.cache_clear()
+
+
+setting_changed.connect(_settings_changed)

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,6 +49,7 @@ GRANT_SECONDS = 5
 #: request takes between reading the token and caching its grant).
 REVOKED_MARKER_SECONDS = 60
 _REVOKED = b"revoked"
+_LOADING = [threading.Lock() for _ in range(64)]
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +230,23 @@ def grant_for(secret: str) -> Grant | None:
     cached = Grant.decode(raw)
     if cached is not None:
         return cached if cached.accepts(secret, time.time()) else None
+    # One database read per token and process at a time: when a grant lapses under a burst of
+    # polls, the others wait for it and take the grant it cached.
+    with _LOADING[hash(key_id) % len(_LOADING)]:
+        again = _cached_grant(key_id)
+        if again is not None:
+            return again if again.accepts(secret, time.time()) else None
+        return _load_grant(secret, key_id)
+
+
+def _cached_grant(key_id: str) -> Grant | None:
+    try:
+        return Grant.decode(redis_client.sync_client().get(grant_key(key_id)))
+    except redis.RedisError:
+        return None
+
+
+def _load_grant(secret: str, key_id: str) -> Grant | None:
     token = authenticate(secret)
     if token is None:
         return None

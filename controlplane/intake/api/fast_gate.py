@@ -16,6 +16,7 @@ from the database (and primes the copies): errors, refusals and their bodies sta
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -30,7 +31,6 @@ from django.utils.csp import CSP, build_policy
 from controlplane import redis_client
 from controlplane.accounts import tokens
 from controlplane.accounts.roles import Perm
-from controlplane.correlation import new_correlation_id
 from controlplane.intake.api.gates import (
     CACHE_CONTROL,
     JSON_CONTENT_TYPE,
@@ -94,8 +94,8 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
         )
     except redis.RedisError:
         return None
-    grant = tokens.Grant.decode(raw_grant)
-    cached = gate_cache.decode(raw_gate)
+    grant = _decoded_grant(raw_grant)
+    cached = _decoded_gate(raw_gate)
     if (
         grant is None
         or cached is None
@@ -113,7 +113,8 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
         body = rendered_copy(source, namespace, cached)
     request_id = headers.get(b"x-request-id", b"")
     if not _ACCEPTABLE_REQUEST_ID.match(request_id):
-        request_id = new_correlation_id().encode()
+        # `correlation.new_correlation_id`'s shape (32 hex digits) without building a UUID.
+        request_id = os.urandom(16).hex().encode()
     response_headers = [
         (b"content-type", content_type),
         (b"etag", etag.encode()),
@@ -123,6 +124,33 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
         *_security_headers(secure),
     ]
     return status, response_headers, body
+
+
+# Decoding a grant or a gate copy costs more than the rest of the answer: the last few of
+# each are kept, keyed by the exact bytes read from Redis (so a changed value is decoded anew).
+_grants: dict[bytes, tokens.Grant | None] = {}
+_gates: dict[bytes, gate_cache.CachedGate | None] = {}
+_DECODED_MAX = 1024
+
+
+def _decoded_grant(raw: bytes | None) -> tokens.Grant | None:
+    if raw is None:
+        return None
+    if raw not in _grants:
+        if len(_grants) >= _DECODED_MAX:
+            _grants.clear()
+        _grants[raw] = tokens.Grant.decode(raw)
+    return _grants[raw]
+
+
+def _decoded_gate(raw: bytes | None) -> gate_cache.CachedGate | None:
+    if raw is None:
+        return None
+    if raw not in _gates:
+        if len(_gates) >= _DECODED_MAX:
+            _gates.clear()
+        _gates[raw] = gate_cache.decode(raw)
+    return _gates[raw]
 
 
 def _bearer_secret(header: bytes) -> str | None:
@@ -148,10 +176,15 @@ def _host_allowed(headers: dict[bytes, bytes]) -> bool:
     """As `HttpRequest.get_host` for a request with a Host header (else Django decides)."""
     if settings.USE_X_FORWARDED_HOST or b"host" not in headers:
         return False
+    return _valid_host(headers[b"host"])
+
+
+@functools.lru_cache(maxsize=256)
+def _valid_host(host: bytes) -> bool:
     allowed = settings.ALLOWED_HOSTS
     if settings.DEBUG and not allowed:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
-    domain, _ = split_domain_port(headers[b"host"].decode("latin-1"))
+    domain, _ = split_domain_port(host.decode("latin-1"))
     return bool(domain) and validate_host(domain, allowed)
 
 
@@ -187,6 +220,7 @@ def _security_headers(secure: bool) -> tuple[tuple[bytes, bytes], ...]:
 
 def _settings_changed(**kwargs) -> None:
     _security_headers.cache_clear()
+    _valid_host.cache_clear()
 
 
 setting_changed.connect(_settings_changed)

@@ -232,7 +232,9 @@ def start_bare(processes: int, data: dict) -> tuple[list[subprocess.Popen], int]
         data["grant_key"],
         data["gate_key"],
     ]
-    return [subprocess.Popen(argv, cwd=ROOT, start_new_session=True) for _ in range(processes)], port
+    return [
+        subprocess.Popen(argv, cwd=ROOT, start_new_session=True) for _ in range(processes)
+    ], port
 
 
 def stop(processes: list[subprocess.Popen]) -> None:
@@ -271,7 +273,7 @@ async def burst(url: str, secret: str, requests: int, concurrency: int, conditio
                         await response.read()
                         statuses[response.status] += 1
                         etag = response.headers.get("ETag", etag)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     statuses[type(exc).__name__] += 1
 
         started = time.perf_counter()
@@ -342,13 +344,15 @@ def main() -> None:
         results: dict[tuple[str, int], list[float]] = {}
         errors: dict[tuple[str, int], int] = {}
         for concurrency in levels:
-            for name, url in urls.items():  # warm-up: connections, caches, imports
+            for url in urls.values():  # warm-up: connections, caches, imports
                 asyncio.run(burst(url, data["secret"], 500, concurrency, args.conditional))
             for n in range(1, args.runs + 1):
                 order = ["ours", "bare"] if n % 2 else ["bare", "ours"]
                 for name in order:
                     rps, failed, statuses = asyncio.run(
-                        burst(urls[name], data["secret"], args.requests, concurrency, args.conditional)
+                        burst(
+                            urls[name], data["secret"], args.requests, concurrency, args.conditional
+                        )
                     )
                     results.setdefault((name, concurrency), []).append(rps)
                     errors[(name, concurrency)] = errors.get((name, concurrency), 0) + failed

@@ -92,10 +92,13 @@ def test_a_rolled_back_change_never_reaches_the_copy(
     class Boom(Exception):
         pass
 
-    with django_capture_on_commit_callbacks(execute=True), pytest.raises(Boom):
-        with transaction.atomic():
-            gates.force_open([fleet["gate"]], actor=SYSTEM, refresh=None, reason="never")
-            raise Boom
+    with (
+        django_capture_on_commit_callbacks(execute=True),
+        pytest.raises(Boom),
+        transaction.atomic(),
+    ):
+        gates.force_open([fleet["gate"]], actor=SYSTEM, refresh=None, reason="never")
+        raise Boom
     assert gate_cache.read("src-a", "rl-a") == primed
     assert Client().get(GATE, **bearer(secret)).json()["state"] == GateState.CLOSED
 

@@ -1,9 +1,10 @@
 """The gates' public state, copied to Redis so the gate API answers without the database.
 
-`refresh.gates` (the only writer of gate rows) stores a gate's serialisation here when the
-transaction that changed it commits, next to the live push: readers never see a state that
-was rolled back. The gate API reads the copy; on a miss it serialises the row from the database
-and primes the copy (`prime`).
+`refresh.gates` (the only writer of gate rows) stores a gate's serialisation here, read from
+the committed row, when the transaction that bumped its revision (or moved `confirmed_at`)
+commits, before the live push: readers never see a state that was rolled back. The gate API
+reads the copy; on a miss it serialises the row from the database and primes the copy
+(`prime`).
 
 One value per gate, `"<revision> <source id> <serialize_gate JSON>"`: the revision and source
 id come first so an `If-None-Match` poll is answered (and a source-limited token refused)
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from django.db import transaction
 
 from controlplane import redis_client
 
@@ -105,8 +105,9 @@ def _store(payload: Mapping[str, Any], source_id: int, *, replace_equal: bool) -
 
 
 def store(payloads: Iterable[Mapping[str, Any]]) -> None:
-    """Store committed gates (`serialize_gate` payloads). Never raises: a copy that cannot be
-    written is deleted if possible, and expires within `TTL_SECONDS` otherwise."""
+    """Store committed gates (`serialize_gate` payloads; an equal revision is replaced, as
+    `confirmed_at` moves without one). Never raises, since it runs after commit: a copy that
+    cannot be written is deleted if possible, and expires within `TTL_SECONDS` otherwise."""
     for payload in payloads:
         try:
             _store(payload, int(payload["source_id"]), replace_equal=True)
@@ -117,11 +118,6 @@ def store(payloads: Iterable[Mapping[str, Any]]) -> None:
                 redis_client.sync_client().delete(key)
 
 
-def store_on_commit(payloads: list[dict[str, Any]]) -> None:
-    """Store the payloads once the current transaction commits (at once outside one)."""
-    transaction.on_commit(lambda: store(payloads))
-
-
 def prime(payload: Mapping[str, Any], source_id: int) -> None:
     """A reader's copy of what it just read from the database: written only where no newer
     revision is stored. Best effort, like every read-side write."""
@@ -129,10 +125,3 @@ def prime(payload: Mapping[str, Any], source_id: int) -> None:
         _store(payload, source_id, replace_equal=False)
     except redis.RedisError:
         logger.warning("gate copy not primed", exc_info=True)
-
-
-def forget(source_name: str, namespace: str) -> None:
-    try:
-        redis_client.sync_client().delete(gate_key(source_name, namespace))
-    except redis.RedisError:
-        logger.warning("gate copy not deleted", exc_info=True)

@@ -45,6 +45,9 @@ _SECRET = re.compile(r"^cpt_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 LAST_USED_PRECISION = timedelta(seconds=60)
 #: How long a grant is served from Redis before the database is asked again.
 GRANT_SECONDS = 5
+#: A grant this close to lapsing is rebuilt by one request (per process and token) while the
+#: others keep using it: a token polled by hundreds never lapses into a burst of misses.
+GRANT_REFRESH_AHEAD_SECONDS = 1.5
 #: How long a revoke's marker keeps grants from being cached again (far longer than any
 #: request takes between reading the token and caching its grant).
 REVOKED_MARKER_SECONDS = 60
@@ -159,6 +162,11 @@ class Grant:
     source_ids: frozenset[int] | None
     #: Seconds since the epoch, or None for no expiry.
     expires_at: float | None
+    #: When one request should rebuild the grant from the database (seconds since the epoch).
+    refresh_at: float = 0.0
+
+    def due(self, now: float) -> bool:
+        return self.refresh_at <= now
 
     def allows(self, perm: str) -> bool:
         return self.superuser or perm in self.perms
@@ -179,6 +187,7 @@ class Grant:
             "perms": sorted(self.perms),
             "source_ids": None if self.source_ids is None else sorted(self.source_ids),
             "expires_at": self.expires_at,
+            "refresh_at": self.refresh_at,
         }
         return json.dumps(fields, separators=(",", ":")).encode()
 
@@ -202,6 +211,7 @@ class Grant:
                 perms=frozenset(d["perms"]),
                 source_ids=None if sources is None else frozenset(int(s) for s in sources),
                 expires_at=None if d["expires_at"] is None else float(d["expires_at"]),
+                refresh_at=float(d.get("refresh_at", 0.0)),
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -228,15 +238,24 @@ def grant_for(secret: str) -> Grant | None:
         logger.warning("token grant unreadable; asking the database", exc_info=True)
         raw = None
     cached = Grant.decode(raw)
+    now = time.time()
+    loading = _LOADING[hash(key_id) % len(_LOADING)]
     if cached is not None:
-        return cached if cached.accepts(secret, time.time()) else None
+        if not cached.accepts(secret, now):
+            return None
+        if cached.due(now) and loading.acquire(blocking=False):
+            try:  # this request rebuilds it; the others carry on with the cached one
+                return _load_grant(secret, key_id, replace=True)
+            finally:
+                loading.release()
+        return cached
     # One database read per token and process at a time: when a grant lapses under a burst of
     # polls, the others wait for it and take the grant it cached.
-    with _LOADING[hash(key_id) % len(_LOADING)]:
+    with loading:
         again = _cached_grant(key_id)
         if again is not None:
             return again if again.accepts(secret, time.time()) else None
-        return _load_grant(secret, key_id)
+        return _load_grant(secret, key_id, replace=False)
 
 
 def _cached_grant(key_id: str) -> Grant | None:
@@ -246,15 +265,30 @@ def _cached_grant(key_id: str) -> Grant | None:
         return None
 
 
-def _load_grant(secret: str, key_id: str) -> Grant | None:
+# Replace a cached grant, never a revoke's marker (and add one where there is none).
+_SET_UNLESS_REVOKED = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
+return 1
+"""
+
+
+def _load_grant(secret: str, key_id: str, *, replace: bool) -> Grant | None:
+    """The grant from the database, cached: added where nothing is (`replace` False: SET NX,
+    so never over a marker nor over a grant another request just cached), or replacing the
+    cached grant it rebuilds (`replace` True: never over a marker)."""
     token = authenticate(secret)
     if token is None:
         return None
     grant = _grant_of(token)
     try:
-        # NX: never over a revoke's marker (nor over a grant another request just cached).
         client = redis_client.sync_client()
-        client.set(grant_key(key_id), grant.encode(), nx=True, ex=GRANT_SECONDS)
+        if replace:
+            client.eval(
+                _SET_UNLESS_REVOKED, 1, grant_key(key_id), _REVOKED, grant.encode(), GRANT_SECONDS
+            )
+        else:
+            client.set(grant_key(key_id), grant.encode(), nx=True, ex=GRANT_SECONDS)
     except redis.RedisError:
         logger.warning("token grant not cached", exc_info=True)
     return grant
@@ -273,6 +307,7 @@ def _grant_of(token: ApiToken) -> Grant:
         perms=frozenset(user.get_all_permissions()),
         source_ids=None if sources is None else frozenset(sources),
         expires_at=token.expires_at.timestamp() if token.expires_at else None,
+        refresh_at=time.time() + GRANT_SECONDS - GRANT_REFRESH_AHEAD_SECONDS,
     )
 
 

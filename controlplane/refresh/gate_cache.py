@@ -6,8 +6,8 @@ commits, before the live push: readers never see a state that was rolled back. T
 reads the copy; on a miss it serialises the row from the database and primes the copy
 (`prime`).
 
-One value per gate, `"<revision> <source id> <serialize_gate JSON>"`: the revision and source
-id come first so an `If-None-Match` poll is answered (and a source-limited token refused)
+One value per gate, `"<revision> <source id> <refresh at, ms> <serialize_gate JSON>"`: the
+numbers come first so an `If-None-Match` poll is answered (and a source-limited token refused)
 without parsing the JSON. Writes are compare-and-set on the revision, in one Lua script: a
 reader that loaded revision 7 from the database and primes after the writer stored revision 8
 changes nothing, whatever the order the two reach Redis in.
@@ -16,7 +16,9 @@ The copy also expires after `TTL_SECONDS`. The gate's own changes all come throu
 its answer also shows its source's name and, for an `unknown` gate, the source's staleness,
 which change elsewhere; and a write that failed (Redis briefly away at commit) must not leave a
 stale gate behind for long. Rebuilding a gate's copy every few seconds costs a few queries,
-not a few per poll.
+not a few per poll: once a copy is `REFRESH_AHEAD_SECONDS` from lapsing, one reader per
+process rebuilds it from the database while the others go on reading it, so a polled gate
+never lapses into a burst of misses.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,19 +38,19 @@ from controlplane import redis_client
 logger = logging.getLogger(__name__)
 
 TTL_SECONDS = 10
+REFRESH_AHEAD_SECONDS = 2
 
-# KEYS[1] the gate; ARGV: revision, value, "1" when an equal revision may be replaced (a
-# writer moving `confirmed_at`), TTL. A reader priming from the database passes "0".
+# KEYS[1] the gate; ARGV: revision, value, TTL. An equal revision is replaced: it differs at
+# most in `confirmed_at`, which moves without a revision.
 _STORE_IF_NOT_OLDER = """
 local current = redis.call('GET', KEYS[1])
 if current then
   local stored = tonumber(string.match(current, '^(%d+) '))
-  local offered = tonumber(ARGV[1])
-  if stored and (stored > offered or (stored == offered and ARGV[3] ~= '1')) then
+  if stored and stored > tonumber(ARGV[1]) then
     return 0
   end
 end
-redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[4]))
+redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
 return 1
 """
 
@@ -58,7 +61,12 @@ class CachedGate:
 
     revision: int
     source_id: int
+    #: When one reader should rebuild it from the database (seconds since the epoch).
+    refresh_at: float
     body: bytes
+
+    def due(self, now: float) -> bool:
+        return self.refresh_at <= now
 
     def payload(self) -> dict[str, Any]:
         return json.loads(self.body)
@@ -71,7 +79,8 @@ def gate_key(source_name: str, namespace: str) -> str:
 
 def encode(payload: Mapping[str, Any], source_id: int) -> bytes:
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return f"{int(payload['revision'])} {int(source_id)} {body}".encode()
+    refresh_at_ms = int((time.time() + TTL_SECONDS - REFRESH_AHEAD_SECONDS) * 1000)
+    return f"{int(payload['revision'])} {int(source_id)} {refresh_at_ms} {body}".encode()
 
 
 def decode(raw: bytes | str | None) -> CachedGate | None:
@@ -80,11 +89,18 @@ def decode(raw: bytes | str | None) -> CachedGate | None:
         return None
     if isinstance(raw, str):
         raw = raw.encode()
-    revision, _, rest = raw.partition(b" ")
-    source_id, _, body = rest.partition(b" ")
-    if not (revision.isdigit() and source_id.isdigit() and body.startswith(b"{")):
+    parts = raw.split(b" ", 3)
+    if len(parts) != 4:
         return None
-    return CachedGate(int(revision), int(source_id), body)
+    revision, source_id, refresh_at_ms, body = parts
+    if not (
+        revision.isdigit()
+        and source_id.isdigit()
+        and refresh_at_ms.isdigit()
+        and body.startswith(b"{")
+    ):
+        return None
+    return CachedGate(int(revision), int(source_id), int(refresh_at_ms) / 1000, body)
 
 
 def read(source_name: str, namespace: str) -> CachedGate | None:
@@ -96,21 +112,20 @@ def read(source_name: str, namespace: str) -> CachedGate | None:
     return decode(raw)
 
 
-def _store(payload: Mapping[str, Any], source_id: int, *, replace_equal: bool) -> bool:
+def _store(payload: Mapping[str, Any], source_id: int) -> bool:
     client = redis_client.sync_client()
     key = gate_key(str(payload["source"]), str(payload["namespace"]))
     revision, value = int(payload["revision"]), encode(payload, source_id)
-    flag = "1" if replace_equal else "0"
-    return bool(client.eval(_STORE_IF_NOT_OLDER, 1, key, revision, value, flag, TTL_SECONDS))
+    return bool(client.eval(_STORE_IF_NOT_OLDER, 1, key, revision, value, TTL_SECONDS))
 
 
 def store(payloads: Iterable[Mapping[str, Any]]) -> None:
-    """Store committed gates (`serialize_gate` payloads; an equal revision is replaced, as
-    `confirmed_at` moves without one). Never raises, since it runs after commit: a copy that
-    cannot be written is deleted if possible, and expires within `TTL_SECONDS` otherwise."""
+    """Store committed gates (`serialize_gate` payloads). Never raises, since it runs after
+    commit: a copy that cannot be written is deleted if possible, and lapses within
+    `TTL_SECONDS` otherwise."""
     for payload in payloads:
         try:
-            _store(payload, int(payload["source_id"]), replace_equal=True)
+            _store(payload, int(payload["source_id"]))
         except redis.RedisError:
             key = gate_key(str(payload["source"]), str(payload["namespace"]))
             logger.warning("gate copy %s not written", key, exc_info=True)
@@ -122,6 +137,6 @@ def prime(payload: Mapping[str, Any], source_id: int) -> None:
     """A reader's copy of what it just read from the database: written only where no newer
     revision is stored. Best effort, like every read-side write."""
     try:
-        _store(payload, source_id, replace_equal=False)
+        _store(payload, source_id)
     except redis.RedisError:
         logger.warning("gate copy not primed", exc_info=True)

@@ -4,6 +4,7 @@ headers as Django's answer, and everything uncertain handed to Django.
 Transactional: Django's side runs its view in another thread, which must see the rows."""
 
 import asyncio
+import time
 
 import pytest
 from django.core.asgi import get_asgi_application
@@ -119,6 +120,23 @@ def test_a_changed_gate_is_served_at_its_new_revision(polled, fleet):
     status, after, body = _call(fast, GATE, _headers(polled, **{"If-None-Match": before["etag"]}))
     assert status == 200 and after["etag"] != before["etag"]
     assert b'"state": "open_forced"' in body
+
+
+def test_a_grant_about_to_lapse_is_handed_to_django_once_a_second(polled):
+    key = tokens.grant_key(tokens.key_id_of(polled) or "")
+    grant = tokens.Grant.decode(redis_client.sync_client().get(key))
+    assert grant is not None
+    due = tokens.Grant(**{**grant.__dict__, "refresh_at": 0.0})
+    redis_client.sync_client().set(key, due.encode(), ex=5)
+    django = CountingDjango()
+    fast = fast_gate.wrap(django)
+    fast_gate._handed_over.clear()
+    assert _call(fast, GATE, _headers(polled))[0] == 200
+    assert django.calls == 1  # Django rebuilt the grant from the database ...
+    rebuilt = tokens.Grant.decode(redis_client.sync_client().get(key))
+    assert rebuilt is not None and not rebuilt.due(time.time())
+    assert _call(fast, GATE, _headers(polled))[0] == 200
+    assert django.calls == 1  # ... and the next poll is answered in front of it again
 
 
 def test_a_revoked_token_is_refused_at_once(polled):

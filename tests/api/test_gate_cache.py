@@ -2,6 +2,8 @@
 database's serialisation; polls make no query once cached; a missing copy falls back to the
 database and is primed; cached token grants stay exactly as strict as the database."""
 
+import time
+
 import pytest
 from django.db import transaction
 from django.test import Client
@@ -143,12 +145,34 @@ def test_a_reader_never_overwrites_a_newer_revision(fleet):
     gate_cache.prime(older, gate.source_id)
     cached = gate_cache.read("src-a", "rl-a")
     assert cached is not None and cached.revision == 7 and cached.payload()["state"] == "open"
-    # The writer itself may move an equal revision (confirmed_at); a reader may not.
+    # An equal revision differs at most in `confirmed_at` (moved without a revision): replaced.
     same = dict(newer, confirmed_at="2030-01-01T00:00:00+00:00")
-    gate_cache.prime(same, gate.source_id)
-    assert gate_cache.read("src-a", "rl-a").payload()["confirmed_at"] is None
     gate_cache.store([same])
     assert gate_cache.read("src-a", "rl-a").payload()["confirmed_at"] == same["confirmed_at"]
+
+
+def _due_copy(source: str, namespace: str) -> None:
+    """Make the gate's copy due for its rebuild (as it is REFRESH_AHEAD_SECONDS before lapsing)."""
+    key = gate_cache.gate_key(source, namespace)
+    revision, source_id, _, body = redis_client.sync_client().get(key).split(b" ", 3)
+    redis_client.sync_client().set(key, b" ".join([revision, source_id, b"0", body]))
+
+
+def test_a_copy_about_to_lapse_is_rebuilt_from_the_database_by_one_request(
+    fleet, viewer, token_factory, django_assert_num_queries
+):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    client.get(GATE, **bearer(secret))
+    # What the database says now, and the copy does not (a source's words changed elsewhere).
+    Gate.objects.filter(pk=fleet["gate"].pk).update(reason="held: disk full")
+    _due_copy("src-a", "rl-a")
+    rebuilt = client.get(GATE, **bearer(secret))
+    assert rebuilt.json()["reason"] == "held: disk full"
+    cached = gate_cache.read("src-a", "rl-a")
+    assert cached is not None and not cached.due(time.time())
+    with django_assert_num_queries(0):
+        assert client.get(GATE, **bearer(secret)).json()["reason"] == "held: disk full"
 
 
 def test_the_copy_carries_exactly_what_the_api_serves(fleet):
@@ -231,6 +255,36 @@ def test_a_role_change_reaches_the_token_when_its_grant_is_rebuilt(fleet, viewer
     # Within GRANT_SECONDS the grant lapses; dropping it stands for that wait.
     redis_client.sync_client().delete(tokens.grant_key(tokens.key_id_of(secret) or ""))
     assert client.get(GATE, **bearer(secret)).status_code == 403
+
+
+def test_a_grant_about_to_lapse_is_rebuilt_from_the_database_by_one_request(
+    fleet, viewer, token_factory, django_assert_num_queries
+):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    assert client.get(GATE, **bearer(secret)).status_code == 200
+    viewer.groups.clear()  # the cached grant still says viewer
+    with django_assert_num_queries(0):
+        assert client.get(GATE, **bearer(secret)).status_code == 200
+    _rewrite_grant(secret, refresh_at=0.0)
+    assert client.get(GATE, **bearer(secret)).status_code == 403  # rebuilt: no longer a viewer
+    grant = tokens.Grant.decode(
+        redis_client.sync_client().get(tokens.grant_key(tokens.key_id_of(secret) or ""))
+    )
+    assert grant is not None and not grant.due(time.time()) and not grant.perms
+
+
+def test_a_rebuilt_grant_never_replaces_a_revoke(fleet, viewer, token_factory, monkeypatch):
+    secret = token_factory(viewer, label="poller")
+    assert Client().get(GATE, **bearer(secret)).status_code == 200
+    before_revoke = tokens.authenticate(secret)
+    _rewrite_grant(secret, refresh_at=0.0)
+    tokens.revoke_token(ApiToken.objects.get(label="poller"), actor=SYSTEM)
+    # A rebuild that read the token just before the revoke writes after the marker: refused.
+    monkeypatch.setattr(tokens, "authenticate", lambda s: before_revoke)
+    tokens._load_grant(secret, tokens.key_id_of(secret) or "", replace=True)
+    monkeypatch.undo()
+    assert Client().get(GATE, **bearer(secret)).status_code == 401
 
 
 def test_an_expired_token_is_refused_from_its_cached_grant(fleet, viewer, token_factory):

@@ -11,6 +11,8 @@ accepts the secret, allows viewing and covers the gate's source, a gate copy in 
 allowed Host, and no redirect due. Anything else — a miss, a revoked or unknown token, a
 limited token asking for another source, Redis away — goes to Django unchanged, which answers
 from the database (and primes the copies): errors, refusals and their bodies stay Django's.
+A grant or copy about to lapse is handed to Django by one request a second (per process),
+which rebuilds it while the rest are still answered here.
 """
 
 from __future__ import annotations
@@ -96,12 +98,18 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
         return None
     grant = _decoded_grant(raw_grant)
     cached = _decoded_gate(raw_gate)
+    now = time.time()
     if (
         grant is None
         or cached is None
-        or not grant.accepts(secret, time.time())
+        or not grant.accepts(secret, now)
         or not grant.allows(Perm.VIEW)
         or (grant.source_ids is not None and cached.source_id not in grant.source_ids)
+    ):
+        return None
+    # About to lapse: one request a second goes to Django, which rebuilds it from the database.
+    if (grant.due(now) and _hand_over(key_id, now)) or (
+        cached.due(now) and _hand_over(f"{source}/{namespace}", now)
     ):
         return None
     etag = etag_for(cached.source_id, namespace, cached.revision)
@@ -151,6 +159,19 @@ def _decoded_gate(raw: bytes | None) -> gate_cache.CachedGate | None:
             _gates.clear()
         _gates[raw] = gate_cache.decode(raw)
     return _gates[raw]
+
+
+_handed_over: dict[str, float] = {}
+
+
+def _hand_over(what: str, now: float) -> bool:
+    """True at most once a second per process for `what` (a token or a gate)."""
+    if now - _handed_over.get(what, 0.0) < 1.0:
+        return False
+    if len(_handed_over) >= _DECODED_MAX:
+        _handed_over.clear()
+    _handed_over[what] = now
+    return True
 
 
 def _bearer_secret(header: bytes) -> str | None:

@@ -3,14 +3,15 @@
 Built to be polled every second by many clients, without the database: the token's grant and
 the gate come from Redis (`accounts.tokens.grant_for`, `refresh.gate_cache`), the `ETag` is
 the gate's revision, and `If-None-Match` is answered with 304 before anything is rendered. A
-gate missing from Redis is read from the database and its copy primed, once per process at a
-time. The same answers are served even before Django by `fast_gate` (see there).
+gate missing from Redis (or about to lapse) is read from the database and its copy primed,
+once per process at a time. `fast_gate` serves the same answers in front of Django.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 import zlib
 from typing import Any, Literal
 
@@ -156,8 +157,14 @@ def get_gate(request: HttpRequest, response: HttpResponse, source: str, namespac
     """
     require(request, Perm.VIEW)
     cached = _visible_copy(request, source, namespace)
+    priming = _priming_lock(source, namespace)
+    if cached is not None and cached.due(time.time()) and priming.acquire(blocking=False):
+        try:  # about to lapse: this request rebuilds it, the others go on reading it
+            return _from_database(request, response, source, namespace)
+        finally:
+            priming.release()
     if cached is None:
-        with _priming_lock(source, namespace):
+        with priming:
             cached = _visible_copy(request, source, namespace)
             if cached is None:
                 return _from_database(request, response, source, namespace)

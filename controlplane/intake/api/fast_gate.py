@@ -96,8 +96,9 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
         )
     except redis.RedisError:
         return None
-    grant = _decoded_grant(raw_grant)
-    cached = _decoded_gate(raw_gate)
+    # The client returns bytes (no decode_responses); the types allow str too.
+    grant = _decoded_grant(raw_grant if isinstance(raw_grant, bytes) else None)
+    cached = _decoded_gate(raw_gate if isinstance(raw_gate, bytes) else None)
     now = time.time()
     if (
         grant is None

@@ -67,7 +67,10 @@ def serve_bare(port: int, redis_url: str, grant_key: str, gate_key: str) -> None
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
-    client = redis.asyncio.Redis.from_url(redis_url)
+    # As ours (controlplane/redis_client.py): requests wait for one of 48 connections instead
+    # of failing past redis-py's default 100 ("Too many connections").
+    pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url, max_connections=48, timeout=2)
+    client = redis.asyncio.Redis(connection_pool=pool)
 
     async def gate(request: web.Request) -> web.Response:
         scheme, _, secret = request.headers.get("Authorization", "").partition(" ")

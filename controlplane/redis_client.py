@@ -25,6 +25,11 @@ _async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, redis.as
 #: A Redis that stops answering must not hold a request (or a commit hook) for long: callers
 #: treat an error as a miss and go to the database.
 SOCKET_TIMEOUT_SECONDS = 2.0
+#: Connections per process (and event loop). A request waits for a free one (up to the
+#: timeout) rather than failing: redis-py's default pool raises "Too many connections" past
+#: 100, which a burst of 256 polls on two processes reaches. A round trip takes well under a
+#: millisecond, so a few dozen connections carry thousands of requests a second.
+MAX_CONNECTIONS = 48
 
 
 def key(*parts: str) -> str:
@@ -39,11 +44,14 @@ def sync_client() -> redis.Redis:
     if current is None or current[0] != url:
         with _lock:
             if _sync is None or _sync[0] != url:
-                client = redis.Redis.from_url(
+                pool = redis.BlockingConnectionPool.from_url(
                     url,
+                    max_connections=MAX_CONNECTIONS,
+                    timeout=SOCKET_TIMEOUT_SECONDS,
                     socket_timeout=SOCKET_TIMEOUT_SECONDS,
                     socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
                 )
+                client = redis.Redis(connection_pool=pool)
                 _sync = (url, client)
             current = _sync
     return current[1]
@@ -55,11 +63,14 @@ def async_client() -> redis.asyncio.Redis:
     url = settings.REDIS_URL
     current = _async.get(loop)
     if current is None or current[0] != url:
-        client = redis.asyncio.Redis.from_url(
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
             url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=SOCKET_TIMEOUT_SECONDS,
             socket_timeout=SOCKET_TIMEOUT_SECONDS,
             socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
         )
+        client = redis.asyncio.Redis(connection_pool=pool)
         current = (url, client)
         _async[loop] = current
     return current[1]

@@ -9,10 +9,10 @@ limited to that source. Then serves it two ways, each as real processes on this 
 
 - ours: `uvicorn controlplane.asgi:application --workers N` (DEBUG off, PostgreSQL, Redis),
   exactly as production runs it;
-- bare: N aiohttp processes (one port, SO_REUSEPORT) whose handler does the least the same
-  answer needs: parse the bearer token, fetch its grant and the gate's JSON from the same Redis
-  keys in one MGET, check the secret's SHA-256, the permission and the source, compare the
-  ETag, send the JSON.
+- bare: N aiohttp processes accepting on one shared socket (as uvicorn's workers do), whose
+  handler does the least the same answer needs: parse the bearer token, fetch its grant and
+  the gate's JSON in one MGET, check the secret's SHA-256, the permission and the source,
+  compare the ETag, send the JSON.
 
 One aiohttp client (this process) drives both with the same requests, at each concurrency, in
 alternating order, `--runs` times after a warm-up. `--conditional` sends the last ETag in
@@ -57,8 +57,9 @@ VIEW_PERM = "accounts.view_controlplane"
 # -- the bare server ---------------------------------------------------------------------------
 
 
-def serve_bare(port: int, redis_url: str, grant_key: str, gate_key: str) -> None:
-    """A minimal aiohttp gate endpoint reading the same Redis keys (one process of N)."""
+def serve_bare(fd: int, redis_url: str, grant_key: str, gate_key: str) -> None:
+    """A minimal aiohttp gate endpoint reading the same Redis keys (one process of N, all
+    accepting on one inherited listening socket: how `uvicorn --workers N` shares its port)."""
     import redis.asyncio
     from aiohttp import web
 
@@ -93,7 +94,8 @@ def serve_bare(port: int, redis_url: str, grant_key: str, gate_key: str) -> None
 
     app = web.Application()
     app.router.add_get("/api/v1/gates/{source}/{namespace}", gate)
-    web.run_app(app, host="127.0.0.1", port=port, reuse_port=True, print=None, access_log=None)
+    listening = socket.socket(fileno=fd)
+    web.run_app(app, sock=listening, print=None, access_log=None)
 
 
 # -- setup -------------------------------------------------------------------------------------
@@ -220,7 +222,11 @@ def start_ours(database_url: str, processes: int) -> tuple[list[subprocess.Popen
 def start_bare(processes: int, data: dict) -> tuple[list[subprocess.Popen], int]:
     from django.conf import settings
 
-    port = _free_port()
+    listening = socket.socket()
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(2048)  # uvicorn's default backlog
+    port = listening.getsockname()[1]
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); from bench.gate_api import serve_bare; "
         "serve_bare(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])"
@@ -230,14 +236,17 @@ def start_bare(processes: int, data: dict) -> tuple[list[subprocess.Popen], int]
         "-c",
         code,
         str(ROOT),
-        str(port),
+        str(listening.fileno()),
         settings.REDIS_URL,
         data["grant_key"],
         data["gate_key"],
     ]
-    return [
-        subprocess.Popen(argv, cwd=ROOT, start_new_session=True) for _ in range(processes)
-    ], port
+    started = [
+        subprocess.Popen(argv, cwd=ROOT, start_new_session=True, pass_fds=[listening.fileno()])
+        for _ in range(processes)
+    ]
+    listening.close()  # the children hold it
+    return started, port
 
 
 def stop(processes: list[subprocess.Popen]) -> None:
@@ -298,6 +307,30 @@ def _delete_bench_keys() -> None:
             client.unlink(*keys)
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def server_cpu(processes: list[subprocess.Popen]) -> float:
+    """CPU seconds used so far by the server processes and their children (uvicorn workers)."""
+    total = 0.0
+    pending = [p.pid for p in processes]
+    while pending:
+        pid = pending.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        pending += _children(pid)
+    return total
+
+
 def _span(values: list[float]) -> str:
     return (
         f"median {statistics.median(values):.0f} "
@@ -345,6 +378,8 @@ def main() -> None:
             f"{args.web_processes} server processes each; DEBUG off; PostgreSQL + Redis"
         )
         results: dict[tuple[str, int], list[float]] = {}
+        cpu: dict[tuple[str, int], list[float]] = {}
+        servers = {"ours": ours, "bare": bare}
         errors: dict[tuple[str, int], int] = {}
         for concurrency in levels:
             for url in urls.values():  # warm-up: connections, caches, imports
@@ -352,22 +387,31 @@ def main() -> None:
             for n in range(1, args.runs + 1):
                 order = ["ours", "bare"] if n % 2 else ["bare", "ours"]
                 for name in order:
+                    cpu_before = server_cpu(servers[name])
                     rps, failed, statuses = asyncio.run(
                         burst(
                             urls[name], data["secret"], args.requests, concurrency, args.conditional
                         )
                     )
+                    cpu_ms = (server_cpu(servers[name]) - cpu_before) * 1000 / args.requests
+                    cpu.setdefault((name, concurrency), []).append(cpu_ms)
                     results.setdefault((name, concurrency), []).append(rps)
                     errors[(name, concurrency)] = errors.get((name, concurrency), 0) + failed
                     print(
-                        f"  c={concurrency} run {n} {name}: {rps:.0f} req/s, {failed} errors, "
+                        f"  c={concurrency} run {n} {name}: {rps:.0f} req/s, "
+                        f"server CPU {cpu_ms:.2f} ms/request, {failed} errors, "
                         f"statuses {statuses}"
                     )
         print()
         for concurrency in levels:
             for name in ("ours", "bare"):
                 key = (name, concurrency)
-                print(f"c={concurrency} {name}: {_span(results[key])}, {errors[key]} errors")
+                ms = cpu[key]
+                print(
+                    f"c={concurrency} {name}: {_span(results[key])}, server CPU median "
+                    f"{statistics.median(ms):.2f} ms/request (min {min(ms):.2f}, max "
+                    f"{max(ms):.2f}), {errors[key]} errors"
+                )
         summary = []
         for concurrency in levels:
             ours_m = statistics.median(results[("ours", concurrency)])

@@ -258,6 +258,20 @@ def grant_for(secret: str) -> Grant | None:
         return _load_grant(secret, key_id, replace=False)
 
 
+def rebuild_grant(secret: str) -> None:
+    """Rebuild the cached grant of `secret` from the database, unless this process is already
+    at it (the gate API's front path calls this in the background when a grant is due)."""
+    key_id = key_id_of(secret)
+    if key_id is None:
+        return
+    loading = _LOADING[hash(key_id) % len(_LOADING)]
+    if loading.acquire(blocking=False):
+        try:
+            _load_grant(secret, key_id, replace=True)
+        finally:
+            loading.release()
+
+
 def _cached_grant(key_id: str) -> Grant | None:
     try:
         return Grant.decode(redis_client.sync_client().get(grant_key(key_id)))

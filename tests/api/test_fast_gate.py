@@ -122,21 +122,28 @@ def test_a_changed_gate_is_served_at_its_new_revision(polled, fleet):
     assert b'"state": "open_forced"' in body
 
 
-def test_a_grant_about_to_lapse_is_handed_to_django_once_a_second(polled):
+def test_a_grant_and_copy_about_to_lapse_are_rebuilt_while_the_poll_is_answered(polled, fleet):
     key = tokens.grant_key(tokens.key_id_of(polled) or "")
     grant = tokens.Grant.decode(redis_client.sync_client().get(key))
     assert grant is not None
-    due = tokens.Grant(**{**grant.__dict__, "refresh_at": 0.0})
-    redis_client.sync_client().set(key, due.encode(), ex=5)
+    redis_client.sync_client().set(
+        key, tokens.Grant(**{**grant.__dict__, "refresh_at": 0.0}).encode()
+    )
+    copy_key = gate_cache.gate_key("src-a", "rl-a")
+    revision, source_id, _, body = redis_client.sync_client().get(copy_key).split(b" ", 3)
+    redis_client.sync_client().set(copy_key, b" ".join([revision, source_id, b"0", body]))
+    # What the database says now and the copy does not (words changed outside the gate writer).
+    Gate.objects.filter(pk=fleet["gate"].pk).update(reason="held: disk full")
     django = CountingDjango()
-    fast = fast_gate.wrap(django)
-    fast_gate._handed_over.clear()
-    assert _call(fast, GATE, _headers(polled))[0] == 200
-    assert django.calls == 1  # Django rebuilt the grant from the database ...
-    rebuilt = tokens.Grant.decode(redis_client.sync_client().get(key))
+    fast_gate._claimed.clear()
+    status, _, answered = _call(fast_gate.wrap(django), GATE, _headers(polled))
+    assert status == 200 and django.calls == 0  # answered from the due copies ...
+    assert b"disk full" not in answered
+    rebuilt = tokens.Grant.decode(redis_client.sync_client().get(key))  # ... and both rebuilt
     assert rebuilt is not None and not rebuilt.due(time.time())
-    assert _call(fast, GATE, _headers(polled))[0] == 200
-    assert django.calls == 1  # ... and the next poll is answered in front of it again
+    copy = gate_cache.read("src-a", "rl-a")
+    assert copy is not None and not copy.due(time.time())
+    assert copy.payload()["reason"] == "held: disk full"
 
 
 def test_a_revoked_token_is_refused_at_once(polled):

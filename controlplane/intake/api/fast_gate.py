@@ -11,13 +11,15 @@ accepts the secret, allows viewing and covers the gate's source, a gate copy in 
 allowed Host, and no redirect due. Anything else — a miss, a revoked or unknown token, a
 limited token asking for another source, Redis away — goes to Django unchanged, which answers
 from the database (and primes the copies): errors, refusals and their bodies stay Django's.
-A grant or copy about to lapse is handed to Django by one request a second (per process),
-which rebuilds it while the rest are still answered here.
+A grant or copy about to lapse is rebuilt from the database in a worker thread (once a second
+per process at most) while the polls go on being answered here: a polled gate never lapses.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import os
 import re
 import time
@@ -27,6 +29,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.db import connections
 from django.http.request import split_domain_port, validate_host
 from django.utils.csp import CSP, build_policy
 
@@ -38,12 +41,15 @@ from controlplane.intake.api.gates import (
     JSON_CONTENT_TYPE,
     etag_for,
     not_modified,
+    rebuild_copy,
     rendered_copy,
 )
 from controlplane.refresh import gate_cache
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[..., Awaitable[None]]
+
+logger = logging.getLogger(__name__)
 
 GATE_PATH = re.compile(r"^/api/v1/gates/([^/]+)/([^/]+)$")
 #: As `audit.middleware.CorrelationIdMiddleware` accepts an offered `X-Request-ID`.
@@ -108,11 +114,11 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
         or (grant.source_ids is not None and cached.source_id not in grant.source_ids)
     ):
         return None
-    # About to lapse: one request a second goes to Django, which rebuilds it from the database.
-    if (grant.due(now) and _hand_over(key_id, now)) or (
-        cached.due(now) and _hand_over(f"{source}/{namespace}", now)
-    ):
-        return None
+    # About to lapse: rebuilt from the database in a thread, while this request is answered.
+    if grant.due(now) and _claim(key_id, now):
+        _in_background(tokens.rebuild_grant, secret)
+    if cached.due(now) and _claim(f"{source}/{namespace}", now):
+        _in_background(rebuild_copy, source, namespace)
     etag = etag_for(cached.source_id, namespace, cached.revision)
     offered = headers.get(b"if-none-match", b"").decode("latin-1")
     if not_modified(offered, etag):
@@ -162,17 +168,34 @@ def _decoded_gate(raw: bytes | None) -> gate_cache.CachedGate | None:
     return _gates[raw]
 
 
-_handed_over: dict[str, float] = {}
+_claimed: dict[str, float] = {}
+_background: set[asyncio.Future] = set()
 
 
-def _hand_over(what: str, now: float) -> bool:
+def _claim(what: str, now: float) -> bool:
     """True at most once a second per process for `what` (a token or a gate)."""
-    if now - _handed_over.get(what, 0.0) < 1.0:
+    if now - _claimed.get(what, 0.0) < 1.0:
         return False
-    if len(_handed_over) >= _DECODED_MAX:
-        _handed_over.clear()
-    _handed_over[what] = now
+    if len(_claimed) >= _DECODED_MAX:
+        _claimed.clear()
+    _claimed[what] = now
     return True
+
+
+def _in_background(rebuild: Callable[..., None], *args: str) -> None:
+    """Run a database rebuild in the loop's thread pool, without waiting for it."""
+
+    def job() -> None:
+        try:
+            rebuild(*args)
+        except Exception:
+            logger.exception("rebuilding a cached grant or gate copy failed")
+        finally:
+            connections.close_all()  # this thread's connection goes back to the pool
+
+    future = asyncio.get_running_loop().run_in_executor(None, job)
+    _background.add(future)
+    future.add_done_callback(_background.discard)
 
 
 def _bearer_secret(header: bytes) -> str | None:

@@ -22,6 +22,7 @@ from ninja.responses import NinjaJSONEncoder
 from pydantic import Field
 
 from controlplane.accounts.roles import Perm
+from controlplane.fleet.models import Source
 from controlplane.intake.api import idempotency
 from controlplane.intake.api.auth import (
     actor,
@@ -189,16 +190,37 @@ def _visible_copy(request: HttpRequest, source: str, namespace: str):
     return cached
 
 
-def _from_database(request: HttpRequest, response: HttpResponse, source: str, namespace: str):
-    found = source_or_404(request, source)
+def _serialized(found: Source, namespace: str) -> dict[str, Any] | None:
+    """The gate as the database has it; None when the source has no such namespace."""
     gate = Gate.objects.filter(source=found, namespace=namespace).first()
     if gate is None:
         if not found.workers.filter(namespace=namespace).exists():
-            raise Http404(f"source {source!r} has no namespace {namespace!r}")
-        payload = gate_state(found, namespace)
-    else:
-        gate.source = found
-        payload = serialize_gate(gate)
+            return None
+        return gate_state(found, namespace)
+    gate.source = found
+    return serialize_gate(gate)
+
+
+def rebuild_copy(source: str, namespace: str) -> None:
+    """Rebuild a gate's Redis copy from the database, unless this process is already at it
+    (`fast_gate` calls this in the background when a copy is about to lapse)."""
+    priming = _priming_lock(source, namespace)
+    if not priming.acquire(blocking=False):
+        return
+    try:
+        found = Source.objects.filter(name=source).first()
+        payload = _serialized(found, namespace) if found is not None else None
+        if found is not None and payload is not None:
+            gate_cache.prime(payload, found.pk)
+    finally:
+        priming.release()
+
+
+def _from_database(request: HttpRequest, response: HttpResponse, source: str, namespace: str):
+    found = source_or_404(request, source)
+    payload = _serialized(found, namespace)
+    if payload is None:
+        raise Http404(f"source {source!r} has no namespace {namespace!r}")
     gate_cache.prime(payload, found.pk)
     etag = etag_for(found.pk, namespace, payload["revision"])
     response["ETag"] = etag

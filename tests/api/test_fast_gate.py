@@ -169,18 +169,33 @@ def test_a_token_limited_to_one_source_is_refused_another(fleet, viewer, token_f
     assert django.calls == 1
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["no copy", "no grant", "bad host", "basic auth", "forged secret", "other path"],
-)
+@pytest.mark.parametrize("missing", ["copy", "grant", "both"])
+def test_a_missing_grant_or_copy_is_loaded_in_front_of_django(polled, missing):
+    expected = _call(DJANGO, GATE, _headers(polled))
+    if missing in ("copy", "both"):
+        redis_client.sync_client().delete(gate_cache.gate_key("src-a", "rl-a"))
+    if missing in ("grant", "both"):
+        redis_client.sync_client().delete(tokens.grant_key(tokens.key_id_of(polled) or ""))
+    django = CountingDjango()
+    status, _, body = _call(fast_gate.wrap(django), GATE, _headers(polled))
+    assert (status, body, django.calls) == (200, expected[2], 0)
+    assert gate_cache.read("src-a", "rl-a") is not None
+
+
+def test_an_unknown_token_loads_nothing_and_goes_to_django(polled):
+    redis_client.sync_client().delete(gate_cache.gate_key("src-a", "rl-a"))
+    unknown = "cpt_0123456789ab_" + "A" * 43
+    django = CountingDjango()
+    status, _, _ = _call(fast_gate.wrap(django), GATE, _headers(unknown))
+    assert status == 401 and django.calls == 1
+    assert gate_cache.read("src-a", "rl-a") is None  # no gate loaded for a refused token
+
+
+@pytest.mark.parametrize("case", ["bad host", "basic auth", "forged secret", "other path"])
 def test_anything_uncertain_goes_to_django(polled, case):
     headers = _headers(polled)
     path = GATE
-    if case == "no copy":
-        redis_client.sync_client().delete(gate_cache.gate_key("src-a", "rl-a"))
-    elif case == "no grant":
-        redis_client.sync_client().delete(tokens.grant_key(tokens.key_id_of(polled) or ""))
-    elif case == "bad host":
+    if case == "bad host":
         headers["Host"] = "evil.example"
     elif case == "basic auth":
         headers["Authorization"] = "Basic Zm9vOmJhcg=="
@@ -192,8 +207,6 @@ def test_anything_uncertain_goes_to_django(polled, case):
     status, _, _ = _call(fast_gate.wrap(django), path, headers)
     assert django.calls == 1
     expected = {
-        "no copy": 200,
-        "no grant": 200,
         "bad host": 400,
         "basic auth": 401,
         "forged secret": 401,

@@ -8,9 +8,11 @@ headers Django would send (`tests/api/test_fast_gate.py` compares the two).
 
 It answers only when everything is certain: a well-formed bearer token whose cached grant
 accepts the secret, allows viewing and covers the gate's source, a gate copy in Redis, an
-allowed Host, and no redirect due. Anything else — a miss, a revoked or unknown token, a
-limited token asking for another source, Redis away — goes to Django unchanged, which answers
-from the database (and primes the copies): errors, refusals and their bodies stay Django's.
+allowed Host, and no redirect due. A grant or copy missing from Redis is first loaded from the
+database, once per process in a worker thread, while the polls that missed it wait. Anything
+else — a revoked, unknown or expired token, a limited token asking for another source, a gate
+the database does not have, Redis away — goes to Django unchanged, which answers from the
+database: errors, refusals and their bodies stay Django's.
 A grant or copy about to lapse is rebuilt from the database in a worker thread (once a second
 per process at most) while the polls go on being answered here: a polled gate never lapses.
 """
@@ -96,10 +98,22 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
     key_id = tokens.key_id_of(secret) if secret is not None else None
     if secret is None or key_id is None:
         return None
+    grant_key, gate_key = tokens.grant_key(key_id), gate_cache.gate_key(source, namespace)
+    client = redis_client.async_client()
     try:
-        raw_grant, raw_gate = await redis_client.async_client().mget(
-            tokens.grant_key(key_id), gate_cache.gate_key(source, namespace)
-        )
+        raw_grant, raw_gate = await client.mget(grant_key, gate_key)
+        # Not cached (yet, or lapsed while nobody polled): one load per process from the
+        # database in a worker thread, awaited by every poll that missed meanwhile, instead of
+        # a burst of polls through Django. A token the database refuses stays uncached (and a
+        # revoke's marker is no miss): Django answers those, and no gate is loaded for them.
+        if raw_grant is None:
+            await _load_once(key_id, tokens.grant_for, secret)
+            raw_grant = await client.get(grant_key)
+            if raw_grant is None:
+                return None
+        if raw_gate is None:
+            await _load_once(f"{source}/{namespace}", rebuild_copy, source, namespace)
+            raw_gate = await client.get(gate_key)
     except redis.RedisError:
         return None
     # The client returns bytes (no decode_responses); the types allow str too.
@@ -182,20 +196,37 @@ def _claim(what: str, now: float) -> bool:
     return True
 
 
-def _in_background(rebuild: Callable[..., None], *args: str) -> None:
-    """Run a database rebuild in the loop's thread pool, without waiting for it."""
+_loading: dict[str, asyncio.Future] = {}
+
+
+def _in_thread(rebuild: Callable[..., object], *args: str) -> asyncio.Future:
+    """Run a database load in the loop's thread pool (its connection returned afterwards)."""
 
     def job() -> None:
         try:
             rebuild(*args)
         except Exception:
-            logger.exception("rebuilding a cached grant or gate copy failed")
+            logger.exception("loading a cached grant or gate copy failed")
         finally:
             connections.close_all()  # this thread's connection goes back to the pool
 
-    future = asyncio.get_running_loop().run_in_executor(None, job)
+    return asyncio.get_running_loop().run_in_executor(None, job)
+
+
+def _in_background(rebuild: Callable[..., object], *args: str) -> None:
+    """Start a load without waiting for it."""
+    future = _in_thread(rebuild, *args)
     _background.add(future)
     future.add_done_callback(_background.discard)
+
+
+async def _load_once(what: str, load: Callable[..., object], *args: str) -> None:
+    """Run `load` once for `what` however many polls ask meanwhile; each awaits the same one."""
+    future = _loading.get(what)
+    if future is None:
+        future = _loading[what] = _in_thread(load, *args)
+        future.add_done_callback(lambda _: _loading.pop(what, None))
+    await asyncio.shield(future)
 
 
 def _bearer_secret(header: bytes) -> str | None:

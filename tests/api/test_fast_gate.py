@@ -28,12 +28,13 @@ DJANGO = get_asgi_application()
 class CountingDjango:
     """Django's ASGI app, counting the requests the fast path handed over."""
 
-    def __init__(self):
+    def __init__(self, app=DJANGO):
         self.calls = 0
+        self.app = app
 
     async def __call__(self, scope, receive, send):
         self.calls += 1
-        await DJANGO(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def _call(app, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -213,3 +214,24 @@ def test_anything_uncertain_goes_to_django(polled, case):
         "other path": 405,
     }
     assert status == expected[case]
+
+
+def test_a_redirect_to_https_is_left_to_django(polled, settings):
+    settings.SECURE_SSL_REDIRECT = True
+    django = CountingDjango(get_asgi_application())  # middleware reads settings when built
+    status, headers, _ = _call(fast_gate.wrap(django), GATE, _headers(polled))
+    assert (status, django.calls) == (301, 1)
+    assert headers["location"].startswith("https://")
+
+
+def test_behind_a_tls_proxy_the_fast_answer_carries_djangos_hsts(polled, settings):
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_HSTS_SECONDS = 3600
+    headers = _headers(polled, **{"X-Forwarded-Proto": "https"})
+    django = CountingDjango()
+    status, fast, body = _call(fast_gate.wrap(django), GATE, headers)
+    assert (status, django.calls) == (200, 0)
+    expected = _call(get_asgi_application(), GATE, headers)  # built under these settings
+    assert fast["strict-transport-security"] == "max-age=3600"
+    assert (_comparable(fast), body) == (_comparable(expected[1]), expected[2])

@@ -26,7 +26,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from django.conf import settings
@@ -90,9 +90,8 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
             return None
         headers[name] = value
     secure = _is_secure(scope, headers)
-    if not _host_allowed(headers) or (settings.SECURE_SSL_REDIRECT and not secure):
-        return None
-    if settings.PREPEND_WWW or settings.DISALLOWED_USER_AGENTS:  # CommonMiddleware's to judge
+    config = _config()
+    if config.defer or not _host_allowed(headers) or (config.ssl_redirect and not secure):
         return None
     secret = _bearer_secret(headers.get(b"authorization", b""))
     key_id = tokens.key_id_of(secret) if secret is not None else None
@@ -239,9 +238,9 @@ def _bearer_secret(header: bytes) -> str | None:
 
 def _is_secure(scope: Scope, headers: dict[bytes, bytes]) -> bool:
     """As `HttpRequest.scheme`: the proxy's header when configured, else the connection."""
-    if settings.SECURE_PROXY_SSL_HEADER:
-        header, secure_value = settings.SECURE_PROXY_SSL_HEADER
-        name = header.removeprefix("HTTP_").replace("_", "-").lower().encode()
+    proxy_header = _config().proxy_ssl_header
+    if proxy_header is not None:
+        name, secure_value = proxy_header
         value = headers.get(name)
         if value is not None:
             return value.decode("latin-1").split(",", 1)[0].strip() == secure_value
@@ -250,7 +249,7 @@ def _is_secure(scope: Scope, headers: dict[bytes, bytes]) -> bool:
 
 def _host_allowed(headers: dict[bytes, bytes]) -> bool:
     """As `HttpRequest.get_host` for a request with a Host header (else Django decides)."""
-    if settings.USE_X_FORWARDED_HOST or b"host" not in headers:
+    if b"host" not in headers:
         return False
     return _valid_host(headers[b"host"])
 
@@ -262,6 +261,30 @@ def _valid_host(host: bytes) -> bool:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
     domain, _ = split_domain_port(host.decode("latin-1"))
     return bool(domain) and validate_host(domain, allowed)
+
+
+class _Config(NamedTuple):
+    #: Settings under which Django's middleware may answer otherwise: CommonMiddleware's
+    #: www-redirect and user-agent refusals, hosts taken from X-Forwarded-Host.
+    defer: bool
+    ssl_redirect: bool
+    proxy_ssl_header: tuple[bytes, str] | None
+
+
+@functools.cache
+def _config() -> _Config:
+    proxy = settings.SECURE_PROXY_SSL_HEADER
+    return _Config(
+        defer=bool(
+            settings.PREPEND_WWW or settings.DISALLOWED_USER_AGENTS or settings.USE_X_FORWARDED_HOST
+        ),
+        ssl_redirect=bool(settings.SECURE_SSL_REDIRECT),
+        proxy_ssl_header=(
+            (proxy[0].removeprefix("HTTP_").replace("_", "-").lower().encode(), proxy[1])
+            if proxy
+            else None
+        ),
+    )
 
 
 @functools.cache
@@ -295,6 +318,7 @@ def _security_headers(secure: bool) -> tuple[tuple[bytes, bytes], ...]:
 
 
 def _settings_changed(**kwargs) -> None:
+    _config.cache_clear()
     _security_headers.cache_clear()
     _valid_host.cache_clear()
 

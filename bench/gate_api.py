@@ -12,7 +12,8 @@ limited to that source. Then serves it two ways, each as real processes on this 
 - bare: N aiohttp processes accepting on one shared socket (as uvicorn's workers do), whose
   handler does the least the same answer needs: parse the bearer token, fetch its grant and
   the gate's JSON in one MGET, check the secret's SHA-256, the permission and the source,
-  compare the ETag, send the JSON.
+  compare the ETag, send the JSON with the same headers (the security headers too, so the
+  one load generator parses the same responses from both).
 
 One aiohttp client (this process) drives both with the same requests, at each concurrency, in
 alternating order, `--runs` times after a warm-up. `--conditional` sends the last ETag in
@@ -58,7 +59,7 @@ VIEW_PERM = "accounts.view_controlplane"
 # -- the bare server ---------------------------------------------------------------------------
 
 
-def serve_bare(fd: int, redis_url: str, grant_key: str, gate_key: str) -> None:
+def serve_bare(fd: int, redis_url: str, grant_key: str, gate_key: str, extra: str) -> None:
     """A minimal aiohttp gate endpoint reading the same Redis keys (one process of N, all
     accepting on one inherited listening socket: how `uvicorn --workers N` shares its port)."""
     import redis.asyncio
@@ -88,11 +89,15 @@ def serve_bare(fd: int, redis_url: str, grant_key: str, gate_key: str) -> None:
         if VIEW_PERM not in grant["perms"] or int(source_id) not in grant["source_ids"]:
             return web.Response(status=404)
         etag = f'"{int(source_id)}.{revision.decode()}"'
-        headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
+        headers = {"ETag": etag, "Cache-Control": "private, no-cache", **same_headers}
+        headers["X-Request-ID"] = os.urandom(16).hex()
         if request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers=headers)
         return web.Response(body=body, content_type="application/json", headers=headers)
 
+    # The security headers ours sends (CSP, X-Frame-Options, ...): the same answer on the wire,
+    # so the one load generator parses the same responses from both.
+    same_headers = json.loads(extra)
     app = web.Application()
     app.router.add_get("/api/v1/gates/{source}/{namespace}", gate)
     listening = socket.socket(fileno=fd)
@@ -230,7 +235,7 @@ def start_bare(processes: int, data: dict) -> tuple[list[subprocess.Popen], int]
     port = listening.getsockname()[1]
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); from bench.gate_api import serve_bare; "
-        "serve_bare(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])"
+        "serve_bare(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6])"
     )
     argv = [
         sys.executable,
@@ -241,6 +246,7 @@ def start_bare(processes: int, data: dict) -> tuple[list[subprocess.Popen], int]
         settings.REDIS_URL,
         data["grant_key"],
         data["gate_key"],
+        json.dumps(_security_headers()),
     ]
     started = [
         subprocess.Popen(argv, cwd=ROOT, start_new_session=True, pass_fds=[listening.fileno()])
@@ -248,6 +254,12 @@ def start_bare(processes: int, data: dict) -> tuple[list[subprocess.Popen], int]
     ]
     listening.close()  # the children hold it
     return started, port
+
+
+def _security_headers() -> dict[str, str]:
+    from controlplane.intake.api.fast_gate import _security_headers as ours
+
+    return {name.decode(): value.decode("latin-1") for name, value in ours(False)}
 
 
 def stop(processes: list[subprocess.Popen]) -> None:

@@ -12,6 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from controlplane.intake.api import fast_gate  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -37,7 +38,8 @@ def _allowed_origins() -> list[str]:
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Gate polls with a cached token and gate are answered before Django (see there).
+        "http": fast_gate.wrap(django_asgi_app),
         "websocket": BrowserOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), _allowed_origins()
         ),

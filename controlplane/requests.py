@@ -13,6 +13,7 @@ from django_htmx.middleware import HtmxDetails
 
 if TYPE_CHECKING:  # types only: every app may import this module, whatever its layer
     from controlplane.accounts.models import ApiToken
+    from controlplane.accounts.tokens import Grant
     from controlplane.audit.recorder import Actor
 
 
@@ -25,11 +26,13 @@ class HtmxHttpRequest(HttpRequest):
 class ApiRequest(HttpRequest):
     """A request authenticated by the JSON API (`controlplane.intake.api.auth`).
 
-    `api_token` is the bearer token (None for a browser session); `audit_actor` is who the
+    `api_token` is the bearer token (None for a browser session), `grant` what it may do
+    (`accounts.tokens.Grant`, cached: permissions and sources); `audit_actor` is who the
     audit log names for changes made with it; `token_source_ids` caches the sources a limited
     token may touch (None when unlimited).
     """
 
     api_token: ApiToken | None
+    grant: Grant | None
     audit_actor: Actor
     token_source_ids: set[int] | None

@@ -18,6 +18,7 @@ from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.notify.emit import notify
+from controlplane.refresh import gate_cache
 from controlplane.refresh.live import publish_gate_changes
 from controlplane.refresh.models import ADMITTING_STATES, Gate, GateState, ScopeLock
 
@@ -103,8 +104,18 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
     }
 
 
+def _copy_on_commit(ids) -> None:
+    """Once committed, the rows of `ids` become the gate API's Redis copies (gate_cache.py).
+    Registered before the push, so a client woken by it reads the new state."""
+    ids = list(ids)
+    if ids:
+        rows = Gate.objects.filter(pk__in=ids).select_related("source")
+        transaction.on_commit(lambda: gate_cache.store(serialize_gate(g) for g in rows.all()))
+
+
 def _announce(gates: list[Gate]) -> None:
     payloads = [serialize_gate(g) for g in gates]
+    _copy_on_commit(g.pk for g in gates)
     transaction.on_commit(lambda: publish_gate_changes(payloads))
 
 
@@ -118,6 +129,7 @@ def _update(ids, *, state: str | None = None, now=None, **fields) -> None:
         fields["since"] = Case(When(~Q(state=state), then=Value(now)), default=F("since"))
     lockorder.domain_lock("gates")
     Gate.objects.filter(pk__in=ids).update(revision=F("revision") + 1, updated_at=now, **fields)
+    _copy_on_commit(ids)
 
 
 def _change(
@@ -394,6 +406,7 @@ def record_drift(
         changes["drift"] = drift
     if not changes and not close_reason:
         Gate.objects.filter(pk=gate.pk).update(confirmed_at=now)
+        _copy_on_commit([gate.pk])  # the API serves `confirmed_at`: same revision, new copy
         return gate
     named = "; ".join(f"{d['key']} ({d['kind']}: {d['detail']})" for d in new)
     if close_reason:

@@ -1,24 +1,39 @@
 """The gate API rollout frameworks poll: is a scope open, at which verified policy version.
 
-Built to be polled every second by many clients: one indexed query for the gate, an `ETag`
-from the gate's revision, and `If-None-Match` answered with 304 before any serialisation.
+Built to be polled every second by many clients, without the database: the token's grant and
+the gate come from Redis (`accounts.tokens.grant_for`, `refresh.gate_cache`), the `ETag` is
+the gate's revision, and `If-None-Match` is answered with 304 before anything is rendered. A
+gate missing from Redis (or about to lapse) is read from the database and its copy primed,
+once per process at a time. `fast_gate` serves the same answers in front of Django.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 import zlib
 from typing import Any, Literal
 
 from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import Query, Router, Schema, Status
+from ninja.responses import NinjaJSONEncoder
 from pydantic import Field
 
 from controlplane.accounts.roles import Perm
+from controlplane.fleet.models import Source
 from controlplane.intake.api import idempotency
-from controlplane.intake.api.auth import actor, limit_to_sources, require, source_or_404
+from controlplane.intake.api.auth import (
+    actor,
+    limit_to_sources,
+    require,
+    source_or_404,
+    token_source_ids,
+)
 from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
+from controlplane.refresh import gate_cache
 from controlplane.refresh.action_table import FORCE_REOPEN, ActionInput
 from controlplane.refresh.gates import gate_state, serialize_gate
 from controlplane.refresh.models import ADMITTING_STATES, Gate
@@ -26,6 +41,7 @@ from controlplane.refresh.models import ADMITTING_STATES, Gate
 router = Router(tags=["gates"])
 
 CACHE_CONTROL = "private, no-cache"
+JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 
 
 class ForcedOut(Schema):
@@ -78,9 +94,44 @@ def etag_for(source_id: int, namespace: str, revision: int) -> str:
     return f'"{source_id}.{zlib.crc32(namespace.encode()):08x}.{revision}"'
 
 
-def _not_modified(request: HttpRequest, etag: str) -> bool:
-    offered = request.headers.get("If-None-Match", "")
+def not_modified(offered: str, etag: str) -> bool:
+    """`If-None-Match` (as sent, possibly a list) names the current tag."""
     return any(tag.strip() in (etag, f"W/{etag}", "*") for tag in offered.split(","))
+
+
+def _not_modified(request: HttpRequest, etag: str) -> bool:
+    return not_modified(request.headers.get("If-None-Match", ""), etag)
+
+
+def render_gate(payload: dict[str, Any]) -> bytes:
+    """The endpoint's JSON for a serialised gate, shaped by `GateOut` as Ninja would."""
+    return json.dumps(GateOut.model_validate(payload).model_dump(), cls=NinjaJSONEncoder).encode()
+
+
+_rendered: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+_RENDERED_MAX = 4096
+
+
+def rendered_copy(source: str, namespace: str, cached: gate_cache.CachedGate) -> bytes:
+    """`render_gate` of a Redis copy, remembered per gate until the copy's bytes change."""
+    key = (source, namespace)
+    seen = _rendered.get(key)
+    if seen is not None and seen[0] == cached.body:
+        return seen[1]
+    body = render_gate(cached.payload())
+    if len(_rendered) >= _RENDERED_MAX:
+        _rendered.clear()
+    _rendered[key] = (cached.body, body)
+    return body
+
+
+#: One database read per gate and process at a time when its copy is missing (it expired, or
+#: a change is being committed): the other requests for it wait and then read the new copy.
+_PRIMING = [threading.Lock() for _ in range(64)]
+
+
+def _priming_lock(source: str, namespace: str) -> threading.Lock:
+    return _PRIMING[zlib.crc32(f"{source}/{namespace}".encode()) % len(_PRIMING)]
 
 
 @router.get("/gates", response={200: page_of(GateOut), **COMMON_ERRORS})
@@ -106,23 +157,77 @@ def get_gate(request: HttpRequest, response: HttpResponse, source: str, namespac
     A namespace the source has seen but never refreshed is open with no verified version.
     """
     require(request, Perm.VIEW)
-    found = source_or_404(request, source)
+    cached = _visible_copy(request, source, namespace)
+    priming = _priming_lock(source, namespace)
+    if cached is not None and cached.due(time.time()) and priming.acquire(blocking=False):
+        try:  # about to lapse: this request rebuilds it, the others go on reading it
+            return _from_database(request, response, source, namespace)
+        finally:
+            priming.release()
+    if cached is None:
+        with priming:
+            cached = _visible_copy(request, source, namespace)
+            if cached is None:
+                return _from_database(request, response, source, namespace)
+    etag = etag_for(cached.source_id, namespace, cached.revision)
+    if _not_modified(request, etag):
+        answer = HttpResponse(status=304)
+    else:
+        answer = HttpResponse(
+            rendered_copy(source, namespace, cached), content_type=JSON_CONTENT_TYPE
+        )
+    answer["ETag"] = etag
+    answer["Cache-Control"] = CACHE_CONTROL
+    return answer
+
+
+def _visible_copy(request: HttpRequest, source: str, namespace: str):
+    """The gate's Redis copy if the caller may see its source (else the database decides)."""
+    cached = gate_cache.read(source, namespace)
+    limit = token_source_ids(request)
+    if cached is None or (limit is not None and cached.source_id not in limit):
+        return None
+    return cached
+
+
+def _serialized(found: Source, namespace: str) -> dict[str, Any] | None:
+    """The gate as the database has it; None when the source has no such namespace."""
     gate = Gate.objects.filter(source=found, namespace=namespace).first()
     if gate is None:
         if not found.workers.filter(namespace=namespace).exists():
-            raise Http404(f"source {source!r} has no namespace {namespace!r}")
-        revision = 0
-    else:
-        revision = gate.revision
-    etag = etag_for(found.pk, namespace, revision)
+            return None
+        return gate_state(found, namespace)
+    gate.source = found
+    return serialize_gate(gate)
+
+
+def rebuild_copy(source: str, namespace: str) -> None:
+    """Rebuild a gate's Redis copy from the database, unless this process is already at it
+    (`fast_gate` calls this in the background when a copy is about to lapse)."""
+    priming = _priming_lock(source, namespace)
+    if not priming.acquire(blocking=False):
+        return
+    try:
+        found = Source.objects.filter(name=source).first()
+        payload = _serialized(found, namespace) if found is not None else None
+        if found is not None and payload is not None:
+            gate_cache.prime(payload, found.pk)
+    finally:
+        priming.release()
+
+
+def _from_database(request: HttpRequest, response: HttpResponse, source: str, namespace: str):
+    found = source_or_404(request, source)
+    payload = _serialized(found, namespace)
+    if payload is None:
+        raise Http404(f"source {source!r} has no namespace {namespace!r}")
+    gate_cache.prime(payload, found.pk)
+    etag = etag_for(found.pk, namespace, payload["revision"])
     response["ETag"] = etag
     response["Cache-Control"] = CACHE_CONTROL
     if _not_modified(request, etag):
         return Status(304, None)
-    if gate is None:
-        return gate_state(found, namespace)
-    gate.source = found
-    return serialize_gate(gate)
+    return payload
 
 
 @router.post(

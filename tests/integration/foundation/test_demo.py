@@ -1,5 +1,6 @@
 """`manage.py demo` starts the whole product and stops every child on SIGTERM."""
 
+import json
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from controlplane.embedded.redis import free_port
 
@@ -73,7 +75,16 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
             )
             assert signed_in.status_code == 302, signed_in.text
             assert client.get("/").status_code == 200
-        assert len(_processes_with_env(str(var_dir))) >= 5  # redis, fleet, worker, beat, web
+            # Websockets are served by the same uvicorn processes (Channels over ASGI).
+            cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+            with ws_connect(
+                f"ws://127.0.0.1:{port}/ws/gates/",
+                additional_headers={"Cookie": cookie, "Origin": base},
+                open_timeout=10,
+            ) as ws:
+                assert json.loads(ws.recv(timeout=10))
+        # redis, fleet, Celery worker and beat, uvicorn's master and its two web processes
+        assert len(_processes_with_env(str(var_dir))) >= 7
     finally:
         demo.send_signal(signal.SIGTERM)
         demo.wait(timeout=60)

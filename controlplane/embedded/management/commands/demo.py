@@ -3,6 +3,9 @@
 Starts an embedded Redis, migrates the SQLite database, creates one demo user per role, starts
 a simulated Dynamo fleet and registers it as the source `sim`, then runs a Celery worker,
 Celery beat and the ASGI server until Ctrl-C / SIGTERM stops them all.
+
+The ASGI server is uvicorn with several worker processes, as in production: HTTP and Channels
+websockets in every process, websocket groups carried across them by the Redis channel layer.
 """
 
 import signal
@@ -54,6 +57,26 @@ def _point_this_process_at(redis_url: str) -> None:
     app.conf.broker_url = redis_url
 
 
+def web_argv(port: int, processes: int) -> list[str]:
+    """uvicorn's master and its workers share the child's process group, so the supervisor's
+    SIGTERM to the group stops them all; the master alone would restart a worker that died."""
+    return python_argv(
+        "-m",
+        "uvicorn",
+        "controlplane.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(processes),
+        # Django's ASGI handler has no lifespan protocol: say so instead of probing for it.
+        "--lifespan",
+        "off",
+        "--no-access-log",
+    )
+
+
 def _wait_for_http(url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -75,10 +98,18 @@ class Command(BaseCommand):
             "--namespaces", default="rl-a,rl-b,rl-c", help="simulated worker namespaces"
         )
         parser.add_argument("--no-simfleet", action="store_true", help="no simulated fleet")
+        parser.add_argument(
+            "--web-processes",
+            type=int,
+            default=2,
+            help="ASGI server worker processes (default 2)",
+        )
 
-    def handle(self, *args, port, workers, namespaces, no_simfleet, **options):
+    def handle(self, *args, port, workers, namespaces, no_simfleet, web_processes, **options):
         if settings.PRODUCTION:
             raise CommandError("demo runs the embedded defaults; unset CONTROLPLANE_ENV")
+        if web_processes < 1:
+            raise CommandError("--web-processes must be at least 1")
         if not _port_is_free(port):
             raise CommandError(f"127.0.0.1:{port} is in use; pick another with --port")
         var_dir = Path(settings.VAR_DIR)
@@ -109,17 +140,7 @@ class Command(BaseCommand):
                 extra_env=celery_env,
             )
             supervisor.start(
-                "web",
-                python_argv(
-                    "-m",
-                    "daphne",
-                    "-b",
-                    "127.0.0.1",
-                    "-p",
-                    str(port),
-                    "controlplane.asgi:application",
-                ),
-                extra_env={"CONTROLPLANE_PROCESS": "web"},
+                "web", web_argv(port, web_processes), extra_env={"CONTROLPLANE_PROCESS": "web"}
             )
             _wait_for_http(f"http://127.0.0.1:{port}/accounts/login/", timeout=30)
             self._print_welcome(port, users, supervisor)

@@ -1,0 +1,296 @@
+"""The gate API from Redis: the copy follows every gate change at commit and matches the
+database's serialisation; polls make no query once cached; a missing copy falls back to the
+database and is primed; cached token grants stay exactly as strict as the database."""
+
+import time
+
+import pytest
+from django.db import transaction
+from django.test import Client
+
+from controlplane import redis_client
+from controlplane.accounts import tokens
+from controlplane.accounts.models import ApiToken
+from controlplane.audit.recorder import Actor
+from controlplane.intake.api.gates import render_gate
+from controlplane.refresh import gate_cache, gates
+from controlplane.refresh.models import Gate, GateState
+from tests.api.conftest import U64, bearer
+
+GATE = "/api/v1/gates/src-a/rl-a"
+SYSTEM = Actor.system("test")
+
+
+def _db_payload(gate: Gate) -> dict:
+    return gates.serialize_gate(Gate.objects.select_related("source").get(pk=gate.pk))
+
+
+def _assert_copy_matches_database(client: Client, secret: str, gate: Gate, queries) -> dict:
+    """Redis holds exactly the database's serialisation, and the API serves it query-free."""
+    expected = _db_payload(gate)
+    cached = gate_cache.read("src-a", "rl-a")
+    assert cached is not None
+    assert cached.payload() == expected
+    assert cached.revision == expected["revision"] and cached.source_id == gate.source_id
+    with queries(0):
+        response = client.get(GATE, **bearer(secret))
+    assert response.status_code == 200
+    assert response.content == render_gate(expected)
+    return response.json()
+
+
+def test_the_copy_follows_every_kind_of_gate_change(
+    fleet, viewer, token_factory, django_capture_on_commit_callbacks, django_assert_num_queries
+):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    client.get(GATE, **bearer(secret))  # caches the grant (and primes the gate)
+    gate, refresh = fleet["gate"], fleet["refresh"]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        gates.open_gates_verified(refresh, actor=SYSTEM, verified={"rl-a": [U64]})
+    body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
+    assert body["state"] == "open" and body["verified_instances"] == [U64]
+    assert body["verified_version"] == "v2"
+
+    with django_capture_on_commit_callbacks(execute=True):
+        gates.close_gates(refresh, actor=SYSTEM, reason="updating to v3")
+    body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
+    assert body["state"] == "closed" and body["reason"] == "updating to v3"
+    assert body["active_refresh_id"] == refresh.pk
+
+    with django_capture_on_commit_callbacks(execute=True):
+        gates.force_open([gate], actor=SYSTEM, refresh=refresh, reason="ops decided")
+    body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
+    assert body["state"] == "open_forced" and body["forced"]["reason"] == "ops decided"
+
+    # The verified set shrinks (a worker left): a new revision.
+    with transaction.atomic(), django_capture_on_commit_callbacks(execute=True):
+        locked = gates.locked_gate(gate.pk)
+        assert locked is not None
+        gates.record_drift(locked, actor=SYSTEM, verified=[], unverified_count=1, drift=[])
+    body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
+    assert body["verified_instances"] == [] and body["unverified_count"] == 1
+    revision = body["revision"]
+
+    # A discovery that confirms the set only moves `confirmed_at`: same revision, new copy.
+    before = body["confirmed_at"]
+    with transaction.atomic(), django_capture_on_commit_callbacks(execute=True):
+        locked = gates.locked_gate(gate.pk)
+        assert locked is not None
+        gates.record_drift(locked, actor=SYSTEM, verified=[], unverified_count=1, drift=[])
+    body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
+    assert body["revision"] == revision and body["confirmed_at"] != before
+
+
+def test_a_rolled_back_change_never_reaches_the_copy(
+    fleet, viewer, token_factory, django_capture_on_commit_callbacks
+):
+    secret = token_factory(viewer, label="poller")
+    Client().get(GATE, **bearer(secret))
+    primed = gate_cache.read("src-a", "rl-a")
+    assert primed is not None and primed.payload()["state"] == GateState.CLOSED
+
+    class Boom(Exception):
+        pass
+
+    with (
+        django_capture_on_commit_callbacks(execute=True),
+        pytest.raises(Boom),
+        transaction.atomic(),
+    ):
+        gates.force_open([fleet["gate"]], actor=SYSTEM, refresh=None, reason="never")
+        raise Boom
+    assert gate_cache.read("src-a", "rl-a") == primed
+    assert Client().get(GATE, **bearer(secret)).json()["state"] == GateState.CLOSED
+
+
+def test_a_missing_copy_is_read_from_the_database_and_primed(
+    fleet, viewer, token_factory, django_assert_num_queries
+):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    first = client.get(GATE, **bearer(secret))
+    redis_client.sync_client().delete(gate_cache.gate_key("src-a", "rl-a"))
+
+    from_db = client.get(GATE, **bearer(secret))
+    assert from_db.status_code == 200 and from_db.json() == first.json()
+    assert from_db["ETag"] == first["ETag"]
+    assert gate_cache.read("src-a", "rl-a") is not None
+    with django_assert_num_queries(0):
+        again = client.get(GATE, **bearer(secret))
+    assert again.content == from_db.content
+
+
+def test_a_never_refreshed_namespace_is_served_open_and_primed(
+    fleet, viewer, token_factory, django_assert_num_queries
+):
+    secret = token_factory(viewer, label="poller")
+    Gate.objects.filter(pk=fleet["gate"].pk).delete()
+    client = Client()
+    first = client.get(GATE, **bearer(secret))
+    assert first.status_code == 200
+    assert first.json()["state"] == "open" and first.json()["revision"] == 0
+    with django_assert_num_queries(0):
+        unchanged = client.get(GATE, HTTP_IF_NONE_MATCH=first["ETag"], **bearer(secret))
+    assert unchanged.status_code == 304
+
+
+def test_a_reader_never_overwrites_a_newer_revision(fleet):
+    gate = fleet["gate"]
+    newer = _db_payload(gate)
+    newer.update(revision=7, state="open", open=True)
+    gate_cache.store([newer])
+    older = _db_payload(gate)  # revision 1, as a reader that loaded it just before the write
+    gate_cache.prime(older, gate.source_id)
+    cached = gate_cache.read("src-a", "rl-a")
+    assert cached is not None and cached.revision == 7 and cached.payload()["state"] == "open"
+    # An equal revision differs at most in `confirmed_at` (moved without a revision): replaced.
+    same = dict(newer, confirmed_at="2030-01-01T00:00:00+00:00")
+    gate_cache.store([same])
+    assert gate_cache.read("src-a", "rl-a").payload()["confirmed_at"] == same["confirmed_at"]
+
+
+def _due_copy(source: str, namespace: str) -> None:
+    """Make the gate's copy due for its rebuild (as it is REFRESH_AHEAD_SECONDS before lapsing)."""
+    key = gate_cache.gate_key(source, namespace)
+    revision, source_id, _, body = redis_client.sync_client().get(key).split(b" ", 3)
+    redis_client.sync_client().set(key, b" ".join([revision, source_id, b"0", body]))
+
+
+def test_a_copy_about_to_lapse_is_rebuilt_from_the_database_by_one_request(
+    fleet, viewer, token_factory, django_assert_num_queries
+):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    client.get(GATE, **bearer(secret))
+    # What the database says now, and the copy does not (a source's words changed elsewhere).
+    Gate.objects.filter(pk=fleet["gate"].pk).update(reason="held: disk full")
+    _due_copy("src-a", "rl-a")
+    rebuilt = client.get(GATE, **bearer(secret))
+    assert rebuilt.json()["reason"] == "held: disk full"
+    cached = gate_cache.read("src-a", "rl-a")
+    assert cached is not None and not cached.due(time.time())
+    with django_assert_num_queries(0):
+        assert client.get(GATE, **bearer(secret)).json()["reason"] == "held: disk full"
+
+
+def test_the_copy_carries_exactly_what_the_api_serves(fleet):
+    """serialize_gate's keys are GateOut's plus the internal source id: nothing else could
+    leak into a body rendered from Redis."""
+    from controlplane.intake.api.gates import GateOut
+
+    payload = _db_payload(fleet["gate"])
+    assert set(payload) - set(GateOut.model_fields) == {"source_id"}
+    assert set(GateOut.model_fields) <= set(payload)
+
+
+# -- tokens ------------------------------------------------------------------------------------
+
+
+def test_a_revoked_token_stops_working_at_once(fleet, viewer, token_factory):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    assert client.get(GATE, **bearer(secret)).status_code == 200  # grant now cached
+    tokens.revoke_token(ApiToken.objects.get(label="poller"), actor=SYSTEM)
+    refused = client.get(GATE, **bearer(secret))
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "unauthenticated"
+
+
+def test_a_request_racing_a_revoke_cannot_cache_the_old_grant(
+    fleet, viewer, token_factory, monkeypatch
+):
+    """A request that read the token just before the revoke committed and caches its grant
+    just after must not bring the token back."""
+    secret = token_factory(viewer, label="poller")
+    before_revoke = tokens.authenticate(secret)
+    assert before_revoke is not None
+    tokens.revoke_token(ApiToken.objects.get(label="poller"), actor=SYSTEM)
+    monkeypatch.setattr(tokens, "authenticate", lambda s: before_revoke)
+    assert tokens.grant_for(secret) is not None  # the racing request itself still passes
+    monkeypatch.undo()
+    assert tokens.grant_for(secret) is None
+    assert Client().get(GATE, **bearer(secret)).status_code == 401
+
+
+def test_a_token_limited_to_one_source_never_reads_another(
+    fleet, viewer, token_factory, django_capture_on_commit_callbacks
+):
+    other = Gate.objects.create(source=fleet["b"], namespace="rl-b", state=GateState.OPEN)
+    with django_capture_on_commit_callbacks(execute=True):
+        gates.force_open([other], actor=SYSTEM, refresh=None, reason="b is fine")
+    assert gate_cache.read("src-b", "rl-b") is not None  # B's copy is right there in Redis
+    secret = token_factory(viewer, label="a-only", sources=[fleet["a"]])
+    client = Client()
+    assert client.get(GATE, **bearer(secret)).status_code == 200
+    refused = client.get("/api/v1/gates/src-b/rl-b", **bearer(secret))
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
+    unlimited = token_factory(viewer, label="all")
+    assert client.get("/api/v1/gates/src-b/rl-b", **bearer(unlimited)).status_code == 200
+
+
+def _rewrite_grant(secret: str, **changes) -> None:
+    """Change the cached grant of `secret` in Redis (as a rebuild would after a change)."""
+    key = tokens.grant_key(tokens.key_id_of(secret) or "")
+    grant = tokens.Grant.decode(redis_client.sync_client().get(key))
+    assert grant is not None
+    redis_client.sync_client().set(key, tokens.Grant(**{**grant.__dict__, **changes}).encode())
+
+
+def test_the_cached_grants_permissions_are_enforced(fleet, viewer, token_factory):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    assert client.get(GATE, **bearer(secret)).status_code == 200
+    _rewrite_grant(secret, perms=frozenset())
+    refused = client.get(GATE, **bearer(secret))
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+
+
+def test_a_role_change_reaches_the_token_when_its_grant_is_rebuilt(fleet, viewer, token_factory):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    assert client.get(GATE, **bearer(secret)).status_code == 200
+    viewer.groups.clear()
+    # Within GRANT_SECONDS the grant lapses; dropping it stands for that wait.
+    redis_client.sync_client().delete(tokens.grant_key(tokens.key_id_of(secret) or ""))
+    assert client.get(GATE, **bearer(secret)).status_code == 403
+
+
+def test_a_grant_about_to_lapse_is_rebuilt_from_the_database_by_one_request(
+    fleet, viewer, token_factory, django_assert_num_queries
+):
+    secret = token_factory(viewer, label="poller")
+    client = Client()
+    assert client.get(GATE, **bearer(secret)).status_code == 200
+    viewer.groups.clear()  # the cached grant still says viewer
+    with django_assert_num_queries(0):
+        assert client.get(GATE, **bearer(secret)).status_code == 200
+    _rewrite_grant(secret, refresh_at=0.0)
+    assert client.get(GATE, **bearer(secret)).status_code == 403  # rebuilt: no longer a viewer
+    grant = tokens.Grant.decode(
+        redis_client.sync_client().get(tokens.grant_key(tokens.key_id_of(secret) or ""))
+    )
+    assert grant is not None and not grant.due(time.time()) and not grant.perms
+
+
+def test_a_rebuilt_grant_never_replaces_a_revoke(fleet, viewer, token_factory, monkeypatch):
+    secret = token_factory(viewer, label="poller")
+    assert Client().get(GATE, **bearer(secret)).status_code == 200
+    before_revoke = tokens.authenticate(secret)
+    _rewrite_grant(secret, refresh_at=0.0)
+    tokens.revoke_token(ApiToken.objects.get(label="poller"), actor=SYSTEM)
+    # A rebuild that read the token just before the revoke writes after the marker: refused.
+    monkeypatch.setattr(tokens, "authenticate", lambda s: before_revoke)
+    tokens._load_grant(secret, tokens.key_id_of(secret) or "", replace=True)
+    monkeypatch.undo()
+    assert Client().get(GATE, **bearer(secret)).status_code == 401
+
+
+def test_an_expired_token_is_refused_from_its_cached_grant(fleet, viewer, token_factory):
+    secret = token_factory(viewer, label="poller")
+    assert Client().get(GATE, **bearer(secret)).status_code == 200
+    _rewrite_grant(secret, expires_at=1.0)
+    assert Client().get(GATE, **bearer(secret)).status_code == 401
+    # A forged secret with the same key id is refused against the cached hash too.
+    assert Client().get(GATE, **bearer(secret[:-4] + "AAAA")).status_code == 401

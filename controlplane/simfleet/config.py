@@ -97,6 +97,8 @@ class FleetConfig:
     churn_interval: float | None = None
     #: How long a generation request waits on a paused vLLM Python worker before giving up.
     paused_generation_max_wait: float = 30.0
+    #: Ranks the stand-in trainer holds in every collective weight-update group (0..n-1).
+    trainer_ranks: int = 1
 
     @classmethod
     def generate(

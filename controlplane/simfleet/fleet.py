@@ -13,6 +13,7 @@ import time
 from collections import deque
 from typing import Any
 
+from controlplane.simfleet.collective import Collectives
 from controlplane.simfleet.config import FleetConfig, WorkerSpec
 from controlplane.simfleet.faults import Fault
 from controlplane.simfleet.workers import WORKER_CLASSES, SimWorker
@@ -40,6 +41,8 @@ class SimFleet:
         self._churn_task: asyncio.Task[None] | None = None
         self._churn_templates: list[WorkerSpec] = list(config.workers)
         self._round_robin = 0
+        #: Collective weight-update groups the workers join (`collective.py`).
+        self.collectives = Collectives(config.trainer_ranks)
 
     # -- membership -----------------------------------------------------------------------------
     def add_worker(self, spec: WorkerSpec | dict[str, Any]) -> str:
@@ -58,6 +61,7 @@ class SimFleet:
         if token in self.workers:
             raise ValueError(f"worker token {token!r} is already in use")
         worker = WORKER_CLASSES[spec.family](spec, token, instance_id, self.admin_url)
+        worker.fleet = self
         self.workers[token] = worker
         self.by_instance[instance_id] = worker
         self._event("join", worker)
@@ -84,6 +88,7 @@ class SimFleet:
             return
         worker.dead = True
         worker.running.set()  # wake waiting generations so they fail instead of hanging
+        self.collectives.leave(worker.token)
         self._forget(worker)
         self._event("crash", worker)
 

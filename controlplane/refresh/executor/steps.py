@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
-from controlplane.dynamo.families import detect_family
+from controlplane.dynamo.families import UpdateMethod, detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
 from controlplane.refresh.executor.agreement import check_agreement
@@ -24,6 +24,7 @@ from controlplane.refresh.executor.departures import (
     rechecks_membership,
     record_departures,
 )
+from controlplane.refresh.executor.distributed import run_distributed_update
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
@@ -279,6 +280,8 @@ class Update(WorkerStep):
     name = StepName.UPDATE
 
     def run(self, ctx: StepContext) -> StepResult:
+        if ctx.refresh.target.get("method") == UpdateMethod.DISTRIBUTED:
+            return self.run_distributed(ctx)
         pending = [w for w in self.pending(ctx) if w.calls.get(self.name)]
         if ctx.takeover and pending:
             # The previous executor died during this step: for these workers we do not know
@@ -304,6 +307,24 @@ class Update(WorkerStep):
                 )
         jobs = [self.job(ctx, w) for w in pending]
         return self.judge(self.run_jobs(ctx, jobs), len(jobs))
+
+    def run_distributed(self, ctx: StepContext) -> StepResult:
+        """A collective group needs every rank: unless every worker in play already applied,
+        all of them join again (a retry re-forms the whole group, the trainer broadcasts
+        again). See `executor/distributed.py`."""
+        pending = self.pending(ctx)
+        if not pending:
+            return StepResult(True, detail="every worker already applied")
+        if ctx.takeover:
+            return StepResult(
+                False,
+                "executor lost during a distributed update: the group's state is unknown; "
+                "retry to re-form it on every rank",
+            )
+        out = out_of_play_ids(ctx.refresh) | departed_ids(ctx.refresh.pk)
+        workers = [w for w in ctx.refresh.workers.all() if w.pk not in out]
+        outcome = run_distributed_update(self, ctx, workers)
+        return StepResult(outcome.ok, outcome.reason, outcome.detail, outcome.aborted)
 
 
 class Flush(WorkerStep):

@@ -13,6 +13,7 @@ from typing import Any
 
 from controlplane.simfleet.config import FAMILY_SGLANG
 from controlplane.simfleet.workers.base import (
+    NO_BROADCAST,
     Handler,
     JsonObject,
     Reply,
@@ -115,8 +116,8 @@ class SglangWorker(SimWorker):
         known: dict[str, Handler] = {
             "flush_cache": self.flush_cache,
             "get_weight_version": self.get_weight_version,
-            "init_weights_update_group": self.weights_group("initialized"),
-            "destroy_weights_update_group": self.weights_group("destroyed"),
+            "init_weights_update_group": self.init_weights_update_group,
+            "destroy_weights_update_group": self.destroy_weights_update_group,
         }
         if method not in known:
             raise ValueError(f"simulated SGLang has no method {method!r}")
@@ -158,6 +159,8 @@ class SglangWorker(SimWorker):
 
     def update_online(self, kind: str) -> Handler:
         async def handler(body: JsonObject) -> Reply:
+            if kind == "distributed" and self.received_broadcast() is NO_BROADCAST:
+                return ok({"success": False, "message": "no weights were broadcast to the group"})
             self.update_count += 1
             if body.get("weight_version") is not None:
                 self.set_version(body["weight_version"])
@@ -229,9 +232,15 @@ class SglangWorker(SimWorker):
         # A plain string result is normalized to `{"result": ...}` by Dynamo.
         return ok({"result": self.version})
 
-    def weights_group(self, what: str) -> Handler:
-        # `(success, message)` tuples are normalized to `{"success", "message"}`.
-        async def handler(body: JsonObject) -> Reply:
-            return ok({"success": True, "message": f"Weight update group {what}"})
+    # `(success, message)` tuples are normalized to `{"success", "message"}`.
+    async def init_weights_update_group(self, body: JsonObject) -> Reply:
+        self.leave_group()
+        problem = await self.join_group(body)
+        if problem is not None:
+            reason = "not every rank joined in time" if problem == "watchdog" else problem
+            return ok({"success": False, "message": f"Failed to init group: {reason}"})
+        return ok({"success": True, "message": "Succeeded to initialize custom process group."})
 
-        return handler
+    async def destroy_weights_update_group(self, body: JsonObject) -> Reply:
+        self.leave_group()
+        return ok({"success": True, "message": "Succeeded to destroy custom process group."})

@@ -10,6 +10,7 @@ from typing import Any
 
 from controlplane.simfleet.config import FAMILY_VLLM
 from controlplane.simfleet.workers.base import (
+    NO_BROADCAST,
     Handler,
     JsonObject,
     Reply,
@@ -176,7 +177,7 @@ class VllmWorker(SimWorker):
             return _error("'allow_unpaused' must be a boolean")
         if not isinstance(reset_cache, bool):
             return _error("'reset_prefix_cache' must be a boolean")
-        if not self.paused and reset_cache and allow_unpaused:
+        if allow_unpaused and reset_cache:
             return _error(
                 "Unpaused weight updates cannot reset the prefix cache. Set "
                 "'reset_prefix_cache' to false or pause generation first."
@@ -186,17 +187,32 @@ class VllmWorker(SimWorker):
         if not self.group_initialized:
             # Simulation choice: the engine RPC fails like a broadcaster that was never set up.
             return _error("weight update group is not initialized")
+        if self.received_broadcast() is NO_BROADCAST:
+            # Simulation choice: applying before the trainer broadcast finds nothing to apply.
+            return _error("no weights were broadcast to the weight update group")
         return self._apply_update(body, reset_cache=reset_cache)
 
     async def update_weights_from_tensor(self, body: JsonObject) -> Reply:
         return _error("update_weights_from_tensor is not implemented")
 
     async def init_weights_update_group(self, body: JsonObject) -> Reply:
+        # The kwargs (less `engine_rpc`) go flat to the engine RPC (`init_broadcaster`), which
+        # joins the collective and blocks until every rank has joined.
+        kwargs = {k: v for k, v in body.items() if k != "engine_rpc"}
+        self.leave_group()  # a new broadcaster replaces the old one
+        problem = await self.join_group(kwargs)
+        if problem == "watchdog":
+            # DYN_RL_INIT_WEIGHTS_TIMEOUT_S expired: the RPC is cancelled and the process exits.
+            self.fleet.crash(self)
+            return Reply(500, None)  # never sent: the connection drops
+        if problem is not None:
+            return _error(problem)
         self.group_initialized = True
         return ok({"status": "ok", "message": "Weight update group initialized"})
 
     async def destroy_weights_update_group(self, body: JsonObject) -> Reply:
         self.group_initialized = False
+        self.leave_group()
         return ok({"status": "ok", "message": "Weight update group destroyed"})
 
     async def sleep(self, body: JsonObject) -> Reply:

@@ -326,10 +326,22 @@ def test_vllm_missing_route_blocks_its_step(route, target, blocker):
     ("route", "blocker"),
     [
         ("control/pause_generation", "pause: missing route control/pause_generation"),
-        ("update/init_weight_transfer_engine", f"update: vllm-sidecar {DIST_LABEL} needs update/init_weight_transfer_engine, {NOT_ADVERTISED}"),
-        ("update/start_weight_update", f"update: vllm-sidecar {DIST_LABEL} needs update/start_weight_update, {NOT_ADVERTISED}"),
-        ("update/update_weights", f"update: vllm-sidecar {DIST_LABEL} needs update/update_weights, {NOT_ADVERTISED}"),
-        ("update/finish_weight_update", f"update: vllm-sidecar {DIST_LABEL} needs update/finish_weight_update, {NOT_ADVERTISED}"),
+        (
+            "update/init_weight_transfer_engine",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/init_weight_transfer_engine, {NOT_ADVERTISED}",
+        ),
+        (
+            "update/start_weight_update",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/start_weight_update, {NOT_ADVERTISED}",
+        ),
+        (
+            "update/update_weights",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/update_weights, {NOT_ADVERTISED}",
+        ),
+        (
+            "update/finish_weight_update",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/finish_weight_update, {NOT_ADVERTISED}",
+        ),
         ("control/resume_generation", "resume_engines: missing route control/resume_generation"),
     ],
 )

@@ -135,9 +135,7 @@ def receive(
         )
     digest = hashlib.sha256(body).hexdigest()
     if event_type == BROADCAST_DONE:
-        (status, answer_body), done = broadcast_done(
-            endpoint, webhook_id, envelope.get("data", {})
-        )
+        (status, answer_body), done = broadcast_done(endpoint, webhook_id, envelope.get("data", {}))
         answer = Answer(status, answer_body)
         if done is None:
             return reject(answer)

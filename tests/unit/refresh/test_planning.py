@@ -328,7 +328,8 @@ def test_vllm_missing_route_blocks_its_step(route, target, blocker):
         ("control/pause_generation", "pause: missing route control/pause_generation"),
         (
             "update/init_weight_transfer_engine",
-            f"update: vllm-sidecar {DIST_LABEL} needs update/init_weight_transfer_engine, {NOT_ADVERTISED}",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/init_weight_transfer_engine, "
+            + NOT_ADVERTISED,
         ),
         (
             "update/start_weight_update",
@@ -340,7 +341,8 @@ def test_vllm_missing_route_blocks_its_step(route, target, blocker):
         ),
         (
             "update/finish_weight_update",
-            f"update: vllm-sidecar {DIST_LABEL} needs update/finish_weight_update, {NOT_ADVERTISED}",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/finish_weight_update, "
+            + NOT_ADVERTISED,
         ),
         ("control/resume_generation", "resume_engines: missing route control/resume_generation"),
     ],

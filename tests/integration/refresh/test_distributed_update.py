@@ -263,3 +263,46 @@ def test_a_trainer_that_never_reports_holds_the_refresh_with_the_group_torn_down
     assert len(workers) == 8 and not any(w["dead"] for w in workers)
     assert len(paused_workers(fleet)) == 8
     assert refresh.locks.exists()
+
+
+def test_a_mixed_vllm_and_sidecar_fleet_gets_the_right_body_per_family(
+    simfleet_factory, transactional_db, operator
+):
+    config = fleet_config(6, seed=5)
+    for i, spec in enumerate(config.workers):
+        spec.family = "vllm-sidecar" if i % 2 else "vllm"
+        spec.world_size = 2 if i % 2 else 1
+    fleet = simfleet_factory(config)
+    source = make_source(fleet)
+    target = distributed("v13", update={**UPDATE, "update_infos": [{"names": ["lm_head.weight"]}]})
+    refresh = plan_and_start(source, operator, target)
+    client, auth = api_client(operator)
+    thread, done = start_in_thread(refresh)
+    wait_until_ready(client, auth, refresh.pk)
+    fleet.broadcast("v13")
+    client.post(f"/api/v1/refreshes/{refresh.pk}/broadcast_done", "{}", "application/json", **auth)
+    thread.join(60)
+
+    refresh.refresh_from_db()
+    assert done == [RefreshState.SUCCEEDED], refresh.held_reason
+    assert set(fleet_versions(fleet).values()) == {"v13"}
+    joins = {
+        j.planned_worker.family: j
+        for j in JournalEntry.objects.filter(refresh=refresh, step="group_init")
+    }
+    sidecar, python = joins["vllm-sidecar"], joins["vllm"]
+    # The sidecar takes the group as init_info; the Python worker takes it flat.
+    assert sidecar.url.endswith("/engine/update/init_weight_transfer_engine")
+    assert set(sidecar.request_body) == {"init_info"}
+    assert sidecar.request_body["init_info"]["world_size"] == refresh.group["world_size"]
+    assert python.url.endswith("/engine/init_weights_update_group")
+    assert {"master_address", "rank_offset", "world_size"} <= set(python.request_body)
+    applied = JournalEntry.objects.filter(refresh=refresh, step="update")
+    sidecar_bodies = [j.request_body for j in applied if j.url.endswith("/update/update_weights")]
+    assert sidecar_bodies == [{"update_info": {"names": ["lm_head.weight"]}}] * 3
+    python_bodies = [
+        j.request_body for j in applied if j.url.endswith("/update_weights_from_distributed")
+    ]
+    assert all("update_infos" not in b and b["weight_version"] == "v13" for b in python_bodies)
+    # Only the Python workers have a destroy route.
+    assert JournalEntry.objects.filter(refresh=refresh, step="group_destroy").count() == 3

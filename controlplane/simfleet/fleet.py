@@ -127,11 +127,19 @@ class SimFleet:
     def routable(self, model: str | None = None) -> list[SimWorker]:
         """Workers whose generate instance is registered (optionally serving `model`)."""
         return [
-            w for w in self.workers.values() if w.routable and (model is None or w.model == model)
+            w
+            for w in self.workers.values()
+            if w.routable and (model is None or w.model == model or model in w.serving_adapters())
         ]
 
     def models(self) -> list[str]:
-        return sorted({w.model for w in self.workers.values() if w.routable and w.model})
+        """Served model names: base models and the LoRA adapters loaded (each a model card)."""
+        names = set()
+        for w in self.workers.values():
+            if w.routable:
+                names.update({w.model} if w.model else set())
+                names.update(w.serving_adapters())
+        return sorted(names)
 
     # -- faults and state -----------------------------------------------------------------------
     def inject(self, key: str | int, route: str, fault: Fault | dict[str, Any]) -> None:

@@ -182,6 +182,21 @@ class SimWorker:
         """The version whose weights generation currently uses."""
         return self.version
 
+    def serving_adapters(self) -> dict[str, str]:
+        """LoRA adapter name → its source uri, for families that load adapters."""
+        return {}
+
+    def generation_version_for(self, model: str | None) -> Any:
+        """What a request for `model` generates with: an adapter changes the outputs."""
+        adapter = self.serving_adapters().get(model or "")
+        if adapter is None:
+            return self.generation_version
+        return f"{self.generation_version}+lora:{model}@{adapter}"
+
+    def generation_problem(self) -> str | None:
+        """Why this worker cannot generate right now (released memory), or None."""
+        return None
+
     def log_call(
         self, route: str, method: str, body: Any, reply: Reply | None, note: str = ""
     ) -> None:

@@ -38,6 +38,8 @@ DISK_FIELDS = frozenset(
 )
 VERSION_FIELDS = frozenset({"new_version", "abort_all_requests"})
 PAUSE_MODES = ("abort", "retract", "in_place")
+#: SGLang's memory-occupation tags (`release_memory_occupation` / `resume_...`).
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 #: Configured routes that give the control plane every operation (`--engine-route ...`).
 SGLANG_CONFIGURED_ROUTES = (
     "flush_cache",
@@ -85,6 +87,11 @@ class SglangWorker(SimWorker):
 
     family = FAMILY_SGLANG
     advertised_routes = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: Memory-occupation tags currently released.
+        self.released: set[str] = set()
+        super().__init__(*args, **kwargs)
 
     def build_routes(self) -> dict[str, Handler]:
         routes = {
@@ -145,6 +152,15 @@ class SglangWorker(SimWorker):
         invalid = _type_error("UpdateWeightFromDiskReqInput", body, DISK_FIELDS, ("model_path",))
         if invalid:
             return invalid
+        if "weights" in self.released:
+            # Simulation choice: weights cannot be loaded into released memory.
+            return ok(
+                {
+                    "success": False,
+                    "message": "weights memory is released",
+                    "num_paused_requests": 0,
+                }
+            )
         self.update_count += 1
         self.cache_resets += 1
         if body.get("weight_version") is not None:
@@ -216,12 +232,40 @@ class SglangWorker(SimWorker):
         return ok({"status": "ok"})
 
     async def release_memory(self, body: JsonObject) -> Reply:
-        self.sleeping = True
+        tags = self._tags(body)
+        if isinstance(tags, Reply):
+            return tags
+        self.released |= tags
+        self.sleeping = bool(self.released)
+        if "kv_cache" in tags:
+            self.cache_resets += 1  # the KV cache's memory is freed with what it held
         return ok({"status": "ok"})
 
     async def resume_memory(self, body: JsonObject) -> Reply:
-        self.sleeping = False
+        tags = self._tags(body)
+        if isinstance(tags, Reply):
+            return tags
+        self.released -= tags
+        self.sleeping = bool(self.released)
         return ok({"status": "ok"})
+
+    @staticmethod
+    def _tags(body: JsonObject) -> set[str] | Reply:
+        """`tags` (None = all) as SGLang's memory-occupation request takes them."""
+        tags = body.get("tags")
+        if tags is None:
+            return set(MEMORY_TAGS)
+        if not isinstance(tags, list) or not set(tags) <= set(MEMORY_TAGS):
+            return handler_error(f"Python callback failed: ValueError: invalid tags {tags!r}")
+        return set(tags)
+
+    def generation_problem(self) -> str | None:
+        if self.released:
+            return f"memory released ({', '.join(sorted(self.released))}); resume it first"
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "released": sorted(self.released)}
 
     async def flush_cache(self, body: JsonObject) -> Reply:
         self.flush_count += 1

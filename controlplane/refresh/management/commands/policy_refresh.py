@@ -22,6 +22,7 @@ from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.executor.runner import Runner
 from controlplane.refresh.models import RefreshState, StepRun
+from controlplane.refresh.planning import PAUSE_MODE_CHOICES
 from controlplane.refresh.presenters import verification_summary
 
 EXIT_REFUSED = 1
@@ -62,7 +63,19 @@ class Command(BaseCommand):
         parser.add_argument("--version", dest="weight_version", required=True)
         parser.add_argument("--model-path", required=True)
         parser.add_argument("--namespace", action="append", dest="namespaces", default=None)
-        parser.add_argument("--pause-mode", choices=["keep", "wait", "abort"], default="keep")
+        parser.add_argument(
+            "--pause-mode",
+            choices=PAUSE_MODE_CHOICES,
+            default="auto",
+            help="auto = each family's own default; a family refuses a mode it lacks",
+        )
+        parser.add_argument(
+            "--pause-mode-for",
+            action="append",
+            default=[],
+            metavar="FAMILY=MODE",
+            help="a pause mode for one family only, e.g. sglang=retract (repeatable)",
+        )
         parser.add_argument("--flush", choices=["auto", "always"], default="auto")
         parser.add_argument("--no-generation", action="store_true", help="skip generation check")
         parser.add_argument("--prompt-token-ids", default="5,6,7,8")
@@ -107,6 +120,7 @@ class Command(BaseCommand):
                 },
                 namespaces=opts["namespaces"],
                 pause_mode=opts["pause_mode"],
+                pause_modes=dict(item.partition("=")[::2] for item in opts["pause_mode_for"]),
                 flush_policy=opts["flush"],
                 verification={
                     "generation": not opts["no_generation"],

@@ -54,7 +54,7 @@ class PlanForm(forms.Form):
     group_params = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     update_params = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     lora_action = forms.ChoiceField(
-        choices=[(a.value, a.value) for a in LoraAction], initial=LoraAction.LOAD
+        required=False, choices=[(a.value, a.value) for a in LoraAction], initial=LoraAction.LOAD
     )
     lora_name = forms.CharField(required=False, max_length=200)
     lora_uri = forms.CharField(required=False, max_length=2000)
@@ -146,7 +146,7 @@ class PlanForm(forms.Form):
             target["update"] = data["update_params"]
         elif method == UpdateMethod.LORA:
             target["lora"] = {
-                "action": data["lora_action"],
+                "action": data["lora_action"] or LoraAction.LOAD,
                 "lora_name": data["lora_name"],
                 "uri": data["lora_uri"] or None,
             }

@@ -71,8 +71,14 @@ async def test_update_without_version_reports_unknown_and_keeps_old(simfleet):
 
 async def test_distributed_path_and_errors(simfleet):
     _, url, _ = first_worker(simfleet)
-    assert (await run_op(url, Operation.INIT_WEIGHTS_GROUP, master_address="h")).ok
+    broken = await run_op(url, Operation.INIT_WEIGHTS_GROUP, master_address="h")
+    assert broken.data["message"] == "invalid group arguments: 'master_port'"
+    group = {"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 2}
+    assert (await run_op(url, Operation.INIT_WEIGHTS_GROUP, **group)).ok
     await run_op(url, Operation.PAUSE)
+    early = await run_op(url, Operation.UPDATE_FROM_DISTRIBUTED, weight_version=3, names=["w"])
+    assert early.data["message"] == "no weights were broadcast to the weight update group"
+    assert simfleet.broadcast(3) == 1
     update = await run_op(url, Operation.UPDATE_FROM_DISTRIBUTED, weight_version=3, names=["w"])
     assert update.ok and update.body["version"] == 3
     assert (await run_op(url, Operation.DESTROY_WEIGHTS_GROUP)).ok

@@ -82,7 +82,7 @@ def test_sglang_refreshes_with_each_of_its_pause_modes(
 
 
 def test_the_sglang_default_is_never_a_vllm_mode(simfleet_factory, operator):
-    fleet, source = sglang_fleet(simfleet_factory, "get_weight_version")
+    _fleet, source = sglang_fleet(simfleet_factory, "get_weight_version")
     refresh = run_inline(source, operator, "v2", pause_modes={"vllm": "keep"})
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     assert [p.request_body for p in journal_of(refresh, "pause")] == [{"mode": "abort"}] * 2
@@ -113,7 +113,7 @@ def test_a_vllm_mode_for_sglang_is_refused_before_anything_runs(simfleet_factory
 
     from controlplane.refresh import actions
 
-    fleet, source = sglang_fleet(simfleet_factory, "get_weight_version")
+    _fleet, source = sglang_fleet(simfleet_factory, "get_weight_version")
     with pytest.raises(ValidationError, match="sglang has no pause mode 'keep'"):
         actions.plan_policy_refresh(
             source=source,

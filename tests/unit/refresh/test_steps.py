@@ -169,9 +169,11 @@ def test_takeover_refuses_to_repeat_an_update_that_is_not_idempotent(refresh, mo
     fan_out = FanOut()
     result = install(monkeypatch, Update(), fan_out).run(context(refresh, takeover=True))
     assert not result.ok
+    # A collective group cannot be half-repeated: the whole group must be re-formed.
+    assert worker.key
     assert result.reason == (
-        "executor lost during update; outcome unknown on 1 workers whose vllm-sidecar "
-        f"distributed update is not safe to repeat ({worker.key})"
+        "executor lost during a distributed update: the group's state is unknown; "
+        "retry to re-form it on every rank"
     )
     assert fan_out.batches == []  # nothing was called
 

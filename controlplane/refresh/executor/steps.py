@@ -15,6 +15,7 @@ from controlplane.audit.recorder import Actor
 from controlplane.dynamo.families import UpdateMethod, detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
+from controlplane.refresh.compat import verification_ran
 from controlplane.refresh.executor.agreement import check_agreement
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob
 from controlplane.refresh.executor.departures import (
@@ -367,6 +368,12 @@ class Verify(WorkerStep):
         return job
 
     def run(self, ctx: StepContext) -> StepResult:
+        result = self._verify(ctx)
+        if not result.aborted:
+            record_verification(ctx, result.ok, result.detail if result.ok else result.reason)
+        return result
+
+    def _verify(self, ctx: StepContext) -> StepResult:
         result = super().run(ctx)
         if not result.ok or result.aborted or not ctx.refresh.verification.get("generation"):
             return result
@@ -377,6 +384,20 @@ class Verify(WorkerStep):
             return StepResult(False, agreement.summary)
         detail = f"{result.detail}; {agreement.summary}" if result.detail else agreement.summary
         return StepResult(True, detail=detail)
+
+
+def record_verification(ctx: StepContext, ok: bool, detail: str) -> None:
+    """The compatibility record says which verification ran and how it ended."""
+    compat = dict(ctx.refresh.compat or {})
+    if not compat:
+        return
+    compat["verification"] = {
+        **compat.get("verification", {}),
+        "ran": verification_ran(ctx.refresh, detail, ok),
+    }
+    with transaction.atomic():
+        ctx.lease.guard(compat=compat)
+    ctx.refresh.compat = compat
 
 
 class Reopen(Step):

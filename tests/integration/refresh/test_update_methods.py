@@ -174,6 +174,9 @@ def test_lora_load_is_verified_by_a_pinned_generation_naming_the_adapter(
     assert {g.response_body["model"] for g in generations} == {"policy-a"}
     assert all(g.request_body["nvext"]["backend_instance_id"] for g in generations)
     assert set(fleet_versions(fleet).values()) == {"v2"}
+    ran = refresh.compat["verification"]["ran"]
+    assert ran["ok"] is True and ran["weight_version"] == "v2"
+    assert refresh.compat["update_method"] == "lora"
 
 
 def test_lora_swap_needs_a_real_hot_swap(simfleet_factory, operator):

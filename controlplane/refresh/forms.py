@@ -91,8 +91,10 @@ class PlanForm(forms.Form):
         super().__init__(*args, **kwargs)
         for field, family in FAMILY_PAUSE_FIELDS.items():
             modes = family_pause_modes(FAMILIES[family])
-            self.fields[field].choices = [("", "as above"), *((m, m) for m in modes)]
-            self.fields[field].label = f"Pause mode for {family}"
+            choice = self.fields[field]
+            assert isinstance(choice, forms.ChoiceField)
+            choice.choices = [("", "as above"), *((m, m) for m in modes)]
+            choice.label = f"Pause mode for {family}"
 
     def clean_worker_ids(self) -> list[int]:
         try:

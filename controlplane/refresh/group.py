@@ -157,12 +157,15 @@ def wait_for_broadcast(lease, refresh_id: int, timeout: float, poll: float = 0.1
     renew_every = max(lease.seconds / 3.0, poll)
     renewed = time.monotonic()
     while True:
-        row = (
-            PolicyRefresh.objects.filter(pk=refresh_id).values("group", "abort_requested").first()
-        ) or {}
-        if (row.get("group") or {}).get("state") == BROADCAST_DONE:
+        found = (
+            PolicyRefresh.objects.filter(pk=refresh_id)
+            .values_list("group", "abort_requested")
+            .first()
+        )
+        group, abort_requested = found if found is not None else ({}, True)
+        if (group or {}).get("state") == BROADCAST_DONE:
             return "done"
-        if row.get("abort_requested"):
+        if abort_requested:
             return "aborted"
         if time.monotonic() >= deadline:
             return "timeout"

@@ -13,7 +13,7 @@ from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.dynamo.jsonsafe import loads_bounded
 from controlplane.fleet.models import Source
 from controlplane.refresh.models import FlushPolicy, PauseMode
-from controlplane.refresh.planning import family_pause_modes
+from controlplane.refresh.targets import family_pause_modes
 
 #: One pause-mode field per family, offering only the modes that family has.
 FAMILY_PAUSE_FIELDS = {f"pause_mode_{name.replace('-', '_')}": name for name in FAMILIES}

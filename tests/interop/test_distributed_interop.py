@@ -70,8 +70,8 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
         versions={"dynamo": "1.6.1"},
         # Two scripted workers writing their own synthetic model directories under one model
         # name: the real frontend then pins only one of them (HTTP 400 "Invalid request" for
-        # the other; see tests/interop/README.md finding 8). The group lifecycle is what this test is about;
-        # version readback and liveness still verify every worker.
+        # the other; tests/interop/README.md finding 8). The group lifecycle is what this test
+        # is about; version readback and liveness still verify every worker.
         verification={"generation": False},
     )
     assert not refresh.plan_blockers, refresh.plan_blockers

@@ -21,7 +21,7 @@ from controlplane.intake.models import WebhookEndpoint, WebhookPolicy
 from controlplane.intake.webhooks.trainer.events import validate_rules
 from controlplane.intake.webhooks.trainer.receive import Answer, send_test_event
 from controlplane.notify.signing import generate_secret
-from controlplane.refresh.planning import PAUSE_MODE_CHOICES
+from controlplane.refresh.targets import PAUSE_MODE_CHOICES
 
 #: Old and new during a rotation, plus room for a slow rollout; more means a forgotten secret.
 MAX_SECRETS = 3

@@ -22,8 +22,8 @@ from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.executor.runner import Runner
 from controlplane.refresh.models import RefreshState, StepRun
-from controlplane.refresh.planning import PAUSE_MODE_CHOICES
 from controlplane.refresh.presenters import verification_summary
+from controlplane.refresh.targets import PAUSE_MODE_CHOICES
 
 EXIT_REFUSED = 1
 EXIT_HELD = 2

@@ -382,6 +382,11 @@ def plan_worker(
         verify += _serialize(build(StepName.VERIFY, Operation.GET_WEIGHT_VERSION))
     if verification["liveness"]:
         verify += _serialize(build(StepName.VERIFY, Operation.LIVENESS))
+        # Where the family has state routes (the sidecar), read them: `/health` stays ready
+        # while paused, so only these say the engine runs and is awake again.
+        for state_op in (Operation.IS_PAUSED, Operation.IS_SLEEPING):
+            if family.supports(state_op, routes):
+                verify += _serialize(build(StepName.VERIFY, state_op))
     if verification["generation"]:
         # A loaded adapter is served under its own name: the pinned generation names it.
         adapter = lora.get("lora_name") if lora.get("action") != LoraAction.UNLOAD else None

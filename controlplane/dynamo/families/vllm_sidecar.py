@@ -165,9 +165,13 @@ class VllmSidecarFamily(AdminFamily):
                 return fail(body, "engine resumed but is still sleeping; it stays out of routing")
             return ok(body)
         if route in _STATE_ROUTES:
+            # Read after resume, as the check that the engine really runs again (`/health`
+            # stays ready while paused, so it cannot tell).
             key = _STATE_ROUTES[route]
             if not isinstance(body.get(key), bool):
                 return fail(body, f"{route} reply lacks a boolean {key!r}")
+            if body[key]:
+                return fail(body, f"the engine reports {key}=true after resume")
             return ok(body, **{key: body[key]})
         if route == SLEEP:
             if body.get("status") != "sleeping":

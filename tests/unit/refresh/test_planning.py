@@ -189,6 +189,8 @@ def test_sidecar_distributed_plan_has_the_exact_call_of_every_step():
         "verify": [
             call("get_weight_version", "engine/control/get_weight_version", {}),
             call("liveness", "health", None, method="GET"),
+            # /health stays ready while paused: the state route says whether it runs.
+            call("is_paused", "engine/control/is_paused", {}),
             GENERATION,
         ],
     }

@@ -50,9 +50,11 @@ def _named(outcomes, limit: int = 5) -> str:
 def tear_down(step: WorkerStep, ctx: StepContext, workers: list[PlannedWorker], why: str) -> str:
     """Destroy the group on every rank that can, record why; returns a note for the reason."""
     jobs = [step.job(ctx, w, GROUP_DESTROY) for w in workers if w.calls.get(GROUP_DESTROY)]
-    cfg = replace(ctx.cfg, concurrency=max(1, len(jobs)))
-    journal = run_step_calls(ctx.lease, GROUP_DESTROY, ctx.attempt, jobs, cfg)
-    failed = [o for o in journal.outcomes if o.status != "ok"]
+    failed = []
+    if jobs:
+        cfg = replace(ctx.cfg, concurrency=len(jobs))
+        journal = run_step_calls(ctx.lease, GROUP_DESTROY, ctx.attempt, jobs, cfg)
+        failed = [o for o in journal.outcomes if o.status != "ok"]
     note = f"group torn down on {len(jobs) - len(failed)} of {len(jobs)} ranks with a destroy route"
     if failed:
         note += f" (destroy failed: {_named(journal.outcomes)})"

@@ -25,7 +25,7 @@ from controlplane.refresh.executor.departures import (
     rechecks_membership,
     record_departures,
 )
-from controlplane.refresh.executor.distributed import run_distributed_update
+from controlplane.refresh.executor.distributed import run_distributed_update, tear_down
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
@@ -316,14 +316,16 @@ class Update(WorkerStep):
         pending = self.pending(ctx)
         if not pending:
             return StepResult(True, detail="every worker already applied")
-        if ctx.takeover:
-            return StepResult(
-                False,
-                "executor lost during a distributed update: the group's state is unknown; "
-                "retry to re-form it on every rank",
-            )
         out = out_of_play_ids(ctx.refresh) | departed_ids(ctx.refresh.pk)
         workers = [w for w in ctx.refresh.workers.all() if w.pk not in out]
+        if ctx.takeover:
+            # The group the lost executor formed may still be up: tear it down, then hold.
+            why = (
+                "executor lost during a distributed update: the group's state is unknown; "
+                "retry to re-form it on every rank"
+            )
+            note = tear_down(self, ctx, workers, why)
+            return StepResult(False, f"{why} ({note})")
         outcome = run_distributed_update(self, ctx, workers)
         return StepResult(outcome.ok, outcome.reason, outcome.detail, outcome.aborted)
 

@@ -86,7 +86,11 @@ def planned(refresh, name: str, family: str = "vllm", **calls) -> PlannedWorker:
 
 
 def context(refresh, *, takeover: bool = False, attempt: int = 1) -> StepContext:
-    lease = SimpleNamespace(guard=lambda: None, token=1)
+    def guard(**fields):
+        # Applies the executor's fenced writes, as the real lease does with a live token.
+        PolicyRefresh.objects.filter(pk=refresh.pk).update(**fields) if fields else None
+
+    lease = SimpleNamespace(guard=guard, token=1, refresh_id=refresh.pk)
     return StepContext(refresh=refresh, lease=lease, cfg=None, attempt=attempt, takeover=takeover)
 
 
@@ -173,9 +177,12 @@ def test_takeover_refuses_to_repeat_an_update_that_is_not_idempotent(refresh, mo
     assert worker.key
     assert result.reason == (
         "executor lost during a distributed update: the group's state is unknown; "
-        "retry to re-form it on every rank"
+        "retry to re-form it on every rank (group torn down on 0 of 0 ranks with a destroy "
+        "route)"
     )
-    assert fan_out.batches == []  # nothing was called
+    assert fan_out.batches == []  # no update was repeated
+    refresh.refresh_from_db()
+    assert refresh.group["state"] == "torn_down"
 
 
 def test_takeover_re_pauses_before_repeating_an_idempotent_update(refresh, monkeypatch):

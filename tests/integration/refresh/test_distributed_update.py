@@ -103,7 +103,7 @@ def wait_until_ready(client, auth, refresh_id) -> dict:
         group = answer.json()
         if group["state"] == "ready":
             return group
-        assert group["state"] in ("", "joining"), group
+        assert group["state"] in ("", "joining", "torn_down"), group  # torn_down: a retry
         state = group["state"]
     raise AssertionError("the group never became ready")
 
@@ -306,3 +306,30 @@ def test_a_mixed_vllm_and_sidecar_fleet_gets_the_right_body_per_family(
     assert all("update_infos" not in b and b["weight_version"] == "v13" for b in python_bodies)
     # Only the Python workers have a destroy route.
     assert JournalEntry.objects.filter(refresh=refresh, step="group_destroy").count() == 3
+
+
+def test_a_retry_after_a_silent_trainer_re_forms_the_group_and_succeeds(
+    simfleet_factory, transactional_db, operator, monkeypatch
+):
+    fleet = big_fleet(simfleet_factory, workers=4)
+    source = make_source(fleet)
+    refresh = plan_and_start(source, operator, distributed("v14", broadcast_timeout_s=1.0))
+    thread, done = start_in_thread(refresh)
+    thread.join(60)
+    assert done == [RefreshState.HELD]
+
+    monkeypatch.setattr(actions, "_enqueue", lambda refresh_id: None)  # run it here instead
+    refresh.refresh_from_db()
+    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    client, auth = api_client(operator)
+    thread, done = start_in_thread(refresh)
+    group = wait_until_ready(client, auth, refresh.pk)
+    assert group["broadcast_done_at"] is None  # the new group's handshake starts afresh
+    fleet.broadcast("v14")
+    client.post(f"/api/v1/refreshes/{refresh.pk}/broadcast_done", "{}", "application/json", **auth)
+    thread.join(60)
+    refresh.refresh_from_db()
+    assert done == [RefreshState.SUCCEEDED], refresh.held_reason
+    assert set(fleet_versions(fleet).values()) == {"v14"}
+    joins = JournalEntry.objects.filter(refresh=refresh, step="group_init")
+    assert sorted(joins.values_list("attempt", flat=True)) == [1] * 4 + [2] * 4

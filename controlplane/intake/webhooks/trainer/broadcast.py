@@ -41,6 +41,10 @@ def broadcast_done(
     if refresh is None:
         message = f"no policy refresh #{event.refresh_id} on this endpoint's source"
         return _error(404, "unknown_refresh", message), None
+    allowed = endpoint.namespaces
+    if allowed and not set(refresh.namespaces or []) <= set(allowed):
+        outside = sorted(set(refresh.namespaces or []) - set(allowed))
+        return _error(403, "namespace_not_allowed", f"outside this endpoint: {outside}"), None
     try:
         refresh = group.report_broadcast_done(
             refresh, actor=Actor.for_webhook(endpoint.name), weight_version=event.weight_version

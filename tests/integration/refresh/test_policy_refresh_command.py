@@ -51,7 +51,7 @@ def test_command_refuses_at_plan_time_when_a_worker_lacks_the_update_route(fleet
     fleet.inject(key, "probe", Fault.reply(descriptor))
     assert run("sim", "--version", "v5", "--model-path", "/ckpt/v5", "--yes") == 1
     captured = capsys.readouterr()
-    assert "missing route update_weights_from_disk" in captured.out
+    assert "needs update_weights_from_disk, which the worker does not advertise" in captured.out
     assert "refused at plan time" in captured.err
     assert all(w["update_count"] == 0 for w in fleet.workers())
 

@@ -286,6 +286,15 @@ GATE_STALE_INTERVALS = env_float("GATE_STALE_INTERVALS", 3.0, minimum=1.0)
 REFRESH_CALL_TIMEOUT_SECONDS = env_float("REFRESH_CALL_TIMEOUT_SECONDS", 30.0, minimum=0.1)
 REFRESH_CONCURRENCY = env_int("REFRESH_CONCURRENCY", 32, minimum=1)
 REFRESH_LEASE_SECONDS = env_float("REFRESH_LEASE_SECONDS", 30.0, minimum=1.0)
+# Distributed updates: how long every rank may take to join the group (the workers' own
+# DYN_RL_INIT_WEIGHTS_TIMEOUT_S watchdog, 30 s by default, kills a worker whose join hangs
+# longer), and how long the trainer may take to broadcast and report `broadcast_done`.
+REFRESH_GROUP_INIT_TIMEOUT_SECONDS = env_float(
+    "REFRESH_GROUP_INIT_TIMEOUT_SECONDS", 30.0, minimum=0.1
+)
+REFRESH_BROADCAST_TIMEOUT_SECONDS = env_float(
+    "REFRESH_BROADCAST_TIMEOUT_SECONDS", 600.0, minimum=0.1
+)
 # A quarantine catch-up touches its heartbeat every third of this; one silent this long lost its
 # Celery worker, and the reconciler beat queues it again (also a queued one never picked up).
 QUARANTINE_STALL_SECONDS = env_float("QUARANTINE_STALL_SECONDS", 120.0, minimum=3.0)

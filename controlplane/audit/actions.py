@@ -61,6 +61,10 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_ENDED = "policy_refresh.ended"
     POLICY_REFRESH_MEMBERSHIP_RESOLVED = "policy_refresh.membership_resolved"
     POLICY_REFRESH_NAMESPACES_REOPENED = "policy_refresh.namespaces_reopened"
+    # distributed updates: the collective group and the trainer handshake (refresh/group.py)
+    POLICY_REFRESH_GROUP_READY = "policy_refresh.group_ready"
+    POLICY_REFRESH_BROADCAST_DONE = "policy_refresh.broadcast_done"
+    POLICY_REFRESH_GROUP_DESTROYED = "policy_refresh.group_destroyed"
     # trainer integration
     WEBHOOK_ENDPOINT_CREATED = "webhook_endpoint.created"
     WEBHOOK_ENDPOINT_UPDATED = "webhook_endpoint.updated"

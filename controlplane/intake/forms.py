@@ -66,7 +66,7 @@ class WebhookEndpointForm(ServiceErrorsMixin, forms.Form):
         help_text='JSON list forcing approval, e.g. [{"metric": "eval/reward", "op": "lt", '
         '"value": 0.2}]',
     )
-    pause_mode = forms.ChoiceField(choices=[(m, m) for m in PAUSE_MODES], initial="keep")
+    pause_mode = forms.ChoiceField(choices=[(m, m) for m in PAUSE_MODES], initial="auto")
     enabled = forms.BooleanField(required=False, initial=True)
 
     @classmethod

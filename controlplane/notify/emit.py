@@ -30,6 +30,7 @@ _TITLES = {
     Event.REFRESH_AWAITING_APPROVAL: "Policy refresh awaiting approval",
     Event.REFRESH_SUCCEEDED: "Policy refresh succeeded",
     Event.REFRESH_HELD: "Policy refresh held",
+    Event.REFRESH_GROUP_READY: "Weight-update group ready: broadcast now",
     Event.GATE_FORCE_REOPENED: "Gate force-reopened",
     Event.GATE_OPENED: "Gate opened",
     Event.GATE_CLOSED: "Gate closed",
@@ -121,6 +122,9 @@ def build_payload(
             "target": _jsonable(getattr(refresh, "target", None)),
             "link": _refresh_link(refresh),
         }
+        if event == Event.REFRESH_GROUP_READY:
+            # What the trainer needs to broadcast: the group's world size and rank map.
+            data["refresh"]["group"] = _jsonable(getattr(refresh, "group", None))
         if not reason:
             data["reason"] = str(getattr(refresh, "held_reason", "") or "")
     if gate is not None:

@@ -13,6 +13,8 @@ class NotificationEvent(models.TextChoices):
     REFRESH_AWAITING_APPROVAL = "refresh.awaiting_approval"
     REFRESH_SUCCEEDED = "refresh.succeeded"
     REFRESH_HELD = "refresh.held"
+    # Every rank of a distributed refresh joined the group: the trainer may broadcast now.
+    REFRESH_GROUP_READY = "refresh.group_ready"
     GATE_FORCE_REOPENED = "gate.force_reopened"
     # A gate entered a state: one notification per source and change, listing its gates.
     GATE_OPENED = "gate.opened"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import actions, quarantine
+from controlplane.refresh import actions, group, quarantine
 from controlplane.refresh.models import Gate, PolicyRefresh, Quarantine
 
 
@@ -24,6 +24,8 @@ class ActionInput:
     resume_engines: bool = False
     #: The namespace a per-namespace action acts on (force-reopen from a refresh).
     namespace: str = ""
+    #: The version a trainer says it broadcast (`broadcast_done`); checked when given.
+    weight_version: str | int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,14 @@ FORCE_REOPEN_NAMESPACE = Action[PolicyRefresh](
         refresh, given.namespace, actor=actor, reason=given.reason
     ),
     "Gate force-reopened for that namespace; the refresh goes on for the others.",
+)
+BROADCAST_DONE = Action[PolicyRefresh](
+    "broadcast_done",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: group.report_broadcast_done(
+        refresh, actor=actor, weight_version=given.weight_version
+    ),
+    "Broadcast recorded; the workers apply the new weights.",
 )
 FORCE_REOPEN = Action[Gate](
     "force-reopen",

@@ -23,6 +23,7 @@ from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
+from controlplane.refresh.compat import compat_at_plan, normalize_versions
 from controlplane.refresh.errors import (
     ApprovalNotAllowed,
     InvalidTransition,
@@ -36,7 +37,6 @@ from controlplane.refresh.models import (
     EXECUTING_STATES,
     FlushPolicy,
     Gate,
-    PauseMode,
     PlannedWorker,
     PolicyRefresh,
     RefreshState,
@@ -50,7 +50,9 @@ from controlplane.refresh.namespaces import (
 )
 from controlplane.refresh.planning import (
     agreement_rule_of,
+    group_plan,
     normalize_fingerprint,
+    normalize_pause_modes,
     normalize_target,
     normalize_verification,
     plan_level_blockers,
@@ -126,11 +128,13 @@ def plan_policy_refresh(
     target: dict[str, Any],
     namespaces: list[str] | None = None,
     worker_ids: list[int] | None = None,
-    pause_mode: str = "keep",
+    pause_mode: str = "auto",
     verification: dict[str, Any] | None = None,
     rollback_of: PolicyRefresh | None = None,
     flush_policy: str = "auto",
     fingerprint: dict[str, Any] | None = None,
+    pause_modes: dict[str, str] | None = None,
+    versions: dict[str, str] | None = None,
 ) -> PolicyRefresh:
     """Run a fresh discovery and store the plan; blockers are stored, never raised.
 
@@ -143,8 +147,11 @@ def plan_policy_refresh(
     fingerprint = normalize_fingerprint(fingerprint)
     if fingerprint and not verification["generation"]:
         raise ValidationError("a fingerprint needs the generation check, which is turned off")
-    if pause_mode not in PauseMode.values:
-        raise ValidationError(f"unknown pause mode {pause_mode!r}")
+    pause_modes = normalize_pause_modes(pause_mode, pause_modes)
+    try:
+        versions = normalize_versions(versions)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
     if flush_policy not in FlushPolicy.values:
         raise ValidationError(f"unknown flush policy {flush_policy!r}")
     namespaces = sorted(set(namespaces)) if namespaces else None
@@ -175,15 +182,21 @@ def plan_policy_refresh(
 
     policy = source_policy(source)
     blockers += plan_level_blockers(source, verification=verification, policy=policy)
+    group = group_plan(target, selected)
+    blockers += group.pop("blockers", [])
+    ranks = group.get("ranks", {})
     plans = [
         plan_worker(
             w,
             target=target,
             pause_mode=pause_mode,
+            pause_modes=pause_modes,
             flush_policy=flush_policy,
             verification=verification,
             policy=policy or OutboundPolicy(()),
             fingerprint=fingerprint,
+            rank=tuple(ranks[w.key]) if w.key in ranks else None,
+            group_world_size=group.get("world_size"),
         )
         for w in selected
     ]
@@ -198,9 +211,12 @@ def plan_policy_refresh(
             worker_keys=subset_keys,
             target=target,
             pause_mode=pause_mode,
+            pause_modes=pause_modes,
             flush_policy=flush_policy,
             verification=verification,
             fingerprint=fingerprint,
+            group=group,
+            compat=compat_at_plan(source, target, verification, plans, group, run, versions),
             plan_blockers=blockers,
             plan_membership=membership,
             discovery_run=run,
@@ -221,6 +237,11 @@ def plan_policy_refresh(
                 calls=p.calls,
                 blockers=p.blockers,
                 flush_skipped=p.flush_skipped,
+                update_method=p.update_method,
+                method_reason=p.method_reason,
+                pause_mode=p.pause_mode,
+                rank_offset=p.rank_offset,
+                ranks=p.ranks,
             )
             for p in plans
         )
@@ -236,6 +257,8 @@ def plan_policy_refresh(
             rollback_of=rollback_of.pk if rollback_of else None,
             agreement=verification["agreement"],
             fingerprint=fingerprint,
+            pause_modes=pause_modes,
+            world_size=group.get("world_size"),
         )
     return refresh
 
@@ -528,6 +551,7 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
         target=policy,
         namespaces=refresh.namespaces,
         pause_mode=refresh.pause_mode,
+        pause_modes=refresh.pause_modes,
         verification=refresh.verification,
         rollback_of=refresh,
         flush_policy=refresh.flush_policy,

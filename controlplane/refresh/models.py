@@ -69,9 +69,16 @@ def state_change(state: str, **fields: Any) -> dict[str, Any]:
 
 
 class PauseMode(models.TextChoices):
-    KEEP = "keep"
-    WAIT = "wait"
-    ABORT = "abort"
+    """Pause modes across families; each family accepts only its own (planning checks)."""
+
+    #: Each family's own default (vLLM keep, sidecar abort, SGLang abort): always valid.
+    AUTO = "auto", "auto (each family's default)"
+    KEEP = "keep", "keep (vLLM, sidecar)"
+    WAIT = "wait", "wait (vLLM, sidecar)"
+    ABORT = "abort", "abort (vLLM, sidecar, SGLang)"
+    RETRACT = "retract", "retract (SGLang)"
+    IN_PLACE = "in_place", "in_place (SGLang)"
+    RELEASE_MEMORY = "release_memory", "release KV memory (SGLang)"
 
 
 class FlushPolicy(models.TextChoices):
@@ -165,7 +172,9 @@ class PolicyRefresh(models.Model):
     namespaces = models.JSONField(default=list)
     worker_keys = models.JSONField(null=True, blank=True, help_text="subset; null = all")
     target = models.JSONField()
-    pause_mode = models.CharField(max_length=16, choices=PauseMode.choices, default="keep")
+    pause_mode = models.CharField(max_length=16, choices=PauseMode.choices, default="auto")
+    #: Per-family overrides of `pause_mode` (`{"sglang": "retract"}`).
+    pause_modes = models.JSONField(default=dict, blank=True)
     flush_policy = models.CharField(max_length=16, choices=FlushPolicy.choices, default="auto")
     verification = models.JSONField(default=dict)
     #: The trainer's statement of what the new policy generates (`dynamo.fingerprint.
@@ -195,6 +204,13 @@ class PolicyRefresh(models.Model):
     #: Namespaces closed out one by one while the rest of the refresh goes on (`refresh.
     #: namespaces`): namespace → `{"outcome": "force_reopened"|"reopened", "by", "at", "reason"}`.
     resolved_namespaces = models.JSONField(default=dict, blank=True)
+    #: Distributed only: the group's rank map (`planning.group_plan`) and the trainer
+    #: handshake (`refresh.group`): `{"world_size", "trainer_ranks", "ranks", "state",
+    #: "ready_at", "broadcast_done_at", "broadcast_done_by", "destroyed_at", ...}`.
+    group = models.JSONField(default=dict, blank=True)
+    #: The compatibility record (`refresh.compat`): versions as reported, families, topology,
+    #: update method and the verification that ran.
+    compat = models.JSONField(default=dict, blank=True)
 
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -307,6 +323,14 @@ class PlannedWorker(models.Model):
     calls = models.JSONField(default=dict)
     blockers = models.JSONField(default=list, blank=True)
     flush_skipped = models.TextField(blank=True)
+    #: The update method this worker gets and why (`dynamo.families.methods.negotiate`).
+    update_method = models.CharField(max_length=16, blank=True)
+    method_reason = models.TextField(blank=True)
+    #: The pause mode this worker's family is sent (after `auto` and per-family mapping).
+    pause_mode = models.CharField(max_length=16, blank=True)
+    #: Distributed only: its first rank in the group and how many ranks it holds.
+    rank_offset = models.PositiveIntegerField(null=True, blank=True)
+    ranks = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["namespace", "key"]

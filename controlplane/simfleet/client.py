@@ -103,6 +103,14 @@ class SimFleetControl:
     def set_churn(self, interval: float | None) -> None:
         self._request("POST", "/churn", {"interval": interval})
 
+    def groups(self) -> list[dict[str, Any]]:
+        groups: list[dict[str, Any]] = self._request("GET", "/groups")["groups"]
+        return groups
+
+    def broadcast(self, version: Any, group_name: str | None = None) -> int:
+        body = {"version": version, "group_name": group_name}
+        return int(self._request("POST", "/groups/broadcast", body)["groups"])
+
 
 def _segment(key: str | int) -> str:
     # Percent-encoded like any HTTP client would (http.client refuses raw spaces and controls).

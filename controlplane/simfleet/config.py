@@ -54,6 +54,11 @@ class WorkerSpec:
     #: SGLang only: configured `--engine-route` paths (`path[=method][:engine|tm]`) whose
     #: method the simulator knows (`flush_cache`, `get_weight_version`, group init/destroy).
     engine_routes: list[str] = field(default_factory=list)
+    #: vLLM only: `--enable-lora` with this many adapter slots (`load_lora`/`unload_lora`
+    #: registered and advertised); None = LoRA disabled.
+    lora_capacity: int | None = None
+    #: vLLM only: `DYN_LORA_HOTSWAP_ENABLED=true` (a load of a loaded name replaces it).
+    lora_hotswap: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -97,6 +102,8 @@ class FleetConfig:
     churn_interval: float | None = None
     #: How long a generation request waits on a paused vLLM Python worker before giving up.
     paused_generation_max_wait: float = 30.0
+    #: Ranks the stand-in trainer holds in every collective weight-update group (0..n-1).
+    trainer_ranks: int = 1
 
     @classmethod
     def generate(

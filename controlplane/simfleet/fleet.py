@@ -13,6 +13,7 @@ import time
 from collections import deque
 from typing import Any
 
+from controlplane.simfleet.collective import Collectives
 from controlplane.simfleet.config import FleetConfig, WorkerSpec
 from controlplane.simfleet.faults import Fault
 from controlplane.simfleet.workers import WORKER_CLASSES, SimWorker
@@ -40,6 +41,8 @@ class SimFleet:
         self._churn_task: asyncio.Task[None] | None = None
         self._churn_templates: list[WorkerSpec] = list(config.workers)
         self._round_robin = 0
+        #: Collective weight-update groups the workers join (`collective.py`).
+        self.collectives = Collectives(config.trainer_ranks)
 
     # -- membership -----------------------------------------------------------------------------
     def add_worker(self, spec: WorkerSpec | dict[str, Any]) -> str:
@@ -58,6 +61,7 @@ class SimFleet:
         if token in self.workers:
             raise ValueError(f"worker token {token!r} is already in use")
         worker = WORKER_CLASSES[spec.family](spec, token, instance_id, self.admin_url)
+        worker.fleet = self
         self.workers[token] = worker
         self.by_instance[instance_id] = worker
         self._event("join", worker)
@@ -84,6 +88,7 @@ class SimFleet:
             return
         worker.dead = True
         worker.running.set()  # wake waiting generations so they fail instead of hanging
+        self.collectives.leave(worker.token)
         self._forget(worker)
         self._event("crash", worker)
 
@@ -122,11 +127,19 @@ class SimFleet:
     def routable(self, model: str | None = None) -> list[SimWorker]:
         """Workers whose generate instance is registered (optionally serving `model`)."""
         return [
-            w for w in self.workers.values() if w.routable and (model is None or w.model == model)
+            w
+            for w in self.workers.values()
+            if w.routable and (model is None or w.model == model or model in w.serving_adapters())
         ]
 
     def models(self) -> list[str]:
-        return sorted({w.model for w in self.workers.values() if w.routable and w.model})
+        """Served model names: base models and the LoRA adapters loaded (each a model card)."""
+        names = set()
+        for w in self.workers.values():
+            if w.routable:
+                names.update({w.model} if w.model else set())
+                names.update(w.serving_adapters())
+        return sorted(names)
 
     # -- faults and state -----------------------------------------------------------------------
     def inject(self, key: str | int, route: str, fault: Fault | dict[str, Any]) -> None:

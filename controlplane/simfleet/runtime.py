@@ -148,6 +148,14 @@ class FleetHandle:
     def events(self) -> list[dict[str, Any]]:
         return self.call(lambda: list(self.fleet.events))
 
+    def groups(self) -> list[dict[str, Any]]:
+        """The collective weight-update groups the workers joined."""
+        return self.call(self.fleet.collectives.views)
+
+    def broadcast(self, version: Any, group_name: str | None = None) -> int:
+        """The stand-in trainer broadcasts to every formed group (or the named one)."""
+        return self.call(lambda: self.fleet.collectives.broadcast(version, group_name))
+
     def set_churn(self, interval: float | None) -> None:
         """Start automatic membership churn every `interval` seconds, or stop it with None."""
         if interval:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -71,8 +72,14 @@ async def test_update_without_version_reports_unknown_and_keeps_old(simfleet):
 
 async def test_distributed_path_and_errors(simfleet):
     _, url, _ = first_worker(simfleet)
-    assert (await run_op(url, Operation.INIT_WEIGHTS_GROUP, master_address="h")).ok
+    broken = await run_op(url, Operation.INIT_WEIGHTS_GROUP, master_address="h")
+    assert broken.data["message"] == "invalid group arguments: 'master_port'"
+    group = {"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 2}
+    assert (await run_op(url, Operation.INIT_WEIGHTS_GROUP, **group)).ok
     await run_op(url, Operation.PAUSE)
+    early = await run_op(url, Operation.UPDATE_FROM_DISTRIBUTED, weight_version=3, names=["w"])
+    assert early.data["message"] == "no weights were broadcast to the weight update group"
+    assert simfleet.broadcast(3) == 1
     update = await run_op(url, Operation.UPDATE_FROM_DISTRIBUTED, weight_version=3, names=["w"])
     assert update.ok and update.body["version"] == 3
     assert (await run_op(url, Operation.DESTROY_WEIGHTS_GROUP)).ok
@@ -191,6 +198,38 @@ async def test_init_group_watchdog_kills_worker(simfleet_factory):
     result = await run_op(url, Operation.INIT_WEIGHTS_GROUP)
     assert not result.ok and "connection dropped" in result.error
     assert fleet.workers() == []
+
+
+async def test_a_group_missing_a_rank_never_forms_and_the_watchdog_kills_its_member(
+    simfleet_factory,
+):
+    fleet = simfleet_factory(FleetConfig(workers=[WorkerSpec(init_weights_timeout=0.3)]))
+    _, url, _ = first_worker(fleet)
+    # Rank 2 of 3 never joins: the collective cannot form, the member's watchdog expires.
+    group = {"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 3}
+    result = await run_op(url, Operation.INIT_WEIGHTS_GROUP, **group)
+    assert not result.ok and "connection dropped" in result.error
+    assert fleet.workers() == [] and fleet.groups() == []
+    assert fleet.events()[-1]["event"] == "crash"
+
+
+async def test_a_rank_taken_twice_is_refused(simfleet_factory):
+    fleet = simfleet_factory(FleetConfig(workers=[WorkerSpec(), WorkerSpec()]))
+    urls = [w["system_url"] for w in fleet.workers()]
+    group = {"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 3}
+    first = asyncio.ensure_future(run_op(urls[0], Operation.INIT_WEIGHTS_GROUP, **group))
+    await asyncio.sleep(0.2)
+    second = await run_op(urls[1], Operation.INIT_WEIGHTS_GROUP, **group)
+    assert second.data["message"] == "rank 1 is already held in group 'weight_update_group'"
+    # The right rank lets the group form, and both joins answer.
+    third = await run_op(urls[1], Operation.INIT_WEIGHTS_GROUP, **{**group, "rank_offset": 2})
+    assert third.ok and (await first).ok
+    (formed,) = fleet.groups()
+    assert formed["formed"] and formed["ranks"] == {
+        "0": "trainer",
+        "1": urls[0].rsplit("/", 1)[-1],
+        "2": urls[1].rsplit("/", 1)[-1],
+    }
 
 
 async def test_fault_silent_version_revert(simfleet):

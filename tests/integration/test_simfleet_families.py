@@ -41,8 +41,14 @@ async def test_sidecar_sequence_and_routing(simfleet_factory):
     assert models(fleet) == []
     assert len(httpx.get(f"{fleet.listener_url}/v1/rl/workers").json()["workers"]) == 1
     assert httpx.post(f"{url}/engine/control/is_paused").json() == {"is_paused": True}
-    init = await run_op(url, VLLM_SIDECAR, Operation.INIT_WEIGHTS_GROUP, init_info={"a": 1})
+    # vLLM's NCCL transfer engine needs its NCCLInitInfo fields (this sidecar holds 2 ranks).
+    incomplete = await run_op(url, VLLM_SIDECAR, Operation.INIT_WEIGHTS_GROUP, init_info={"a": 1})
+    assert incomplete.http_status == 500 and not incomplete.ok
+    info = {"master_address": "h", "master_port": 29500, "rank_offset": 1, "world_size": 3}
+    init = await run_op(url, VLLM_SIDECAR, Operation.INIT_WEIGHTS_GROUP, init_info=info)
     assert init.body == {"message": "Weight transfer initialized"}
+    # The stand-in trainer (rank 0) broadcasts; only then is there anything to apply.
+    assert fleet.broadcast("v7") == 1
     update = await run_op(
         url,
         VLLM_SIDECAR,

@@ -202,7 +202,7 @@ def test_policy_refresh_refuses_at_plan_time_when_a_worker_lacks_the_update_rout
     # The printed plan names the worker and the missing route.
     partial_lines = out[out.index("dynamo/partial/") :].splitlines()
     assert any(
-        "BLOCKED: update: missing route update_weights_from_disk" in line
+        "BLOCKED: update: vllm disk reload needs update_weights_from_disk" in line
         for line in partial_lines[:8]
     ), out
 
@@ -210,7 +210,10 @@ def test_policy_refresh_refuses_at_plan_time_when_a_worker_lacks_the_update_rout
     assert refresh.state == RefreshState.PLANNED
     assert refresh.plan_blockers == ["1 of 2 workers have blockers"]
     blocked = refresh.workers.get(key__startswith="dynamo/partial/")
-    assert blocked.blockers == ["update: missing route update_weights_from_disk"]
+    assert blocked.blockers == [
+        "update: vllm disk reload needs update_weights_from_disk, "
+        "which the worker does not advertise"
+    ]
     assert blocked.calls["update"] == []
     assert refresh.workers.get(key__startswith="dynamo/backend/").blockers == []
     # Nothing started: no lock, no steps, no journal, and the gate was never touched.

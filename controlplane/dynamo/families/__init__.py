@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .base import AdminCall, AdminFamily, AdminOutcome, Operation, UnsupportedOperation
+from .base import (
+    AdminCall,
+    AdminFamily,
+    AdminOutcome,
+    Operation,
+    UnsupportedOperation,
+    custom_call,
+)
+from .methods import LoraAction, Negotiation, UpdateMethod, negotiate, offered_methods
 from .sglang import SGLANG
 from .vllm import VLLM_WORKER
 from .vllm_sidecar import VLLM_SIDECAR
@@ -72,7 +80,13 @@ __all__ = [
     "AdminCall",
     "AdminFamily",
     "AdminOutcome",
+    "LoraAction",
+    "Negotiation",
     "Operation",
     "UnsupportedOperation",
+    "UpdateMethod",
+    "custom_call",
     "detect_family",
+    "negotiate",
+    "offered_methods",
 ]

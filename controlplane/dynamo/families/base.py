@@ -26,6 +26,19 @@ class Operation(enum.StrEnum):
     DESTROY_WEIGHTS_GROUP = "destroy_weights_group"
     GET_WEIGHT_VERSION = "get_weight_version"
     SET_WEIGHT_VERSION = "set_weight_version"
+    UPDATE_FROM_TENSOR = "update_from_tensor"
+    LOAD_LORA = "load_lora"
+    #: `load_lora` of an adapter name already loaded, which must report a hot swap.
+    SWAP_LORA = "swap_lora"
+    UNLOAD_LORA = "unload_lora"
+    RELEASE_MEMORY = "release_memory"
+    RESUME_MEMORY = "resume_memory"
+    IS_PAUSED = "is_paused"
+    IS_SLEEPING = "is_sleeping"
+    SLEEP = "sleep"
+    WAKE_UP = "wake_up"
+    #: An allowlisted route of a statically configured worker, called verbatim.
+    CUSTOM = "custom"
 
 
 class UnsupportedOperation(ValueError):
@@ -106,6 +119,10 @@ class AdminFamily:
     routes: dict[Operation, frozenset[str]] = {}
     #: Operations whose update sequence (as built here) leaves no old-weights prefix cache.
     invalidating: frozenset[Operation] = frozenset()
+    #: Pause modes the family's pause route accepts, and the one it uses when none is chosen
+    #: (its own default, so "auto" never sends a mode the worker would refuse).
+    pause_modes: tuple[str, ...] = ()
+    default_pause_mode: str = ""
 
     def required_routes(self, op: Operation) -> frozenset[str]:
         if op not in self.routes:
@@ -133,7 +150,21 @@ class AdminFamily:
         problem = generic_failure(http_status, body)
         if problem is not None:
             return AdminOutcome(False, problem, body if isinstance(body, dict) else {})
+        if call.operation == Operation.CUSTOM:
+            return accept_custom(call, body)
         return self._accept(call, body)
+
+    def pause_mode_for(self, requested: str) -> str:
+        """The mode to send for `requested` (`auto` = the family's default); raises ValueError
+        naming the modes this family has when it has no such mode."""
+        if requested in ("", "auto"):
+            return self.default_pause_mode
+        if requested not in self.pause_modes:
+            raise ValueError(
+                f"{self.name} has no pause mode {requested!r}; "
+                f"choose one of {', '.join(self.pause_modes)}"
+            )
+        return requested
 
     def update_invalidates_cache(self, op: Operation) -> bool:
         """Whether a successful `op` (as built here) already dropped the old prefix cache, so a
@@ -150,6 +181,21 @@ class AdminFamily:
 
     def __repr__(self) -> str:
         return f"<AdminFamily {self.name}>"
+
+
+def custom_call(route: str, body: dict[str, Any] | None) -> AdminCall:
+    """A call of an allowlisted route on a statically configured worker, verbatim."""
+    return AdminCall(Operation.CUSTOM, "POST", engine(route), dict(body or {}))
+
+
+def accept_custom(call: AdminCall, body: Any) -> AdminOutcome:
+    """A custom route's reply shape is the operator's; it must still say it succeeded in one of
+    the ways Dynamo's backends do (`status` ok/success, or `success: true`)."""
+    if isinstance(body, dict) and (
+        body.get("status") in ("ok", "success") or body.get("success") is True
+    ):
+        return ok(body)
+    return fail(body, f"{call.route} did not report status ok/success or success=true")
 
 
 def require(params: dict[str, Any], name: str) -> Any:

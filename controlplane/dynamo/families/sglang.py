@@ -11,6 +11,12 @@
   normalize to `{"success","message"}`.
 - SGLang flushes its cache after a successful weight update, so updates invalidate the cache.
 - Liveness: `GET {system_url}/health` expecting 200 `status: ready`.
+- Pause modes are SGLang's (`abort` default, `retract`, `in_place`); `keep`/`wait` are vLLM's.
+- Memory release/resume (`release_memory_occupation`/`resume_memory_occupation`, default routes)
+  can serve as the pause method: see `refresh.planning`.
+- A configured route may bind another path to a method (`flush=flush_cache`): `bound()` gives
+  the family with that path for the operation (`sglang_routes.route_bindings`). Success is
+  judged per operation, so a renamed path is read like the default one.
 """
 
 from __future__ import annotations
@@ -41,33 +47,65 @@ _ROUTE = {
     Operation.DESTROY_WEIGHTS_GROUP: "destroy_weights_update_group",
     Operation.GET_WEIGHT_VERSION: "get_weight_version",
     Operation.SET_WEIGHT_VERSION: "control/update_weight_version",
+    Operation.UPDATE_FROM_TENSOR: "control/update_weights_from_tensor",
+    Operation.RELEASE_MEMORY: "release_memory_occupation",
+    Operation.RESUME_MEMORY: "resume_memory_occupation",
 }
-#: Routes whose reply must carry `success: true` (SGLang's update-style results).
-_SUCCESS_ROUTES = frozenset(
+#: Operations whose reply must carry `success: true` (SGLang's update-style results, and the
+#: `(success, message)` tuples the group methods return).
+_SUCCESS_OPS = frozenset(
     {
-        "control/update_weights_from_disk",
-        "control/update_weights_from_distributed",
-        "control/update_weight_version",
-        "init_weights_update_group",
-        "destroy_weights_update_group",
+        Operation.UPDATE_FROM_DISK,
+        Operation.UPDATE_FROM_DISTRIBUTED,
+        Operation.UPDATE_FROM_TENSOR,
+        Operation.SET_WEIGHT_VERSION,
+        Operation.INIT_WEIGHTS_GROUP,
+        Operation.DESTROY_WEIGHTS_GROUP,
     }
 )
+#: SGLang's memory-occupation tags.
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 class SglangFamily(AdminFamily):
     name = "sglang"
-    routes = {
-        Operation.LIVENESS: frozenset(),
-        **{op: frozenset({route}) for op, route in _ROUTE.items()},
-    }
-    invalidating = frozenset({Operation.UPDATE_FROM_DISK, Operation.UPDATE_FROM_DISTRIBUTED})
+    invalidating = frozenset(
+        {
+            Operation.UPDATE_FROM_DISK,
+            Operation.UPDATE_FROM_DISTRIBUTED,
+            Operation.UPDATE_FROM_TENSOR,
+        }
+    )
+    pause_modes = PAUSE_MODES
+    default_pause_mode = "abort"
+
+    def __init__(self, paths: dict[Operation, str] | None = None) -> None:
+        self.paths = {**_ROUTE, **(paths or {})}
+        self.routes = {
+            Operation.LIVENESS: frozenset(),
+            **{op: frozenset({route}) for op, route in self.paths.items()},
+        }
+
+    def bound(self, methods: dict[str, str]) -> SglangFamily:
+        """This family with configured paths: `methods` maps a method name (the default route
+        name of an operation, e.g. `flush_cache`) to the path an operator bound it to."""
+        by_route = {route: op for op, route in _ROUTE.items()}
+        paths = {by_route[m]: path for m, path in methods.items() if m in by_route}
+        return SglangFamily(paths) if paths else self
 
     def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
         if op == Operation.LIVENESS:
             reject_unknown(params, set())
             return [AdminCall(op, "GET", "health", None)]
         body: dict[str, Any] = {}
-        if op == Operation.PAUSE:
+        if op in (Operation.RELEASE_MEMORY, Operation.RESUME_MEMORY):
+            reject_unknown(params, {"tags"})
+            tags = params.get("tags")
+            if tags is not None:
+                if not isinstance(tags, list) or not set(tags) <= set(MEMORY_TAGS):
+                    raise ValueError(f"memory tags must be a subset of {', '.join(MEMORY_TAGS)}")
+                body["tags"] = list(tags)
+        elif op == Operation.PAUSE:
             reject_unknown(params, {"mode"})
             mode = params.get("mode")
             if mode is not None:
@@ -85,13 +123,14 @@ class SglangFamily(AdminFamily):
             body.update(params)  # SGLang's UpdateWeightFromDiskReqInput fields, verbatim
         elif op in (
             Operation.UPDATE_FROM_DISTRIBUTED,
+            Operation.UPDATE_FROM_TENSOR,
             Operation.INIT_WEIGHTS_GROUP,
             Operation.DESTROY_WEIGHTS_GROUP,
         ):
-            body.update(params)
+            body.update(params)  # SGLang's request fields, verbatim
         else:
             reject_unknown(params, set())
-        return [AdminCall(op, "POST", engine(_ROUTE[op]), body)]
+        return [AdminCall(op, "POST", engine(self.paths[op]), body)]
 
     def _accept(self, call: AdminCall, body: Any) -> AdminOutcome:
         if call.operation == Operation.LIVENESS:
@@ -100,7 +139,7 @@ class SglangFamily(AdminFamily):
                 return fail(body, f"health status is {status!r}, not 'ready'")
             return ok(body)
         route = call.route
-        if route in _SUCCESS_ROUTES:
+        if call.operation in _SUCCESS_OPS:
             if not isinstance(body, dict) or body.get("success") is not True:
                 return fail(body, f"{route} did not report success=true")
             if call.operation == Operation.SET_WEIGHT_VERSION:

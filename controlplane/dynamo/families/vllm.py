@@ -34,13 +34,22 @@ _ROUTE = {
     Operation.DESTROY_WEIGHTS_GROUP: "destroy_weights_update_group",
     Operation.GET_WEIGHT_VERSION: "get_weight_version",
     Operation.SET_WEIGHT_VERSION: "set_weight_version",
+    # Registered (and advertised) only with `--enable-lora`; they answer `status: success`.
+    Operation.LOAD_LORA: "load_lora",
+    Operation.SWAP_LORA: "load_lora",
+    Operation.UNLOAD_LORA: "unload_lora",
+    # Advertised by 1.6.1 but always answers "not implemented": see `methods.REFUSED`.
+    Operation.UPDATE_FROM_TENSOR: "update_weights_from_tensor",
 }
+_LORA_OPS = frozenset({Operation.LOAD_LORA, Operation.SWAP_LORA, Operation.UNLOAD_LORA})
 
 
 class VllmWorkerFamily(AdminFamily):
     name = "vllm"
     routes = {op: frozenset({route}) for op, route in _ROUTE.items()}
     invalidating = frozenset({Operation.UPDATE_FROM_DISK, Operation.UPDATE_FROM_DISTRIBUTED})
+    pause_modes = PAUSE_MODES
+    default_pause_mode = "keep"
 
     def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
         body: dict[str, Any] = {}
@@ -67,13 +76,30 @@ class VllmWorkerFamily(AdminFamily):
                 # Keeping the old cache after new weights is exactly what a refresh must avoid.
                 raise ValueError("reset_prefix_cache=false would keep the old-weights cache")
             body.update(params)  # integration-specific kwargs are forwarded to the engine RPC
-        elif op in (Operation.INIT_WEIGHTS_GROUP, Operation.DESTROY_WEIGHTS_GROUP):
+        elif op in (
+            Operation.INIT_WEIGHTS_GROUP,
+            Operation.DESTROY_WEIGHTS_GROUP,
+            Operation.UPDATE_FROM_TENSOR,
+        ):
+            # Python workers take the group arguments flat (forwarded as engine RPC kwargs).
             body.update(params)
+        elif op in (Operation.LOAD_LORA, Operation.SWAP_LORA):
+            reject_unknown(params, {"lora_name", "uri"})
+            body["lora_name"] = _lora_name(params)
+            uri = require(params, "uri")
+            if not isinstance(uri, str) or not uri.strip():
+                raise ValueError("a LoRA adapter needs a source uri")
+            body["source"] = {"uri": uri}
+        elif op == Operation.UNLOAD_LORA:
+            reject_unknown(params, {"lora_name"})
+            body["lora_name"] = _lora_name(params)
         else:
             reject_unknown(params, set())
         return [AdminCall(op, "POST", engine(_ROUTE[op]), body)]
 
     def _accept(self, call: AdminCall, body: Any) -> AdminOutcome:
+        if call.operation in _LORA_OPS:
+            return _accept_lora(call, body)
         if not isinstance(body, dict) or body.get("status") != "ok":
             return fail(body, f"expected status 'ok' from {call.route}, got {_status_of(body)}")
         op = call.operation
@@ -87,6 +113,29 @@ class VllmWorkerFamily(AdminFamily):
         if op in (Operation.UPDATE_FROM_DISK, Operation.UPDATE_FROM_DISTRIBUTED):
             return ok(body, version_declared=body.get("version_declared") is True)
         return ok(body)
+
+
+def _lora_name(params: dict[str, Any]) -> str:
+    name = require(params, "lora_name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("lora_name must be a non-empty string")
+    return name
+
+
+def _accept_lora(call: AdminCall, body: Any) -> AdminOutcome:
+    """LoRA routes answer `status: success` (not `ok`). A swap must really swap: without
+    `DYN_LORA_HOTSWAP_ENABLED` a reload of a loaded name is a no-op that still says success."""
+    if not isinstance(body, dict) or body.get("status") != "success":
+        return fail(body, f"expected status 'success' from {call.route}, got {_status_of(body)}")
+    if call.operation == Operation.SWAP_LORA and body.get("hot_swap") is not True:
+        return fail(
+            body,
+            "load_lora did not hot-swap the adapter (is DYN_LORA_HOTSWAP_ENABLED set on the "
+            f"worker?): {body.get('message')!r}",
+        )
+    # A plain load of a name already loaded answers success too (Dynamo: idempotent), which is
+    # what makes a retried load safe.
+    return ok(body)
 
 
 def _status_of(body: Any) -> str:

@@ -41,6 +41,12 @@ START = "update/start_weight_update"
 UPDATE = "update/update_weights"
 FINISH = "update/finish_weight_update"
 SET_VERSION = "update/update_weight_version"
+IS_PAUSED = "control/is_paused"
+IS_SLEEPING = "control/is_sleeping"
+SLEEP = "control/sleep"
+WAKE_UP = "control/wake_up"
+WAKE_TAGS = ("weights", "kv_cache", "scheduling")
+_STATE_ROUTES = {IS_PAUSED: "is_paused", IS_SLEEPING: "is_sleeping"}
 
 
 class VllmSidecarFamily(AdminFamily):
@@ -53,8 +59,14 @@ class VllmSidecarFamily(AdminFamily):
         Operation.SET_WEIGHT_VERSION: frozenset({SET_VERSION}),
         Operation.INIT_WEIGHTS_GROUP: frozenset({INIT}),
         Operation.UPDATE_FROM_DISTRIBUTED: frozenset({START, UPDATE, FINISH}),
+        Operation.IS_PAUSED: frozenset({IS_PAUSED}),
+        Operation.IS_SLEEPING: frozenset({IS_SLEEPING}),
+        Operation.SLEEP: frozenset({SLEEP}),
+        Operation.WAKE_UP: frozenset({WAKE_UP}),
     }
     invalidating = frozenset({Operation.UPDATE_FROM_DISTRIBUTED})
+    pause_modes = PAUSE_MODES
+    default_pause_mode = "abort"
 
     def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
         if op == Operation.LIVENESS:
@@ -75,6 +87,31 @@ class VllmSidecarFamily(AdminFamily):
         if op == Operation.RESUME:
             reject_unknown(params, set())
             return [AdminCall(op, "POST", engine(RESUME), {})]
+        if op in (Operation.IS_PAUSED, Operation.IS_SLEEPING):
+            reject_unknown(params, set())
+            route = IS_PAUSED if op == Operation.IS_PAUSED else IS_SLEEPING
+            return [AdminCall(op, "POST", engine(route), {})]
+        if op == Operation.SLEEP:
+            reject_unknown(params, {"level", "mode"})
+            body = {}
+            if params.get("level") is not None:
+                if params["level"] not in (0, 1, 2) or isinstance(params["level"], bool):
+                    raise ValueError("sleep level must be 0, 1 or 2")
+                body["level"] = params["level"]
+            if params.get("mode") is not None:
+                if params["mode"] not in PAUSE_MODES:
+                    raise ValueError(f"invalid sleep mode {params['mode']!r}")
+                body["mode"] = params["mode"]
+            return [AdminCall(op, "POST", engine(SLEEP), body)]
+        if op == Operation.WAKE_UP:
+            reject_unknown(params, {"tags"})
+            body = {}
+            if params.get("tags") is not None:
+                tags = params["tags"]
+                if not isinstance(tags, list) or not set(tags) <= set(WAKE_TAGS):
+                    raise ValueError(f"wake_up tags must be a subset of {', '.join(WAKE_TAGS)}")
+                body["tags"] = list(tags)
+            return [AdminCall(op, "POST", engine(WAKE_UP), body)]
         if op == Operation.GET_WEIGHT_VERSION:
             reject_unknown(params, set())
             return [AdminCall(op, "POST", engine(GET_VERSION), {})]
@@ -126,6 +163,23 @@ class VllmSidecarFamily(AdminFamily):
                 return fail(body, f"expected status 'resumed', got {body.get('status')!r}")
             if body.get("is_sleeping") is True:
                 return fail(body, "engine resumed but is still sleeping; it stays out of routing")
+            return ok(body)
+        if route in _STATE_ROUTES:
+            # Read after resume, as the check that the engine really runs again (`/health`
+            # stays ready while paused, so it cannot tell).
+            key = _STATE_ROUTES[route]
+            if not isinstance(body.get(key), bool):
+                return fail(body, f"{route} reply lacks a boolean {key!r}")
+            if body[key]:
+                return fail(body, f"the engine reports {key}=true after resume")
+            return ok(body, **{key: body[key]})
+        if route == SLEEP:
+            if body.get("status") != "sleeping":
+                return fail(body, f"expected status 'sleeping', got {body.get('status')!r}")
+            return ok(body)
+        if route == WAKE_UP:
+            if body.get("status") != "awake" or body.get("is_sleeping") is True:
+                return fail(body, f"engine is not fully awake: status {body.get('status')!r}")
             return ok(body)
         if route == GET_VERSION:
             version = body.get("weight_version")

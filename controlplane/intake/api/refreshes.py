@@ -17,7 +17,7 @@ from controlplane.intake.api.auth import actor, limit_to_sources, require, sourc
 from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.intake.fingerprint import FingerprintIn
-from controlplane.refresh import action_table, actions
+from controlplane.refresh import action_table, actions, group
 from controlplane.refresh.action_table import Action, ActionInput
 from controlplane.refresh.models import PolicyRefresh
 
@@ -28,12 +28,28 @@ ACTION_ERRORS = {409: ErrorOut, **COMMON_ERRORS}
 JOURNAL_LIMIT = 5000
 
 
+class LoraIn(Schema):
+    action: Literal["load", "unload", "swap"] = "load"
+    lora_name: str = Field(min_length=1, max_length=200)
+    uri: str | None = Field(None, max_length=2000)
+
+
 class TargetIn(Schema):
     weight_version: str | int = Field(description="the policy version workers must report")
-    method: Literal["disk", "distributed"] = "disk"
-    model_path: str | None = Field(None, max_length=1000)
-    group: dict[str, Any] | None = None
-    update: dict[str, Any] | None = None
+    method: Literal["disk", "distributed", "lora", "tensor", "custom"] = "disk"
+    model_path: str | None = Field(None, max_length=1000, description="disk")
+    group: dict[str, Any] | None = Field(
+        None,
+        description="distributed: master_address, master_port, group_name, ... (never ranks: "
+        "the plan assigns rank_offset and world_size per worker)",
+    )
+    update: dict[str, Any] | None = Field(None, description="distributed or tensor")
+    trainer_ranks: int | None = Field(None, ge=1, le=1_000_000, description="distributed")
+    init_timeout_s: float | None = Field(None, gt=0, le=3600, description="distributed")
+    broadcast_timeout_s: float | None = Field(None, gt=0, le=86400, description="distributed")
+    lora: LoraIn | None = None
+    route: str | None = Field(None, max_length=300, description="custom: an allowlisted route")
+    body: dict[str, Any] | None = Field(None, description="custom: the route's body")
 
 
 class PlanIn(Schema):
@@ -43,7 +59,15 @@ class PlanIn(Schema):
     worker_ids: list[Annotated[int, Field(ge=1, le=2**63 - 1)]] | None = Field(
         None, max_length=10000
     )
-    pause_mode: Literal["keep", "wait", "abort"] = "keep"
+    pause_mode: Literal[
+        "auto", "keep", "wait", "abort", "retract", "in_place", "release_memory"
+    ] = Field("auto", description="auto = each family's default; a family refuses modes it lacks")
+    pause_modes: dict[str, str] | None = Field(
+        None, description='per-family pause modes, e.g. {"sglang": "retract"}'
+    )
+    versions: dict[str, str] | None = Field(
+        None, description="declared versions for the compatibility record (dynamo, vllm, ...)"
+    )
     verification: dict[str, Any] | None = None
     fingerprint: FingerprintIn | None = Field(
         None,
@@ -57,6 +81,34 @@ class RejectIn(Schema):
 
 class AbortIn(Schema):
     resume_engines: bool = False
+
+
+class BroadcastDoneIn(Schema):
+    weight_version: str | int | None = Field(
+        None, description="the version the trainer broadcast; refused if not the refresh's"
+    )
+
+
+class GroupOut(Schema):
+    refresh_id: int
+    refresh_state: str
+    state: str
+    world_size: int | None = None
+    trainer_ranks: int | None = None
+    ranks: dict[str, list[int]]
+    weight_version: Any = None
+    ready_at: str | None = None
+    broadcast_done_at: str | None = None
+    broadcast_done_by: str | None = None
+    destroyed_at: str | None = None
+    reason: str
+
+
+class GroupWait(Schema):
+    wait: float = Field(0, ge=0, le=60, description="seconds to wait for the group to move")
+    after: str | None = Field(
+        None, max_length=32, description="answer once the group state is no longer this one"
+    )
 
 
 class EndIn(Schema):
@@ -75,6 +127,9 @@ class RefreshOut(Schema):
     target: dict[str, Any]
     state: str
     pause_mode: str
+    pause_modes: dict[str, str] = {}
+    group: dict[str, Any] = {}
+    compat: dict[str, Any] = {}
     fingerprint: dict[str, Any] | None = None
     plan_blockers: list[Any]
     failed_step: str
@@ -97,6 +152,11 @@ class PlannedWorkerOut(Schema):
     calls: dict[str, Any]
     blockers: list[Any]
     flush_skipped: str
+    update_method: str
+    method_reason: str
+    pause_mode: str
+    rank_offset: int | None = None
+    ranks: int | None = None
 
 
 class StepOut(Schema):
@@ -146,6 +206,9 @@ def serialize_refresh(refresh) -> dict[str, Any]:
         "target": refresh.target if isinstance(refresh.target, dict) else {},
         "state": refresh.state,
         "pause_mode": refresh.pause_mode,
+        "pause_modes": refresh.pause_modes or {},
+        "group": refresh.group or {},
+        "compat": refresh.compat or {},
         "fingerprint": refresh.fingerprint,
         "plan_blockers": list(refresh.plan_blockers or []),
         "failed_step": refresh.failed_step,
@@ -221,6 +284,8 @@ def plan_refresh(request: HttpRequest, response: HttpResponse, payload: PlanIn):
             namespaces=payload.namespaces,
             worker_ids=payload.worker_ids,
             pause_mode=payload.pause_mode,
+            pause_modes=payload.pause_modes,
+            versions=payload.versions,
             verification=payload.verification,
             fingerprint=payload.fingerprint.as_dict() if payload.fingerprint else None,
         )
@@ -331,3 +396,28 @@ def force_reopen_refresh_namespace(
     engines are resumed and the refresh goes on held for its other namespaces."""
     given = ActionInput(reason=payload.reason, namespace=payload.namespace)
     return _action(request, response, refresh_id, action_table.FORCE_REOPEN_NAMESPACE, given)
+
+
+@_action_route(action_table.BROADCAST_DONE)
+def report_broadcast_done(
+    request: HttpRequest,
+    response: HttpResponse,
+    refresh_id: Id,
+    payload: BroadcastDoneIn | None = None,
+):
+    """The trainer broadcast the new weights to the group (after `refresh.group_ready`): the
+    workers now apply them. 409 unless the refresh is waiting for exactly this."""
+    given = ActionInput(weight_version=payload.weight_version if payload else None)
+    return _action(request, response, refresh_id, action_table.BROADCAST_DONE, given)
+
+
+@router.get("/refreshes/{refresh_id}/group", response={200: GroupOut, **COMMON_ERRORS})
+def get_refresh_group(request: HttpRequest, refresh_id: Id, params: Query[GroupWait]):
+    """A distributed refresh's group: its rank map and where the trainer handshake stands
+    (`joining`, `ready`, `broadcast_done`, `applying`, `destroyed`, `torn_down`). With `wait`,
+    a long poll: answers once the state is no longer `after` (or when `wait` runs out)."""
+    require(request, Perm.VIEW)
+    refresh = _refresh_or_404(request, refresh_id)
+    if params.wait:
+        refresh = group.wait_for_change(refresh.pk, params.after, params.wait)
+    return group.public_view(refresh)

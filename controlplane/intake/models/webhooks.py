@@ -67,6 +67,8 @@ class ReceivedWebhookOutcome(models.TextChoices):
     SUPERSEDED = "superseded"
     FAILED = "failed"
     TEST = "test"
+    # A `broadcast.done` recorded on its distributed refresh.
+    BROADCAST_DONE = "broadcast_done"
     # Only on rows stored before webhooks were processed in the background.
     PROCESSING = "processing"
     CONFLICT = "conflict"

@@ -21,11 +21,13 @@ from controlplane.intake.models import WebhookEndpoint, WebhookPolicy
 from controlplane.intake.webhooks.trainer.events import validate_rules
 from controlplane.intake.webhooks.trainer.receive import Answer, send_test_event
 from controlplane.notify.signing import generate_secret
+from controlplane.refresh.targets import PAUSE_MODE_CHOICES
 
 #: Old and new during a rotation, plus room for a slow rollout; more means a forgotten secret.
 MAX_SECRETS = 3
-#: Mirrors `refresh.models.PauseMode`; the refresh actions check it again when planning.
-PAUSE_MODES = ("keep", "wait", "abort")
+#: Every family's modes (`auto` = each family's default, the one that works on any fleet);
+#: the refresh actions check a mode against each worker's family again when planning.
+PAUSE_MODES = PAUSE_MODE_CHOICES
 _SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
 FIELDS = ("name", "source", "namespaces", "policy", "rules", "pause_mode", "enabled")
@@ -76,7 +78,7 @@ def _clean(values: dict[str, Any], *, instance: WebhookEndpoint | None = None) -
     except ValueError as exc:
         errors["rules"] = f"rules: {exc}"
 
-    pause_mode = values.get("pause_mode") or "keep"
+    pause_mode = values.get("pause_mode") or "auto"
     if pause_mode not in PAUSE_MODES:
         errors["pause_mode"] = f"pause mode must be one of {', '.join(PAUSE_MODES)}"
     clean["pause_mode"] = pause_mode
@@ -107,7 +109,7 @@ def create_webhook_endpoint(
     namespaces=(),
     policy: str = WebhookPolicy.REQUIRE_APPROVAL,
     rules=(),
-    pause_mode: str = "keep",
+    pause_mode: str = "auto",
     enabled: bool = True,
 ) -> tuple[WebhookEndpoint, str]:
     """Create an endpoint with a fresh `whsec_` secret; return it with that secret."""

@@ -12,9 +12,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
-from controlplane.dynamo.families import detect_family
+from controlplane.dynamo.families import UpdateMethod, detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
+from controlplane.refresh.compat import verification_ran
 from controlplane.refresh.executor.agreement import check_agreement
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob
 from controlplane.refresh.executor.departures import (
@@ -24,6 +25,7 @@ from controlplane.refresh.executor.departures import (
     rechecks_membership,
     record_departures,
 )
+from controlplane.refresh.executor.distributed import run_distributed_update, tear_down
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
@@ -279,6 +281,8 @@ class Update(WorkerStep):
     name = StepName.UPDATE
 
     def run(self, ctx: StepContext) -> StepResult:
+        if ctx.refresh.target.get("method") == UpdateMethod.DISTRIBUTED:
+            return self.run_distributed(ctx)
         pending = [w for w in self.pending(ctx) if w.calls.get(self.name)]
         if ctx.takeover and pending:
             # The previous executor died during this step: for these workers we do not know
@@ -304,6 +308,26 @@ class Update(WorkerStep):
                 )
         jobs = [self.job(ctx, w) for w in pending]
         return self.judge(self.run_jobs(ctx, jobs), len(jobs))
+
+    def run_distributed(self, ctx: StepContext) -> StepResult:
+        """A collective group needs every rank: unless every worker in play already applied,
+        all of them join again (a retry re-forms the whole group, the trainer broadcasts
+        again). See `executor/distributed.py`."""
+        pending = self.pending(ctx)
+        if not pending:
+            return StepResult(True, detail="every worker already applied")
+        out = out_of_play_ids(ctx.refresh) | departed_ids(ctx.refresh.pk)
+        workers = [w for w in ctx.refresh.workers.all() if w.pk not in out]
+        if ctx.takeover:
+            # The group the lost executor formed may still be up: tear it down, then hold.
+            why = (
+                "executor lost during a distributed update: the group's state is unknown; "
+                "retry to re-form it on every rank"
+            )
+            note = tear_down(self, ctx, workers, why)
+            return StepResult(False, f"{why} ({note})")
+        outcome = run_distributed_update(self, ctx, workers)
+        return StepResult(outcome.ok, outcome.reason, outcome.detail, outcome.aborted)
 
 
 class Flush(WorkerStep):
@@ -346,6 +370,12 @@ class Verify(WorkerStep):
         return job
 
     def run(self, ctx: StepContext) -> StepResult:
+        result = self._verify(ctx)
+        if not result.aborted:
+            record_verification(ctx, result.ok, result.detail if result.ok else result.reason)
+        return result
+
+    def _verify(self, ctx: StepContext) -> StepResult:
         result = super().run(ctx)
         if not result.ok or result.aborted or not ctx.refresh.verification.get("generation"):
             return result
@@ -356,6 +386,20 @@ class Verify(WorkerStep):
             return StepResult(False, agreement.summary)
         detail = f"{result.detail}; {agreement.summary}" if result.detail else agreement.summary
         return StepResult(True, detail=detail)
+
+
+def record_verification(ctx: StepContext, ok: bool, detail: str) -> None:
+    """The compatibility record says which verification ran and how it ended."""
+    compat = dict(ctx.refresh.compat or {})
+    if not compat:
+        return
+    compat["verification"] = {
+        **compat.get("verification", {}),
+        "ran": verification_ran(ctx.refresh, detail, ok),
+    }
+    with transaction.atomic():
+        ctx.lease.guard(compat=compat)
+    ctx.refresh.compat = compat
 
 
 class Reopen(Step):

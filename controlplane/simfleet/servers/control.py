@@ -14,6 +14,8 @@ demo runner) drive it. `SimFleetControl` in `controlplane.simfleet.client` is it
     DELETE /_sim/faults                      clear every fault
     PUT    /_sim/workers/<key>/version       {"version": ...}
     POST   /_sim/churn                       {"interval": seconds | null}
+    GET    /_sim/groups                      collective weight-update groups
+    POST   /_sim/groups/broadcast            {"version": ..., "group_name": null} (the trainer)
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ class ControlApi:
             case "PUT", ["workers", key, "version"]:
                 fleet.set_version(key, body["version"])
                 return json_response({"ok": True})
+            case "GET", ["groups"]:
+                return json_response({"groups": fleet.collectives.views()})
+            case "POST", ["groups", "broadcast"]:
+                count = fleet.collectives.broadcast(body.get("version"), body.get("group_name"))
+                return json_response({"groups": count})
             case "POST", ["churn"]:
                 interval = body.get("interval")
                 if interval:

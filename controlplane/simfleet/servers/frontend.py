@@ -131,7 +131,7 @@ class Frontend:
             if "x-request-id" in request.headers
             else {}
         )
-        result = await self._generate(worker, prompts[0], max_tokens)
+        result = await self._generate(worker, prompts[0], max_tokens, model)
         if req.get("stream"):
             return await self._stream(request, req, worker, prompts[0], result, extra, headers)
         body = self._unary_body(req, worker, prompts[0], result, extra)
@@ -159,13 +159,18 @@ class Frontend:
                 worker = None
             if worker is None or not worker.routable:
                 raise GenerationFailed(oai_error("Invalid request", 400, "Bad Request"))
+            if model != worker.model and model not in worker.serving_adapters():
+                # A LoRA adapter is its own model: only a worker that loaded it serves it.
+                raise GenerationFailed(oai_error(f"Model not found: {model}", 404, "Not Found"))
             return worker
         candidates = self.fleet.routable(model)
         if not candidates:
             raise GenerationFailed(oai_error(f"Model not found: {model}", 404, "Not Found"))
         return candidates[next(self._rotation) % len(candidates)]
 
-    async def _generate(self, worker: SimWorker, prompt: list[int], max_tokens: int) -> Generated:
+    async def _generate(
+        self, worker: SimWorker, prompt: list[int], max_tokens: int, model: str | None = None
+    ) -> Generated:
         """(ids, detailed_finish_reason, chosen logprobs) as the engine produced them, with
         generate faults."""
         cancelled = wrong = False
@@ -198,8 +203,11 @@ class Frontend:
                 ) from None
         if worker.dead:
             raise DropConnection
+        problem = worker.generation_problem()
+        if problem:
+            raise GenerationFailed(oai_error(problem, 503, "Service Unavailable"))
         worker.generation_count += 1
-        version = worker.generation_version
+        version = worker.generation_version_for(model)
         if wrong:
             ids = wrong_completion_ids(version, prompt, max_tokens)
             logprobs = completion_logprobs(ids)

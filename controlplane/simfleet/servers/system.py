@@ -101,6 +101,10 @@ class SystemServers:
         if worker.dead:
             raise DropConnection
         reply = await handler(body)
+        if worker.dead:
+            # The handler's own watchdog ended the process (vLLM init-group timeout).
+            worker.log_call(route, request.method, body, None, note="worker exited")
+            raise DropConnection
         if post and reply.status == 200:
             worker.revert_version()
         worker.log_call(route, request.method, body, reply)

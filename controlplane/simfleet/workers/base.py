@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from controlplane.simfleet.collective import JoinError, wait_formed
 from controlplane.simfleet.config import WorkerSpec
 from controlplane.simfleet.faults import FaultBook
 
@@ -40,6 +41,9 @@ def handler_error(message: str) -> Reply:
 
 
 Handler = Callable[[Any], Awaitable[Reply]]
+#: `received_broadcast()` when the worker's group has not formed or got no broadcast yet.
+_NO_BROADCAST: Any = object()
+NO_BROADCAST = _NO_BROADCAST
 #: A decoded JSON request body that a handler has checked is an object.
 JsonObject = dict[str, Any]
 
@@ -82,6 +86,8 @@ class SimWorker:
         self.running = asyncio.Event()
         self.running.set()
         self.routes: dict[str, Handler] = self.build_routes()
+        #: The fleet this worker runs in (set by `SimFleet.add_worker`): its collectives.
+        self.fleet: Any = None
 
     # -- family hooks -----------------------------------------------------------------------
     def build_routes(self) -> dict[str, Handler]:
@@ -118,6 +124,38 @@ class SimWorker:
         """HTTP-200 error body in this family's dialect (used by the `error_body` fault)."""
         return ok({"status": "error", "message": message})
 
+    # -- collective weight-update groups --------------------------------------------------------
+    @property
+    def ranks(self) -> int:
+        """How many ranks this worker holds in a group: its advertised world size."""
+        return int(self.spec.world_size or 1)
+
+    async def join_group(self, info: dict[str, Any]) -> str | None:
+        """Join a collective group and wait until every rank has joined, up to the watchdog
+        (`spec.init_weights_timeout`). None when formed; else the reason (`"watchdog"` when it
+        expired, which each family answers in its own way)."""
+        collectives = self.fleet.collectives
+        try:
+            group = collectives.join(self.token, info, self.ranks)
+        except JoinError as exc:
+            return str(exc)
+        formed = await wait_formed(group, self.spec.init_weights_timeout, self.fleet.stopping)
+        if not formed:
+            collectives.leave(self.token)
+            return "watchdog"
+        return None
+
+    def received_broadcast(self) -> Any:
+        """The version the trainer broadcast to this worker's formed group, if any."""
+        group = self.fleet.collectives.group_of(self.token) if self.fleet else None
+        if group is None or not group.formed.is_set():
+            return _NO_BROADCAST
+        return group.broadcast_version if group.broadcasts else _NO_BROADCAST
+
+    def leave_group(self) -> None:
+        if self.fleet is not None:
+            self.fleet.collectives.leave(self.token)
+
     # -- shared state transitions -------------------------------------------------------------
     def set_version(self, version: Any, *, declared: bool = True) -> None:
         if version != self.version:
@@ -143,6 +181,21 @@ class SimWorker:
     def generation_version(self) -> Any:
         """The version whose weights generation currently uses."""
         return self.version
+
+    def serving_adapters(self) -> dict[str, str]:
+        """LoRA adapter name → its source uri, for families that load adapters."""
+        return {}
+
+    def generation_version_for(self, model: str | None) -> Any:
+        """What a request for `model` generates with: an adapter changes the outputs."""
+        adapter = self.serving_adapters().get(model or "")
+        if adapter is None:
+            return self.generation_version
+        return f"{self.generation_version}+lora:{model}@{adapter}"
+
+    def generation_problem(self) -> str | None:
+        """Why this worker cannot generate right now (released memory), or None."""
+        return None
 
     def log_call(
         self, route: str, method: str, body: Any, reply: Reply | None, note: str = ""

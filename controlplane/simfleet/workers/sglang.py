@@ -13,6 +13,7 @@ from typing import Any
 
 from controlplane.simfleet.config import FAMILY_SGLANG
 from controlplane.simfleet.workers.base import (
+    NO_BROADCAST,
     Handler,
     JsonObject,
     Reply,
@@ -37,6 +38,8 @@ DISK_FIELDS = frozenset(
 )
 VERSION_FIELDS = frozenset({"new_version", "abort_all_requests"})
 PAUSE_MODES = ("abort", "retract", "in_place")
+#: SGLang's memory-occupation tags (`release_memory_occupation` / `resume_...`).
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 #: Configured routes that give the control plane every operation (`--engine-route ...`).
 SGLANG_CONFIGURED_ROUTES = (
     "flush_cache",
@@ -85,6 +88,11 @@ class SglangWorker(SimWorker):
     family = FAMILY_SGLANG
     advertised_routes = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: Memory-occupation tags currently released.
+        self.released: set[str] = set()
+        super().__init__(*args, **kwargs)
+
     def build_routes(self) -> dict[str, Handler]:
         routes = {
             "control/update_weights_from_disk": self.update_weights_from_disk,
@@ -115,8 +123,8 @@ class SglangWorker(SimWorker):
         known: dict[str, Handler] = {
             "flush_cache": self.flush_cache,
             "get_weight_version": self.get_weight_version,
-            "init_weights_update_group": self.weights_group("initialized"),
-            "destroy_weights_update_group": self.weights_group("destroyed"),
+            "init_weights_update_group": self.init_weights_update_group,
+            "destroy_weights_update_group": self.destroy_weights_update_group,
         }
         if method not in known:
             raise ValueError(f"simulated SGLang has no method {method!r}")
@@ -144,6 +152,15 @@ class SglangWorker(SimWorker):
         invalid = _type_error("UpdateWeightFromDiskReqInput", body, DISK_FIELDS, ("model_path",))
         if invalid:
             return invalid
+        if "weights" in self.released:
+            # Simulation choice: weights cannot be loaded into released memory.
+            return ok(
+                {
+                    "success": False,
+                    "message": "weights memory is released",
+                    "num_paused_requests": 0,
+                }
+            )
         self.update_count += 1
         self.cache_resets += 1
         if body.get("weight_version") is not None:
@@ -158,6 +175,8 @@ class SglangWorker(SimWorker):
 
     def update_online(self, kind: str) -> Handler:
         async def handler(body: JsonObject) -> Reply:
+            if kind == "distributed" and self.received_broadcast() is NO_BROADCAST:
+                return ok({"success": False, "message": "no weights were broadcast to the group"})
             self.update_count += 1
             if body.get("weight_version") is not None:
                 self.set_version(body["weight_version"])
@@ -213,12 +232,40 @@ class SglangWorker(SimWorker):
         return ok({"status": "ok"})
 
     async def release_memory(self, body: JsonObject) -> Reply:
-        self.sleeping = True
+        tags = self._tags(body)
+        if isinstance(tags, Reply):
+            return tags
+        self.released |= tags
+        self.sleeping = bool(self.released)
+        if "kv_cache" in tags:
+            self.cache_resets += 1  # the KV cache's memory is freed with what it held
         return ok({"status": "ok"})
 
     async def resume_memory(self, body: JsonObject) -> Reply:
-        self.sleeping = False
+        tags = self._tags(body)
+        if isinstance(tags, Reply):
+            return tags
+        self.released -= tags
+        self.sleeping = bool(self.released)
         return ok({"status": "ok"})
+
+    @staticmethod
+    def _tags(body: JsonObject) -> set[str] | Reply:
+        """`tags` (None = all) as SGLang's memory-occupation request takes them."""
+        tags = body.get("tags")
+        if tags is None:
+            return set(MEMORY_TAGS)
+        if not isinstance(tags, list) or not set(tags) <= set(MEMORY_TAGS):
+            return handler_error(f"Python callback failed: ValueError: invalid tags {tags!r}")
+        return set(tags)
+
+    def generation_problem(self) -> str | None:
+        if self.released:
+            return f"memory released ({', '.join(sorted(self.released))}); resume it first"
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "released": sorted(self.released)}
 
     async def flush_cache(self, body: JsonObject) -> Reply:
         self.flush_count += 1
@@ -229,9 +276,15 @@ class SglangWorker(SimWorker):
         # A plain string result is normalized to `{"result": ...}` by Dynamo.
         return ok({"result": self.version})
 
-    def weights_group(self, what: str) -> Handler:
-        # `(success, message)` tuples are normalized to `{"success", "message"}`.
-        async def handler(body: JsonObject) -> Reply:
-            return ok({"success": True, "message": f"Weight update group {what}"})
+    # `(success, message)` tuples are normalized to `{"success", "message"}`.
+    async def init_weights_update_group(self, body: JsonObject) -> Reply:
+        self.leave_group()
+        problem = await self.join_group(body)
+        if problem is not None:
+            reason = "not every rank joined in time" if problem == "watchdog" else problem
+            return ok({"success": False, "message": f"Failed to init group: {reason}"})
+        return ok({"success": True, "message": "Succeeded to initialize custom process group."})
 
-        return handler
+    async def destroy_weights_update_group(self, body: JsonObject) -> Reply:
+        self.leave_group()
+        return ok({"success": True, "message": "Succeeded to destroy custom process group."})

@@ -12,6 +12,7 @@ from typing import Any
 
 from controlplane.simfleet.config import FAMILY_SIDECAR
 from controlplane.simfleet.workers.base import (
+    NO_BROADCAST,
     Handler,
     JsonObject,
     Reply,
@@ -36,6 +37,8 @@ SIDECAR_ROUTES = (
     "update/update_weights",
 )
 MODES = ("abort", "wait", "keep")
+#: vLLM's `NCCLInitInfo` fields, which `init_info` carries for the NCCL transfer engine.
+NCCL_INIT_FIELDS = ("master_address", "master_port", "rank_offset", "world_size")
 WAKE_TAGS = ("weights", "kv_cache", "scheduling")
 
 
@@ -49,7 +52,11 @@ def _update_error(message: str) -> Reply:
 
 def _engine_error(rpc: str, message: str) -> Reply:
     """A gRPC error from vLLM, as the sidecar surfaces it."""
-    return handler_error(f"InvalidRequest: {rpc}: {message} (FailedPrecondition)")
+    return _engine_error_code(rpc, message, "FailedPrecondition")
+
+
+def _engine_error_code(rpc: str, message: str, code: str) -> Reply:
+    return handler_error(f"InvalidRequest: {rpc}: {message} ({code})")
 
 
 class SidecarWorker(SimWorker):
@@ -194,8 +201,25 @@ class SidecarWorker(SimWorker):
 
     # -- update ---------------------------------------------------------------------------------
     async def init_weight_transfer_engine(self, body: JsonObject) -> Reply:
-        if not isinstance(body.get("init_info"), dict):
+        info = body.get("init_info")
+        if not isinstance(info, dict):
             return _update_error("missing `init_info` JSON object")
+        # Simulation choice: vLLM's NCCL engine needs these fields (NCCLInitInfo); without
+        # them its gRPC call fails, which the sidecar reports as an engine error.
+        missing = [k for k in NCCL_INIT_FIELDS if k not in info]
+        if missing:
+            return handler_error(
+                "InvalidRequest: InitWeightTransferEngine: init_info is missing "
+                f"{', '.join(missing)} (InvalidArgument)"
+            )
+        self.leave_group()  # re-initialising replaces the transfer engine's group
+        problem = await self.join_group(info)
+        if problem == "watchdog":
+            return _engine_error_code(
+                "InitWeightTransferEngine", "not every rank joined in time", "DeadlineExceeded"
+            )
+        if problem is not None:
+            return _engine_error_code("InitWeightTransferEngine", problem, "InvalidArgument")
         self.transfer_initialized = True
         return ok({"message": "Weight transfer initialized"})
 
@@ -211,6 +235,8 @@ class SidecarWorker(SimWorker):
             return _update_error("missing `update_info` JSON object")
         if not self.update_in_progress:
             return _engine_error("UpdateWeights", "no weight update in progress")
+        if self.received_broadcast() is NO_BROADCAST:
+            return _engine_error("UpdateWeights", "no weights were broadcast to the group")
         self.update_count += 1
         return ok({"message": "Weights updated"})
 

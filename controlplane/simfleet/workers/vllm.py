@@ -10,6 +10,7 @@ from typing import Any
 
 from controlplane.simfleet.config import FAMILY_VLLM
 from controlplane.simfleet.workers.base import (
+    NO_BROADCAST,
     Handler,
     JsonObject,
     Reply,
@@ -56,6 +57,9 @@ class VllmWorker(SimWorker):
         self.group_initialized = False
         self.loaded_path: str | None = None
         self.taints: list[str] = []
+        #: LoRA adapters: name → (lora_id, source uri).
+        self.loras: dict[str, tuple[int, str]] = {}
+        self._next_lora_id = 1
 
     def build_routes(self) -> dict[str, Handler]:
         locked = {
@@ -79,11 +83,25 @@ class VllmWorker(SimWorker):
             "control/start_profile": self.profile("Profiling started"),
             "control/stop_profile": self.profile("Profiling stopped"),
         }
+        if self.spec.lora_capacity is not None:
+            # Registered (and advertised) only with `--enable-lora`.
+            plain["load_lora"] = self.load_lora
+            plain["unload_lora"] = self.unload_lora
         routes = {name: self._object_body(self._serialized(h)) for name, h in locked.items()}
         routes.update({name: self._object_body(h) for name, h in plain.items()})
         # `update/model_taints` is wrapped by the Rust layer, not the Python body rules.
         routes["update/model_taints"] = self.model_taints
         return routes
+
+    def descriptor(self) -> dict[str, Any] | None:
+        body = super().descriptor()
+        assert body is not None
+        if self.spec.lora_capacity is not None:
+            body["routes"] = sorted({*body["routes"], "load_lora", "unload_lora"})
+        return body
+
+    def serving_adapters(self) -> dict[str, str]:
+        return {name: uri for name, (_, uri) in self.loras.items()}
 
     # -- wrappers -------------------------------------------------------------------------------
     @staticmethod
@@ -176,7 +194,7 @@ class VllmWorker(SimWorker):
             return _error("'allow_unpaused' must be a boolean")
         if not isinstance(reset_cache, bool):
             return _error("'reset_prefix_cache' must be a boolean")
-        if not self.paused and reset_cache and allow_unpaused:
+        if allow_unpaused and reset_cache:
             return _error(
                 "Unpaused weight updates cannot reset the prefix cache. Set "
                 "'reset_prefix_cache' to false or pause generation first."
@@ -186,18 +204,93 @@ class VllmWorker(SimWorker):
         if not self.group_initialized:
             # Simulation choice: the engine RPC fails like a broadcaster that was never set up.
             return _error("weight update group is not initialized")
+        if self.received_broadcast() is NO_BROADCAST:
+            # Simulation choice: applying before the trainer broadcast finds nothing to apply.
+            return _error("no weights were broadcast to the weight update group")
         return self._apply_update(body, reset_cache=reset_cache)
 
     async def update_weights_from_tensor(self, body: JsonObject) -> Reply:
         return _error("update_weights_from_tensor is not implemented")
 
     async def init_weights_update_group(self, body: JsonObject) -> Reply:
+        # The kwargs (less `engine_rpc`) go flat to the engine RPC (`init_broadcaster`), which
+        # joins the collective and blocks until every rank has joined.
+        kwargs = {k: v for k, v in body.items() if k != "engine_rpc"}
+        self.leave_group()  # a new broadcaster replaces the old one
+        problem = await self.join_group(kwargs)
+        if problem == "watchdog":
+            # DYN_RL_INIT_WEIGHTS_TIMEOUT_S expired: the RPC is cancelled and the process exits.
+            self.fleet.crash(self)
+            return Reply(500, None)  # never sent: the connection drops
+        if problem is not None:
+            return _error(problem)
         self.group_initialized = True
         return ok({"status": "ok", "message": "Weight update group initialized"})
 
     async def destroy_weights_update_group(self, body: JsonObject) -> Reply:
         self.group_initialized = False
+        self.leave_group()
         return ok({"status": "ok", "message": "Weight update group destroyed"})
+
+    # -- LoRA (`--enable-lora`): replies say `status: success`, not `ok` -------------------------
+    async def load_lora(self, body: JsonObject) -> Reply:
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            return _error("'lora_name' is required and must be a string")
+        source = body.get("source")
+        if not source or not isinstance(source, dict):
+            return _error("'source' object is required in request")
+        uri = source.get("uri")
+        if not isinstance(uri, str) or not uri:
+            return _error("'source.uri' is required and must be a string")
+        old = self.loras.get(name)
+        if old is not None and not self.spec.lora_hotswap:
+            return ok(
+                {
+                    "status": "success",
+                    "message": f"LoRA adapter '{name}' already loaded",
+                    "lora_name": name,
+                    "lora_id": old[0],
+                    "hot_swap": False,
+                }
+            )
+        capacity = self.spec.lora_capacity or 0
+        if old is None and len(self.loras) >= capacity:
+            return _error(
+                f"LoRA capacity exceeded: at most {capacity} adapter(s) may be loaded",
+                lora_name=name,
+            )
+        hot_swap = old is not None
+        lora_id = old[0] if old is not None else self._next_lora_id
+        if old is None:
+            self._next_lora_id += 1
+        self.loras[name] = (lora_id, uri)
+        verb = "hot-swapped" if hot_swap else "loaded"
+        return ok(
+            {
+                "status": "success",
+                "message": f"LoRA adapter '{name}' {verb} successfully",
+                "lora_name": name,
+                "lora_id": lora_id,
+                "hot_swap": hot_swap,
+            }
+        )
+
+    async def unload_lora(self, body: JsonObject) -> Reply:
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            return _error("'lora_name' is required and must be a string")
+        old = self.loras.pop(name, None)
+        if old is None:
+            return _error(f"LoRA adapter '{name}' not found. Available LoRAs: {list(self.loras)}")
+        return ok(
+            {
+                "status": "success",
+                "message": f"LoRA adapter '{name}' unloaded successfully",
+                "lora_name": name,
+                "lora_id": old[0],
+            }
+        )
 
     async def sleep(self, body: JsonObject) -> Reply:
         level = body.get("level", 1)

@@ -47,12 +47,14 @@ def actor_for(user) -> Actor:
     return Actor.for_user(user)
 
 
-def plan(source, user, version="v2", **kwargs) -> PolicyRefresh:
+def plan(source, user, version="v2", target=None, **kwargs) -> PolicyRefresh:
+    """A disk update to `version` unless another `target` is given."""
     sync_workers(source)
     return actions.plan_policy_refresh(
         source=source,
         actor=actor_for(user),
-        target={"weight_version": version, "method": "disk", "model_path": f"/ckpt/{version}"},
+        target=target
+        or {"weight_version": version, "method": "disk", "model_path": f"/ckpt/{version}"},
         **kwargs,
     )
 

@@ -77,7 +77,7 @@ def test_command_refuses_at_plan_time_when_a_worker_lacks_the_update_route(fleet
     fleet.inject(key, "probe", Fault.reply(descriptor))
     code, out, err = cli("policy_refresh", *ARGS, "--as", operator.username)
     assert code == Exit.FAILED
-    assert "missing route update_weights_from_disk" in out
+    assert "needs update_weights_from_disk, which the worker does not advertise" in out
     assert "refused at plan time" in err
     assert all(w["update_count"] == 0 for w in fleet.workers())
 

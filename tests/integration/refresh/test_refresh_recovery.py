@@ -182,7 +182,10 @@ def test_plan_with_a_worker_lacking_the_update_route_cannot_start(fleet, source,
     refresh = plan(source, operator)
 
     blocked = refresh.workers.get(instance_id=str(fleet.state(key)["instance_id"]))
-    assert blocked.blockers == ["update: missing route update_weights_from_disk"]
+    assert blocked.blockers == [
+        "update: vllm disk reload needs update_weights_from_disk, "
+        "which the worker does not advertise"
+    ]
     assert refresh.plan_blockers == ["1 of 6 workers have blockers"]
     with pytest.raises(PlanBlocked):
         actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)

@@ -51,7 +51,12 @@ def _normalize(body: Any) -> dict | None:
 class ScriptedVllmWorker:
     """The vLLM §4 route semantics over a fake engine that records what it was asked to do."""
 
-    def __init__(self) -> None:
+    def __init__(self, group_dir: Path | None = None, world_size: int = 1) -> None:
+        #: Where the stand-in collective rendezvous happens (`INTEROP_GROUP_DIR`); None = the
+        #: group "forms" at once, as before.
+        self.group_dir = group_dir
+        self.world_size = world_size
+        self.ranks: list[int] = []
         self.paused = False
         self.weight_version: Any = _UNDECLARED
         self.loaded_path: str | None = None
@@ -180,6 +185,9 @@ class ScriptedVllmWorker:
         async with self._pause_lock:
             if not self.paused and not allow_unpaused:
                 return {"status": "error", "message": _MUST_PAUSE}
+            if self.group_dir is not None and not (self.group_dir / "broadcast").exists():
+                # Receiving needs the trainer's broadcast, as with a real broadcaster.
+                return {"status": "error", "message": "no weights were broadcast to the group"}
             version = body.get("weight_version", "unknown")
             rpc = body.get("engine_rpc", "update_weights_from_path")
             kwargs = {k: v for k, v in body.items() if k not in _DISTRIBUTED_RESERVED}
@@ -204,10 +212,35 @@ class ScriptedVllmWorker:
         if body is None:
             return _NOT_OBJECT
         rpc = body.get("engine_rpc", "init_broadcaster")
+        kwargs = {k: v for k, v in body.items() if k != "engine_rpc"}
         async with self._pause_lock:
-            self.rpc_log.append((rpc, {k: v for k, v in body.items() if k != "engine_rpc"}))
+            self.rpc_log.append((rpc, kwargs))
+            if self.group_dir is not None:
+                # Like vLLM: the RPC rendezvouses with every rank, under the init watchdog;
+                # if it expires the process exits (dynamo.vllm.handlers._shutdown_worker).
+                timeout_s = float(os.environ.get("DYN_RL_INIT_WEIGHTS_TIMEOUT_S", "30"))
+                try:
+                    await asyncio.wait_for(self._rendezvous(kwargs), timeout_s)
+                except TimeoutError:
+                    log.error("init_weights_update_group timed out; terminating the worker")
+                    os._exit(1)
+                except (KeyError, TypeError, ValueError) as exc:
+                    return {"status": "error", "message": str(exc)}
             self.group_initialized = True
             return {"status": "ok", "message": "Weight update group initialized"}
+
+    async def _rendezvous(self, kwargs: dict) -> None:
+        """A file-based stand-in for the NCCL TCP-store rendezvous: this worker's ranks are
+        files under the group directory; the group forms when ranks 0..world_size-1 exist
+        (rank 0 is written by the test's trainer)."""
+        assert self.group_dir is not None
+        offset, world = int(kwargs["rank_offset"]), int(kwargs["world_size"])
+        self.group_dir.mkdir(parents=True, exist_ok=True)
+        self.ranks = list(range(offset, offset + self.world_size))
+        for rank in self.ranks:
+            (self.group_dir / f"rank-{rank}").write_text(str(os.getpid()))
+        while not all((self.group_dir / f"rank-{r}").exists() for r in range(world)):
+            await asyncio.sleep(0.05)
 
     async def destroy_weights_update_group(self, body: Any) -> dict:
         body = _normalize(body)
@@ -216,6 +249,10 @@ class ScriptedVllmWorker:
         rpc = body.get("engine_rpc", "destroy_broadcaster")
         async with self._pause_lock:
             self.rpc_log.append((rpc, {k: v for k, v in body.items() if k != "engine_rpc"}))
+            if self.group_dir is not None:
+                for rank in self.ranks:
+                    (self.group_dir / f"rank-{rank}").unlink(missing_ok=True)
+                self.ranks = []
             self.group_initialized = False
             return {"status": "ok", "message": "Weight update group destroyed"}
 
@@ -278,7 +315,8 @@ class ScriptedVllmWorker:
 async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(loop, "file", "tcp")
-    worker = ScriptedVllmWorker()
+    group_dir = os.environ.get("INTEROP_GROUP_DIR")
+    worker = ScriptedVllmWorker(Path(group_dir) if group_dir else None, args.world_size)
 
     routes = worker.routes()
     for name in args.omit_route:

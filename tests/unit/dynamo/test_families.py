@@ -105,6 +105,16 @@ SAMPLE_PARAMS = {
     Op.DESTROY_WEIGHTS_GROUP: {},
     Op.GET_WEIGHT_VERSION: {},
     Op.SET_WEIGHT_VERSION: {"weight_version": "v7"},
+    Op.UPDATE_FROM_TENSOR: {"serialized_named_tensors": ["x"]},
+    Op.LOAD_LORA: {"lora_name": "a", "uri": "file:///a"},
+    Op.SWAP_LORA: {"lora_name": "a", "uri": "file:///b"},
+    Op.UNLOAD_LORA: {"lora_name": "a"},
+    Op.RELEASE_MEMORY: {"tags": ["kv_cache"]},
+    Op.RESUME_MEMORY: {},
+    Op.IS_PAUSED: {},
+    Op.IS_SLEEPING: {},
+    Op.SLEEP: {"level": 1},
+    Op.WAKE_UP: {"tags": ["weights"]},
 }
 
 

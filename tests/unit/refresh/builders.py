@@ -62,6 +62,7 @@ def discovered(family: str, advertised: list[str], **fields: Any) -> Worker:
         "family": family,
         "system_url": "http://10.0.0.5:9090",
         "model": MODEL,
+        "world_size": 1,
         "routes": list(fields.pop("routes", advertised)),
         **fields,
     }
@@ -101,14 +102,23 @@ def plan(
     flush_policy: str = "auto",
     verification: dict[str, Any] | None = None,
     policy: OutboundPolicy = POLICY,
+    pause_modes: dict[str, str] | None = None,
 ):
+    """One worker's plan; a distributed one puts the worker right after a one-rank trainer."""
+    target = normalize_target(target)
+    rank = world = None
+    if target["method"] == "distributed" and worker.world_size:
+        rank, world = (1, worker.world_size), 1 + worker.world_size
     return plan_worker(
         worker,
-        target=normalize_target(target),
+        target=target,
         pause_mode=pause_mode,
+        pause_modes=pause_modes,
         flush_policy=flush_policy,
         verification=normalize_verification(verification),
         policy=policy,
+        rank=rank,
+        group_world_size=world,
     )
 
 

@@ -44,7 +44,7 @@ GENERATION = {**call("generation", "v1/completions", GENERATION_BODY), "expected
 DISTRIBUTED_VLLM = {
     "weight_version": "v8",
     "method": "distributed",
-    "group": {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1},
+    "group": {"master_address": "10.0.0.1", "master_port": 29500, "group_name": "wu"},
     "update": {"names": ["lm_head.weight"], "dtypes": ["bfloat16"], "shapes": [[8, 8]]},
 }
 DISTRIBUTED_SIDECAR = {
@@ -53,6 +53,10 @@ DISTRIBUTED_SIDECAR = {
     "group": {"init_info": {"master_address": "10.0.0.1", "master_port": 29500}},
     "update": {"update_infos": [{"names": ["a"]}, {"names": ["b"]}]},
 }
+
+
+DIST_LABEL = "distributed (collective broadcast from the trainer)"
+NOT_ADVERTISED = "which the worker does not advertise"
 
 
 def skipped_reason(family: str, operation: str) -> str:
@@ -98,16 +102,32 @@ def test_vllm_flush_policy_always_plans_the_flush():
     assert p.flush_skipped == ""
 
 
-def test_vllm_distributed_update_inits_the_group_then_updates_with_the_version():
+def test_vllm_distributed_update_joins_flat_then_applies_reads_back_and_destroys():
     p = plan(vllm_worker(), DISTRIBUTED_VLLM)
     assert p.blockers == []
+    assert (p.update_method, p.rank_offset, p.ranks) == ("distributed", 1, 1)
+    assert p.method_reason == (
+        "vllm advertises destroy_weights_update_group, get_weight_version, "
+        "init_weights_update_group, update_weights_from_distributed"
+    )
+    # Python workers take the group flat, with their own ranks.
+    assert p.calls["group_init"] == [
+        call(
+            "init_weights_group",
+            "engine/init_weights_update_group",
+            {**DISTRIBUTED_VLLM["group"], "rank_offset": 1, "world_size": 2},
+        )
+    ]
     assert p.calls["update"] == [
-        call("init_weights_group", "engine/init_weights_update_group", DISTRIBUTED_VLLM["group"]),
         call(
             "update_from_distributed",
             "engine/update_weights_from_distributed",
             {**DISTRIBUTED_VLLM["update"], "weight_version": "v8"},
         ),
+        call("get_weight_version", "engine/get_weight_version", {}),
+    ]
+    assert p.calls["group_destroy"] == [
+        call("destroy_weights_group", "engine/destroy_weights_update_group", {})
     ]
     assert p.calls["flush"] == []
     assert p.flush_skipped == skipped_reason("vllm", "update_from_distributed")
@@ -130,17 +150,22 @@ def test_a_worker_without_a_stored_family_is_planned_by_its_routes():
 def test_sidecar_distributed_plan_has_the_exact_call_of_every_step():
     p = plan(sidecar_worker(), DISTRIBUTED_SIDECAR, pause_mode="abort")
     assert (p.family, p.blockers) == ("vllm-sidecar", [])
+    info = {**DISTRIBUTED_SIDECAR["group"]["init_info"], "rank_offset": 1, "world_size": 2}
     assert p.calls == {
         # No flush route: the cache is dropped at pause, so clear_cache is always sent.
         "pause": [
             call("pause", "engine/control/pause_generation", {"mode": "abort", "clear_cache": True})
         ],
-        "update": [
+        # Sidecars take the group as `init_info`; they have no destroy route.
+        "group_init": [
             call(
                 "init_weights_group",
                 "engine/update/init_weight_transfer_engine",
-                DISTRIBUTED_SIDECAR["group"],
-            ),
+                {"init_info": info},
+            )
+        ],
+        "group_destroy": [],
+        "update": [
             call("update_from_distributed", "engine/update/start_weight_update", {}),
             call(
                 "update_from_distributed",
@@ -157,12 +182,15 @@ def test_sidecar_distributed_plan_has_the_exact_call_of_every_step():
                 "engine/update/finish_weight_update",
                 {"weight_version": "v8"},
             ),
+            call("get_weight_version", "engine/control/get_weight_version", {}),
         ],
         "flush": [],
         "resume_engines": [call("resume", "engine/control/resume_generation", {})],
         "verify": [
             call("get_weight_version", "engine/control/get_weight_version", {}),
             call("liveness", "health", None, method="GET"),
+            # /health stays ready while paused: the state route says whether it runs.
+            call("is_paused", "engine/control/is_paused", {}),
             GENERATION,
         ],
     }
@@ -187,7 +215,7 @@ def test_sidecar_flush_policy_always_still_skips_since_it_has_no_flush_route():
 def test_sidecar_cannot_update_from_disk_nor_flush_after_it():
     p = plan(sidecar_worker())
     assert p.blockers == [
-        "update: vllm-sidecar cannot update_from_disk",
+        "update: the native sidecar has no disk reload route; use the distributed method",
         "flush: vllm-sidecar cannot flush_cache",
     ]
     assert p.calls["update"] == [] and p.calls["flush"] == []
@@ -228,13 +256,20 @@ def test_sglang_flush_policy_always_plans_the_flush():
 def test_sglang_distributed_update_inits_the_group_then_updates_with_the_version():
     p = plan(sglang_static_worker(), DISTRIBUTED_VLLM, pause_mode="abort")
     assert p.blockers == []
+    assert p.calls["group_init"] == [
+        call(
+            "init_weights_group",
+            "engine/init_weights_update_group",
+            {**DISTRIBUTED_VLLM["group"], "rank_offset": 1, "world_size": 2},
+        )
+    ]
     assert p.calls["update"] == [
-        call("init_weights_group", "engine/init_weights_update_group", DISTRIBUTED_VLLM["group"]),
         call(
             "update_from_distributed",
             "engine/control/update_weights_from_distributed",
             {**DISTRIBUTED_VLLM["update"], "weight_version": "v8"},
         ),
+        call("get_weight_version", "engine/get_weight_version", {}),
     ]
     assert p.flush_skipped == skipped_reason("sglang", "update_from_distributed")
 
@@ -243,7 +278,7 @@ def test_sglang_distributed_update_inits_the_group_then_updates_with_the_version
 def test_sglang_refuses_a_pause_mode_it_does_not_have(mode):
     p = plan(sglang_static_worker(), pause_mode=mode)
     assert p.blockers == [
-        f"pause: invalid pause mode {mode!r}; expected abort|retract|in_place",
+        f"pause: sglang has no pause mode {mode!r}; choose one of abort, retract, in_place",
     ]
     assert p.calls["pause"] == []
 
@@ -261,16 +296,23 @@ def test_sglang_routes_come_from_the_operator_allowlist_not_the_worker_row():
     ("route", "target", "blocker"),
     [
         ("pause_generation", None, "pause: missing route pause_generation"),
-        ("update_weights_from_disk", None, "update: missing route update_weights_from_disk"),
+        (
+            "update_weights_from_disk",
+            None,
+            "update: vllm disk reload needs update_weights_from_disk, "
+            "which the worker does not advertise",
+        ),
         (
             "init_weights_update_group",
             DISTRIBUTED_VLLM,
-            "update: missing route init_weights_update_group",
+            f"update: vllm {DIST_LABEL} needs init_weights_update_group, "
+            "which the worker does not advertise",
         ),
         (
             "update_weights_from_distributed",
             DISTRIBUTED_VLLM,
-            "update: missing route update_weights_from_distributed",
+            f"update: vllm {DIST_LABEL} needs update_weights_from_distributed, "
+            "which the worker does not advertise",
         ),
         ("resume_generation", None, "resume_engines: missing route resume_generation"),
         ("get_weight_version", None, "verify: missing route get_weight_version"),
@@ -288,13 +330,23 @@ def test_vllm_missing_route_blocks_its_step(route, target, blocker):
         ("control/pause_generation", "pause: missing route control/pause_generation"),
         (
             "update/init_weight_transfer_engine",
-            "update: missing route update/init_weight_transfer_engine",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/init_weight_transfer_engine, "
+            + NOT_ADVERTISED,
         ),
-        ("update/start_weight_update", "update: missing route update/start_weight_update"),
-        ("update/update_weights", "update: missing route update/update_weights"),
-        ("update/finish_weight_update", "update: missing route update/finish_weight_update"),
+        (
+            "update/start_weight_update",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/start_weight_update, {NOT_ADVERTISED}",
+        ),
+        (
+            "update/update_weights",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/update_weights, {NOT_ADVERTISED}",
+        ),
+        (
+            "update/finish_weight_update",
+            f"update: vllm-sidecar {DIST_LABEL} needs update/finish_weight_update, "
+            + NOT_ADVERTISED,
+        ),
         ("control/resume_generation", "resume_engines: missing route control/resume_generation"),
-        ("control/get_weight_version", "verify: missing route control/get_weight_version"),
     ],
 )
 def test_sidecar_missing_route_blocks_its_step(route, blocker):
@@ -309,17 +361,20 @@ def test_sidecar_missing_route_blocks_its_step(route, blocker):
         (
             "control/update_weights_from_disk",
             None,
-            "update: missing route control/update_weights_from_disk",
+            "update: sglang disk reload needs control/update_weights_from_disk, "
+            "which the worker does not allowlist",
         ),
         (
             "init_weights_update_group",
             DISTRIBUTED_VLLM,
-            "update: missing route init_weights_update_group",
+            f"update: sglang {DIST_LABEL} needs init_weights_update_group, "
+            "which the worker does not allowlist",
         ),
         (
             "control/update_weights_from_distributed",
             DISTRIBUTED_VLLM,
-            "update: missing route control/update_weights_from_distributed",
+            f"update: sglang {DIST_LABEL} needs control/update_weights_from_distributed, "
+            "which the worker does not allowlist",
         ),
         ("continue_generation", None, "resume_engines: missing route continue_generation"),
         ("get_weight_version", None, "verify: missing route get_weight_version"),
@@ -451,3 +506,11 @@ def test_verification_switches_drop_their_calls():
 )
 def test_only_a_disk_reload_is_safe_to_repeat(family, method, idempotent):
     assert update_is_idempotent(family, {"method": method}) is idempotent
+
+
+def test_a_sidecar_without_version_readback_cannot_take_a_distributed_update():
+    worker = sidecar_worker(routes=[r for r in SIDECAR_ROUTES if r != "control/get_weight_version"])
+    assert plan(worker, DISTRIBUTED_SIDECAR).blockers == [
+        f"update: vllm-sidecar {DIST_LABEL} needs control/get_weight_version, {NOT_ADVERTISED}",
+        "verify: missing route control/get_weight_version",
+    ]

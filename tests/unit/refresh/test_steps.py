@@ -86,7 +86,11 @@ def planned(refresh, name: str, family: str = "vllm", **calls) -> PlannedWorker:
 
 
 def context(refresh, *, takeover: bool = False, attempt: int = 1) -> StepContext:
-    lease = SimpleNamespace(guard=lambda: None, token=1)
+    def guard(**fields):
+        # Applies the executor's fenced writes, as the real lease does with a live token.
+        PolicyRefresh.objects.filter(pk=refresh.pk).update(**fields) if fields else None
+
+    lease = SimpleNamespace(guard=guard, token=1, refresh_id=refresh.pk)
     return StepContext(refresh=refresh, lease=lease, cfg=None, attempt=attempt, takeover=takeover)
 
 
@@ -169,11 +173,16 @@ def test_takeover_refuses_to_repeat_an_update_that_is_not_idempotent(refresh, mo
     fan_out = FanOut()
     result = install(monkeypatch, Update(), fan_out).run(context(refresh, takeover=True))
     assert not result.ok
+    # A collective group cannot be half-repeated: the whole group must be re-formed.
+    assert worker.key
     assert result.reason == (
-        "executor lost during update; outcome unknown on 1 workers whose vllm-sidecar "
-        f"distributed update is not safe to repeat ({worker.key})"
+        "executor lost during a distributed update: the group's state is unknown; "
+        "retry to re-form it on every rank (group torn down on 0 of 0 ranks with a destroy "
+        "route)"
     )
-    assert fan_out.batches == []  # nothing was called
+    assert fan_out.batches == []  # no update was repeated
+    refresh.refresh_from_db()
+    assert refresh.group["state"] == "torn_down"
 
 
 def test_takeover_re_pauses_before_repeating_an_idempotent_update(refresh, monkeypatch):

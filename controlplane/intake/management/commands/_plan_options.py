@@ -14,6 +14,7 @@ from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.fleet.models import Source
 from controlplane.refresh import actions
 from controlplane.refresh.models import PolicyRefresh
+from controlplane.refresh.targets import PAUSE_MODE_CHOICES
 
 #: A fingerprint file holds at most a few hundred numbers; anything bigger is a mistake.
 MAX_FINGERPRINT_FILE_BYTES = 64 * 1024
@@ -31,7 +32,19 @@ def add_plan_arguments(parser) -> None:
     parser.add_argument(
         "--namespace", action="append", dest="namespaces", default=None, help="repeatable"
     )
-    parser.add_argument("--pause-mode", choices=["keep", "wait", "abort"], default="keep")
+    parser.add_argument(
+        "--pause-mode",
+        choices=PAUSE_MODE_CHOICES,
+        default="auto",
+        help="auto = each family's own default; a family refuses a mode it lacks",
+    )
+    parser.add_argument(
+        "--pause-mode-for",
+        action="append",
+        default=[],
+        metavar="FAMILY=MODE",
+        help="a pause mode for one family only, e.g. sglang=retract (repeatable)",
+    )
     parser.add_argument("--flush", choices=["auto", "always"], default="auto")
     parser.add_argument("--no-generation", action="store_true", help="skip generation check")
     parser.add_argument("--prompt-token-ids", default="5,6,7,8")
@@ -96,6 +109,7 @@ def plan_from_options(opts, actor: Actor) -> PolicyRefresh:
             },
             namespaces=opts["namespaces"],
             pause_mode=opts["pause_mode"],
+            pause_modes=dict(item.partition("=")[::2] for item in opts["pause_mode_for"]),
             flush_policy=opts["flush"],
             verification={
                 "generation": not opts["no_generation"],

@@ -10,7 +10,20 @@ from controlplane.intake.fingerprint import FingerprintIn
 
 CHECKPOINT_READY = "checkpoint.ready"
 TEST_PING = "test.ping"
-EVENT_TYPES = (CHECKPOINT_READY, TEST_PING)
+#: The trainer broadcast a distributed refresh's weights (after `refresh.group_ready`).
+BROADCAST_DONE = "broadcast.done"
+EVENT_TYPES = (CHECKPOINT_READY, TEST_PING, BROADCAST_DONE)
+
+
+class BroadcastDone(BaseModel):
+    """`POST /api/v1/refreshes/<id>/broadcast_done`, as a signed webhook."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    refresh_id: int = Field(ge=1, le=2**63 - 1, description="the refresh whose group is ready")
+    weight_version: str | int | None = Field(
+        None, description="the version broadcast; refused when it is not the refresh's"
+    )
 
 
 class DistributedUpdate(BaseModel):

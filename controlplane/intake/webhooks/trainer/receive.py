@@ -34,7 +34,9 @@ from controlplane.intake.models import (
 )
 from controlplane.intake.models import WebhookPolicy as Policy
 from controlplane.intake.tasks import process_webhook
+from controlplane.intake.webhooks.trainer.broadcast import broadcast_done
 from controlplane.intake.webhooks.trainer.events import (
+    BROADCAST_DONE,
     CHECKPOINT_READY,
     EVENT_TYPES,
     TEST_PING,
@@ -131,6 +133,23 @@ def receive(
                 f"event type {str(event_type)[:64]!r} is not one of {', '.join(EVENT_TYPES)}",
             )
         )
+    digest = hashlib.sha256(body).hexdigest()
+    if event_type == BROADCAST_DONE:
+        (status, answer_body), done = broadcast_done(endpoint, webhook_id, envelope.get("data", {}))
+        answer = Answer(status, answer_body)
+        if done is None:
+            return reject(answer)
+        stored = _store(
+            endpoint,
+            webhook_id,
+            event_type,
+            envelope,
+            digest,
+            done=(Outcome.BROADCAST_DONE, answer.body, done),
+            audit={"webhook_id": webhook_id, "type": BROADCAST_DONE, "detail": done},
+            source_ip=source_ip,
+        )
+        return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
     event = None
     if event_type == CHECKPOINT_READY:
         try:
@@ -143,7 +162,6 @@ def receive(
             outside = sorted(set(event.namespaces) - set(allowed))
             return reject(_error(403, "namespace_not_allowed", f"outside this endpoint: {outside}"))
 
-    digest = hashlib.sha256(body).hexdigest()
     if event is None:  # test.ping: nothing to plan, so it is answered (and done) at once
         answer = Answer(200, {"status": "ok", "webhook_id": webhook_id, "outcome": Outcome.TEST})
         stored = _store(

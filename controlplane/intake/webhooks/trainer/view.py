@@ -12,7 +12,7 @@ from pydantic import Field
 
 from controlplane.audit.recorder import client_ip
 from controlplane.intake.api.errors import ErrorOut
-from controlplane.intake.webhooks.trainer.events import CheckpointReady
+from controlplane.intake.webhooks.trainer.events import BroadcastDone, CheckpointReady
 from controlplane.intake.webhooks.trainer.receive import receive, too_large
 
 router = Router(tags=["trainer webhooks"])
@@ -28,6 +28,9 @@ class WebhookResult(Schema):
     attempts: int | None = None
     last_error: str | None = None
     detail: str | None = None
+    group: dict[str, Any] | None = Field(
+        None, description="broadcast.done: the refresh's group and handshake state"
+    )
 
 
 def _inline(schema: dict[str, Any]) -> dict[str, Any]:
@@ -69,9 +72,17 @@ _BODY = {
                 "type": "object",
                 "required": ["type", "data"],
                 "properties": {
-                    "type": {"type": "string", "enum": ["checkpoint.ready", "test.ping"]},
+                    "type": {
+                        "type": "string",
+                        "enum": ["checkpoint.ready", "broadcast.done", "test.ping"],
+                    },
                     "timestamp": {"type": "string"},
-                    "data": _inline(CheckpointReady.model_json_schema()),
+                    "data": {
+                        "anyOf": [
+                            _inline(CheckpointReady.model_json_schema()),
+                            _inline(BroadcastDone.model_json_schema()),
+                        ]
+                    },
                 },
             }
         }
@@ -96,7 +107,8 @@ _BODY = {
     openapi_extra={"parameters": _HEADERS, "requestBody": _BODY},
 )
 def trainer_webhook(request: HttpRequest, endpoint: str) -> Status:
-    """A trainer's "checkpoint ready" event, signed with the Standard Webhooks scheme.
+    """A trainer's "checkpoint ready" event, signed with the Standard Webhooks scheme (or its
+    `broadcast.done` for a distributed refresh, acted on at once and answered 200).
 
     Stored and answered 202 at once; the refresh is planned in the background. Read the outcome
     at `GET /api/v1/webhooks/deliveries/{webhook_id}` or by sending the same delivery again."""

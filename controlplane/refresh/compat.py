@@ -1,0 +1,87 @@
+"""The compatibility record of a policy refresh: what ran against what.
+
+The integration checklist asks that "the tested versions, environment, and topology are
+recorded". One record per refresh, stored with it (`PolicyRefresh.compat`), shown on its page
+and exported with the API: the versions as reported, the families, the topology (namespaces,
+world sizes, ranks), the update method, and the verification that ran.
+
+Dynamo 1.6.1 reports no software version on its RL listener or admin routes, and backends
+report none either; so versions are recorded as the requester declared them (`declared`), and
+as `null` where nobody did — never guessed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django.utils import timezone
+
+#: Version keys a requester may declare (`versions` in the plan request).
+VERSION_KEYS = ("dynamo", "vllm", "sglang", "trtllm", "trainer")
+
+
+def normalize_versions(raw: Any) -> dict[str, str]:
+    """Declared versions: short strings under known keys; raises ValueError otherwise."""
+    if raw in (None, {}):
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError("versions must be an object")
+    unknown = sorted(set(raw) - set(VERSION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown version keys {unknown}; use {', '.join(VERSION_KEYS)}")
+    clean = {}
+    for key, value in raw.items():
+        if not isinstance(value, str) or not value.strip() or len(value) > 100:
+            raise ValueError(f"version of {key} must be a short non-empty string")
+        clean[key] = value.strip()
+    return clean
+
+
+def compat_at_plan(source, target, verification, plans, group, run, versions=None) -> dict:
+    """The record as planned; `record_verification` adds what verification actually did."""
+    families = Counter(p.family for p in plans if p.family)
+    world_sizes = Counter(str(p.worker.world_size or "unreported") for p in plans)
+    return {
+        "versions": {
+            "declared": dict(versions or {}),
+            "dynamo_reported": None,
+            "note": "Dynamo 1.6.1 reports no software version on /v1/rl/workers or the "
+            "admin routes",
+        },
+        "source": {"name": source.name, "listener_url": source.listener_url},
+        "discovery": {
+            "run_id": run.pk if run is not None else None,
+            "reported_namespace": run.reported_namespace if run is not None else "",
+            "workers_live": run.workers_live if run is not None else None,
+        },
+        "families": dict(sorted(families.items())),
+        "topology": {
+            "namespaces": sorted({p.worker.namespace for p in plans}),
+            "workers": len(plans),
+            "worker_world_sizes": dict(sorted(world_sizes.items())),
+            "group_world_size": group.get("world_size"),
+            "trainer_ranks": group.get("trainer_ranks"),
+        },
+        "update_method": target["method"],
+        "methods": dict(sorted(Counter(p.update_method for p in plans).items())),
+        "verification": {
+            "planned": {
+                "version_readback": bool(verification.get("version_readback")),
+                "liveness": bool(verification.get("liveness")),
+                "generation": bool(verification.get("generation")),
+                "agreement": verification.get("agreement"),
+            },
+            "ran": None,
+        },
+    }
+
+
+def verification_ran(refresh, detail: str, ok: bool) -> dict[str, Any]:
+    """What the verify step did, to store under `compat.verification.ran`."""
+    return {
+        "ok": ok,
+        "detail": detail[:1000],
+        "at": timezone.now().isoformat(),
+        "weight_version": refresh.weight_version,
+    }

@@ -1,0 +1,147 @@
+"""What a refresh is asked to do, validated: the target policy (per update method) and the
+pause modes per family. Bad input raises ValidationError with a message a person can act on,
+before anything is planned or called."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+from controlplane.dynamo.families import FAMILIES, AdminFamily, LoraAction, Operation, UpdateMethod
+
+#: Keys the planner assigns per worker in a distributed group: a trainer never gives them.
+RANK_KEYS = ("rank_offset", "world_size", "rank")
+#: Sidecar-only update keys (`update/update_weights` bodies); the other families never see them.
+SIDECAR_UPDATE_KEYS = ("update_infos", "update_info")
+#: The pause method that frees SGLang's KV cache memory instead of only pausing (see README).
+RELEASE_MEMORY = "release_memory"
+AUTO = "auto"
+
+
+def _positive(target: dict[str, Any], name: str, default: float) -> float:
+    value = target.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValidationError(f"{name} must be a positive number of seconds")
+    return float(value)
+
+
+def _normalize_distributed(target: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    group = target.get("group") or {}
+    update = target.get("update") or {}
+    if not isinstance(group, dict) or not isinstance(update, dict):
+        raise ValidationError("distributed group and update parameters must be objects")
+    if set(group) == {"init_info"} and isinstance(group["init_info"], dict):
+        group = dict(group["init_info"])  # the sidecar's wrapping; bodies are made per family
+    given = sorted(k for k in RANK_KEYS if k in group)
+    if given:
+        raise ValidationError(
+            f"distributed group must not give {', '.join(given)}: ranks are assigned per "
+            "worker from its world_size (the plan shows the rank map)"
+        )
+    for key in ("master_address", "master_port"):
+        if group.get(key) in (None, ""):
+            raise ValidationError(f"distributed group needs {key}")
+    trainer_ranks = target.get("trainer_ranks", 1)
+    if isinstance(trainer_ranks, bool) or not isinstance(trainer_ranks, int) or trainer_ranks < 1:
+        raise ValidationError("trainer_ranks must be a whole number of at least 1")
+    return {
+        **base,
+        "group": group,
+        "update": update,
+        "trainer_ranks": trainer_ranks,
+        # Below the workers' DYN_RL_INIT_WEIGHTS_TIMEOUT_S watchdog (default 30 s): the value a
+        # trainer gives here must be the workers' setting, never above it.
+        "init_timeout_s": _positive(
+            target, "init_timeout_s", settings.REFRESH_GROUP_INIT_TIMEOUT_SECONDS
+        ),
+        "broadcast_timeout_s": _positive(
+            target, "broadcast_timeout_s", settings.REFRESH_BROADCAST_TIMEOUT_SECONDS
+        ),
+    }
+
+
+def normalize_target(target: dict[str, Any]) -> dict[str, Any]:
+    """Validate a target policy; raises ValidationError with a message a person can act on."""
+    if not isinstance(target, dict):
+        raise ValidationError("target must be an object")
+    version = target.get("weight_version")
+    if version in (None, ""):
+        raise ValidationError("target needs a weight_version")
+    method = target.get("method", "disk")
+    base = {"weight_version": version, "method": method}
+    if method == UpdateMethod.DISK:
+        path = target.get("model_path")
+        if not isinstance(path, str) or not path.strip():
+            raise ValidationError("a disk update needs a model_path")
+        return {**base, "model_path": path.strip()}
+    if method == UpdateMethod.DISTRIBUTED:
+        return _normalize_distributed(target, base)
+    if method == UpdateMethod.LORA:
+        lora = target.get("lora")
+        if not isinstance(lora, dict):
+            raise ValidationError("a LoRA update needs a lora object (action, lora_name, uri)")
+        action = lora.get("action", "load")
+        if action not in LoraAction.__members__.values():
+            raise ValidationError("lora action must be load, unload or swap")
+        name = lora.get("lora_name")
+        if not isinstance(name, str) or not name.strip():
+            raise ValidationError("a LoRA update needs a lora_name")
+        clean = {"action": action, "lora_name": name.strip()}
+        if action != LoraAction.UNLOAD:
+            uri = lora.get("uri")
+            if not isinstance(uri, str) or not uri.strip():
+                raise ValidationError(f"a LoRA {action} needs the adapter's source uri")
+            clean["uri"] = uri.strip()
+        return {**base, "lora": clean}
+    if method == UpdateMethod.TENSOR:
+        update = target.get("update")
+        if not isinstance(update, dict) or not update:
+            raise ValidationError("a tensor update needs its update fields")
+        return {**base, "update": update}
+    if method == UpdateMethod.CUSTOM:
+        route = target.get("route")
+        body = target.get("body") or {}
+        if not isinstance(route, str) or not route.strip() or route.startswith("/"):
+            raise ValidationError("a custom update needs a relative engine route")
+        if not isinstance(body, dict):
+            raise ValidationError("a custom update's body must be an object")
+        return {**base, "route": route.strip(), "body": body}
+    methods = ", ".join(m.value for m in UpdateMethod)
+    raise ValidationError(f"unknown update method {method!r}; use one of {methods}")
+
+
+def normalize_pause_modes(pause_mode: str, pause_modes: dict[str, Any] | None) -> dict[str, str]:
+    """Validate the per-family pause mode mapping; raises ValidationError.
+
+    `pause_mode` applies to every family not named in `pause_modes` (`auto`: each family's own
+    default, the one that always works). A mode is checked against the family it names here,
+    and against each worker's family at plan time (a blocker names the modes it has)."""
+    if pause_mode not in PAUSE_MODE_CHOICES:
+        raise ValidationError(f"unknown pause mode {pause_mode!r}")
+    clean: dict[str, str] = {}
+    for family_name, mode in (pause_modes or {}).items():
+        family = FAMILIES.get(family_name)
+        if family is None:
+            raise ValidationError(f"pause_modes: unknown family {family_name!r}")
+        if mode not in family_pause_modes(family):
+            raise ValidationError(
+                f"pause_modes: {family_name} has no pause mode {mode!r}; choose one of "
+                f"{', '.join(family_pause_modes(family))}"
+            )
+        clean[family_name] = mode
+    return clean
+
+
+def family_pause_modes(family: AdminFamily) -> tuple[str, ...]:
+    """The modes an operator may pick for a family: `auto`, its own, and memory release where
+    the family has it."""
+    memory = (RELEASE_MEMORY,) if Operation.RELEASE_MEMORY in family.routes else ()
+    return (AUTO, *family.pause_modes, *memory)
+
+
+#: Every mode any family has, for the form and the API schema.
+PAUSE_MODE_CHOICES = tuple(
+    dict.fromkeys(m for f in FAMILIES.values() for m in family_pause_modes(f))
+)

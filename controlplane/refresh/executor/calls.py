@@ -246,10 +246,13 @@ async def run_jobs(
     emit: Callable[[WorkerOutcome], None],
     stop: threading.Event,
 ) -> None:
-    if cfg.runtime is not None and cfg.runtime.state is not None:
-        await _run_jobs(cfg.runtime.state, jobs, cfg, emit=emit, stop=stop)
+    runtime = cfg.runtime
+    if runtime is not None and runtime.state is not None and cfg.concurrency <= runtime.concurrency:
+        await _run_jobs(runtime.state, jobs, cfg, emit=emit, stop=stop)
         return
-    # No run runtime (a step run on its own): a client for this step only.
+    # No run runtime (a step run on its own), or a step that needs more calls in flight than
+    # the run's pool holds — a collective group's join, where every rank must be in flight at
+    # once or none completes: a client for this step only, sized to its bound.
     # The generation checks go to the frontend, so allow a connection or two beyond the bound.
     async with make_client(timeout=cfg.timeout, max_connections=cfg.concurrency + 2) as client:
         await _run_jobs(_RunState(client, cfg.policy.for_run()), jobs, cfg, emit=emit, stop=stop)

@@ -44,6 +44,9 @@ REFRESH_KEYS = {
     "target",
     "state",
     "pause_mode",
+    "pause_modes",
+    "group",
+    "compat",
     "fingerprint",
     "plan_blockers",
     "failed_step",
@@ -396,7 +399,10 @@ def test_a_blocked_plan_exits_1_and_cannot_start_and_a_busy_scope_is_a_conflict(
     fleet.inject(key, "probe", Fault.reply(descriptor, once=True))
     code, blocked = cli_json("refresh", "plan", "sim", *PLAN, "--as", operator.username)
     assert code == Exit.FAILED and blocked["ok"] is False
-    assert any("missing route update_weights_from_disk" in b for b in blocked["blockers"])
+    assert any(
+        "needs update_weights_from_disk, which the worker does not advertise" in b
+        for b in blocked["blockers"]
+    )
     code, refused = cli_json(
         "refresh", "start", str(blocked["refresh"]["id"]), "--as", "operator-1"
     )

@@ -6,4 +6,5 @@ urlpatterns = [
     path("", include("controlplane.intake.urls")),
     path("accounts/", include("controlplane.accounts.urls")),
     path("history/", include("controlplane.audit.urls")),
+    path("versions/", include("controlplane.intake.provenance.urls")),
 ]

@@ -1,0 +1,29 @@
+"""`{% load provenance_tags %}{{ version|version_link }}`: a weight version rendered as a link
+to its provenance trail, so any page that shows a version leads to where it came from.
+
+Escaped like any other value (`format_html`); an empty version renders as "—".
+"""
+
+from django import template
+from django.urls import reverse
+from django.utils.html import format_html
+
+from controlplane.intake.provenance.trail import version_key
+
+register = template.Library()
+
+
+@register.filter
+def version_url(version) -> str:
+    return reverse("provenance:version", args=[version_key(version)])
+
+
+@register.filter
+def version_link(version):
+    if version is None or version == "":
+        return "—"
+    return format_html(
+        '<a class="version-link" href="{}" title="Provenance of this version"><code>{}</code></a>',
+        version_url(version),
+        version_key(version),
+    )

@@ -360,6 +360,8 @@ STORAGES = {
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the cookie-free meta tag instead
+# A failed CSRF check renders inside the layout, like the other error pages.
+CSRF_FAILURE_VIEW = "controlplane.errors.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"

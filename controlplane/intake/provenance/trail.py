@@ -174,9 +174,9 @@ def _checkpoints(version: str, refresh_ids: list[int], limit: set[int] | None) -
         rows = rows.filter(endpoint__source_id__in=limit)
     out = []
     for row in rows.order_by("received_at", "id"):
-        payload = row.payload if isinstance(row.payload, dict) else {}
-        data = payload.get("data") if isinstance(payload.get("data"), dict) else {}
-        metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
+        payload = _mapping(row.payload)
+        data = _mapping(payload.get("data"))
+        metrics = _mapping(data.get("metrics"))
         step = data.get("step")
         out.append(
             Checkpoint(
@@ -196,6 +196,11 @@ def _checkpoints(version: str, refresh_ids: list[int], limit: set[int] | None) -
             )
         )
     return out
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A stored payload part as a dict (a malformed one as empty: it is shown, never trusted)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _text_or_none(value: Any) -> str | None:

@@ -385,6 +385,10 @@ MIDDLEWARE.insert(
 TEMPLATES[0]["BACKEND"] = "controlplane.html.TemplateEngine"
 TEMPLATES[0]["NAME"] = "django"  # the alias the default backend would have had
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
+# `{{ version|version_link }}` on every page: a weight version links to its provenance trail.
+TEMPLATES[0]["OPTIONS"].setdefault("builtins", []).append(
+    "controlplane.intake.templatetags.provenance_tags"
+)
 SECURE_CSP = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF, CSP.NONCE],

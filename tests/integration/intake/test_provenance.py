@@ -155,3 +155,23 @@ def test_query_count_does_not_grow_with_refreshes(
     assert len(body["refreshes"]) == 3
     with django_assert_max_num_queries(14):
         assert viewer_client.get("/versions/step-1200/provenance/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ("step-1200", '<a class="version-link" href="/versions/step-1200/provenance/"'),
+        (1200, 'href="/versions/1200/provenance/"'),
+        ("run/7", 'href="/versions/run/7/provenance/"'),
+        ('<b x="1">', 'href="/versions/%3Cb%20x=%221%22%3E/provenance/"'),
+        (None, "—"),
+        ("a\nb", "<code>a\nb</code>"),  # no URL carries a line break: plain text
+    ],
+    ids=["text", "integer", "slash", "markup", "none", "line-break"],
+)
+def test_version_link_is_a_builtin_escaped_link(version, expected):
+    from django.template import Context, Template
+
+    html = Template("{{ v|version_link }}").render(Context({"v": version}))
+    assert expected in html
+    assert "<b " not in html

@@ -38,6 +38,7 @@ GATE_STATE_ACTIONS = (
     AuditAction.GATE_UNKNOWN,
     AuditAction.GATE_KNOWN,
 )
+_FAILED = ("failed", "unreached")
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]{0,17})")
 
 
@@ -219,7 +220,9 @@ def _refresh_trails(refreshes: list[PolicyRefresh]) -> list[RefreshTrail]:
     planned = PlannedWorker.objects.filter(refresh_id__in=ids).select_related("worker")
     for pw in planned.order_by("refresh_id", "namespace", "key"):
         steps = latest.get(pw.pk, {})
-        errors = [steps[s][1] for s in WORKER_STEPS if s in steps and steps[s][1]]
+        # Why a step failed (a skipped step's note, e.g. "the update already flushed", is not).
+        outcomes = [steps[s] for s in WORKER_STEPS if s in steps]
+        errors = [error for status, error in outcomes if status in _FAILED and error]
         live = pw.worker
         by_refresh[pw.refresh_id].append(
             WorkerOutcome(

@@ -76,6 +76,9 @@ def test_api_joins_checkpoint_refresh_workers_and_admission(applied, viewer_clie
     assert len(applied_by["workers"]) == 4
     assert all(w["verified"] for w in applied_by["workers"])
     assert {w["steps"]["update"] for w in applied_by["workers"]} == {"ok"}
+    # A skipped flush carries a note ("the update already invalidates the cache"), not an error.
+    assert {w["steps"]["flush"] for w in applied_by["workers"]} == {"skipped"}
+    assert {w["error"] for w in applied_by["workers"]} == {""}
     instance_ids = {str(w["instance_id"]) for w in simfleet.workers()}
     verified = {iid for ids in applied_by["verified_instances"].values() for iid in ids}
     assert verified == instance_ids

@@ -178,3 +178,24 @@ def test_version_link_is_a_builtin_escaped_link(version, expected):
     html = Template("{{ v|version_link }}").render(Context({"v": version}))
     assert expected in html
     assert "<b " not in html
+
+
+def test_a_held_refresh_shows_the_failing_worker_and_no_admission(simfleet, operator, viewer_client):
+    from controlplane.simfleet import Fault
+
+    source = make_source(simfleet)
+    bad = simfleet.workers()[0]
+    simfleet.inject(bad["key"], "update_weights_from_disk", Fault.error("disk full on the worker"))
+    refresh = run_inline(source, operator, version="step-bad")
+    assert refresh.state == RefreshState.HELD
+
+    body = viewer_client.get("/api/v1/versions/step-bad/provenance").json()
+    [trail] = body["refreshes"]
+    failed = [w for w in trail["workers"] if w["steps"].get("update") == "failed"]
+    assert [w["instance_id"] for w in failed] == [str(bad["instance_id"])]
+    assert "disk full on the worker" in failed[0]["error"]
+    assert failed[0]["verified"] is False
+    assert body["admission"] == [] and body["gates"] == []  # no gate ever opened at it
+    html = viewer_client.get("/versions/step-bad/provenance/").content.decode()
+    assert "disk full on the worker" in html
+    assert "No gate has admitted rollouts at this version." in html

@@ -180,7 +180,7 @@ def test_version_link_is_a_builtin_escaped_link(version, expected):
     assert "<b " not in html
 
 
-def test_a_held_refresh_shows_the_failing_worker_and_no_admission(simfleet, operator, viewer_client):
+def test_a_held_refresh_names_the_failing_worker(simfleet, operator, viewer_client):
     from controlplane.simfleet import Fault
 
     source = make_source(simfleet)

@@ -199,3 +199,19 @@ def test_a_held_refresh_names_the_failing_worker(simfleet, operator, viewer_clie
     html = viewer_client.get("/versions/step-bad/provenance/").content.decode()
     assert "disk full on the worker" in html
     assert "No gate has admitted rollouts at this version." in html
+
+
+def test_openapi_documents_the_provenance_answer(viewer_client):
+    schema = viewer_client.get("/api/v1/openapi.json").json()
+    operation = schema["paths"]["/api/v1/versions/{version}/provenance"]["get"]
+    assert operation["tags"] == ["provenance"]
+    answer = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    fields = schema["components"]["schemas"][answer.rsplit("/", 1)[-1]]["properties"]
+    assert set(fields) == {
+        "weight_version",
+        "generated_at",
+        "checkpoints",
+        "refreshes",
+        "admission",
+        "gates",
+    }

@@ -457,6 +457,8 @@ STORAGES = {
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the cookie-free meta tag instead
+# A failed CSRF check renders inside the layout, like the other error pages.
+CSRF_FAILURE_VIEW = "controlplane.errors.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
@@ -480,6 +482,10 @@ MIDDLEWARE.insert(
 TEMPLATES[0]["BACKEND"] = "controlplane.html.TemplateEngine"
 TEMPLATES[0]["NAME"] = "django"  # the alias the default backend would have had
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
+# `{{ version|version_link }}` on every page: a weight version links to its provenance trail.
+TEMPLATES[0]["OPTIONS"].setdefault("builtins", []).append(
+    "controlplane.intake.templatetags.provenance_tags"
+)
 SECURE_CSP = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF, CSP.NONCE],

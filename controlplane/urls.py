@@ -6,4 +6,9 @@ urlpatterns = [
     path("", include("controlplane.intake.urls")),
     path("accounts/", include("controlplane.accounts.urls")),
     path("history/", include("controlplane.audit.urls")),
+    path("versions/", include("controlplane.intake.provenance.urls")),
 ]
+
+handler403 = "controlplane.errors.permission_denied"
+handler404 = "controlplane.errors.page_not_found"
+handler500 = "controlplane.errors.server_error"

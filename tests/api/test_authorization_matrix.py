@@ -43,6 +43,8 @@ ENDPOINTS = [
     ("post", "/api/v1/refreshes/{refresh}/retry", None, Perm.OPERATE_REFRESH, True),
     ("post", "/api/v1/refreshes/{refresh}/rollback", None, Perm.OPERATE_REFRESH, True),
     ("post", "/api/v1/refreshes/{refresh}/end", {"reason": "x"}, Perm.APPROVE_REFRESH, True),
+    # The refresh to v2 is src-a's: a token limited to src-b finds no record of v2 (404).
+    ("get", "/api/v1/versions/v2/provenance", None, Perm.VIEW, True),
     ("get", "/api/v1/audit/events", None, Perm.VIEW, None),
     ("get", "/api/v1/audit/events/export", None, Perm.VIEW, None),
     ("delete", "/api/v1/sources/src-a", None, Perm.MANAGE_SOURCES, True),

@@ -27,7 +27,7 @@ from channels.testing import WebsocketCommunicator
 from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import Client
-from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery
@@ -483,7 +483,13 @@ def _route_urls(w: World) -> dict[str, list[str]]:
     destination = NotificationDestination.objects.get(name="hook-1")
     all_sources = [sim, *w.sources]
     r = [p.pk for p in refreshes]
+    # Every version a refresh named (hostile ones from webhooks and the API included).
+    versions = sorted({str(p.weight_version) for p in refreshes})
     return {
+        "provenance:version": [reverse("provenance:version", args=[v]) for v in versions],
+        "intake:api-v1:get_provenance": [
+            reverse("intake:api-v1:get_provenance", args=[v]) for v in versions
+        ],
         "fleet:overview": ["/"],
         "fleet:source_create": ["/sources/new/"],
         "fleet:source": [f"/sources/{s.pk}/" for s in all_sources],

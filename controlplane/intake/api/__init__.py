@@ -16,6 +16,7 @@ from controlplane.intake.api import (
     deliveries,
     errors,
     gates,
+    provenance,
     quarantines,
     refreshes,
     sources,
@@ -41,7 +42,7 @@ api = NinjaAPI(
     parser=BoundedJSONParser(),
 )
 errors.install(api)
-for module in (sources, workers, gates, quarantines, refreshes, audit, deliveries):
+for module in (sources, workers, gates, quarantines, refreshes, audit, deliveries, provenance):
     api.add_router("", module.router)
 api.add_router("", trainer_webhooks)
 

@@ -169,7 +169,7 @@ def test_source_page_shows_workers_routes_and_capabilities(viewer_client, source
     assert str(2**63 + 1) in html  # exact instance id
     assert "disk update ✔" in html and "distributed update ✘" in html
     assert "prefix `rl`" in html  # the scope explanation
-    assert "Refresh now" not in html  # viewers get no button
+    assert "Run discovery" not in html  # viewers get no button
 
 
 def test_source_page_filters_and_sorts(viewer_client, source):

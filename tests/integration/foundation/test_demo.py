@@ -57,6 +57,13 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _sign_in(client: httpx.Client, base: str, username: str, password: str) -> None:
     client.get("/accounts/login/")
     response = client.post(
@@ -91,6 +98,14 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
             stderr=subprocess.STDOUT,
         )
     try:
+        # Each stage line is flushed as the stage begins: by the time the web server answers,
+        # its line is in the file (block-buffered output would still hold all of them).
+        _wait_for(
+            lambda: _answers(f"http://127.0.0.1:{port}/accounts/login/"),
+            timeout=90,
+            what="the web server to answer",
+        )
+        assert f"Starting the web server on http://127.0.0.1:{port}/" in output.read_text()
         text = _wait_for(
             lambda: "Press Ctrl-C" in output.read_text() and output.read_text(),
             timeout=90,

@@ -240,3 +240,12 @@ def test_discovery_is_called_discovery_not_refresh(operator_client, source):
         reverse("fleet:refresh_now", args=[source.pk]), headers={"HX-Request": "true"}
     )
     assert "Discovery requested" in queued.content.decode()
+
+
+def test_worker_history_and_source_form_say_discovery(viewer_client, admin_client, source):
+    _workers(source, 1)
+    worker = Worker.objects.get()
+    html = viewer_client.get(reverse("fleet:worker", args=[worker.pk])).content.decode()
+    assert "<th>Details</th><th>Discovery</th>" in html
+    form = admin_client.get(reverse("fleet:source_create")).content.decode()
+    assert "Discovery interval (s)" in form and "Refresh interval" not in form

@@ -175,7 +175,7 @@ def remove_static_worker(static_worker: StaticWorker, *, actor: Actor) -> None:
 
 
 def request_discovery(source: Source, *, actor: Actor) -> None:
-    """Ask for a refresh now ("Refresh now"); it runs on a Celery worker after commit."""
+    """Ask for a discovery now ("Run discovery"); it runs on a Celery worker after commit."""
     with transaction.atomic():
         record(AuditAction.DISCOVERY_REQUESTED, actor=actor, target=source)
         transaction.on_commit(

@@ -103,8 +103,8 @@ def refresh_now(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     source = _get_source(pk)
     services.request_discovery(source, actor=actor_from_request(request))
     if request.htmx:
-        return HttpResponse('<span class="muted" role="status">Refresh requested…</span>')
-    messages.success(request, f"Refresh of {source.name} requested.")
+        return HttpResponse('<span class="muted" role="status">Discovery requested…</span>')
+    messages.success(request, f"Discovery of {source.name} requested.")
     return redirect("fleet:source", pk=source.pk)
 
 

@@ -202,6 +202,11 @@ def ok_worker_ids(refresh_id: int, step: str) -> set[int]:
     )
 
 
+def done_earlier(ctx: StepContext, step: str, pending: list[PlannedWorker]) -> int:
+    """Workers that finished this step (ok or skipped) before this run, and are not run again."""
+    return len(ok_worker_ids(ctx.refresh.pk, step) - {w.pk for w in pending})
+
+
 def summarize_failures(step: str, outcomes, total: int) -> str:
     failed = [o for o in outcomes if o.status != "ok"]
     named = "; ".join(f"{o.key}: {o.error}" for o in failed[:MAX_NAMED_FAILURES])
@@ -258,9 +263,14 @@ class WorkerStep(Step):
         skipped = [w for w in pending if not w.calls.get(self.name)]
         self.record_skipped(ctx, skipped)
         jobs = [self.job(ctx, w) for w in pending if w.calls.get(self.name)]
-        return self.judge(self.run_jobs(ctx, jobs), len(jobs), skipped=len(skipped))
+        return self.judge(
+            self.run_jobs(ctx, jobs),
+            len(jobs),
+            skipped=len(skipped),
+            earlier=done_earlier(ctx, self.name, pending),
+        )
 
-    def judge(self, journal, total: int, *, skipped: int = 0) -> StepResult:
+    def judge(self, journal, total: int, *, skipped: int = 0, earlier: int = 0) -> StepResult:
         if any(o.status == "unreached" for o in journal.outcomes) and journal.aborted:
             return StepResult(False, "aborted", aborted=True)
         if any(o.status != "ok" for o in journal.outcomes):
@@ -270,6 +280,10 @@ class WorkerStep(Step):
         detail = f"{total} worker{'' if total == 1 else 's'} ok"
         if skipped:
             detail += f", {skipped} skipped"
+        if earlier:
+            # A retry (or a takeover) calls only the workers still pending: without this, its
+            # "1 worker ok" reads as if one worker was updated.
+            detail += f" this attempt; {earlier} already done earlier"
         return StepResult(True, detail=detail)
 
 
@@ -307,7 +321,8 @@ class Update(WorkerStep):
                     + summarize_failures(StepName.PAUSE, repause.outcomes, len(pending)),
                 )
         jobs = [self.job(ctx, w) for w in pending]
-        return self.judge(self.run_jobs(ctx, jobs), len(jobs))
+        earlier = done_earlier(ctx, self.name, pending)
+        return self.judge(self.run_jobs(ctx, jobs), len(jobs), earlier=earlier)
 
     def run_distributed(self, ctx: StepContext) -> StepResult:
         """A collective group needs every rank: unless every worker in play already applied,

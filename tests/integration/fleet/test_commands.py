@@ -213,3 +213,25 @@ def test_discover_unknown_source(db):
     with pytest.raises(CommandError, match="no source named") as info:
         _run("discover", "nope")
     assert info.value.returncode == 4
+
+
+def test_discover_says_discovery_when_another_holds_the_source(db, make_source, monkeypatch):
+    """The runner gives up waiting for a discovery another process holds (it returns None):
+    the command speaks of discovery, not of a refresh, which here means a weight update."""
+
+    class Down:
+        listener_url = closed_port_url()
+        frontend_url = ""
+
+    make_source(Down)
+    monkeypatch.setattr(
+        "controlplane.intake.management.commands.discover.refresh_source",
+        lambda *args, **kwargs: None,
+    )
+    out = io.StringIO()
+    with pytest.raises(CommandError) as info:
+        call_command("discover", "sim", stdout=out, stderr=io.StringIO())
+    assert info.value.returncode == 1
+    assert str(info.value) == "sim: another discovery held the source too long"
+    assert out.getvalue().startswith("sim: not discovered (showing last known workers)")
+    assert "refresh" not in out.getvalue() + str(info.value)

@@ -224,3 +224,28 @@ def test_metrics_are_low_cardinality_and_loopback_only(client, source):
     assert 'controlplane_workers{source="src",state="live"} 3' in body
     assert str(2**63) not in body and "v1" not in body
     assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
+
+
+def test_discovery_is_called_discovery_not_refresh(operator_client, source):
+    """ "Refresh" on these pages means a policy refresh (a weight update); asking the
+    listener for the fleet is discovery."""
+    source.last_refresh_finished_at = timezone.now()
+    source.save(update_fields=["last_refresh_finished_at"])
+    overview = operator_client.get(reverse("fleet:overview")).content.decode()
+    assert "<dt>Last discovery</dt>" in overview and "Last refresh" not in overview
+    page = operator_client.get(reverse("fleet:source", args=[source.pk])).content.decode()
+    assert ">Run discovery</button>" in page and "Refresh now" not in page
+    assert "<dt>Discovery</dt><dd>every" in page
+    queued = operator_client.post(
+        reverse("fleet:refresh_now", args=[source.pk]), headers={"HX-Request": "true"}
+    )
+    assert "Discovery requested" in queued.content.decode()
+
+
+def test_worker_history_and_source_form_say_discovery(viewer_client, admin_client, source):
+    _workers(source, 1)
+    worker = Worker.objects.get()
+    html = viewer_client.get(reverse("fleet:worker", args=[worker.pk])).content.decode()
+    assert "<th>Details</th><th>Discovery</th>" in html
+    form = admin_client.get(reverse("fleet:source_create")).content.decode()
+    assert "Discovery interval (s)" in form and "Refresh interval" not in form

@@ -1,4 +1,5 @@
-"""`manage.py demo` starts the whole product and stops every child on SIGTERM."""
+"""`manage.py demo` starts the whole product, says what it is doing while it starts, and stops
+every child on SIGTERM."""
 
 import json
 import os
@@ -16,6 +17,21 @@ from websockets.sync.client import connect as ws_connect
 from controlplane.embedded.redis import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
+
+# The start-up stages, in the order the demo announces them (each line before the stage runs).
+STAGES = [
+    "Starting embedded Redis",
+    "Migrating the database",
+    "Creating demo users",
+    "Starting the simulated fleet (3 workers)",
+    "Starting the Celery worker",
+    "Starting Celery beat",
+    "Starting the web server on http://127.0.0.1:{port}/ (2 processes)",
+    "Waiting for the first discovery of the simulated fleet",
+    "First discovery finished (ok)",
+    "Ready in",
+]
+STAGE_LINE = re.compile(r"^\[\s*(\d+\.\d) s\] (.*)$", re.MULTILINE)
 
 
 def _processes_with_env(marker: str) -> list[int]:
@@ -41,6 +57,31 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _sign_in(client: httpx.Client, base: str, username: str, password: str) -> None:
+    client.get("/accounts/login/")
+    response = client.post(
+        "/accounts/login/",
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+        headers={"Referer": f"{base}/accounts/login/"},
+    )
+    assert response.status_code == 302, response.text
+
+
+def _option_value(html: str, label: str) -> str:
+    return re.search(rf'<option value="(\d+)"[^>]*>{re.escape(label)}</option>', html).group(1)
+
+
 @pytest.mark.skipif(not Path("/proc").exists(), reason="needs /proc to find child processes")
 def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
     var_dir = tmp_path / "var"
@@ -57,11 +98,30 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
             stderr=subprocess.STDOUT,
         )
     try:
+        # Each stage line is flushed as the stage begins: by the time the web server answers,
+        # its line is in the file (block-buffered output would still hold all of them).
+        _wait_for(
+            lambda: _answers(f"http://127.0.0.1:{port}/accounts/login/"),
+            timeout=90,
+            what="the web server to answer",
+        )
+        assert f"Starting the web server on http://127.0.0.1:{port}/" in output.read_text()
         text = _wait_for(
             lambda: "Press Ctrl-C" in output.read_text() and output.read_text(),
             timeout=90,
             what="the demo to print its welcome",
         )
+        stages = STAGE_LINE.findall(text.split("is running at")[0])
+        expected = [s.format(port=port) for s in STAGES]
+        assert [t for _, t in stages if not any(t.startswith(e) for e in expected)] == []
+        assert [next(e for e in expected if t.startswith(e)) for _, t in stages] == expected
+        seconds = [float(s) for s, _ in stages]
+        assert seconds == sorted(seconds)
+        # Every URL the demo prints on this host is on the chosen port (the simulated fleet's
+        # own URLs are on theirs, named as such).
+        web_urls = re.findall(r"http://127\.0\.0\.1:(\d+)/", text.split("Simulated fleet")[0])
+        web_urls += re.findall(r"http://127\.0\.0\.1:(\d+)/", text.split("Trainer webhooks")[1])
+        assert web_urls and set(web_urls) == {str(port)}
         username, password = re.search(r"operator\s+(\S+)\s+(\S+)", text).groups()
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, follow_redirects=False, timeout=10) as client:
@@ -83,6 +143,26 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
                 open_timeout=10,
             ) as ws:
                 assert json.loads(ws.recv(timeout=10))
+        # The trainer webhook URL shown to admins carries the demo's port too.
+        admin_user, admin_password = re.search(
+            r"^\s+admin\s+(\S+)\s+(\S+)", text, re.MULTILINE
+        ).groups()
+        with httpx.Client(base_url=base, follow_redirects=False, timeout=10) as admin:
+            _sign_in(admin, base, admin_user, admin_password)
+            created = admin.post(
+                "/admin-tools/webhooks/new/",
+                data={
+                    "name": "trainer-a",
+                    "source": _option_value(admin.get("/admin-tools/webhooks/new/").text, "sim"),
+                    "policy": "require_approval",
+                    "pause_mode": "auto",
+                    "enabled": "on",
+                    "csrfmiddlewaretoken": admin.cookies["csrftoken"],
+                },
+                headers={"Referer": f"{base}/admin-tools/webhooks/new/"},
+            )
+            assert created.status_code == 200, created.text
+            assert f"{base}/api/v1/webhooks/trainer/trainer-a" in created.text
         # redis, fleet, Celery worker and beat, uvicorn's master and its two web processes
         assert len(_processes_with_env(str(var_dir))) >= 7
     finally:

@@ -129,10 +129,12 @@ def test_a_retry_calls_only_workers_without_an_ok_or_skipped_result(refresh, mon
     listed = {w.key for w in (done, skipped, failed)}
     monkeypatch.setattr(departures, "read_membership", lambda ctx, step: (listed, ""))
     fan_out = FanOut()
-    install(monkeypatch, Pause(), fan_out).run(context(refresh, attempt=2))
+    result = install(monkeypatch, Pause(), fan_out).run(context(refresh, attempt=2))
     ((_, jobs),) = fan_out.batches
     assert [j.key for j in jobs] == [failed.key]
     assert jobs[0].calls == PAUSE
+    # The summary does not read as if one worker was paused in all.
+    assert result == StepResult(True, detail="1 worker ok this attempt; 2 already done earlier")
 
 
 def test_a_failed_worker_fails_the_step_and_is_named(refresh, monkeypatch):

@@ -17,12 +17,18 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.urls import reverse
+from django.utils import timezone
 
 from controlplane.embedded.credentials import ensure_demo_users
+from controlplane.embedded.progress import Stages
 from controlplane.embedded.redis import free_port, start_embedded_redis
 from controlplane.embedded.supervisor import Supervisor, python_argv
 
 SIM_SOURCE = "sim"
+# The first discovery runs on Celery beat's next tick; if the fleet does not answer by then the
+# demo still starts (the source page says why), it only stops waiting.
+FIRST_DISCOVERY_TIMEOUT = 60.0
 
 
 class _Stop(Exception):
@@ -42,6 +48,11 @@ def _port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def public_base_url(port: int) -> str:
+    """The web server listens on loopback only, so this is the one address its pages are at."""
+    return f"http://127.0.0.1:{port}"
 
 
 def _point_this_process_at(redis_url: str) -> None:
@@ -112,26 +123,38 @@ class Command(BaseCommand):
             raise CommandError("--web-processes must be at least 1")
         if not _port_is_free(port):
             raise CommandError(f"127.0.0.1:{port} is in use; pick another with --port")
+        stages = Stages(self.stdout.write, self.stdout.flush)
         var_dir = Path(settings.VAR_DIR)
         supervisor = Supervisor(log_dir=var_dir / "logs")
+        # Links the product builds outside a request (the trainer webhook URL on the admin
+        # pages, links in notifications) use PUBLIC_BASE_URL: it follows --port, as does
+        # every URL printed here.
+        base_url = public_base_url(port)
+        supervisor.env["PUBLIC_BASE_URL"] = settings.PUBLIC_BASE_URL = base_url
+        stages.stage("Starting embedded Redis")
         redis = start_embedded_redis(var_dir / "redis")
         previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             supervisor.env["REDIS_URL"] = redis.url
             _point_this_process_at(redis.url)
+            stages.stage(f"Migrating the database ({settings.DATABASES['default']['NAME']})")
             call_command("migrate", interactive=False, verbosity=0)
+            stages.stage("Creating demo users")
             users = ensure_demo_users(var_dir)
             if not no_simfleet:
+                stages.stage(f"Starting the simulated fleet ({workers} workers)")
                 self._start_simfleet(supervisor, workers, namespaces)
             # The process kind decides how each child holds database connections (see
             # DATABASES in settings.py): a pool for the web server, persistent ones for Celery.
             celery = ["-m", "celery", "-A", "controlplane"]
             celery_env = {"CONTROLPLANE_PROCESS": "celery"}
+            stages.stage("Starting the Celery worker")
             supervisor.start(
                 "celery-worker",
                 python_argv(*celery, "worker", "--pool", "threads", "-c", "8", "-l", "INFO"),
                 extra_env=celery_env,
             )
+            stages.stage("Starting Celery beat")
             supervisor.start(
                 "celery-beat",
                 python_argv(
@@ -139,11 +162,16 @@ class Command(BaseCommand):
                 ),
                 extra_env=celery_env,
             )
+            stages.stage(f"Starting the web server on {base_url}/ ({web_processes} processes)")
             supervisor.start(
                 "web", web_argv(port, web_processes), extra_env={"CONTROLPLANE_PROCESS": "web"}
             )
-            _wait_for_http(f"http://127.0.0.1:{port}/accounts/login/", timeout=30)
-            self._print_welcome(port, users, supervisor)
+            _wait_for_http(f"{base_url}/accounts/login/", timeout=30)
+            if not no_simfleet:
+                stages.stage("Waiting for the first discovery of the simulated fleet")
+                self._wait_for_first_discovery(stages, supervisor)
+            stages.stage(f"Ready in {stages.elapsed():.1f} s")
+            self._print_welcome(base_url, users, supervisor)
             while (exited := supervisor.first_exited()) is None:
                 time.sleep(0.5)
             self.stderr.write(
@@ -209,11 +237,34 @@ class Command(BaseCommand):
         elif any(getattr(source, k) != v for k, v in values.items()):
             services.update_source(source, actor=actor, **values)
         self.sim_urls = urls
+        self.sim_source_id = (source or Source.objects.get(name=SIM_SOURCE)).pk
+        self.sim_started_at = timezone.now()
 
-    def _print_welcome(self, port: int, users, supervisor: Supervisor) -> None:
+    def _wait_for_first_discovery(self, stages: Stages, supervisor: Supervisor) -> None:
+        """Wait until a discovery of the simulated fleet finished after it started: the fleet
+        page then shows workers instead of an empty table."""
+        from controlplane.fleet.models import Source
+
+        deadline = time.monotonic() + FIRST_DISCOVERY_TIMEOUT
+        while time.monotonic() < deadline:
+            if (exited := supervisor.first_exited()) is not None:
+                raise CommandError(f"{exited.name} exited early; see {exited.log_path}")
+            source = Source.objects.get(pk=self.sim_source_id)
+            finished = source.last_refresh_finished_at
+            if finished is not None and finished >= self.sim_started_at:
+                outcome = "stale: " + source.stale_reason if source.stale else "ok"
+                stages.stage(f"First discovery finished ({outcome})")
+                return
+            time.sleep(0.3)
+        stages.stage(
+            f"No discovery finished within {FIRST_DISCOVERY_TIMEOUT:.0f} s; "
+            f"starting anyway (see {supervisor.log_dir}/celery-worker.log)"
+        )
+
+    def _print_welcome(self, base_url: str, users, supervisor: Supervisor) -> None:
         w = self.stdout.write
         w("")
-        w(f"Dynamo RL control plane is running at http://127.0.0.1:{port}/")
+        w(f"Dynamo RL control plane is running at {base_url}/")
         w("")
         w("Sign in as one of:")
         for role, (username, password) in users.items():
@@ -230,4 +281,10 @@ class Command(BaseCommand):
             )
             w(f"    curl -X DELETE {self.sim_urls['control_url']}/faults   # heal everything")
         w("")
+        # reverse() would percent-encode a literal "<name>": reverse a marker and swap it.
+        hook = reverse("intake:api-v1:trainer_webhook", args=["NAME"]).replace("NAME", "<name>")
+        w(f"Trainer webhooks: create an endpoint at {base_url}{reverse('intake:endpoint_list')}")
+        w(f"  (as {users['admin'][0]}); trainers then post to {base_url}{hook}")
+        w("")
         w(f"Logs: {supervisor.log_dir}/   Press Ctrl-C to stop everything.")
+        self.stdout.flush()

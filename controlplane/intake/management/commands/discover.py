@@ -94,7 +94,7 @@ def fit_routes(rows: list[tuple[str, ...]], routes: list[list[str]], columns: in
 
 
 class Command(OperatorCommand):
-    help = "Run one discovery refresh now and print the workers. " + EXIT_CODES_HELP
+    help = "Run one discovery now and print the workers. " + EXIT_CODES_HELP
 
     def add_arguments(self, parser):
         parser.add_argument("source", nargs="?", help="source name (default: every enabled one)")
@@ -120,7 +120,7 @@ class Command(OperatorCommand):
                     src.pk, trigger=DiscoveryTrigger.MANUAL, wait=CLAIM_WAIT_SECONDS
                 )
             if run is None:
-                failures.append(f"{src.name}: another refresh held the source too long")
+                failures.append(f"{src.name}: another discovery held the source too long")
             elif not run.ok:
                 failures.append(f"{src.name}: {run.error}")
             workers = Worker.objects.filter(source=src).select_related("source")
@@ -155,7 +155,7 @@ class Command(OperatorCommand):
 
     def _print_source(self, src: Source, run, workers: list[Worker]) -> None:
         if run is None:
-            header = f"{src.name}: not refreshed (showing last known workers)"
+            header = f"{src.name}: not discovered (showing last known workers)"
         elif not run.ok:
             header = f"{src.name}: listener failed (showing last known workers)"
         else:

@@ -84,3 +84,11 @@ def elapsed(start: object, end: object = None) -> str:
 
         end = timezone.now()
     return format_seconds((as_utc(end) - as_utc(start)).total_seconds())
+
+
+@register.filter
+def duration_ms(value: object) -> str:
+    """Milliseconds (as stored for calls and steps) → "1.2 s", "850 ms"."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return format_seconds(float(value) / 1000)
+    return ""

@@ -203,11 +203,11 @@ def gantt(spans: Sequence[Span], *, label: str, now: dt.datetime, width: int = 6
             f'text-anchor="end">{escape(lane)}</text>'
         )
     for s in spans:
-        lane = lanes.index(s.label)
+        row = lanes.index(s.label)
         x = gutter + span_w * (s.start - t0).total_seconds() / total
         w = span_w * ((s.end or now) - s.start).total_seconds() / total
         body.append(
-            f'<rect class="chart-span {escape(s.cls)}" x="{_num(x)}" y="{lane * lane_h + 3}" '
+            f'<rect class="chart-span {escape(s.cls)}" x="{_num(x)}" y="{row * lane_h + 3}" '
             f'width="{_num(max(w, 1.5))}" height="{lane_h - 6}"><title>{escape(s.title)}'
             "</title></rect>"
         )

@@ -67,14 +67,13 @@ def _by(classes: dict[str, str]):
 
 def fleet_map(source: Source) -> SafeString:
     """One cell per present worker in identity order: a single query, whatever the size."""
-    rows = (
+    rows = list(
         _present(source.workers.all())
         .order_by("namespace", "component", "endpoint", "instance_id")
         .values_list(
             "pk", "namespace", "component", "endpoint", "instance_id", "state", "weight_version"
         )
     )
-    rows = list(rows)
     classes = version_classes(Counter(version_label(r[6]) for r in rows))
     # One reverse() for the pattern, not one per cell: 2,000 reverses cost more than the query.
     marker = 987654321
@@ -99,7 +98,7 @@ def discovery_latency(source: Source) -> SafeString:
         (
             f"{started:%Y-%m-%d %H:%M:%S} UTC · {ms:.0f} ms · {trigger}"
             + ("" if ok else " · failed"),
-            float(ms),
+            float(ms or 0),
         )
         for started, ms, ok, trigger in reversed(runs)
     ]

@@ -81,6 +81,7 @@ def refresh_history(source: Source) -> SafeString:
     href = reverse("refresh:detail", args=[marker]).replace(str(marker), "{}")
     items = []
     for pk, state, target, started, finished in reversed(rows):
+        assert started is not None  # filtered above
         version = (target or {}).get("weight_version", "?") if isinstance(target, dict) else "?"
         ms = ((finished or now) - started).total_seconds() * 1000
         title = (

@@ -88,7 +88,13 @@ def stacked_bars(rows: Sequence[StackedRow], *, label: str, width: int = 640) ->
     for row in rows:
         for seg in row.segments:
             legend.setdefault(seg.label, seg.cls)
-    lx, ly = 0.0, y + 4
+    ly = _legend(body, legend, y + 4, width)
+    return _svg(width, ly + 18, label, body, "chart-stacked")
+
+
+def _legend(body: list[str], legend: dict[str, str], top: float, width: float) -> float:
+    """Swatch and name per series, wrapping at `width`; returns the last line's y."""
+    lx, ly = 0.0, top
     for name, cls in legend.items():
         shown = name if len(name) <= 40 else name[:39] + "…"
         step = 22 + 7 * len(shown)
@@ -100,7 +106,7 @@ def stacked_bars(rows: Sequence[StackedRow], *, label: str, width: int = 640) ->
             f"{escape(shown)}</text></g>"
         )
         lx += step
-    return _svg(width, ly + 18, label, body, "chart-stacked")
+    return ly
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +116,14 @@ class Cell:
     href: str = ""
 
 
-def cell_map(cells: Sequence[Cell], *, label: str, columns: int = 64, size: int = 9) -> SafeString:
+def cell_map(
+    cells: Sequence[Cell],
+    *,
+    label: str,
+    legend: dict[str, str] | None = None,
+    columns: int = 64,
+    size: int = 9,
+) -> SafeString:
     """One small square per item, row-major, each with a tooltip and (optionally) a link:
     2,000 workers make 32 rows of 64 cells, about 640 by 320 px."""
     pitch = size + 1
@@ -123,8 +136,11 @@ def cell_map(cells: Sequence[Cell], *, label: str, columns: int = 64, size: int 
         )
         body.append(f'<a href="{escape(cell.href)}">{rect}</a>' if cell.href else rect)
     rows = max(1, -(-len(cells) // columns))
-    width = min(len(cells), columns) * pitch if cells else pitch
-    return _svg(width, rows * pitch, label, body, "chart-map")
+    width = max(min(len(cells), columns) * pitch, 240)
+    height = rows * pitch
+    if legend:
+        height = _legend(body, legend, height + 6, width) + 16
+    return _svg(width, height, label, body, "chart-map")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,11 +171,11 @@ def bars(items: Sequence[Bar], *, label: str, height: int = 80, bar_w: int = 16)
 
 def sparkline(points: Sequence[tuple[str, float]], *, label: str, width: int = 240) -> SafeString:
     """A line through `(title, value)` points, oldest first; each point a dot with its title."""
-    height, pad = 48, 4
+    height, pad, head = 60, 4, 16  # `head`: room for the axis note above the line
     top = max((v for _, v in points), default=0) or 1
     step = (width - 2 * pad) / max(1, len(points) - 1)
     coords = [
-        (pad + i * step, height - pad - (height - 2 * pad) * v / top)
+        (pad + i * step, height - pad - (height - pad - head) * v / top)
         for i, (_, v) in enumerate(points)
     ]
     body = [f'<text class="chart-axis" x="0" y="10">max {escape(format_ms(top))}</text>']

@@ -84,7 +84,8 @@ def fleet_map(source: Source) -> SafeString:
         cls = classes[label] if state == WorkerState.LIVE else f"chart-{state}"
         title = f"{worker_key(ns, comp, ep, iid)} · {state} · {label}"
         cells.append(charts.Cell(title, cls, href.format(pk)))
-    return charts.cell_map(cells, label=f"Fleet map: {len(cells)} workers")
+    legend = dict(classes) | {"erroring": "chart-erroring"}
+    return charts.cell_map(cells, label=f"Fleet map: {len(cells)} workers", legend=legend)
 
 
 def discovery_latency(source: Source) -> SafeString:

@@ -33,7 +33,8 @@ def _label(name: str) -> str:
 
 
 def phase_timeline(refresh: PolicyRefresh) -> SafeString:
-    now = timezone.now()
+    # A step left "running" by an ended refresh is drawn up to the end, not to today.
+    now = refresh.finished_at or timezone.now()
     spans = []
     for run in StepRun.objects.filter(refresh=refresh).order_by("id"):
         end = run.finished_at

@@ -42,7 +42,7 @@ def test_fleet_map_at_2000_workers_and_times_in_the_viewers_zone(tokyo_page, vie
     sign_in(page, viewer.username, PASSWORD)
     page.goto(f"/sources/{source.pk}/")
     page.wait_for_selector("#fleet-map-cells svg.chart-map")
-    assert page.locator("#fleet-map-cells svg rect").count() == 2000
+    assert page.locator("#fleet-map-cells svg rect.chart-cell").count() == 2000
     assert page.locator("#fleet-map-cells svg a").count() == 2000
     # A cell is a link to its worker.
     href = page.locator("#fleet-map-cells svg a").first.get_attribute("href")

@@ -117,7 +117,7 @@ def test_fleet_map_has_one_linked_cell_per_present_worker(viewer_client, source)
     assert len(set(colour.values())) == 3
     # Without htmx the map is a page of its own, inside the layout.
     full = viewer_client.get(map_url).content.decode()
-    assert "<html" in full and full.count("<rect") >= 29
+    assert "<html" in full and full.count('<rect class="chart-cell') == 29
 
 
 def test_fleet_map_query_count_is_flat(viewer_client, source, django_assert_max_num_queries):
@@ -131,7 +131,7 @@ def test_fleet_map_query_count_is_flat(viewer_client, source, django_assert_max_
     with django_assert_max_num_queries(len(small.captured_queries)) as large:
         html = viewer_client.get(url, headers={"HX-Request": "true"}).content.decode()
     assert len(large.captured_queries) == len(small.captured_queries)
-    assert html.count("<rect") == 2000
+    assert html.count('<rect class="chart-cell') == 2000
 
 
 def test_hostile_versions_and_namespaces_are_escaped_in_charts(viewer_client, source):
@@ -240,3 +240,13 @@ def test_refresh_page_shows_clock_and_phase_timeline(viewer_client, source):
     # the retry sits right of the failure on the same lane
     assert float(spans[3].get("x")) > float(spans[2].get("x"))
     assert spans[2].get("y") == spans[3].get("y")
+
+
+def test_fleet_map_legend_names_every_version_and_erroring(viewer_client, source):
+    make_fleet(source, 12)
+    html = viewer_client.get(
+        reverse("fleet:source_map", args=[source.pk]), headers={"HX-Request": "true"}
+    ).content.decode()
+    svg = svgs(html, "")
+    legend = [g.find(f"{SVG}text").text for g in svg.iter(f"{SVG}g")]
+    assert legend == ["step-0", "step-1", "step-2", "erroring"]

@@ -137,7 +137,7 @@ def cell_map(
         body.append(f'<a href="{escape(cell.href)}">{rect}</a>' if cell.href else rect)
     rows = max(1, -(-len(cells) // columns))
     width = max(min(len(cells), columns) * pitch, 240)
-    height = rows * pitch
+    height: float = rows * pitch
     if legend:
         height = _legend(body, legend, height + 6, width) + 16
     return _svg(width, height, label, body, "chart-map")

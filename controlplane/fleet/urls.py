@@ -9,6 +9,7 @@ urlpatterns = [
     path("sources/new/", views.source_create, name="source_create"),
     path("sources/<int:pk>/", views.source_detail, name="source"),
     path("sources/<int:pk>/edit/", views.source_edit, name="source_edit"),
+    path("sources/<int:pk>/map/", views.source_map, name="source_map"),
     path("sources/<int:pk>/delete/", views.source_delete, name="source_delete"),
     path("sources/<int:pk>/refresh/", views.refresh_now, name="refresh_now"),
     path(

@@ -85,6 +85,17 @@ def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @require_GET
 @requires(Perm.VIEW)
+def source_map(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The fleet map: one cell per worker, one query. A URL of its own, loaded after the
+    source page, so the first screen stays one small page at 2,000+ workers; without htmx
+    the page links here."""
+    source = _get_source(pk)
+    template = "fleet/_charts_map.html#map" if request.htmx else "fleet/_charts_map.html"
+    return render(request, template, {"source": source})
+
+
+@require_GET
+@requires(Perm.VIEW)
 def worker_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     worker = _get_worker(pk)
     context = {

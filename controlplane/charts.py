@@ -1,0 +1,244 @@
+"""Charts as server-rendered SVG: stacked bars, a cell map, bars, a sparkline and a Gantt.
+
+Why SVG from Python and no JavaScript charting library: the pages run under a strict CSP
+(`script-src 'self'`, no inline styles), so SVG elements styled by CSS classes in app.css need
+no exception, nothing to vendor or pin, and they render without JavaScript, in live htmx swaps
+(a fragment re-rendered server-side carries its chart) and in tests, which parse the markup
+with xml.etree and count elements. The charts here are small (a few hundred elements; the fleet
+map one `<rect>` per worker, ~2,000), which SVG handles well.
+
+Every text that reaches a chart (versions, namespaces, worker keys) is data from outside: it is
+escaped here, attribute and text alike, and the builders return `SafeString` only for markup
+they assembled themselves. Colours are CSS classes (`chart-v0` … `chart-v7` for series,
+`chart-<state>` for states) so light and dark mode are a stylesheet concern.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.utils.html import escape
+from django.utils.safestring import SafeString
+
+#: Distinct series colours before they repeat; the legend always names each one.
+PALETTE = 8
+
+
+def series_class(index: int) -> str:
+    return f"chart-v{index % PALETTE}"
+
+
+def _num(value: float) -> str:
+    return f"{value:.1f}".rstrip("0").rstrip(".")
+
+
+def _svg(width: float, height: float, label: str, body: list[str], cls: str) -> SafeString:
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart {escape(cls)}" role="img" '
+        f'viewBox="0 0 {_num(width)} {_num(height)}" width="{_num(width)}" '
+        f'height="{_num(height)}" aria-label="{escape(label)}">'
+    )
+    return SafeString(head + "".join(body) + "</svg>")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    label: str
+    value: float
+    cls: str
+
+
+@dataclass(frozen=True, slots=True)
+class StackedRow:
+    label: str
+    segments: Sequence[Segment]
+
+
+def stacked_bars(rows: Sequence[StackedRow], *, label: str, width: int = 640) -> SafeString:
+    """One horizontal bar per row, split into segments proportional to each row's total,
+    with the row label on the left, the total on the right and a legend below."""
+    gutter, right, bar_h, gap = 160, 56, 18, 8
+    span = width - gutter - right
+    body: list[str] = []
+    y = 0
+    for row in rows:
+        total = sum(s.value for s in row.segments) or 1
+        body.append(
+            f'<text class="chart-label" x="{gutter - 6}" y="{y + 13}" text-anchor="end">'
+            f"{escape(row.label)}</text>"
+        )
+        x = float(gutter)
+        for seg in row.segments:
+            w = span * seg.value / total
+            pct = 100 * seg.value / total
+            body.append(
+                f'<rect class="chart-bar {escape(seg.cls)}" x="{_num(x)}" y="{y}" '
+                f'width="{_num(max(w, 0.5))}" height="{bar_h}"><title>{escape(row.label)}: '
+                f"{escape(seg.label)}: {_num(seg.value)} ({pct:.0f}%)</title></rect>"
+            )
+            x += w
+        body.append(
+            f'<text class="chart-value" x="{gutter + span + 6}" y="{y + 13}">'
+            f"{_num(sum(s.value for s in row.segments))}</text>"
+        )
+        y += bar_h + gap
+    legend: dict[str, str] = {}
+    for row in rows:
+        for seg in row.segments:
+            legend.setdefault(seg.label, seg.cls)
+    ly = _legend(body, legend, y + 4, width)
+    return _svg(width, ly + 18, label, body, "chart-stacked")
+
+
+def _legend(body: list[str], legend: dict[str, str], top: float, width: float) -> float:
+    """Swatch and name per series, wrapping at `width`; returns the last line's y."""
+    lx, ly = 0.0, top
+    for name, cls in legend.items():
+        shown = name if len(name) <= 40 else name[:39] + "…"
+        step = 22 + 7 * len(shown)
+        if lx + step > width and lx > 0:
+            lx, ly = 0.0, ly + 18
+        body.append(
+            f'<g class="chart-legend"><rect class="{escape(cls)}" x="{_num(lx)}" y="{ly}" '
+            f'width="12" height="12"/><text x="{_num(lx + 16)}" y="{ly + 10}">'
+            f"{escape(shown)}</text></g>"
+        )
+        lx += step
+    return ly
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    title: str
+    cls: str
+    href: str = ""
+
+
+def cell_map(
+    cells: Sequence[Cell],
+    *,
+    label: str,
+    legend: dict[str, str] | None = None,
+    columns: int = 64,
+    size: int = 9,
+) -> SafeString:
+    """One small square per item, row-major, each with a tooltip and (optionally) a link:
+    2,000 workers make 32 rows of 64 cells, about 640 by 320 px."""
+    pitch = size + 1
+    body: list[str] = []
+    for i, cell in enumerate(cells):
+        row, col = divmod(i, columns)
+        rect = (
+            f'<rect class="chart-cell {escape(cell.cls)}" x="{col * pitch}" y="{row * pitch}" '
+            f'width="{size}" height="{size}"><title>{escape(cell.title)}</title></rect>'
+        )
+        body.append(f'<a href="{escape(cell.href)}">{rect}</a>' if cell.href else rect)
+    rows = max(1, -(-len(cells) // columns))
+    width = max(min(len(cells), columns) * pitch, 240)
+    height: float = rows * pitch
+    if legend:
+        height = _legend(body, legend, height + 6, width) + 16
+    return _svg(width, height, label, body, "chart-map")
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    label: str
+    value: float
+    cls: str
+    title: str
+    href: str = ""
+
+
+def bars(items: Sequence[Bar], *, label: str, height: int = 80, bar_w: int = 16) -> SafeString:
+    """Vertical bars on a shared scale (oldest left), with the largest value as the axis note."""
+    top = max((b.value for b in items), default=0) or 1
+    gap, pad = 4, 14
+    body = [f'<text class="chart-axis" x="0" y="10">max {escape(format_ms(top))}</text>']
+    for i, b in enumerate(items):
+        h = max(1.0, (height - pad) * b.value / top)
+        rect = (
+            f'<rect class="chart-bar {escape(b.cls)}" x="{i * (bar_w + gap)}" '
+            f'y="{_num(height - h)}" width="{bar_w}" height="{_num(h)}">'
+            f"<title>{escape(b.title)}</title></rect>"
+        )
+        body.append(f'<a href="{escape(b.href)}">{rect}</a>' if b.href else rect)
+    width = max(len(items) * (bar_w + gap), 80)
+    return _svg(width, height, label, body, "chart-bars")
+
+
+def sparkline(points: Sequence[tuple[str, float]], *, label: str, width: int = 240) -> SafeString:
+    """A line through `(title, value)` points, oldest first; each point a dot with its title."""
+    height, pad, head = 60, 4, 16  # `head`: room for the axis note above the line
+    top = max((v for _, v in points), default=0) or 1
+    step = (width - 2 * pad) / max(1, len(points) - 1)
+    coords = [
+        (pad + i * step, height - pad - (height - pad - head) * v / top)
+        for i, (_, v) in enumerate(points)
+    ]
+    body = [f'<text class="chart-axis" x="0" y="10">max {escape(format_ms(top))}</text>']
+    if len(coords) > 1:
+        path = " ".join(f"{_num(x)},{_num(y)}" for x, y in coords)
+        body.append(f'<polyline class="chart-line" points="{path}"/>')
+    for (title, _), (x, y) in zip(points, coords, strict=True):
+        body.append(
+            f'<circle class="chart-dot" cx="{_num(x)}" cy="{_num(y)}" r="2.5">'
+            f"<title>{escape(title)}</title></circle>"
+        )
+    return _svg(width, height, label, body, "chart-spark")
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    label: str
+    start: dt.datetime
+    end: dt.datetime | None  # None: still running, drawn up to `now`
+    cls: str
+    title: str
+
+
+def gantt(spans: Sequence[Span], *, label: str, now: dt.datetime, width: int = 640) -> SafeString:
+    """One lane per span label (in first-seen order), each span a bar on a shared time axis."""
+    gutter, lane_h = 120, 20
+    lanes: list[str] = []
+    for s in spans:
+        if s.label not in lanes:
+            lanes.append(s.label)
+    if not spans:
+        return _svg(width, lane_h, label, [], "chart-gantt")
+    t0 = min(s.start for s in spans)
+    t1 = max((s.end or now) for s in spans)
+    total = max((t1 - t0).total_seconds(), 0.001)
+    span_w = width - gutter - 8
+    body: list[str] = []
+    for i, lane in enumerate(lanes):
+        body.append(
+            f'<text class="chart-label" x="{gutter - 6}" y="{i * lane_h + 14}" '
+            f'text-anchor="end">{escape(lane)}</text>'
+        )
+    for s in spans:
+        row = lanes.index(s.label)
+        x = gutter + span_w * (s.start - t0).total_seconds() / total
+        w = span_w * ((s.end or now) - s.start).total_seconds() / total
+        body.append(
+            f'<rect class="chart-span {escape(s.cls)}" x="{_num(x)}" y="{row * lane_h + 3}" '
+            f'width="{_num(max(w, 1.5))}" height="{lane_h - 6}"><title>{escape(s.title)}'
+            "</title></rect>"
+        )
+    axis_y = len(lanes) * lane_h + 12
+    body.append(f'<text class="chart-axis" x="{gutter}" y="{axis_y}">0</text>')
+    body.append(
+        f'<text class="chart-axis" x="{width - 8}" y="{axis_y}" text-anchor="end">'
+        f"{escape(format_ms(total * 1000))}</text>"
+    )
+    return _svg(width, axis_y + 4, label, body, "chart-gantt")
+
+
+def format_ms(ms: float) -> str:
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60_000:.1f} min"

@@ -454,6 +454,7 @@ API_WRITES = {
     "retry_quarantine",
     "release_quarantine",
     "drop_quarantine",
+    "report_broadcast_done",  # POST only; its body is the trainer's, checked like any write
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
 #: Query parameters some page shows back. `page` is not one: every pager parses it as a number
@@ -519,6 +520,9 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:destination_edit": [f"/admin-tools/notifications/{destination.pk}/edit/"],
         "intake:destination_delete": [f"/admin-tools/notifications/{destination.pk}/delete/"],
         "accounts:login": ["/accounts/login/"],
+        # Single sign-on is off here, so these answer 404; SSO's own tests drive them.
+        "accounts:sso_login": ["/accounts/sso/login/"],
+        "accounts:sso_callback": ["/accounts/sso/callback/"],
         "audit:history": ["/history/", "/history/?page=2"],
         "audit:export": ["/history/export?format=jsonl", "/history/export?format=csv"],
         "intake:api-v1:openapi-json": ["/api/v1/openapi.json"],
@@ -543,6 +547,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         ],
         "intake:api-v1:list_refreshes": ["/api/v1/refreshes"],
         "intake:api-v1:get_refresh": [f"/api/v1/refreshes/{pk}" for pk in r],
+        "intake:api-v1:get_refresh_group": [f"/api/v1/refreshes/{pk}/group" for pk in r],
         "intake:api-v1:list_audit_events": ["/api/v1/audit/events"],
         "intake:api-v1:export_audit_events": ["/api/v1/audit/events/export"],
         "intake:api-v1:get_delivery": [

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.core.paginator import Page
 from django.db.models import Count, Max
 from django.urls import reverse
@@ -28,6 +30,7 @@ from controlplane.refresh.models import (
     WorkerStepResult,
 )
 from controlplane.refresh.namespaces import verified_namespaces
+from controlplane.refresh.plansummary import describe_duration, plan_summary
 from controlplane.refresh.sequence import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 
 
@@ -248,7 +251,7 @@ class NamespaceGate:
 def _gate_text(gate: Gate) -> str:
     if gate.state == GateState.OPEN:
         text = (
-            f"open at {gate.verified_version!r} for {len(gate.verified_instances)} verified "
+            f"open at {gate.verified_version} for {len(gate.verified_instances)} verified "
             f"worker{'' if len(gate.verified_instances) == 1 else 's'}"
         )
         if gate.unverified_count:
@@ -321,22 +324,36 @@ def detail_context(refresh: PolicyRefresh, view: GridFilter | None = None) -> di
     view = view.with_page(page.number)
     journal = list(latest_journal(refresh))
     rows = grid(refresh, page.object_list)
-    return head_context(refresh) | {
-        "detail_url": reverse("refresh:detail", args=[refresh.pk]),
-        # What a grid page or filter swaps: the plan's table, or the live stream (its socket
-        # follows the page the client shows).
-        "grid_target": "#refresh-plan" if planned else "#refresh-stream",
-        "grid": rows,
-        "grid_html": render_grid(rows, len(WORKER_STEPS) + 2),
-        "grid_filter": view,
-        "grid_pager": pager(view, page),
-        "grid_namespaces": grid_namespaces(refresh),
-        "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
-        "journal": journal,
-        "agreement": agreement_summary(refresh),
-        "fingerprint": fingerprint_summary(refresh),
-        # What this page shows, so its live stream's resync sends only what is newer.
-        "stream_query": stream_query(view, seen_marks(refresh)),
+    return (
+        head_context(refresh)
+        | (plan_context(refresh) if planned else {})
+        | {
+            "detail_url": reverse("refresh:detail", args=[refresh.pk]),
+            # What a grid page or filter swaps: the plan's table, or the live stream (its socket
+            # follows the page the client shows).
+            "grid_target": "#refresh-plan" if planned else "#refresh-stream",
+            "grid": rows,
+            "grid_html": render_grid(rows, len(WORKER_STEPS) + 2),
+            "grid_filter": view,
+            "grid_pager": pager(view, page),
+            "grid_namespaces": grid_namespaces(refresh),
+            "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
+            "journal": journal,
+            "agreement": agreement_summary(refresh),
+            "fingerprint": fingerprint_summary(refresh),
+            # What this page shows, so its live stream's resync sends only what is newer.
+            "stream_query": stream_query(view, seen_marks(refresh)),
+        }
+    )
+
+
+def plan_context(refresh: PolicyRefresh) -> dict[str, Any]:
+    """The plan preview's summary, blockers with their fixes, and when the plan expires."""
+    summary = plan_summary(refresh)
+    return {
+        "summary": summary,
+        "expected_duration": describe_duration(summary.expected),
+        "plan_expires_at": refresh.created_at + timedelta(seconds=settings.PLAN_EXPIRY_SECONDS),
     }
 
 

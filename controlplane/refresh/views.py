@@ -106,10 +106,17 @@ def plan(request: HttpRequest) -> HttpResponse:
 @requires(Perm.VIEW)
 def detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The refresh page: one page of its worker-by-step grid (filter, search and page in the
-    URL) and its latest calls; htmx paging gets the grid (and its live stream) alone."""
+    URL) and one page of its calls (filtered by result, worker, step: `j_` parameters); htmx
+    paging gets the grid (and its live stream) or the journal alone."""
     refresh = _get_refresh(pk)
-    context = presenters.detail_context(refresh, presenters.GridFilter.from_query(request.GET))
+    context = presenters.detail_context(
+        refresh,
+        presenters.GridFilter.from_query(request.GET),
+        presenters.JournalFilter.from_query(request.GET),
+    )
     template = "refresh/detail.html"
+    if request.htmx and request.headers.get("HX-Target") == "refresh-journal":
+        return render(request, template + "#journal", context)
     if request.htmx:
         planned = refresh.state == RefreshState.PLANNED
         template += "#plan-grid" if planned else "#stream"

@@ -79,7 +79,7 @@ def test_the_summary_comes_first_with_confirm_and_discard_under_it(
     assert discard < page.index('class="grid plan-workers"')
     assert 'data-confirm="Discard this plan?"' in page
     # Calls are collapsed, their bodies pretty JSON (escaped), never Python reprs.
-    assert '<details class="plan-calls">' in page
+    assert '<details class="worker-calls">' in page
     assert "&quot;model_path&quot;: &quot;/ckpt/v2&quot;" in page
     assert "{'" not in text and "None" not in text and "`" not in text
 

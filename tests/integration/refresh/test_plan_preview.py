@@ -16,6 +16,7 @@ from django.utils import timezone
 from controlplane.audit.models import AuditEvent
 from controlplane.refresh import actions, tasks
 from controlplane.refresh.models import PolicyRefresh, RefreshState
+from controlplane.refresh.plansummary import OTHER_FIX, group_blockers
 from controlplane.simfleet import Fault
 from tests.integration.refresh.helpers import (
     actor_for,
@@ -183,3 +184,21 @@ def test_plan_expiry_is_on_the_beat_schedule():
     entry = settings.CELERY_BEAT_SCHEDULE["policy-refresh-plan-expiry"]
     assert entry["task"] == tasks.expire_stale_plans.name
     assert settings.PLAN_EXPIRY_SECONDS == 24 * 3600
+
+
+def test_each_kind_of_blocker_gets_its_own_fix():
+    groups = group_blockers(
+        ["the generation check needs the source's frontend URL"],
+        [
+            ("w1", ["pause: missing route pause_generation", "probe error: timeout"]),
+            ("w2", ["pause: missing route pause_generation"]),
+            ("w3", ["something new"]),
+        ],
+    )
+    by_kind = {g.kind: g for g in groups}
+    assert [g.kind for g in groups] == ["missing route", "probe error", "verification", "other"]
+    assert by_kind["missing route"].workers == ["w1", "w2"]
+    assert by_kind["missing route"].messages == ["pause: missing route pause_generation"]
+    assert "Dynamo version" in by_kind["missing route"].fix
+    assert by_kind["verification"].workers == []  # a plan-level blocker names no worker
+    assert by_kind["other"].fix == OTHER_FIX

@@ -23,6 +23,7 @@ from tests.integration.refresh.helpers import (
     fleet_config,
     make_source,
     plan,
+    run_inline,
     sync_workers,
 )
 
@@ -202,3 +203,17 @@ def test_each_kind_of_blocker_gets_its_own_fix():
     assert "Dynamo version" in by_kind["missing route"].fix
     assert by_kind["verification"].workers == []  # a plan-level blocker names no worker
     assert by_kind["other"].fix == OTHER_FIX
+
+
+def test_no_python_reprs_or_backticks_on_a_finished_refresh(source, operator, operator_client):
+    refresh = run_inline(source, operator, pause_mode="keep")
+    assert refresh.state == RefreshState.SUCCEEDED
+    for url in (
+        reverse("refresh:detail", args=[refresh.pk]),
+        reverse("refresh:list"),
+        reverse("refresh:gates"),
+    ):
+        text = text_of(operator_client.get(url).content.decode())
+        assert "{'" not in text and "None" not in text and "`" not in text, url
+    page = operator_client.get(reverse("refresh:detail", args=[refresh.pk])).content.decode()
+    assert "&quot;mode&quot;: &quot;keep&quot;" in page  # the pause body, as JSON

@@ -252,7 +252,8 @@ class JournalFilter:
 
     @property
     def query(self) -> str:
-        return urlencode(self.params())
+        # Never empty: the pager's fallback ("page=1") would name the grid's page instead.
+        return urlencode(self.params()) or "j_page=1"
 
     def with_page(self, page: int) -> JournalFilter:
         return replace(self, page=page)
@@ -431,6 +432,8 @@ def detail_context(
             "grid_html": render_grid(rows, len(WORKER_STEPS) + 2),
             "grid_filter": view,
             "grid_pager": pager(view, page),
+            # The grid's parameters, kept by the journal's page links (ends with "&").
+            "grid_keep": f"{view.query}&" if view.query else "",
             "grid_namespaces": grid_namespaces(refresh),
             "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
             "agreement": agreement_summary(refresh),

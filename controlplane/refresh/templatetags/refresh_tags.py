@@ -8,6 +8,7 @@ every source's. It connects its own websocket and keeps itself current.
 """
 
 import json
+from urllib.parse import urlsplit
 
 from django import template
 
@@ -52,3 +53,11 @@ def json_pretty(value) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+
+
+@register.filter
+def url_path(value) -> str:
+    """A call's URL without its scheme and host (the worker column names the worker; the full
+    URL stays in the cell's title and in the API's journal)."""
+    parts = urlsplit(str(value or ""))
+    return parts.path + (f"?{parts.query}" if parts.query else "") if parts.netloc else str(value)

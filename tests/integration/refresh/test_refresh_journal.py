@@ -44,6 +44,12 @@ def test_failed_calls_only(refresh, viewer_client):
     section, rows = journal_rows(viewer_client, refresh, "j_state=failed")
     assert len(rows) == 10 and all(failed and step == "update" for failed, _, step in rows)
     assert "10 calls" in section and 'id="journal-rows-view"' in section
+    # The call shows its path; the full URL (host and port) is in its title.
+    assert re.search(
+        r'<code title="http://10\.0\.[\d.]+:9000/engine/update_weights_from_disk">'
+        r"POST /engine/update_weights_from_disk</code>",
+        section,
+    )
     _, ok_rows = journal_rows(viewer_client, refresh, "j_state=ok&j_step=update")
     assert len(ok_rows) == 40 and not any(failed for failed, _, _ in ok_rows)
 

@@ -322,6 +322,16 @@ CELERY_BEAT_SCHEDULE["notification-sweep"] = {
     "schedule": timedelta(seconds=NOTIFICATION_SWEEP_GRACE_SECONDS),
     "options": {"expires": NOTIFICATION_SWEEP_GRACE_SECONDS * 0.9},
 }
+
+# Plans never started are discarded (audited, actor "system") once this old; checked hourly
+# at most, and at least every tenth of the expiry so a short expiry is honoured.
+PLAN_EXPIRY_SECONDS = env_float("PLAN_EXPIRY_SECONDS", 24 * 3600.0, minimum=60.0)
+PLAN_EXPIRY_TICK_SECONDS = min(3600.0, PLAN_EXPIRY_SECONDS / 10)
+CELERY_BEAT_SCHEDULE["policy-refresh-plan-expiry"] = {
+    "task": "refresh.expire_stale_plans",
+    "schedule": timedelta(seconds=PLAN_EXPIRY_TICK_SECONDS),
+    "options": {"expires": PLAN_EXPIRY_TICK_SECONDS * 0.9},
+}
 PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000")
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -33,10 +33,15 @@ def _cell(cell: Cell, oob: bool) -> str:
     status = escape(cell.status)
     title = f' title="{escape(cell.error)}"' if cell.error else ""
     swap = ' hx-swap-oob="true"' if oob else ""
+    # Each cell opens the journal filtered to its worker and step (the page's `j_` filter).
+    calls = (
+        f'<a class="cell-calls" href="?j_worker={cell.worker_id}&amp;j_step='
+        f'{escape(cell.step)}#refresh-journal" title="calls of this worker at this step">'
+    )
     body = (
-        f"<details><summary>{status}</summary>{escape(cell.error)}</details>"
+        f"<details><summary>{status}</summary>{escape(cell.error)} {calls}calls</a></details>"
         if cell.status in _FOLDED
-        else status
+        else f"{calls}{status}</a>"
     )
     return (
         f'<td id="{escape(cell.dom_id)}" class="cell {status}"{swap} data-status="{status}"'

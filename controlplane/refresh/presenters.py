@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.core.paginator import Page
 from django.db.models import Count, Max
 from django.urls import reverse
@@ -28,6 +30,7 @@ from controlplane.refresh.models import (
     WorkerStepResult,
 )
 from controlplane.refresh.namespaces import verified_namespaces
+from controlplane.refresh.plansummary import describe_duration, plan_summary
 from controlplane.refresh.sequence import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 
 
@@ -200,6 +203,97 @@ def latest_journal(refresh: PolicyRefresh, after: int = 0):
     )
 
 
+#: What the journal filter's result choice keeps.
+JOURNAL_STATES = {"ok": True, "failed": False}
+
+
+@dataclass(frozen=True, slots=True)
+class JournalFilter:
+    """Which calls the refresh page's journal shows: by result, worker and step, one page of
+    `JOURNAL_LIMIT` at a time, newest first. In the URL with a `j_` prefix (the grid owns the
+    unprefixed names); each grid cell links here with its worker and step."""
+
+    state: str = ""
+    #: A planned worker's id (from a grid link), None for any.
+    worker: int | None = None
+    #: Part of a worker key (typed in the filter form).
+    q: str = ""
+    step: str = ""
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> JournalFilter:
+        state = (query.get("j_state") or "").strip()
+        worker = (query.get("j_worker") or "").strip()
+        return cls(
+            state=state if state in JOURNAL_STATES else "",
+            worker=int(worker) if worker.isdigit() and len(worker) < 12 else None,
+            q=(query.get("j_q") or "").strip()[:SEARCH_MAX],
+            step=(query.get("j_step") or "").strip()[:64],
+            page=parse_page(query.get("j_page")),
+        )
+
+    @property
+    def live(self) -> bool:
+        """Unfiltered first page: new calls are prepended live (elsewhere they may not fit)."""
+        return not (self.state or self.worker or self.q or self.step or self.page != 1)
+
+    def params(self) -> dict[str, str]:
+        out = {
+            "j_state": self.state,
+            "j_worker": str(self.worker or ""),
+            "j_q": self.q,
+            "j_step": self.step,
+        }
+        out = {k: v for k, v in out.items() if v}
+        if self.page != 1:
+            out["j_page"] = str(self.page)
+        return out
+
+    @property
+    def query(self) -> str:
+        # Never empty: the pager's fallback ("page=1") would name the grid's page instead.
+        return urlencode(self.params()) or "j_page=1"
+
+    def with_page(self, page: int) -> JournalFilter:
+        return replace(self, page=page)
+
+    def page_of(self, refresh: PolicyRefresh) -> Page:
+        calls = JournalEntry.objects.filter(refresh=refresh).select_related("planned_worker")
+        if self.state:
+            calls = calls.filter(ok=JOURNAL_STATES[self.state])
+        if self.worker:
+            calls = calls.filter(planned_worker_id=self.worker)
+        if self.q:
+            calls = calls.filter(planned_worker__key__icontains=self.q)
+        if self.step:
+            calls = calls.filter(step=self.step)
+        return paginate(calls.order_by("-id"), self.page, JOURNAL_LIMIT)
+
+
+def journal_context(refresh: PolicyRefresh, view: JournalFilter) -> dict[str, Any]:
+    """One page of the journal as filtered, with the choices its filter form offers."""
+    page = view.page_of(refresh)
+    view = view.with_page(page.number)
+    worker_key = ""
+    if view.worker:
+        worker_key = (
+            refresh.workers.filter(pk=view.worker).values_list("key", flat=True).first() or ""
+        )
+    return {
+        "journal": list(page.object_list),
+        "journal_filter": view,
+        "journal_pager": pager(view, page),
+        "journal_worker_key": worker_key,
+        "journal_steps": list(
+            JournalEntry.objects.filter(refresh=refresh)
+            .order_by("step")
+            .values_list("step", flat=True)
+            .distinct()
+        ),
+    }
+
+
 def agreement_summary(refresh: PolicyRefresh) -> str:
     """The cross-worker rule this refresh is verified with, in words."""
     verification = refresh.verification or {}
@@ -248,7 +342,7 @@ class NamespaceGate:
 def _gate_text(gate: Gate) -> str:
     if gate.state == GateState.OPEN:
         text = (
-            f"open at {gate.verified_version!r} for {len(gate.verified_instances)} verified "
+            f"open at {gate.verified_version} for {len(gate.verified_instances)} verified "
             f"worker{'' if len(gate.verified_instances) == 1 else 's'}"
         )
         if gate.unverified_count:
@@ -313,30 +407,50 @@ def head_context(refresh: PolicyRefresh) -> dict[str, Any]:
     }
 
 
-def detail_context(refresh: PolicyRefresh, view: GridFilter | None = None) -> dict[str, Any]:
-    """Everything the refresh page renders, from the database: one page of the grid."""
+def detail_context(
+    refresh: PolicyRefresh,
+    view: GridFilter | None = None,
+    journal_view: JournalFilter | None = None,
+) -> dict[str, Any]:
+    """Everything the refresh page renders, from the database: one page of the grid and one
+    page of the journal."""
     view = view or GridFilter()
     planned = refresh.state == RefreshState.PLANNED
     page = view.page_of(refresh, with_calls=planned)
     view = view.with_page(page.number)
-    journal = list(latest_journal(refresh))
     rows = grid(refresh, page.object_list)
-    return head_context(refresh) | {
-        "detail_url": reverse("refresh:detail", args=[refresh.pk]),
-        # What a grid page or filter swaps: the plan's table, or the live stream (its socket
-        # follows the page the client shows).
-        "grid_target": "#refresh-plan" if planned else "#refresh-stream",
-        "grid": rows,
-        "grid_html": render_grid(rows, len(WORKER_STEPS) + 2),
-        "grid_filter": view,
-        "grid_pager": pager(view, page),
-        "grid_namespaces": grid_namespaces(refresh),
-        "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
-        "journal": journal,
-        "agreement": agreement_summary(refresh),
-        "fingerprint": fingerprint_summary(refresh),
-        # What this page shows, so its live stream's resync sends only what is newer.
-        "stream_query": stream_query(view, seen_marks(refresh)),
+    return (
+        head_context(refresh)
+        | (plan_context(refresh) if planned else {})
+        | journal_context(refresh, journal_view or JournalFilter())
+        | {
+            "detail_url": reverse("refresh:detail", args=[refresh.pk]),
+            # What a grid page or filter swaps: the plan's table, or the live stream (its socket
+            # follows the page the client shows).
+            "grid_target": "#refresh-plan" if planned else "#refresh-stream",
+            "grid": rows,
+            "grid_html": render_grid(rows, len(WORKER_STEPS) + 2),
+            "grid_filter": view,
+            "grid_pager": pager(view, page),
+            # The grid's parameters, kept by the journal's page links (ends with "&").
+            "grid_keep": f"{view.query}&" if view.query else "",
+            "grid_namespaces": grid_namespaces(refresh),
+            "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
+            "agreement": agreement_summary(refresh),
+            "fingerprint": fingerprint_summary(refresh),
+            # What this page shows, so its live stream's resync sends only what is newer.
+            "stream_query": stream_query(view, seen_marks(refresh)),
+        }
+    )
+
+
+def plan_context(refresh: PolicyRefresh) -> dict[str, Any]:
+    """The plan preview's summary, blockers with their fixes, and when the plan expires."""
+    summary = plan_summary(refresh)
+    return {
+        "summary": summary,
+        "expected_duration": describe_duration(summary.expected),
+        "plan_expires_at": refresh.created_at + timedelta(seconds=settings.PLAN_EXPIRY_SECONDS),
     }
 
 

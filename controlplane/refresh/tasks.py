@@ -37,3 +37,11 @@ def catch_up_quarantine(quarantine_id: int) -> str:
 @shared_task(name="refresh.sync_gate_freshness", ignore_result=True)
 def sync_gate_freshness() -> dict[str, int]:
     return freshness.sync_all()
+
+
+@shared_task(name="refresh.expire_stale_plans", ignore_result=True)
+def expire_stale_plans() -> list[int]:
+    # Imported here: expiry runs the action table, whose actions enqueue the tasks above.
+    from controlplane.refresh import expiry
+
+    return expiry.expire_stale_plans()

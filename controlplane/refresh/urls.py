@@ -16,6 +16,7 @@ urlpatterns = [
     path("<int:pk>/", views.detail, name="detail"),
     path("<int:pk>/actions/", views.refresh_actions, name="actions"),
     path("<int:pk>/start/", views.start, name="start"),
+    path("<int:pk>/discard/", views.discard, name="discard"),
     path("<int:pk>/approve/", views.approve, name="approve"),
     path("<int:pk>/reject/", views.reject, name="reject"),
     path("<int:pk>/abort/", views.abort, name="abort"),

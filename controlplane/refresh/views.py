@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -21,6 +22,7 @@ from controlplane.refresh import actions, presenters
 from controlplane.refresh.action_table import (
     ABORT,
     APPROVE,
+    DISCARD,
     DROP_QUARANTINE,
     END,
     FORCE_REOPEN,
@@ -40,6 +42,7 @@ from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.forms import PlanForm
 from controlplane.refresh.models import (
     ACTIVE_STATES,
+    TERMINAL_STATES,
     Gate,
     PolicyRefresh,
     Quarantine,
@@ -70,10 +73,15 @@ def _error_message(exc: RefreshError | ValidationError) -> str:
 @requires(Perm.VIEW)
 def refresh_list(request: HttpRequest) -> HttpResponse:
     refreshes = PolicyRefresh.objects.select_related("source").order_by("-id")
+    # A plan is not "active" (nothing runs) nor "completed" (nothing ran): it waits for a
+    # confirmation, and once discarded (ended without ever starting) it is listed as such.
+    never_started = Q(state=RefreshState.ABORTED, started_at__isnull=True)
     context = {
-        "active": [r for r in refreshes.filter(state__in=ACTIVE_STATES) if r.state != "held"],
+        "planned": list(refreshes.filter(state=RefreshState.PLANNED)),
+        "active": list(refreshes.filter(state__in=ACTIVE_STATES).exclude(state="held")),
         "held": list(refreshes.filter(state=RefreshState.HELD)),
-        "completed": list(refreshes.exclude(state__in=ACTIVE_STATES)[:100]),
+        "completed": list(refreshes.filter(state__in=TERMINAL_STATES).exclude(never_started)[:100]),
+        "discarded": list(refreshes.filter(never_started)[:20]),
     }
     return render(request, "refresh/list.html", context)
 
@@ -98,10 +106,17 @@ def plan(request: HttpRequest) -> HttpResponse:
 @requires(Perm.VIEW)
 def detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The refresh page: one page of its worker-by-step grid (filter, search and page in the
-    URL) and its latest calls; htmx paging gets the grid (and its live stream) alone."""
+    URL) and one page of its calls (filtered by result, worker, step: `j_` parameters); htmx
+    paging gets the grid (and its live stream) or the journal alone."""
     refresh = _get_refresh(pk)
-    context = presenters.detail_context(refresh, presenters.GridFilter.from_query(request.GET))
+    context = presenters.detail_context(
+        refresh,
+        presenters.GridFilter.from_query(request.GET),
+        presenters.JournalFilter.from_query(request.GET),
+    )
     template = "refresh/detail.html"
+    if request.htmx and request.headers.get("HX-Target") == "refresh-journal":
+        return render(request, template + "#journal", context)
     if request.htmx:
         planned = refresh.state == RefreshState.PLANNED
         template += "#plan-grid" if planned else "#stream"
@@ -144,6 +159,7 @@ def _act(action: Action[PolicyRefresh]):
 
 
 start = _act(START)
+discard = _act(DISCARD)
 approve = _act(APPROVE)
 reject = _act(REJECT)
 abort = _act(ABORT)

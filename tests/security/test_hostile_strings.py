@@ -411,6 +411,7 @@ POST_ONLY = {
     "fleet:refresh_now",
     "fleet:static_worker_delete",
     "refresh:start",
+    "refresh:discard",
     "refresh:approve",
     "refresh:reject",
     "refresh:abort",

@@ -4,9 +4,11 @@ For fleet pages: with a source it shows that source's gates and active refresh; 
 every source's. It connects its own websocket and keeps itself current.
 
 `{{ body|json_text }}` shows a planned call's JSON body as text (autoescaped like any text).
+`{{ body|json_pretty }}` shows it indented, for a `<pre>`.
 """
 
 import json
+from urllib.parse import urlsplit
 
 from django import template
 
@@ -40,3 +42,22 @@ def json_text(value) -> str:
     if value is None:
         return ""
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+@register.filter
+def json_pretty(value) -> str:
+    """A JSON-able value as indented JSON (for a `<pre>`), autoescaped like `json_text`:
+    stored bodies are shown as JSON, never as Python reprs (`{'mode': 'keep'}`, `None`)."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+
+
+@register.filter
+def url_path(value) -> str:
+    """A call's URL without its scheme and host (the worker column names the worker; the full
+    URL stays in the cell's title and in the API's journal)."""
+    parts = urlsplit(str(value or ""))
+    return parts.path + (f"?{parts.query}" if parts.query else "") if parts.netloc else str(value)

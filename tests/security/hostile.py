@@ -59,8 +59,12 @@ class _Markup(HTMLParser):
         names = dict(attrs)
         if tag == "script" and not OWN_SCRIPT.match(names.get("src") or ""):
             self.problems.append(f"<script> not from /static/: {attrs}")
-        if tag in ("img", "svg", "iframe", "object", "embed", "base"):
+        if tag in ("img", "iframe", "object", "embed", "base"):
             self.problems.append(f"<{tag}> element: {attrs}")
+        # Our charts are server-rendered SVG (controlplane/charts.py), always `class="chart …"`;
+        # any other <svg> came from somewhere else. What is inside one is checked like the rest.
+        if tag == "svg" and (names.get("class") or "").split()[:1] != ["chart"]:
+            self.problems.append(f"<svg> element not one of our charts: {attrs}")
         for name, value in attrs:
             if name.startswith("on"):
                 self.problems.append(f"event handler attribute {name}={value!r} on <{tag}>")

@@ -122,7 +122,8 @@ def test_executor_lost_mid_update_is_completed_from_the_journal(fleet, source, o
 def test_unknown_non_idempotent_update_is_held_not_repeated(fleet, source, operator):
     refresh = started(source, operator)
     execute_refresh(refresh.pk, stop_after="pause")
-    # Pretend the target was a distributed update (not safe to repeat).
+    # Pretend the target was a distributed update: its group's state is unknown after the
+    # executor is lost, so the new executor tears the group down and holds (never repeats).
     PolicyRefresh.objects.filter(pk=refresh.pk).update(
         target={"weight_version": "v2", "method": "distributed", "group": {}, "update": {}}
     )
@@ -130,7 +131,7 @@ def test_unknown_non_idempotent_update_is_held_not_repeated(fleet, source, opera
     reconcile_policy_refreshes(resume=execute_refresh)
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.HELD
-    assert "not safe to repeat" in refresh.held_reason
+    assert "executor lost during a distributed update" in refresh.held_reason
     assert all(w["update_count"] == 0 for w in fleet.workers())
     # Still owned: the held refresh keeps the scope and its paused workers.
     assert ScopeLock.objects.filter(refresh=refresh).exists()

@@ -61,9 +61,10 @@ def test_hostile_model_path_on_the_plan_preview_runs_nothing(approver_page, sour
     )
     assert refresh.state == RefreshState.PLANNED
     page.goto(f"/refreshes/{refresh.pk}/")
-    # Shown as text inside the call body, exactly as it will be sent.
+    # Shown as text inside the call body, exactly as it will be sent (calls are folded).
+    page.locator("details.worker-calls summary").first.click()
     page.locator(
-        ".plan-calls code", has_text="<script>window.__xss='script'</script>"
+        ".plan-calls pre.json", has_text="<script>window.__xss='script'</script>"
     ).first.wait_for()
     assert page.locator("img").count() == 0
     _clean(page)

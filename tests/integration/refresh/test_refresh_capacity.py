@@ -190,10 +190,8 @@ def _synthetic_refresh(source: Source, workers: int) -> PolicyRefresh:
             ("resume_engines", "resume", 20 + i / workers),
         ):
             when = t0 + dt.timedelta(seconds=at)
-            rows.append(
-                (refresh.pk, pk, step, operation, "POST", "http://w/", None, 200, None)
-                + (True, "", 5.0, 1, when, when, 1)
-            )
+            call = (step, operation, "POST", "http://w/", None, 200, None, True, "", 5.0, 1)
+            rows.append((refresh.pk, pk, *call, when, when, 1))
     insert_values(JournalEntry, JOURNAL_FIELDS, rows)
     return refresh
 

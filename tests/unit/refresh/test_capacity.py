@@ -107,7 +107,7 @@ def test_all_at_once_drops_to_zero_and_returns_on_the_new_version():
     assert cap.versions == ("v1", "v2")
     (ns,) = cap.namespaces
     assert ns.gated_seconds == pytest.approx(7.5) and not ns.gated_at_end
-    # Engine-seconds: 3 × 10 s planned, 12 paused → 60 % served; admitted 3×0.5 + 3×2 of 30.
+    # Engine-seconds: 3 x 10 s planned, 12 paused: 60 % served; admitted 3x0.5 + 3x2 of 30.
     assert s.mean_serving_fraction == pytest.approx(18 / 30)
     assert s.mean_admitted_fraction == pytest.approx(7.5 / 30)
 

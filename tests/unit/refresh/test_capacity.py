@@ -235,3 +235,33 @@ def test_no_workers_and_no_calls():
     assert cap.as_dict()["series"] == [
         {"at": T0.isoformat(), "running": {}, "paused": 0, "admitted": 0}
     ]
+
+
+def test_the_chart_keeps_every_dip_and_the_state_after_it_at_2000_workers():
+    from controlplane.refresh.capacity_chart import COLUMNS, _columns, chart
+
+    n = 2000
+    workers = [Worker(i, f"a/w/{i}", "a") for i in range(n)]
+    calls = [pause(i, 1 + i / n) for i in range(n)] + [update(i, 2.5) for i in range(n)]
+    calls += [resume(i, 3 + i / n) for i in range(n)]
+    cap = run(workers, calls, end=100)
+    assert len(cap.points) > 4000  # every change, exactly, for the API
+
+    drawn = _columns(cap)
+    assert len(drawn) <= 2 * COLUMNS
+
+    def drawn_at(seconds: float):
+        current = drawn[0]
+        for cell in drawn:
+            if cell[0] <= seconds:
+                current = cell
+        return current[1]
+
+    # The column holding the pauses and resumes draws the worst moment of each...
+    assert max(p.paused for _, p, _ in drawn) == n
+    # ...and what follows is the state they left, not the dip.
+    assert drawn_at(2.0).paused == n
+    assert drawn_at(50).running == {"v2": n} and drawn_at(50).paused == 0
+    assert drawn_at(0.5).running == {"v1": n}
+    svg = chart(cap, 1)
+    assert svg.startswith("<svg") and svg.count("<path") == 4  # v1, v2, paused, the admitted line

@@ -22,25 +22,25 @@ from controlplane.refresh.models import PolicyRefresh
 router = Router(tags=["policy refreshes"])
 
 
-class IntervalOut(Schema):
+class CapacityIntervalOut(Schema):
     start: datetime
     end: datetime | None = Field(description="null: still open at the window's end")
 
 
-class WindowOut(Schema):
+class CapacityWindowOut(Schema):
     start: datetime
     end: datetime = Field(description="the refresh's end, or now while it is active or held")
     seconds: float
     ongoing: bool
 
 
-class PausedSecondsOut(Schema):
+class CapacityPausedSecondsOut(Schema):
     min: float | None
     median: float | None
     max: float | None
 
 
-class SummaryOut(Schema):
+class CapacitySummaryOut(Schema):
     workers: int = Field(description="planned workers")
     paused_workers: int = Field(description="workers paused at least once")
     paused_at_end: int = Field(description="workers not resumed by the window's end")
@@ -55,43 +55,43 @@ class SummaryOut(Schema):
     mean_admitted_fraction: float | None
     first_pause_at: datetime | None
     last_resume_at: datetime | None
-    paused_seconds: PausedSecondsOut = Field(description="over the workers paused at all")
+    paused_seconds: CapacityPausedSecondsOut = Field(description="over the workers paused at all")
 
 
-class PointOut(Schema):
+class CapacityPointOut(Schema):
     at: datetime = Field(description="holds until the next point, the last to the window's end")
     running: dict[str, int] = Field(description="engines running per version")
     paused: int
     admitted: int
 
 
-class NamespaceOut(Schema):
+class CapacityNamespaceOut(Schema):
     namespace: str
     gated_seconds: float
     gated_at_end: bool
-    intervals: list[IntervalOut]
+    intervals: list[CapacityIntervalOut]
 
 
-class WorkerOut(Schema):
+class CapacityWorkerOut(Schema):
     key: str
     namespace: str
     paused_seconds: float
     paused_at_end: bool
     version: str = Field(description="what it serves (or will serve once resumed)")
-    intervals: list[IntervalOut]
+    intervals: list[CapacityIntervalOut]
 
 
 class CapacityOut(Schema):
     refresh_id: int
     state: str
     started: bool = Field(description="false: nothing measured yet (the rest is empty)")
-    window: WindowOut | None = None
+    window: CapacityWindowOut | None = None
     versions: list[str] = Field([], description="series names, previous versions first")
     target_version: str | None = None
-    summary: SummaryOut | None = None
-    series: list[PointOut] = []
-    namespaces: list[NamespaceOut] = []
-    workers: list[WorkerOut] = []
+    summary: CapacitySummaryOut | None = None
+    series: list[CapacityPointOut] = []
+    namespaces: list[CapacityNamespaceOut] = []
+    workers: list[CapacityWorkerOut] = []
 
 
 def capacity_json(refresh) -> dict[str, Any]:

@@ -12,11 +12,14 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from controlplane.audit.recorder import Actor
 from controlplane.bulk import insert_values
 from controlplane.fleet.models import Source
+from controlplane.refresh import gates
 from controlplane.refresh.capacity import capacity_of
 from controlplane.refresh.executor.journal import JOURNAL_FIELDS
 from controlplane.refresh.models import (
+    Gate,
     JournalEntry,
     PlannedWorker,
     PolicyRefresh,
@@ -209,3 +212,26 @@ def test_the_query_count_does_not_grow_with_the_fleet():
         assert cap.summary.workers == workers and cap.summary.peak_unavailable == workers
         assert cap.points[-1].running == {"v9": workers}
     assert counts[2000] == counts[10] <= 4, counts
+
+
+def test_a_gate_closed_before_the_refresh_counts_as_gated_from_its_start():
+    source = Source.objects.create(
+        name="drifted", listener_url="http://127.0.0.1:9/", allowed_networks=["127.0.0.0/8"]
+    )
+    closed = Gate.objects.create(source=source, namespace="rl-a", verified_version="v1")
+    Gate.objects.create(source=source, namespace="rl-b", verified_version="v1")
+    gates.close_for_drift(closed.pk, actor=Actor.system("test"), reason="a worker drifted")
+    started = timezone.now()
+    refresh = PolicyRefresh.objects.create(
+        source=source,
+        namespaces=["rl-a", "rl-b"],
+        target={"weight_version": "v2", "method": "disk", "model_path": "/m"},
+        state=RefreshState.HELD,
+        started_at=started,
+    )
+    cap = capacity_of(refresh, now=started + dt.timedelta(seconds=10))
+    gating = {n.namespace: n for n in cap.namespaces}
+    # Closed by drift before the refresh: gated from the refresh's start, not from the closing.
+    assert [(iv.start, iv.end) for iv in gating["rl-a"].intervals] == [(started, None)]
+    assert gating["rl-a"].gated_seconds == pytest.approx(10.0)
+    assert gating["rl-b"].intervals == ()

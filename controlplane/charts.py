@@ -242,3 +242,78 @@ def format_ms(ms: float) -> str:
     if ms < 60_000:
         return f"{ms / 1000:.1f} s"
     return f"{ms / 60_000:.1f} min"
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One series of a step chart: `values[i]` holds from `times[i]` to the next time."""
+
+    label: str
+    cls: str
+    values: Sequence[float]
+
+
+def step_areas(
+    times: Sequence[float],
+    layers: Sequence[Layer],
+    *,
+    span: float,
+    top: float,
+    label: str,
+    line: Layer | None = None,
+    width: int = 640,
+    height: int = 150,
+) -> SafeString:
+    """Stacked step areas over time (seconds from 0 to `span`), first layer at the bottom, on a
+    0…`top` scale; `line` is drawn as an unstacked step line over them (a subset, such as the
+    part admitted). Each value holds until the next time, the last one until `span`."""
+    left, right, pad_top = 36, 8, 6
+    plot_w, plot_h = width - left - right, height - pad_top
+    scale_t = plot_w / (span or 1)
+    scale_v = plot_h / (top or 1)
+    xs = [left + min(t, span) * scale_t for t in times] + [left + plot_w]
+
+    def y(value: float) -> float:
+        return pad_top + plot_h - value * scale_v
+
+    def edge(values: Sequence[float]) -> str:
+        parts = [f"{_num(xs[0])},{_num(y(values[0]))}"]
+        for j in range(1, len(values)):
+            parts.append(f"H{_num(xs[j])}V{_num(y(values[j]))}")
+        return "".join(parts) + f"H{_num(xs[-1])}"
+
+    body: list[str] = []
+    base = [0.0] * len(times)
+    for layer in layers:
+        stacked = [b + v for b, v in zip(base, layer.values, strict=True)]
+        if times and any(layer.values):
+            # The top edge left to right, then the layer below it right to left.
+            back = "".join(
+                f"V{_num(y(base[j]))}H{_num(xs[j])}" for j in range(len(times) - 1, -1, -1)
+            )
+            body.append(
+                f'<path class="chart-area {escape(layer.cls)}" d="M{edge(stacked)}{back}Z">'
+                f"<title>{escape(layer.label)}</title></path>"
+            )
+        base = stacked
+    if line is not None and times:
+        body.append(
+            f'<path class="chart-step {escape(line.cls)}" d="M{edge(line.values)}">'
+            f"<title>{escape(line.label)}</title></path>"
+        )
+    body.append(f'<text class="chart-axis" x="{left - 4}" y="{pad_top + 8}" text-anchor="end">')
+    body.append(f"{_num(top)}</text>")
+    body.append(
+        f'<text class="chart-axis" x="{left - 4}" y="{pad_top + plot_h}" text-anchor="end">0</text>'
+    )
+    axis_y = height + 12
+    body.append(f'<text class="chart-axis" x="{left}" y="{axis_y}">0</text>')
+    body.append(
+        f'<text class="chart-axis" x="{width - right}" y="{axis_y}" text-anchor="end">'
+        f"{escape(format_ms(span * 1000))}</text>"
+    )
+    legend = {layer.label: layer.cls for layer in layers}
+    if line is not None:
+        legend[line.label] = f"{line.cls}-key"
+    ly = _legend(body, legend, axis_y + 8, width)
+    return _svg(width, ly + 18, label, body, "chart-steps")

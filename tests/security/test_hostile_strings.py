@@ -549,6 +549,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:api-v1:list_refreshes": ["/api/v1/refreshes"],
         "intake:api-v1:get_refresh": [f"/api/v1/refreshes/{pk}" for pk in r],
         "intake:api-v1:get_refresh_group": [f"/api/v1/refreshes/{pk}/group" for pk in r],
+        "intake:api-v1:get_refresh_capacity": [f"/api/v1/refreshes/{pk}/capacity" for pk in r],
         "intake:api-v1:list_audit_events": ["/api/v1/audit/events"],
         "intake:api-v1:export_audit_events": ["/api/v1/audit/events/export"],
         "intake:api-v1:get_delivery": [

@@ -13,6 +13,7 @@ from ninja import NinjaAPI
 
 from controlplane.intake.api import (
     audit,
+    capacity,
     deliveries,
     errors,
     gates,
@@ -42,7 +43,17 @@ api = NinjaAPI(
     parser=BoundedJSONParser(),
 )
 errors.install(api)
-for module in (sources, workers, gates, quarantines, refreshes, audit, deliveries, provenance):
+for module in (
+    sources,
+    workers,
+    gates,
+    quarantines,
+    refreshes,
+    capacity,
+    audit,
+    deliveries,
+    provenance,
+):
     api.add_router("", module.router)
 api.add_router("", trainer_webhooks)
 

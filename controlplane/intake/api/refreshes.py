@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from ninja import Path, Query, Router, Schema
 from pydantic import Field
 
@@ -188,6 +189,7 @@ class JournalOut(Schema):
 
 
 class RefreshDetailOut(RefreshOut):
+    capacity_url: str = Field(description="its capacity and goodput (paused time, gated time)")
     workers: list[PlannedWorkerOut]
     steps: list[StepOut]
     journal: list[JournalOut]
@@ -227,6 +229,7 @@ def serialize_detail(refresh) -> dict[str, Any]:
     journal = refresh.journal.select_related("planned_worker").order_by("id")[:JOURNAL_LIMIT]
     return {
         **serialize_refresh(refresh),
+        "capacity_url": reverse("intake:api-v1:get_refresh_capacity", args=[refresh.pk]),
         "workers": [
             {f: getattr(w, f) for f in PlannedWorkerOut.model_fields} for w in refresh.workers.all()
         ],

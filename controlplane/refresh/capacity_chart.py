@@ -1,0 +1,148 @@
+"""The capacity section of the refresh page: a stacked step chart and two small tables.
+
+The chart stacks the engines running per version (oldest at the bottom) with the paused
+workers on top, so the stack's height is always the planned workers; a dashed step line shows
+how many of the running ones the gates admitted rollouts to. See `refresh.capacity` for what
+each figure is derived from.
+
+A chart is a few hundred pixels wide while a 2,000-worker refresh changes state ~4,000 times:
+beyond one change per pixel column, each column shows its worst moment (most workers paused,
+fewest admitted), so a short dip never disappears between two columns. The API serves every
+change exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.safestring import SafeString
+
+from controlplane import charts
+from controlplane.refresh.capacity import (
+    UNKNOWN,
+    Capacity,
+    NamespaceGating,
+    Point,
+    WorkerPauses,
+    capacity_of,
+)
+from controlplane.refresh.models import PolicyRefresh
+
+WIDTH = 640
+#: Plot columns (the chart's width less its axis gutters: `charts.step_areas`).
+COLUMNS = WIDTH - 44
+#: Workers listed by paused time.
+LONGEST = 10
+PAUSED_CLASS = "chart-paused"
+ADMITTED_CLASS = "chart-admitted"
+
+
+def _columns(cap: Capacity) -> list[tuple[float, Point, int]]:
+    """(seconds from the start, the point drawn, admitted drawn), at most about one per pixel
+    column: a column draws its most-paused point and its fewest admitted, and the state its
+    last change left is carried to the next column (else the dip would last until the next
+    change)."""
+    step = (cap.seconds or 1.0) / COLUMNS
+    # Per column: [start, drawn point, drawn admitted, column, last point].
+    cells: list[list[Any]] = []
+
+    def add(t: float, point: Point) -> None:
+        column = min(int(t / step), COLUMNS)
+        if cells and cells[-1][3] == column:
+            cell = cells[-1]
+            if point.paused > cell[1].paused:
+                cell[1] = point
+            cell[2] = min(cell[2], point.admitted)
+            cell[4] = point
+            return
+        if cells and carry(cells[-1]):
+            add(t, point)  # into the carried column, or a fresh one after it
+            return
+        cells.append([t, point, point.admitted, column, point])
+
+    def carry(cell: list[Any]) -> bool:
+        last = cell[4]
+        if last is cell[1] and last.admitted == cell[2]:
+            return False
+        cells.append([(cell[3] + 1) * step, last, last.admitted, cell[3] + 1, last])
+        return True
+
+    for point in cap.points:
+        add((point.at - cap.start).total_seconds(), point)
+    if cells and (cells[-1][3] + 1) * step < cap.seconds:
+        carry(cells[-1])
+    return [(cell[0], cell[1], cell[2]) for cell in cells]
+
+
+def version_class(cap: Capacity, version: str) -> str:
+    if version == UNKNOWN:
+        return "chart-failed"
+    return charts.series_class(cap.versions.index(version))
+
+
+def chart(cap: Capacity, refresh_id: int) -> SafeString:
+    drawn = _columns(cap)
+    times = [t for t, _, _ in drawn]
+    layers = [
+        charts.Layer(
+            f"{version} running",
+            version_class(cap, version),
+            [p.running.get(version, 0) for _, p, _ in drawn],
+        )
+        for version in cap.versions
+    ]
+    layers.append(charts.Layer("paused", PAUSED_CLASS, [p.paused for _, p, _ in drawn]))
+    admitted = charts.Layer("admitted by the gate", ADMITTED_CLASS, [a for _, _, a in drawn])
+    return charts.step_areas(
+        times,
+        layers,
+        line=admitted,
+        span=cap.seconds,
+        top=max(cap.summary.workers, 1),
+        label=f"Workers running per version, paused and admitted during refresh #{refresh_id}",
+        width=WIDTH,
+    )
+
+
+def _share(part: float | None) -> str:
+    return "—" if part is None else f"{100 * part:.0f}%"
+
+
+@dataclass(frozen=True, slots=True)
+class GatedRow:
+    gating: NamespaceGating
+    share: str
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityView:
+    cap: Capacity
+    chart: SafeString
+    gated: list[GatedRow]
+    longest: list[WorkerPauses]
+    lowest_running: str
+    lowest_admitted: str
+    mean_running: str
+    mean_admitted: str
+
+
+def view(refresh: PolicyRefresh) -> CapacityView | None:
+    """What the page shows; None before the refresh started (nothing to measure)."""
+    cap = capacity_of(refresh)
+    if cap is None:
+        return None
+    s = cap.summary
+    span = cap.seconds
+    return CapacityView(
+        cap=cap,
+        chart=chart(cap, refresh.pk),
+        gated=[
+            GatedRow(n, _share(n.gated_seconds / span if span else None)) for n in cap.namespaces
+        ],
+        longest=cap.longest_paused(LONGEST),
+        lowest_running=_share(s.min_serving_fraction),
+        lowest_admitted=_share(s.min_admitted_fraction),
+        mean_running=_share(s.mean_serving_fraction),
+        mean_admitted=_share(s.mean_admitted_fraction),
+    )

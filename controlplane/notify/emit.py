@@ -130,7 +130,9 @@ def build_payload(
         if event == Event.REFRESH_CANARY_REVIEW:
             # What the trainer evaluates: the canary's verified instances, by namespace, and
             # until when a verdict is taken.
-            data["refresh"]["canary"] = _jsonable((getattr(refresh, "progress", None) or {}).get("canary"))
+            data["refresh"]["canary"] = _jsonable(
+                (getattr(refresh, "progress", None) or {}).get("canary")
+            )
         if not reason:
             data["reason"] = str(getattr(refresh, "held_reason", "") or "")
     if gate is not None:

@@ -53,9 +53,7 @@ SYSTEM = Actor.system("canary review")
 def failed_canary_progress(refresh: PolicyRefresh, reason: str, by: str) -> dict[str, Any]:
     progress = dict(refresh.progress or {})
     canary = dict(progress.get("canary") or {})
-    canary.update(
-        state=CANARY_FAILED, reason=reason[:2000], by=by, at=timezone.now().isoformat()
-    )
+    canary.update(state=CANARY_FAILED, reason=reason[:2000], by=by, at=timezone.now().isoformat())
     progress["canary"] = canary
     return progress
 
@@ -134,16 +132,12 @@ def _decide(
         refresh.transition(state, **fields)
         # Lock order: gates before the audit chain head.
         admit_verified_so_far(refresh, canary_set, f"canary passed ({actor.label}); {what}")
-        _audit(
-            AuditAction.POLICY_REFRESH_CANARY_PASSED, refresh, actor, metrics=metrics, next=what
-        )
+        _audit(AuditAction.POLICY_REFRESH_CANARY_PASSED, refresh, actor, metrics=metrics, next=what)
     else:
         canary["state"] = CANARY_FAILED
         progress["canary"] = canary
         held = f"canary rejected by {actor.label}" + (f": {reason}" if reason else "")
-        refresh.transition(
-            RefreshState.CANARY_ROLLBACK, progress=progress, held_reason=held[:4000]
-        )
+        refresh.transition(RefreshState.CANARY_ROLLBACK, progress=progress, held_reason=held[:4000])
         _audit(
             AuditAction.POLICY_REFRESH_CANARY_FAILED, refresh, actor, metrics=metrics, reason=held
         )

@@ -556,7 +556,7 @@ def begin_staged(refresh, *, actor: Actor, reason: str, waves: int) -> None:
                 "waves": waves,
                 "serving_old": _ids(g.verified_instances),
             }
-            if not (g.instance_sets or {}).get("refresh_id") == refresh.pk
+            if (g.instance_sets or {}).get("refresh_id") != refresh.pk
             else g.instance_sets
         }
         for g in gates
@@ -573,9 +573,7 @@ def begin_staged(refresh, *, actor: Actor, reason: str, waves: int) -> None:
     )
 
 
-def stage_wave(
-    refresh, wave: int, instances: Mapping[str, Sequence[str]], *, reason: str
-) -> None:
+def stage_wave(refresh, wave: int, instances: Mapping[str, Sequence[str]], *, reason: str) -> None:
     """Wave `wave` is about to be paused: its instances leave the verified set (trainers stop
     sending them rollouts before they stop serving) and are listed in flight."""
     gates = [gate_for(refresh.source, ns) for ns in sorted(instances)]

@@ -169,8 +169,10 @@ class Strategy:
             }[self.canary.evaluation]
             text = f"canary of {who} {judge}, {rest}"
         if self.staged:
-            text += "; verified workers join the gate wave by wave" if self.admit_as_verified else (
-                "; the gate moves to the new version once every wave is verified"
+            text += (
+                "; verified workers join the gate wave by wave"
+                if self.admit_as_verified
+                else ("; the gate moves to the new version once every wave is verified")
             )
         if self.max_failed.value:
             text += f"; up to {self.max_failed} worker(s) may fail and be quarantined"
@@ -335,7 +337,9 @@ def assign_waves(
         waves.update({key: 1 for key in canary})
         first = 2
         if len(canary) == len(ordered):
-            blockers.append("the canary would be every worker of the scope: nothing is left after it")
+            blockers.append(
+                "the canary would be every worker of the scope: nothing is left after it"
+            )
     rest = [w for w in ordered if w.key not in waves]
     by_namespace: dict[str, list[Placed]] = {}
     for w in rest:
@@ -411,4 +415,8 @@ def rollback_strategy(strategy: Strategy) -> dict[str, Any]:
     if not strategy.staged:
         return {"kind": ALL_AT_ONCE, "max_failed": strategy.max_failed.to_json()}
     size = strategy.max_unavailable or Amount(100, percent=True)
-    return {"kind": WAVES, "max_unavailable": size.to_json(), "max_failed": strategy.max_failed.to_json()}
+    return {
+        "kind": WAVES,
+        "max_unavailable": size.to_json(),
+        "max_failed": strategy.max_failed.to_json(),
+    }

@@ -23,6 +23,7 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.families import UpdateMethod
 from controlplane.refresh import gates
+from controlplane.refresh.executor.calls import WorkerJob
 from controlplane.refresh.executor.departures import (
     EXECUTOR,
     LEFT_OUT,
@@ -30,7 +31,6 @@ from controlplane.refresh.executor.departures import (
     left_out_ids,
 )
 from controlplane.refresh.executor.journal import run_step_calls
-from controlplane.refresh.executor.calls import WorkerJob
 from controlplane.refresh.executor.waves import by_namespace, is_canary_wave
 from controlplane.refresh.models import (
     OPEN_QUARANTINE_STATES,
@@ -141,9 +141,9 @@ def leave_out(
     refresh: PolicyRefresh = ctx.refresh
     now = timezone.now()
     reasons = {
-        w.pk: (
-            f"failed {step.value} in policy refresh #{refresh.pk}: {errors.get(w.pk, '')}"
-        )[:2000]
+        w.pk: (f"failed {step.value} in policy refresh #{refresh.pk}: {errors.get(w.pk, '')}")[
+            :2000
+        ]
         for w in workers
     }
     with transaction.atomic():

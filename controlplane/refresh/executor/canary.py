@@ -14,9 +14,10 @@ from __future__ import annotations
 from django.db import transaction
 
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.refresh import gates
 from controlplane.refresh.executor import waves
-from controlplane.refresh.executor.departures import departed_ids
 from controlplane.refresh.executor.calls import WorkerJob
+from controlplane.refresh.executor.departures import departed_ids
 from controlplane.refresh.executor.steps import (
     StepContext,
     StepResult,
@@ -26,7 +27,6 @@ from controlplane.refresh.executor.steps import (
 )
 from controlplane.refresh.models import PlannedWorker
 from controlplane.refresh.planning import normalize_verification, plan_worker, source_policy
-from controlplane.refresh import gates
 from controlplane.refresh.sequence import StepName
 
 #: Only the version readback: the old policy was verified when the gate opened for it.

@@ -23,11 +23,11 @@ from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
+from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.calls import CallRuntime, CallSettings
+from controlplane.refresh.executor.canary import CanaryRollback
 from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.lease import Lease, LeaseLost
-from controlplane.refresh.executor import budget, waves
-from controlplane.refresh.executor.canary import CanaryRollback
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
 from controlplane.refresh.executor.tracing import refresh_trace, step_span
 from controlplane.refresh.live import publish_state, publish_step
@@ -175,7 +175,9 @@ class Runner:
             return ""
         reason = f"{result.reason} ({note})" if note else result.reason
         if step in WORKER_STEPS and waves.is_canary_wave(refresh):
-            self._roll_back_canary(refresh, step, step_run, f"canary failed at {step.value}: {reason}")
+            self._roll_back_canary(
+                refresh, step, step_run, f"canary failed at {step.value}: {reason}"
+            )
             return ""
         self._hold(refresh, step, reason, step_run)
         return RefreshState.HELD

@@ -16,9 +16,9 @@ from controlplane.dynamo.families import UpdateMethod, detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
 from controlplane.refresh.compat import verification_ran
+from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.agreement import check_agreement
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob
-from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.departures import (
     departed_ids,
     departed_keys,
@@ -229,7 +229,9 @@ class WorkerStep(Step):
     def pending(self, ctx: StepContext) -> list[PlannedWorker]:
         done = ok_worker_ids(ctx.refresh.pk, self.name) | out_of_play_ids(ctx.refresh)
         # Only the wave being run (every worker is in wave 1 of an all-at-once refresh).
-        pending = [w for w in waves.in_wave(ctx.refresh, ctx.refresh.workers.all()) if w.pk not in done]
+        pending = [
+            w for w in waves.in_wave(ctx.refresh, ctx.refresh.workers.all()) if w.pk not in done
+        ]
         if pending and rechecks_membership(ctx):
             gone = record_departures(ctx, self.name, pending)
             pending = [w for w in pending if w.pk not in gone]

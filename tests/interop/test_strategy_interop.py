@@ -3,6 +3,8 @@ own records of when they were paused and resumed, no two were ever paused at onc
 
 from __future__ import annotations
 
+import itertools
+
 import httpx
 import pytest
 
@@ -70,7 +72,7 @@ def test_waves_of_one_never_pause_two_real_workers_at_once(dynamo_deployment, op
         assert [event for event, _ in log] == ["paused", "resumed"], log
         spans.append((log[0][1], log[1][1]))
     spans.sort()
-    for (_, earlier_end), (later_start, _) in zip(spans, spans[1:], strict=False):
+    for (_, earlier_end), (later_start, _) in itertools.pairwise(spans):
         assert later_start >= earlier_end, spans
     gate = gate_state(source, "rl-a")
     assert gate["open"] is True and gate["verified_version"] == VERSION

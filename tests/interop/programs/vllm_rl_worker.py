@@ -18,9 +18,9 @@ import argparse
 import asyncio
 import json
 import logging
-import time
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 

@@ -29,6 +29,9 @@ class AuditAction(models.TextChoices):
     GATE_FORCE_REOPENED = "gate.force_reopened"
     GATE_UNKNOWN = "gate.unknown"
     GATE_KNOWN = "gate.known"
+    # staged refreshes (refresh/strategy.py): the gate keeps the old set while waves run
+    GATE_STAGED = "gate.staged"
+    GATE_WAVE_VERIFIED = "gate.wave_verified"
     # drift between refreshes (refresh/drift.py, refresh/quarantine.py)
     GATE_DRIFT_RECORDED = "gate.drift_recorded"
     GATE_RECONCILED = "gate.reconciled"
@@ -61,6 +64,15 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_ENDED = "policy_refresh.ended"
     POLICY_REFRESH_MEMBERSHIP_RESOLVED = "policy_refresh.membership_resolved"
     POLICY_REFRESH_NAMESPACES_REOPENED = "policy_refresh.namespaces_reopened"
+    # strategies (refresh/strategy.py, refresh/waves.py, refresh/canary.py)
+    POLICY_REFRESH_WAVE_VERIFIED = "policy_refresh.wave_verified"
+    POLICY_REFRESH_WAITING = "policy_refresh.waiting"
+    POLICY_REFRESH_PAUSE_REQUESTED = "policy_refresh.pause_requested"
+    POLICY_REFRESH_CONTINUED = "policy_refresh.continued"
+    POLICY_REFRESH_WORKERS_LEFT_OUT = "policy_refresh.workers_left_out"
+    POLICY_REFRESH_CANARY_REVIEW = "policy_refresh.canary_review"
+    POLICY_REFRESH_CANARY_PASSED = "policy_refresh.canary_passed"
+    POLICY_REFRESH_CANARY_FAILED = "policy_refresh.canary_failed"
     # distributed updates: the collective group and the trainer handshake (refresh/group.py)
     POLICY_REFRESH_GROUP_READY = "policy_refresh.group_ready"
     POLICY_REFRESH_BROADCAST_DONE = "policy_refresh.broadcast_done"

@@ -73,6 +73,9 @@ class Source(models.Model):
     drift_policy = models.CharField(
         max_length=16, choices=DriftPolicy.choices, default=DriftPolicy.QUARANTINE
     )
+    #: The refresh strategy a plan gets unless it names its own (`refresh.strategy` JSON form;
+    #: empty = all at once).
+    default_strategy = models.JSONField(default=dict, blank=True)
 
     reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     stale = models.BooleanField(default=False)

@@ -31,6 +31,8 @@ _TITLES = {
     Event.REFRESH_SUCCEEDED: "Policy refresh succeeded",
     Event.REFRESH_HELD: "Policy refresh held",
     Event.REFRESH_GROUP_READY: "Weight-update group ready: broadcast now",
+    Event.REFRESH_CANARY_REVIEW: "Canary verified: verdict wanted",
+    Event.REFRESH_WAITING: "Policy refresh waiting to be continued",
     Event.GATE_FORCE_REOPENED: "Gate force-reopened",
     Event.GATE_OPENED: "Gate opened",
     Event.GATE_CLOSED: "Gate closed",
@@ -125,6 +127,12 @@ def build_payload(
         if event == Event.REFRESH_GROUP_READY:
             # What the trainer needs to broadcast: the group's world size and rank map.
             data["refresh"]["group"] = _jsonable(getattr(refresh, "group", None))
+        if event == Event.REFRESH_CANARY_REVIEW:
+            # What the trainer evaluates: the canary's verified instances, by namespace, and
+            # until when a verdict is taken.
+            data["refresh"]["canary"] = _jsonable(
+                (getattr(refresh, "progress", None) or {}).get("canary")
+            )
         if not reason:
             data["reason"] = str(getattr(refresh, "held_reason", "") or "")
     if gate is not None:

@@ -15,6 +15,10 @@ class NotificationEvent(models.TextChoices):
     REFRESH_HELD = "refresh.held"
     # Every rank of a distributed refresh joined the group: the trainer may broadcast now.
     REFRESH_GROUP_READY = "refresh.group_ready"
+    # A canary passed its own checks and waits for a verdict (carries its verified instance
+    # set); a staged refresh waits at a pause point until a person continues it.
+    REFRESH_CANARY_REVIEW = "refresh.canary_review"
+    REFRESH_WAITING = "refresh.waiting"
     GATE_FORCE_REOPENED = "gate.force_reopened"
     # A gate entered a state: one notification per source and change, listing its gates.
     GATE_OPENED = "gate.opened"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import actions, group, quarantine
+from controlplane.refresh import actions, canary, group, pausepoints, quarantine
 from controlplane.refresh.models import Gate, PolicyRefresh, Quarantine
 
 
@@ -127,6 +127,30 @@ BROADCAST_DONE = Action[PolicyRefresh](
     ),
     "Broadcast recorded; the workers apply the new weights.",
 )
+PAUSE_AT_NEXT_WAVE = Action[PolicyRefresh](
+    "pause",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: pausepoints.request_pause(refresh, actor=actor),
+    "The refresh waits after the wave in progress until continued.",
+)
+CONTINUE = Action[PolicyRefresh](
+    "continue",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: pausepoints.continue_refresh(refresh, actor=actor),
+    "Continued; the next wave is starting.",
+)
+APPROVE_CANARY = Action[PolicyRefresh](
+    "approve-canary",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: canary.approve_canary(refresh, actor=actor, reason=given.reason),
+    "Canary approved; the rest of the scope follows.",
+)
+REJECT_CANARY = Action[PolicyRefresh](
+    "reject-canary",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: canary.reject_canary(refresh, actor=actor, reason=given.reason),
+    "Canary rejected; its workers go back to the old policy, then the refresh holds.",
+)
 FORCE_REOPEN = Action[Gate](
     "force-reopen",
     Perm.FORCE_REOPEN,
@@ -149,6 +173,10 @@ REFRESH_ACTIONS: dict[str, Action[PolicyRefresh]] = {
         RESOLVE_MEMBERSHIP,
         REOPEN_VERIFIED,
         FORCE_REOPEN_NAMESPACE,
+        PAUSE_AT_NEXT_WAVE,
+        CONTINUE,
+        APPROVE_CANARY,
+        REJECT_CANARY,
     )
 }
 

@@ -35,6 +35,7 @@ from controlplane.refresh.executor.steps import verified_instance_sets
 from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import (
     EXECUTING_STATES,
+    WAITING_STATES,
     FlushPolicy,
     Gate,
     PlannedWorker,
@@ -60,6 +61,14 @@ from controlplane.refresh.planning import (
     source_policy,
 )
 from controlplane.refresh.sequence import STEP_STATE, StepName
+from controlplane.refresh.strategy import (
+    Placed,
+    assign_waves,
+    instance_list,
+    parse_strategy,
+    rollback_strategy,
+    stored,
+)
 from controlplane.refresh.tasks import execute_policy_refresh
 
 
@@ -135,12 +144,20 @@ def plan_policy_refresh(
     fingerprint: dict[str, Any] | None = None,
     pause_modes: dict[str, str] | None = None,
     versions: dict[str, str] | None = None,
+    strategy: dict[str, Any] | None = None,
+    instances: list[str] | None = None,
 ) -> PolicyRefresh:
     """Run a fresh discovery and store the plan; blockers are stored, never raised.
 
     `fingerprint` is the trainer's optional statement of what the new policy generates
     (`dynamo.fingerprint.Fingerprint`); bad input raises ValidationError before anything runs.
+    `strategy` is the JSON form of a `refresh.strategy.Strategy` (None: the source's default
+    strategy). `instances` refreshes only those instance ids of the scope: the others keep
+    serving and stay in the gate's verified set (the refresh runs staged, the gate is not
+    closed; see `executor.waves.finish_instances`).
     """
+    parsed = parse_strategy(source.default_strategy if strategy is None else strategy)
+    instance_ids = instance_list(instances)
     target = normalize_target(target)
     verification = normalize_verification(verification)
     verification["agreement"] = agreement_rule_of(source).to_dict()
@@ -177,8 +194,26 @@ def plan_policy_refresh(
         subset_keys = sorted(w.key for w in selected)
         if len(selected) != len(set(worker_ids)):
             blockers.append("some selected workers are gone or outside the chosen namespaces")
+    if instance_ids is not None:
+        by_instance = {w.instance_id: w for w in selected}
+        missing = [i for i in instance_ids if i not in by_instance]
+        if missing:
+            blockers.append(
+                f"instance(s) {', '.join(missing)} are not live workers of the chosen scope"
+            )
+        selected = [by_instance[i] for i in instance_ids if i in by_instance]
     if not selected:
         blockers.append("no live workers in the chosen scope")
+    staged = parsed.staged or instance_ids is not None
+    if staged and target["method"] == "distributed":
+        blockers.append(
+            "a distributed update forms one collective group of every worker: it cannot run "
+            "in waves, as a canary or on named instances; plan it all at once"
+        )
+    wave_of, wave_count, wave_blockers = assign_waves(
+        parsed, [Placed(w.key, w.namespace, w.instance_id) for w in selected]
+    )
+    blockers += wave_blockers
 
     policy = source_policy(source)
     blockers += plan_level_blockers(source, verification=verification, policy=policy)
@@ -223,6 +258,9 @@ def plan_policy_refresh(
             requested_by=actor.user,
             requested_by_label=actor.label[:200],
             rollback_of=rollback_of,
+            strategy=parsed.to_dict(),
+            instances=instance_ids,
+            waves=max(wave_count, 1),
         )
         PlannedWorker.objects.bulk_create(
             PlannedWorker(
@@ -242,6 +280,7 @@ def plan_policy_refresh(
                 pause_mode=p.pause_mode,
                 rank_offset=p.rank_offset,
                 ranks=p.ranks,
+                wave=wave_of.get(p.worker.key, 1),
             )
             for p in plans
         )
@@ -259,6 +298,9 @@ def plan_policy_refresh(
             fingerprint=fingerprint,
             pause_modes=pause_modes,
             world_size=group.get("world_size"),
+            strategy=parsed.to_dict(),
+            waves=wave_count,
+            instances=instance_ids,
         )
     return refresh
 
@@ -379,7 +421,9 @@ def abort_policy_refresh(
             refresh.end_reason = reason
             refresh.end_state = RefreshState.ABORTED if resume_engines else ""
             refresh.save(update_fields=["abort_requested", "end_reason", "end_state"])
-        elif state == RefreshState.HELD and resume_engines:
+        elif (state == RefreshState.HELD and resume_engines) or state in WAITING_STATES:
+            # Waiting between waves, nothing it paused is left but the workers its failure
+            # budget handed to quarantine (which stay paused): the release ends it cleanly.
             refresh.transition(
                 RefreshState.RELEASING, end_state=RefreshState.ABORTED, end_reason=reason
             )
@@ -422,6 +466,11 @@ def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefre
     """Re-run the failed step on failed or unreached workers only, then carry on."""
     with transaction.atomic():
         refresh = _locked(refresh)
+        if refresh.state == RefreshState.HELD and not refresh.failed_step:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is held with nothing to retry ("
+                f"{refresh.held_reason or 'no failed step'}); roll back the scope or end it"
+            )
         if refresh.state != RefreshState.HELD or not refresh.failed_step:
             raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
         step = StepName(refresh.failed_step)
@@ -433,7 +482,9 @@ def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefre
 
 
 #: States an approver may end a refresh from (executing ones only once no executor is alive).
-ENDABLE_STATES = EXECUTING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}
+ENDABLE_STATES = (
+    EXECUTING_STATES | WAITING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}
+)
 
 
 def _executor_alive(refresh: PolicyRefresh) -> bool:
@@ -538,11 +589,22 @@ def last_verified_policy(source: Source, namespaces: list[str]) -> dict[str, Any
     return gate.verified_policy if gate else None
 
 
+#: States a rollback takes a refresh over from.
+ROLLBACK_STATES = frozenset({RefreshState.HELD, *WAITING_STATES})
+
+
 def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
-    """A new refresh of the same scope to its last verified policy; it inherits the scope."""
-    if refresh.state != RefreshState.HELD:
+    """A new refresh of the same scope to its last verified policy; it inherits the scope.
+
+    From a staged refresh (held, or waiting between waves) the policy is the one its gates
+    stood for before it began (an `admit_as_verified` gate may already stand for the new one),
+    and the rollback runs in waves of the same size, so rolling back does not empty the fleet.
+    """
+    if refresh.state not in ROLLBACK_STATES:
         raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
-    policy = last_verified_policy(refresh.source, refresh.namespaces)
+    policy = (refresh.progress or {}).get("previous_policy") or last_verified_policy(
+        refresh.source, refresh.namespaces
+    )
     if policy is None:
         raise InvalidTransition("this scope has no verified policy to roll back to")
     new = plan_policy_refresh(
@@ -555,12 +617,13 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
         verification=refresh.verification,
         rollback_of=refresh,
         flush_policy=refresh.flush_policy,
+        strategy=rollback_strategy(stored(refresh)),
     )
     if new.plan_blockers:
         raise PlanBlocked("the rollback plan has blockers: " + "; ".join(new.plan_blockers))
     with transaction.atomic():
         old = _locked(refresh)
-        if old.state != RefreshState.HELD:
+        if old.state not in ROLLBACK_STATES:
             raise InvalidTransition(f"policy refresh #{old.pk} is {old.state}, not held")
         new = _locked(new)
         # The rollback takes over the scope (and the paused workers) without a gap.

@@ -49,6 +49,9 @@ def gate_state(source, namespace: str) -> dict[str, Any]:
             "confirmed_at": None,
             "drift": [],
             "drift_count": 0,
+            "instance_sets": {},
+            "left_out": [],
+            "left_out_count": 0,
             "active_refresh_id": None,
             "revision": 0,
             "updated_at": None,
@@ -98,6 +101,12 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
         "confirmed_at": _iso(gate.confirmed_at),
         "drift": list(gate.drift),
         "drift_count": len(gate.drift),
+        # A staged refresh (waves, canary) in progress: which instances are on which version.
+        "instance_sets": dict(gate.instance_sets or {}),
+        # Workers a refresh's failure budget left out of the verified set, each with its reason
+        # (they are quarantined; they leave this list when admitted or dropped).
+        "left_out": left_out_entries(gate),
+        "left_out_count": len(left_out_entries(gate)),
         "active_refresh_id": gate.active_refresh_id,
         "revision": gate.revision,
         "updated_at": _iso(gate.updated_at),
@@ -219,20 +228,25 @@ def open_gates_verified(
     verified: Mapping[str, Sequence[str]],
     unverified: Mapping[str, int] | None = None,
     namespaces: Sequence[str] | None = None,
+    left_out: Mapping[str, Sequence[dict[str, Any]]] | None = None,
 ) -> None:
     """Open the refresh's gates at its version for exactly the instances verified at it.
 
     `verified` maps each namespace to the instance ids (decimal strings) verified at the
     refresh's version; `unverified` counts the serving workers of a namespace left out.
     `namespaces` opens only those (a refresh resolved namespace by namespace); default: all.
+    `left_out` lists per namespace the drift entries of workers the failure budget left out
+    (kind `left_out`, quarantined): the gate shows how many and why.
     """
     namespaces = refresh.namespaces if namespaces is None else namespaces
     gates = [gate_for(refresh.source, ns) for ns in sorted(namespaces)]
     unverified = unverified or {}
+    left_out = left_out or {}
     per_gate = {
         g.pk: {
             "verified_instances": sorted(set(verified.get(g.namespace, ())), key=int),
             "unverified_count": unverified.get(g.namespace, 0),
+            "drift": list(left_out.get(g.namespace, [])),
         }
         for g in gates
     }
@@ -248,7 +262,7 @@ def open_gates_verified(
         verified_version=refresh.weight_version,
         verified_policy=refresh.target,
         confirmed_at=timezone.now(),
-        drift=[],
+        instance_sets={},
         state_before_unknown="",
         **_NOT_FORCED,
     )
@@ -358,7 +372,8 @@ def detach_refresh(refresh, reason: str) -> None:
     if reason:
         _update(list(closed.values_list("pk", flat=True)), reason=reason)
     touched = list(Gate.objects.filter(active_refresh=refresh).select_related("source"))
-    Gate.objects.filter(active_refresh=refresh).update(active_refresh=None)
+    # A staged refresh's sets described its waves; drift reconciliation takes over from here.
+    Gate.objects.filter(active_refresh=refresh).update(active_refresh=None, instance_sets={})
     if touched:
         _announce(touched)
 
@@ -507,3 +522,188 @@ def forget_drift(gate_id: int, instance_id: str) -> None:
     if drift != gate.drift:
         _update([gate.pk], drift=drift)
         _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
+
+
+# -- staged refreshes (refresh/strategy.py): waves and canaries -------------------------------
+# While a staged refresh runs its gates are not closed: they keep admitting the old version for
+# exactly the instances still serving it, and `instance_sets` says which instances are on which
+# version. The executor calls these inside its fenced transaction.
+
+
+def _sets_of(gate: Gate) -> dict[str, Any]:
+    sets = dict(gate.instance_sets or {})
+    for name in ("serving_old", "in_flight", "verified_new", "left_out"):
+        sets[name] = list(sets.get(name, []))
+    return sets
+
+
+def _ids(values) -> list[str]:
+    return sorted(set(values), key=int)
+
+
+def begin_staged(refresh, *, actor: Actor, reason: str, waves: int) -> None:
+    """Take the refresh's gates without closing them: each keeps its state and verified set
+    (the instances still serving the old version) and names the refresh."""
+    gates = [gate_for(refresh.source, ns) for ns in refresh.namespaces]
+    per_gate = {
+        g.pk: {
+            "instance_sets": {
+                **_sets_of(g),
+                "refresh_id": refresh.pk,
+                "from_version": g.verified_version,
+                "to_version": refresh.weight_version,
+                "wave": 0,
+                "waves": waves,
+                "serving_old": _ids(g.verified_instances),
+            }
+            if (g.instance_sets or {}).get("refresh_id") != refresh.pk
+            else g.instance_sets
+        }
+        for g in gates
+    }
+    _change(
+        gates,
+        AuditAction.GATE_STAGED,
+        actor=actor,
+        refresh=refresh,
+        note=reason,
+        per_gate=per_gate,
+        reason=reason,
+        active_refresh=refresh,
+    )
+
+
+def stage_wave(refresh, wave: int, instances: Mapping[str, Sequence[str]], *, reason: str) -> None:
+    """Wave `wave` is about to be paused: its instances leave the verified set (trainers stop
+    sending them rollouts before they stop serving) and are listed in flight."""
+    gates = [gate_for(refresh.source, ns) for ns in sorted(instances)]
+    changes: dict[int, dict[str, Any]] = {}
+    for g in gates:
+        ids = set(instances[g.namespace])
+        sets = _sets_of(g)
+        sets["wave"] = wave
+        sets["serving_old"] = _ids(set(sets["serving_old"]) - ids)
+        sets["in_flight"] = _ids(set(sets["in_flight"]) | ids)
+        verified = [i for i in g.verified_instances if i not in ids]
+        changes[g.pk] = {
+            "instance_sets": sets,
+            "verified_instances": verified,
+            "unverified_count": g.unverified_count + len(g.verified_instances) - len(verified),
+            "reason": reason,
+        }
+    _write_sets(gates, changes)
+
+
+def wave_verified(
+    refresh, verified: Mapping[str, Sequence[str]], *, admit: bool, reason: str
+) -> None:
+    """A wave passed verify: its instances move from in flight to the new version's set. With
+    `admit` (the strategy's `admit_as_verified`) the gate moves to the new version at once for
+    every instance verified so far; otherwise it keeps admitting the old set until the end."""
+    gates = [gate_for(refresh.source, ns) for ns in sorted(verified)]
+    changes: dict[int, dict[str, Any]] = {}
+    for g in gates:
+        ids = set(verified[g.namespace])
+        sets = _sets_of(g)
+        sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
+        sets["verified_new"] = _ids(set(sets["verified_new"]) | ids)
+        change: dict[str, Any] = {"instance_sets": sets, "reason": reason}
+        if admit:
+            change.update(
+                verified_version=refresh.weight_version,
+                verified_policy=refresh.target,
+                verified_instances=sets["verified_new"],
+                confirmed_at=timezone.now(),
+            )
+        changes[g.pk] = change
+    _write_sets(gates, changes, action=AuditAction.GATE_WAVE_VERIFIED)
+
+
+def wave_left_out(refresh, left_out: Mapping[str, Sequence[str]], *, reason: str) -> None:
+    """Workers the failure budget leaves out: no longer in flight, listed as left out."""
+    gates = [gate_for(refresh.source, ns) for ns in sorted(left_out)]
+    changes: dict[int, dict[str, Any]] = {}
+    for g in gates:
+        ids = set(left_out[g.namespace])
+        sets = _sets_of(g)
+        sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
+        sets["serving_old"] = _ids(set(sets["serving_old"]) - ids)
+        sets["left_out"] = _ids(set(sets["left_out"]) | ids)
+        changes[g.pk] = {
+            "instance_sets": sets,
+            "verified_instances": [i for i in g.verified_instances if i not in ids],
+            "reason": reason,
+        }
+    _write_sets(gates, changes)
+
+
+def canary_rolled_back(refresh, back: Mapping[str, Sequence[str]], *, reason: str) -> None:
+    """Canary workers verified back at the old version rejoin the old set (and the verified
+    set, where the gate still stands for the old version)."""
+    gates = [gate_for(refresh.source, ns) for ns in sorted(back)]
+    changes: dict[int, dict[str, Any]] = {}
+    for g in gates:
+        ids = set(back[g.namespace])
+        sets = _sets_of(g)
+        sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
+        sets["verified_new"] = _ids(set(sets["verified_new"]) - ids)
+        sets["serving_old"] = _ids(set(sets["serving_old"]) | ids)
+        change: dict[str, Any] = {"instance_sets": sets, "reason": reason}
+        if g.verified_version == sets.get("from_version"):
+            change["verified_instances"] = _ids(set(g.verified_instances) | ids)
+        changes[g.pk] = change
+    _write_sets(gates, changes)
+
+
+def _write_sets(
+    gates: list[Gate],
+    changes: Mapping[int, Mapping[str, Any]],
+    *,
+    action: AuditAction | None = None,
+) -> None:
+    ids = [g.pk for g in gates]
+    _update(ids)
+    for gate_id, values in changes.items():
+        Gate.objects.filter(pk=gate_id).update(**values)
+    fresh = list(Gate.objects.filter(pk__in=ids).select_related("source"))
+    if action is not None:
+        for gate in fresh:
+            record(
+                action,
+                actor=Actor.system("policy-refresh executor"),
+                target=gate,
+                details={
+                    "namespace": gate.namespace,
+                    "state": gate.state,
+                    "refresh_id": gate.active_refresh_id,
+                    "verified_version": gate.verified_version,
+                    "instance_sets": gate.instance_sets,
+                },
+            )
+    _announce(fresh)
+
+
+def left_out_entries(gate: Gate) -> list[dict[str, Any]]:
+    """The drift entries of workers a refresh's failure budget left out (with their reason)."""
+    return [d for d in gate.drift if d.get("kind") == LEFT_OUT_KIND]
+
+
+#: The drift kind of a worker left out by a refresh's failure budget (quarantined).
+LEFT_OUT_KIND = "left_out"
+
+
+def release_instances(refresh, namespaces: Sequence[str], *, reason: str) -> None:
+    """A refresh of named instances ends where the gate stands for another version: the gate
+    keeps its state, version and verified set (the instances that kept serving it) and stops
+    naming the refresh; `reason` says where the refreshed instances are."""
+    gates = [gate_for(refresh.source, ns) for ns in sorted(namespaces)]
+    _change(
+        gates,
+        AuditAction.GATE_RECONCILED,
+        actor=Actor.system("policy-refresh executor"),
+        refresh=refresh,
+        note=reason,
+        reason=reason,
+        active_refresh=None,
+        instance_sets={},
+    )

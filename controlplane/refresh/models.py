@@ -28,6 +28,11 @@ class RefreshState(models.TextChoices):
     REOPENING = "reopening"
     # Closing out a held/aborted refresh: resume the engines it paused, then end.
     RELEASING = "releasing"
+    # Strategies (refresh.strategy): rolling the failed canary back to the gate's old policy,
+    # waiting for a canary verdict, and waiting at a pause point until a person continues.
+    CANARY_ROLLBACK = "canary_rollback"
+    CANARY_REVIEW = "canary_review"
+    WAITING = "waiting"
     SUCCEEDED = "succeeded"
     HELD = "held"
     ABORTED = "aborted"
@@ -47,10 +52,16 @@ EXECUTING_STATES = frozenset(
         RefreshState.VERIFYING,
         RefreshState.REOPENING,
         RefreshState.RELEASING,
+        RefreshState.CANARY_ROLLBACK,
     }
 )
+#: States with no executor in which the refresh waits for a person (or a trainer's verdict)
+#: between waves; each has `continue`/verdict, abort, rollback and end as its exits.
+WAITING_STATES = frozenset({RefreshState.WAITING, RefreshState.CANARY_REVIEW})
 #: States that hold the scope lock (the refresh is "active" for its scope).
-ACTIVE_STATES = EXECUTING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}
+ACTIVE_STATES = (
+    EXECUTING_STATES | WAITING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}
+)
 #: States a refresh never leaves; entering one stamps `finished_at`.
 TERMINAL_STATES = frozenset(
     {RefreshState.SUCCEEDED, RefreshState.ABORTED, RefreshState.FAILED, RefreshState.REJECTED}
@@ -134,6 +145,10 @@ class Gate(models.Model):
     confirmed_at = models.DateTimeField(null=True, blank=True)
     unverified_count = models.PositiveIntegerField(default=0)
     drift = models.JSONField(default=list, blank=True)
+    #: While a staged refresh (waves, canary) runs: which instances are on which version
+    #: (`{"refresh_id", "from_version", "to_version", "wave", "waves", "serving_old": [ids],
+    #: "in_flight": [ids], "verified_new": [ids], "left_out": [ids]}`); empty otherwise.
+    instance_sets = models.JSONField(default=dict, blank=True)
     active_refresh = models.ForeignKey(
         "PolicyRefresh", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -211,6 +226,18 @@ class PolicyRefresh(models.Model):
     #: The compatibility record (`refresh.compat`): versions as reported, families, topology,
     #: update method and the verification that ran.
     compat = models.JSONField(default=dict, blank=True)
+    #: The strategy's JSON form (`refresh.strategy.Strategy.to_dict()`); empty = all at once.
+    strategy = models.JSONField(default=dict, blank=True)
+    #: Only these instance ids of the scope are refreshed; the rest keep serving (null = all).
+    instances = models.JSONField(null=True, blank=True)
+    #: The wave being run (from 1) and how many the plan has.
+    wave = models.PositiveIntegerField(default=1)
+    waves = models.PositiveIntegerField(default=1)
+    #: What a staged refresh remembers between waves: the gate's policy before it
+    #: (`previous_policy`, `previous_version`), a requested pause (`pause_requested`), the
+    #: wave it waits after (`waiting_after`) and the canary's evaluation (`canary`: `{"state",
+    #: "deadline", "verdict", "metrics", "by", "at", "reason"}`).
+    progress = models.JSONField(default=dict, blank=True)
 
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -331,6 +358,8 @@ class PlannedWorker(models.Model):
     #: Distributed only: its first rank in the group and how many ranks it holds.
     rank_offset = models.PositiveIntegerField(null=True, blank=True)
     ranks = models.PositiveIntegerField(null=True, blank=True)
+    #: The wave (from 1) this worker is refreshed in (`refresh.strategy.assign_waves`).
+    wave = models.PositiveIntegerField(default=1)
 
     class Meta:
         ordering = ["namespace", "key"]
@@ -348,6 +377,8 @@ class StepRun(models.Model):
     refresh = models.ForeignKey(PolicyRefresh, on_delete=models.CASCADE, related_name="steps")
     name = models.CharField(max_length=24)
     attempt = models.PositiveIntegerField(default=1)
+    #: The wave this attempt ran for (staged strategies run the worker steps once per wave).
+    wave = models.PositiveIntegerField(default=1)
     status = models.CharField(max_length=16, default="running")  # running|ok|failed|skipped
     detail = models.TextField(blank=True)
     started_at = models.DateTimeField()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.db.models import Q
 
 from controlplane import lockorder
-from controlplane.refresh.executor.departures import departed_ids
+from controlplane.refresh.executor.departures import departed_ids, left_out_ids
 from controlplane.refresh.models import PolicyRefresh, ScopeLock, WorkerStepResult
 from controlplane.refresh.sequence import StepName
 
@@ -36,8 +36,9 @@ def resolved_worker_ids(refresh: PolicyRefresh) -> set[int]:
 
 
 def out_of_play_ids(refresh: PolicyRefresh) -> set[int]:
-    """Planned workers no step touches any more: departed, or in a resolved namespace."""
-    return departed_ids(refresh.pk) | resolved_worker_ids(refresh)
+    """Planned workers no step touches any more: departed, left out by the failure budget, or
+    in a resolved namespace."""
+    return departed_ids(refresh.pk) | left_out_ids(refresh.pk) | resolved_worker_ids(refresh)
 
 
 def verified_namespaces(refresh: PolicyRefresh) -> list[str]:
@@ -51,7 +52,7 @@ def verified_namespaces(refresh: PolicyRefresh) -> list[str]:
         .order_by("id")
         .values_list("planned_worker_id", "status")
     )
-    gone = departed_ids(refresh.pk)
+    gone = departed_ids(refresh.pk) | left_out_ids(refresh.pk)
     by_namespace: dict[str, list[int]] = {}
     for pk, namespace in refresh.workers.values_list("pk", "namespace"):
         if pk not in gone:

@@ -17,6 +17,7 @@ from django.db.models import Count, F, Q
 
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 from controlplane.refresh.sequence import StepName
+from controlplane.refresh.strategy import stored
 
 #: How many past successful refreshes of the same source the expected duration looks at.
 HISTORY_SIZE = 20
@@ -61,6 +62,11 @@ class PlanSummary:
     pausing_namespaces: list[str]
     expected: ExpectedDuration
     blocker_groups: list[BlockerGroup]
+    #: How the refresh walks its scope (`refresh.strategy`), in one line, and the most
+    #: workers one wave pauses at once.
+    strategy: str = "all at once"
+    waves: int = 1
+    largest_wave: int = 0
 
     @property
     def total(self) -> int:
@@ -242,4 +248,20 @@ def plan_summary(refresh: PolicyRefresh) -> PlanSummary:
         pausing_namespaces=pausing_namespaces,
         expected=expected_duration(refresh),
         blocker_groups=group_blockers(list(refresh.plan_blockers or []), worker_blockers),
+        strategy=strategy_line(refresh),
+        waves=refresh.waves,
+        largest_wave=max(
+            (n for _, n in pausing.order_by("wave").values_list("wave").annotate(n=Count("id"))),
+            default=0,
+        ),
     )
+
+
+def strategy_line(refresh: PolicyRefresh) -> str:
+    """The strategy in words, with what it means for this plan's waves."""
+    line = stored(refresh).describe()
+    if refresh.instances is not None:
+        line += f"; only instance(s) {', '.join(refresh.instances)}, the rest keep serving"
+    if refresh.waves > 1:
+        line += f" — {refresh.waves} waves"
+    return line

@@ -16,6 +16,8 @@ class StepName(StrEnum):
     REOPEN = "reopen"
     # Closing out a held or aborted refresh: resume what it paused.
     RELEASE = "release"
+    # A canary that failed: its workers go back to the gate's old policy before the hold.
+    CANARY_ROLLBACK = "canary_rollback"
 
 
 STEP_STATE: dict[StepName, RefreshState] = {
@@ -28,10 +30,11 @@ STEP_STATE: dict[StepName, RefreshState] = {
     StepName.VERIFY: RefreshState.VERIFYING,
     StepName.REOPEN: RefreshState.REOPENING,
     StepName.RELEASE: RefreshState.RELEASING,
+    StepName.CANARY_ROLLBACK: RefreshState.CANARY_ROLLBACK,
 }
 STATE_STEP = {state: step for step, state in STEP_STATE.items()}
 
-#: The main sequence, in order. RELEASE is not part of it.
+#: The main sequence, in order. RELEASE and CANARY_ROLLBACK are not part of it.
 ORDER: tuple[StepName, ...] = (
     StepName.GATE,
     StepName.RESOLVE,
@@ -61,6 +64,7 @@ STEP_LABELS = {
     StepName.VERIFY: "Verify",
     StepName.REOPEN: "Re-resolve and reopen",
     StepName.RELEASE: "Release (resume engines)",
+    StepName.CANARY_ROLLBACK: "Roll the canary back",
 }
 
 

@@ -45,3 +45,11 @@ def expire_stale_plans() -> list[int]:
     from controlplane.refresh import expiry
 
     return expiry.expire_stale_plans()
+
+
+@shared_task(name="refresh.expire_canary_reviews", ignore_result=True)
+def expire_canary_reviews() -> list[int]:
+    # Imported here: the canary module runs actions, which enqueue the tasks above.
+    from controlplane.refresh import canary
+
+    return canary.expire_canary_reviews()

@@ -26,4 +26,8 @@ urlpatterns = [
     path("<int:pk>/resolve-membership/", views.resolve_membership, name="resolve_membership"),
     path("<int:pk>/reopen-verified/", views.reopen_verified, name="reopen_verified"),
     path("<int:pk>/force-reopen/", views.force_reopen_namespace, name="force_reopen_namespace"),
+    path("<int:pk>/pause/", views.pause_at_next_wave, name="pause"),
+    path("<int:pk>/continue/", views.continue_refresh, name="continue"),
+    path("<int:pk>/approve-canary/", views.approve_canary, name="approve_canary"),
+    path("<int:pk>/reject-canary/", views.reject_canary, name="reject_canary"),
 ]

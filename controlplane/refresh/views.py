@@ -22,12 +22,16 @@ from controlplane.refresh import actions, presenters
 from controlplane.refresh.action_table import (
     ABORT,
     APPROVE,
+    APPROVE_CANARY,
+    CONTINUE,
     DISCARD,
     DROP_QUARANTINE,
     END,
     FORCE_REOPEN,
     FORCE_REOPEN_NAMESPACE,
+    PAUSE_AT_NEXT_WAVE,
     REJECT,
+    REJECT_CANARY,
     RELEASE_QUARANTINE,
     REOPEN_VERIFIED,
     RESOLVE_MEMBERSHIP,
@@ -169,6 +173,10 @@ rollback = _act(ROLLBACK)
 resolve_membership = _act(RESOLVE_MEMBERSHIP)
 reopen_verified = _act(REOPEN_VERIFIED)
 force_reopen_namespace = _act(FORCE_REOPEN_NAMESPACE)
+pause_at_next_wave = _act(PAUSE_AT_NEXT_WAVE)
+continue_refresh = _act(CONTINUE)
+approve_canary = _act(APPROVE_CANARY)
+reject_canary = _act(REJECT_CANARY)
 
 
 @require_GET

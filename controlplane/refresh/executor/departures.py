@@ -32,6 +32,9 @@ from controlplane.dynamo.http import make_client
 from controlplane.refresh.models import JournalEntry, PlannedWorker, WorkerStepResult
 
 DEPARTED = "departed"
+#: A worker result status: the refresh's failure budget left this worker out (quarantined,
+#: out of the verified set; `executor/budget.py`). Like a departure, no later step calls it.
+LEFT_OUT = "left_out"
 LEFT_THE_FLEET = "left the fleet: absent from a fresh discovery of {source}"
 EXECUTOR = Actor.system("policy-refresh executor")
 
@@ -95,6 +98,15 @@ def departed_ids(refresh_id: int) -> set[int]:
     """Planned workers recorded as having left the fleet (at any step)."""
     return set(
         WorkerStepResult.objects.filter(refresh_id=refresh_id, status=DEPARTED).values_list(
+            "planned_worker_id", flat=True
+        )
+    )
+
+
+def left_out_ids(refresh_id: int) -> set[int]:
+    """Planned workers the failure budget left out (at any step)."""
+    return set(
+        WorkerStepResult.objects.filter(refresh_id=refresh_id, status=LEFT_OUT).values_list(
             "planned_worker_id", flat=True
         )
     )

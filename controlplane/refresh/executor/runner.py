@@ -23,7 +23,9 @@ from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
+from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.calls import CallRuntime, CallSettings
+from controlplane.refresh.executor.canary import CanaryRollback
 from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.lease import Lease, LeaseLost
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
@@ -31,6 +33,7 @@ from controlplane.refresh.executor.tracing import refresh_trace, step_span
 from controlplane.refresh.live import publish_state, publish_step
 from controlplane.refresh.models import (
     EXECUTING_STATES,
+    WAITING_STATES,
     PlannedWorker,
     PolicyRefresh,
     RefreshState,
@@ -39,7 +42,10 @@ from controlplane.refresh.models import (
     state_change,
 )
 from controlplane.refresh.planning import source_policy
-from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, StepName, next_step
+from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, WORKER_STEPS, StepName, next_step
+
+#: Every step the executor runs: the sequence's, and the rollback of a failed canary.
+ALL_STEPS = {**STEPS, StepName.CANARY_ROLLBACK: CanaryRollback()}
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +138,7 @@ class Runner:
                 self._abort(refresh)
                 continue
             step = STATE_STEP[RefreshState(refresh.state)]
-            result, step_run = self._run_step(refresh, step)
+            result, step_run, ctx = self._run_step(refresh, step)
             self.takeover_pending = False
             refresh = self.load()
             if (result.aborted and not result.ok) or (refresh.abort_requested and not result.ok):
@@ -140,28 +146,82 @@ class Runner:
                 self._abort(refresh)
                 continue
             if not result.ok:
-                self._hold(refresh, step, result.reason, step_run)
-                return RefreshState.HELD
+                outcome = self._after_failure(refresh, step, step_run, result, ctx)
+                if outcome:
+                    return outcome
+                continue
             self._advance(refresh, step, step_run, result)
             if stop_after == step:
                 # Test seam: behave like an executor that died here (lease left to expire).
                 return "stopped"
             refresh = self.load()
-            if refresh.state in (RefreshState.SUCCEEDED, RefreshState.ABORTED, RefreshState.FAILED):
+            if refresh.state in (
+                RefreshState.SUCCEEDED,
+                RefreshState.ABORTED,
+                RefreshState.FAILED,
+                RefreshState.HELD,
+                *WAITING_STATES,
+            ):
                 return refresh.state
 
-    def _run_step(self, refresh: PolicyRefresh, step: StepName) -> tuple[StepResult, StepRun]:
-        attempt = StepRun.objects.filter(refresh=refresh, name=step).count() + 1
+    def _after_failure(
+        self, refresh, step: StepName, step_run: StepRun, result: StepResult, ctx: StepContext
+    ) -> str:
+        """A step failed: the failure budget may leave the failing workers out (the step runs
+        again for the rest: returns ""), a failed canary is rolled back (""), or it holds."""
+        absorbed, note = budget.absorb(ctx, step)
+        if absorbed:
+            self._finish_step_run(step_run, "failed", f"{result.reason} — {note}")
+            return ""
+        reason = f"{result.reason} ({note})" if note else result.reason
+        if step in WORKER_STEPS and waves.is_canary_wave(refresh):
+            self._roll_back_canary(
+                refresh, step, step_run, f"canary failed at {step.value}: {reason}"
+            )
+            return ""
+        self._hold(refresh, step, reason, step_run)
+        return RefreshState.HELD
+
+    def _roll_back_canary(self, refresh, step: StepName, step_run: StepRun, reason: str) -> None:
+        from controlplane.refresh.canary import failed_canary_progress
+
+        with transaction.atomic():
+            self.lease.guard(
+                **state_change(
+                    RefreshState.CANARY_ROLLBACK,
+                    held_reason=reason[:4000],
+                    progress=failed_canary_progress(refresh, reason, EXECUTOR.label),
+                )
+            )
+            self._finish_step_run(step_run, "failed", reason)
+            record(
+                AuditAction.POLICY_REFRESH_CANARY_FAILED,
+                actor=EXECUTOR,
+                target=refresh,
+                details={"step": step.value, "reason": reason},
+                correlation_id=refresh.correlation_id,
+            )
+        publish_state(self.load())
+
+    def _run_step(
+        self, refresh: PolicyRefresh, step: StepName
+    ) -> tuple[StepResult, StepRun, StepContext]:
+        # Attempts count per wave: wave 2's first pause is a first attempt, not a retry.
+        attempt = StepRun.objects.filter(refresh=refresh, name=step, wave=refresh.wave).count() + 1
         with transaction.atomic():
             self.lease.guard()
             step_run = StepRun.objects.create(
-                refresh=refresh, name=step, attempt=attempt, started_at=timezone.now()
+                refresh=refresh,
+                name=step,
+                attempt=attempt,
+                wave=refresh.wave,
+                started_at=timezone.now(),
             )
             record(
                 AuditAction.POLICY_REFRESH_STEP_STARTED,
                 actor=EXECUTOR,
                 target=refresh,
-                details={"step": step.value, "attempt": attempt},
+                details={"step": step.value, "attempt": attempt, "wave": refresh.wave},
                 correlation_id=refresh.correlation_id,
             )
         publish_step(refresh.pk, step.value, "running")
@@ -173,10 +233,10 @@ class Runner:
             takeover=self.takeover_pending,
         )
         with step_span(step.value, attempt) as span:
-            result = STEPS[step].run(ctx)
+            result = ALL_STEPS[step].run(ctx)
             if not result.ok:
                 telemetry.mark_failed(span, result.reason)
-        return result, step_run
+        return result, step_run, ctx
 
     def _finish_step_run(self, step_run: StepRun, status: str, detail: str) -> None:
         now = timezone.now()
@@ -191,6 +251,14 @@ class Runner:
     def _advance(self, refresh, step: StepName, step_run: StepRun, result: StepResult) -> None:
         if step == StepName.RELEASE:
             self._end_after_release(refresh, step_run, result)
+            return
+        if step == StepName.CANARY_ROLLBACK:
+            # Rolled back: hold with the canary's failure (there is no failed step to retry).
+            reason = f"{refresh.held_reason}; {result.detail}"
+            self._hold(refresh, step, reason, step_run, failed_step="")
+            return
+        if step == StepName.VERIFY and refresh.wave < refresh.waves:
+            self._next_wave(refresh, step_run, result)
             return
         following = next_step(step)
         with transaction.atomic():
@@ -220,7 +288,23 @@ class Runner:
                 notify("refresh.succeeded", refresh=refresh)
         publish_state(self.load())
 
-    def _hold(self, refresh, step: StepName, reason: str, step_run: StepRun | None) -> None:
+    def _next_wave(self, refresh, step_run: StepRun, result: StepResult) -> None:
+        """A wave (not the last) verified: the next wave, a canary verdict or a pause point."""
+        with transaction.atomic():
+            self.lease.guard()
+            self._finish_step_run(step_run, "ok", result.detail)
+            waves.finish_wave(self.lease, refresh, EXECUTOR)
+        publish_state(self.load())
+
+    def _hold(
+        self,
+        refresh,
+        step: StepName,
+        reason: str,
+        step_run: StepRun | None,
+        *,
+        failed_step: str | None = None,
+    ) -> None:
         failing = list(
             WorkerStepResult.objects.filter(refresh=refresh, step=step)
             .exclude(status__in=("ok", "skipped"))
@@ -230,7 +314,7 @@ class Runner:
             self.lease.release(
                 **state_change(
                     RefreshState.HELD,
-                    failed_step=step.value,
+                    failed_step=step.value if failed_step is None else failed_step,
                     held_reason=reason[:4000],
                     abort_requested=False,
                     # A failed release keeps its end state, so a retry still ends the same way.

@@ -16,11 +16,13 @@ from controlplane.dynamo.families import UpdateMethod, detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
 from controlplane.refresh.compat import verification_ran
+from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.agreement import check_agreement
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob
 from controlplane.refresh.executor.departures import (
     departed_ids,
     departed_keys,
+    left_out_ids,
     read_listing,
     rechecks_membership,
     record_departures,
@@ -29,6 +31,7 @@ from controlplane.refresh.executor.distributed import run_distributed_update, te
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
+    Gate,
     JournalEntry,
     PlannedWorker,
     PolicyRefresh,
@@ -72,6 +75,10 @@ class CloseGate(Step):
     name = StepName.GATE
 
     def run(self, ctx: StepContext) -> StepResult:
+        if waves.is_staged(ctx.refresh):
+            with transaction.atomic():
+                detail = waves.begin(ctx.lease, ctx.refresh, EXECUTOR)
+            return StepResult(True, detail=detail)
         with transaction.atomic():
             ctx.lease.guard()
             gates.close_gates(
@@ -221,7 +228,10 @@ class WorkerStep(Step):
 
     def pending(self, ctx: StepContext) -> list[PlannedWorker]:
         done = ok_worker_ids(ctx.refresh.pk, self.name) | out_of_play_ids(ctx.refresh)
-        pending = [w for w in ctx.refresh.workers.all() if w.pk not in done]
+        # Only the wave being run (every worker is in wave 1 of an all-at-once refresh).
+        pending = [
+            w for w in waves.in_wave(ctx.refresh, ctx.refresh.workers.all()) if w.pk not in done
+        ]
         if pending and rechecks_membership(ctx):
             gone = record_departures(ctx, self.name, pending)
             pending = [w for w in pending if w.pk not in gone]
@@ -289,6 +299,15 @@ class WorkerStep(Step):
 
 class Pause(WorkerStep):
     name = StepName.PAUSE
+
+    def pending(self, ctx: StepContext) -> list[PlannedWorker]:
+        pending = super().pending(ctx)
+        if pending and waves.is_staged(ctx.refresh):
+            # Trainers stop sending this wave rollouts before it stops serving.
+            with transaction.atomic():
+                ctx.lease.guard()
+                waves.stage(ctx.refresh, pending)
+        return pending
 
 
 class Update(WorkerStep):
@@ -370,7 +389,7 @@ class Verify(WorkerStep):
         out = out_of_play_ids(ctx.refresh)
         pending = [
             w
-            for w in ctx.refresh.workers.all()
+            for w in waves.in_wave(ctx.refresh, ctx.refresh.workers.all())
             if w.pk not in out and latest.get(w.pk) not in ("ok", "skipped")
         ]
         if pending and rechecks_membership(ctx):
@@ -429,7 +448,10 @@ class Reopen(Step):
             return StepResult(False, problem)
         namespaces = open_namespaces(ctx.refresh)
         serving = [(w.identity.namespace, str(w.identity.instance_id)) for w in listed.values()]
+        if ctx.refresh.instances is not None:
+            return finish_instances(ctx, namespaces, serving)
         verified, unverified = verified_instance_sets(ctx.refresh, namespaces, serving)
+        left_out = budget.drift_entries(ctx.refresh)
         with transaction.atomic():
             ctx.lease.guard()
             gates.open_gates_verified(
@@ -438,13 +460,57 @@ class Reopen(Step):
                 verified=verified,
                 unverified=unverified,
                 namespaces=namespaces,
+                left_out=left_out,
             )
         count = sum(len(ids) for ids in verified.values())
-        return StepResult(
-            True,
-            detail=f"opened {', '.join(namespaces)} at {ctx.refresh.weight_version!r} "
-            f"for {count} verified workers",
+        detail = (
+            f"opened {', '.join(namespaces)} at {ctx.refresh.weight_version!r} "
+            f"for {count} verified workers"
         )
+        out = sum(len(v) for ns, v in left_out.items() if ns in namespaces)
+        if out:
+            detail += f"; {out} left out by the failure budget (quarantined, listed on the gate)"
+        return StepResult(True, detail=detail)
+
+
+def finish_instances(ctx: StepContext, namespaces: list[str], serving) -> StepResult:
+    """Reopen after a refresh of named instances only: the others kept serving and stay in
+    the verified set. Where the refresh's version is the gate's, the refreshed instances
+    rejoin that set; otherwise the gate keeps its version and they stay outside it (drift
+    reconciliation then finds them at another version and acts per the source's policy)."""
+    refresh = ctx.refresh
+    verified_new, _ = verified_instance_sets(refresh, namespaces, serving)
+    same: list[str] = []
+    other: list[str] = []
+    for gate in Gate.objects.filter(source=refresh.source, namespace__in=namespaces):
+        (same if gate.verified_version == refresh.weight_version else other).append(gate.namespace)
+    with transaction.atomic():
+        ctx.lease.guard()
+        if same:
+            kept = {
+                g.namespace: [*g.verified_instances, *verified_new.get(g.namespace, [])]
+                for g in Gate.objects.filter(source=refresh.source, namespace__in=same)
+            }
+            live: dict[str, int] = {}
+            for namespace, instance_id in serving:
+                if namespace in kept and instance_id not in kept[namespace]:
+                    live[namespace] = live.get(namespace, 0) + 1
+            gates.open_gates_verified(
+                refresh, actor=EXECUTOR, verified=kept, unverified=live, namespaces=same
+            )
+        if other:
+            named = ", ".join(sorted(refresh.instances or []))
+            gates.release_instances(
+                refresh,
+                other,
+                reason=f"instances {named} were refreshed to {refresh.weight_version!r} by "
+                f"policy refresh #{refresh.pk}; they are outside the verified set",
+            )
+    return StepResult(
+        True,
+        detail=f"{len(refresh.instances or [])} named instance(s) refreshed; "
+        f"{len(same)} namespace(s) keep them verified, {len(other)} keep their own version",
+    )
 
 
 def verified_instance_sets(
@@ -460,7 +526,7 @@ def verified_instance_sets(
     `serving` is (namespace, instance id) of each worker a fresh listing just read; default:
     the live workers of the last discovery run."""
     namespaces = list(refresh.namespaces if namespaces is None else namespaces)
-    gone = departed_ids(refresh.pk)
+    gone = departed_ids(refresh.pk) | left_out_ids(refresh.pk)
     verified: dict[str, list[str]] = {ns: [] for ns in namespaces}
     for worker in refresh.workers.filter(namespace__in=namespaces):
         if worker.pk not in gone:
@@ -495,7 +561,12 @@ class Release(WorkerStep):
                 "planned_worker_id", flat=True
             )
         )
-        done = ok_worker_ids(ctx.refresh.pk, self.name) | departed_ids(ctx.refresh.pk)
+        # Workers left out by the failure budget belong to their quarantine: stay paused.
+        done = (
+            ok_worker_ids(ctx.refresh.pk, self.name)
+            | departed_ids(ctx.refresh.pk)
+            | left_out_ids(ctx.refresh.pk)
+        )
         workers = [w for w in ctx.refresh.workers.all() if w.pk in touched and w.pk not in done]
         resolved = ctx.refresh.resolved_namespaces or {}
         # A namespace reopened verified serves already: its engines were resumed and verified.

@@ -1,0 +1,194 @@
+"""The canary's evaluation gate: a verdict on the canary's verified instances, then go on or
+roll the canary back.
+
+After the canary wave passed verify (the generation check, the trainer's fingerprint when one
+was given, cross-worker agreement), a canary whose strategy asks for a verdict waits in
+`canary_review`: the `refresh.canary_review` notification carries its verified instance set
+(`progress.canary.instances`) and deadline. Then:
+
+- `record_canary_verdict(refresh, passed=..., metrics=..., actor=...)` records the answer.
+  Trainer-facing surfaces (a verdict webhook, the JSON API) call it with the trainer's actor;
+  the refresh page's approve/reject buttons call it through the action table. Idempotent: the
+  same verdict again returns the refresh unchanged; a different one after the first is refused.
+- Passed: the refresh goes on with wave 2 (or waits at a pause point after the canary).
+- Failed, or no verdict before the deadline (`expire_canary_reviews`, a beat task): the canary
+  workers are rolled back to the gate's old policy (`executor/canary.py`), then it holds.
+
+Everything here is audited and refused (`InvalidTransition`) in any other state.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.accounts.roles import Perm
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor
+from controlplane.refresh.actions import _audit, _enqueue, _locked
+from controlplane.refresh.errors import InvalidTransition
+from controlplane.refresh.executor.waves import (
+    CANARY_AWAITING,
+    CANARY_FAILED,
+    CANARY_PASSED,
+    admit_verified_so_far,
+    after_verdict,
+    by_namespace,
+    verified_in_wave,
+)
+from controlplane.refresh.live import publish_state
+from controlplane.refresh.models import PolicyRefresh, RefreshState
+from controlplane.refresh.strategy import EVAL_MANUAL, stored
+
+#: The most metrics a verdict may carry (their JSON text), so a verdict stays a small record.
+MAX_METRICS_BYTES = 16_384
+SYSTEM = Actor.system("canary review")
+
+
+def failed_canary_progress(refresh: PolicyRefresh, reason: str, by: str) -> dict[str, Any]:
+    progress = dict(refresh.progress or {})
+    canary = dict(progress.get("canary") or {})
+    canary.update(state=CANARY_FAILED, reason=reason[:2000], by=by, at=timezone.now().isoformat())
+    progress["canary"] = canary
+    return progress
+
+
+def _check_metrics(metrics: Any) -> dict[str, Any]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, dict):
+        raise ValidationError("metrics: expected an object")
+    try:
+        text = json.dumps(metrics, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"metrics: not JSON ({exc})") from None
+    if len(text) > MAX_METRICS_BYTES:
+        raise ValidationError(f"metrics: larger than {MAX_METRICS_BYTES} bytes")
+    return metrics
+
+
+def record_canary_verdict(
+    refresh: PolicyRefresh,
+    *,
+    passed: bool,
+    metrics: dict[str, Any] | None = None,
+    actor: Actor,
+    reason: str = "",
+    enqueue: bool = True,
+) -> PolicyRefresh:
+    """Record the verdict on a canary waiting in `canary_review`; go on or roll it back.
+
+    `metrics` is what the evaluator measured (kept on the refresh and in the audit event).
+    The caller has checked the actor may judge this refresh (a trainer token scoped to the
+    source, or a person with `operate_refresh`); a user actor is checked here too. `enqueue`
+    False leaves execution to the caller (tests, the management command).
+    """
+    if actor.user is not None and not actor.user.has_perm(Perm.OPERATE_REFRESH.value):
+        raise PermissionDenied(f"{actor.label} may not judge a canary")
+    metrics = _check_metrics(metrics)
+    reason = (reason or "").strip()
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        canary = dict((refresh.progress or {}).get("canary") or {})
+        verdict = CANARY_PASSED if passed else CANARY_FAILED
+        if canary.get("verdict") == verdict:
+            return refresh  # the same answer again (a retried webhook): nothing to do
+        if refresh.state != RefreshState.CANARY_REVIEW or canary.get("state") != CANARY_AWAITING:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {refresh.state}; a canary verdict is taken "
+                "only while its canary waits for one"
+            )
+        _decide(refresh, passed=passed, metrics=metrics, actor=actor, reason=reason)
+        if enqueue:
+            _enqueue(refresh.pk)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+def _decide(
+    refresh: PolicyRefresh, *, passed: bool, metrics: dict, actor: Actor, reason: str
+) -> None:
+    """Move a locked refresh out of `canary_review` (the caller holds its row)."""
+    progress = dict(refresh.progress or {})
+    canary = dict(progress.get("canary") or {})
+    now = timezone.now().isoformat()
+    canary.update(
+        verdict=CANARY_PASSED if passed else CANARY_FAILED,
+        metrics=metrics,
+        by=actor.label[:200],
+        at=now,
+        reason=reason[:2000],
+    )
+    if passed:
+        canary["state"] = CANARY_PASSED
+        progress["canary"] = canary
+        canary_set = by_namespace(verified_in_wave(refresh))
+        state, fields, what = after_verdict(refresh, progress, "canary")
+        refresh.transition(state, **fields)
+        # Lock order: gates before the audit chain head.
+        admit_verified_so_far(refresh, canary_set, f"canary passed ({actor.label}); {what}")
+        _audit(AuditAction.POLICY_REFRESH_CANARY_PASSED, refresh, actor, metrics=metrics, next=what)
+    else:
+        canary["state"] = CANARY_FAILED
+        progress["canary"] = canary
+        held = f"canary rejected by {actor.label}" + (f": {reason}" if reason else "")
+        refresh.transition(RefreshState.CANARY_ROLLBACK, progress=progress, held_reason=held[:4000])
+        _audit(
+            AuditAction.POLICY_REFRESH_CANARY_FAILED, refresh, actor, metrics=metrics, reason=held
+        )
+
+
+def approve_canary(refresh: PolicyRefresh, *, actor: Actor, reason: str = "") -> PolicyRefresh:
+    """A person passes a canary whose strategy asked for manual approval."""
+    _require_manual(refresh)
+    return record_canary_verdict(refresh, passed=True, actor=actor, reason=reason)
+
+
+def reject_canary(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> PolicyRefresh:
+    """A person fails the canary: its workers are rolled back, then the refresh holds."""
+    if not reason or not reason.strip():
+        raise ValidationError("rejecting a canary needs a reason")
+    return record_canary_verdict(refresh, passed=False, actor=actor, reason=reason)
+
+
+def _require_manual(refresh: PolicyRefresh) -> None:
+    strategy = stored(refresh)
+    if strategy.canary is None or strategy.canary.evaluation != EVAL_MANUAL:
+        raise InvalidTransition(
+            f"policy refresh #{refresh.pk} has no canary awaiting a person's approval"
+        )
+
+
+def deadline_of(refresh: PolicyRefresh) -> datetime | None:
+    raw = ((refresh.progress or {}).get("canary") or {}).get("deadline")
+    return datetime.fromisoformat(raw) if raw else None
+
+
+def expire_canary_reviews(now: datetime | None = None) -> list[int]:
+    """Fail every canary whose verdict did not come before its deadline (a beat task): its
+    workers are rolled back and the refresh holds, saying nobody answered."""
+    now = now or timezone.now()
+    expired = []
+    for refresh in PolicyRefresh.objects.filter(state=RefreshState.CANARY_REVIEW).order_by("id"):
+        deadline = deadline_of(refresh)
+        if deadline is None or deadline > now:
+            continue
+        with transaction.atomic():
+            locked = _locked(refresh)
+            if locked.state != RefreshState.CANARY_REVIEW:
+                continue  # a verdict came meanwhile
+            _decide(
+                locked,
+                passed=False,
+                metrics={},
+                actor=SYSTEM,
+                reason=f"no verdict before the deadline {deadline.isoformat()}",
+            )
+            _enqueue(locked.pk)
+        expired.append(refresh.pk)
+    return expired

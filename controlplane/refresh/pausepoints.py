@@ -1,0 +1,87 @@
+"""Pause points: a staged refresh waits between waves until a person continues it.
+
+A pause point is either planned (`Strategy.pause_after`: the waves after which to wait) or asked
+for while the refresh runs (`request_pause`: it waits after the wave in progress). Waiting
+(`waiting`) nothing is paused by the refresh — the verified waves serve the new version, the
+rest the old, and the gate lists both sets — and no executor runs. Its exits:
+
+- `continue_refresh`: the next wave starts;
+- `abort_policy_refresh` (with or without resuming engines) and `end_policy_refresh`: the
+  refresh ends; the gate keeps the old set and drift reconciliation takes the new one over;
+- `rollback_policy_refresh`: a new refresh of the scope back to the policy the gate stood for
+  before this one.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor
+from controlplane.refresh.actions import _audit, _enqueue, _locked
+from controlplane.refresh.errors import InvalidTransition
+from controlplane.refresh.executor.waves import is_staged
+from controlplane.refresh.live import publish_state
+from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState
+
+
+def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
+    """Wait after the wave in progress (the running wave finishes: pausing mid-wave would
+    leave workers paused for as long as the person takes)."""
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        if not is_staged(refresh) or refresh.waves < 2:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} has one wave: there is no point between waves "
+                "to wait at"
+            )
+        if refresh.state not in EXECUTING_STATES or refresh.state in (
+            RefreshState.RELEASING,
+            RefreshState.REOPENING,
+            RefreshState.CANARY_ROLLBACK,
+        ):
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {refresh.state}; a pause is asked for while "
+                "its waves run"
+            )
+        if refresh.wave >= refresh.waves:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is in its last wave: nothing is left to wait for"
+            )
+        progress = dict(refresh.progress or {})
+        if progress.get("pause_requested"):
+            return refresh
+        progress["pause_requested"] = True
+        # Only this column: the executor owns the rest of the row while it runs.
+        PolicyRefresh.objects.filter(pk=refresh.pk).update(progress=progress)
+        refresh.progress = progress
+        _audit(AuditAction.POLICY_REFRESH_PAUSE_REQUESTED, refresh, actor, wave=refresh.wave)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+def continue_refresh(
+    refresh: PolicyRefresh, *, actor: Actor, enqueue: bool = True
+) -> PolicyRefresh:
+    """Leave a pause point: the next wave is paused, updated and verified."""
+    with transaction.atomic():
+        refresh = _locked(refresh)
+        if refresh.state != RefreshState.WAITING:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {refresh.state}, not waiting at a pause point"
+            )
+        progress = dict(refresh.progress or {})
+        after = progress.pop("waiting_after", refresh.wave)
+        refresh.transition(RefreshState.PAUSING, wave=after + 1, progress=progress)
+        _audit(
+            AuditAction.POLICY_REFRESH_CONTINUED,
+            refresh,
+            actor,
+            after_wave=after,
+            wave=after + 1,
+            waves=refresh.waves,
+        )
+        if enqueue:
+            _enqueue(refresh.pk)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh

@@ -292,8 +292,9 @@ class Fanout:
         if writer is not None:
             if not writer.open:
                 return  # closing: uvicorn tells the consumer, which leaves
-            if writer.buffered() > SLOW_CLIENT_BUFFER_BYTES:
-                self.drop(sub, "does not read its socket")
+            unsent = writer.buffered()
+            if unsent > SLOW_CLIENT_BUFFER_BYTES:
+                self.drop(sub, f"does not read its socket ({unsent} bytes unsent)")
                 return
             writer.write(data)
             return
@@ -307,7 +308,7 @@ class Fanout:
                 for frame in frames:
                     await sub.stream.send(text_data=frame)
         except TimeoutError:
-            self.drop(sub, "does not read its socket")
+            self.drop(sub, f"did not take a frame within {SLOW_SEND_SECONDS} s")
         except Exception:  # the client went away mid-send: its disconnect cleans up
             logger.debug("live frame to a closing socket not sent", exc_info=True)
 
@@ -316,7 +317,8 @@ class Fanout:
         and resyncs. Its consumer's disconnect then leaves the feeds."""
         if sub.dropped:
             return
-        logger.info("dropping a %s subscriber that %s", type(sub.stream).__name__, why)
+        # A warning: an operator should see clients cut off (a proxy buffering, a frozen tab).
+        logger.warning("dropped a %s subscriber that %s", type(sub.stream).__name__, why)
         sub.dropped = True
         sub.backlog = None
         for group in sub.groups:  # `leave` still stops the feeds this empties

@@ -128,6 +128,10 @@ def free_port() -> int:
 class Server:
     process: subprocess.Popen
     url: str
+    profiled: bool = False
+
+    def stop(self) -> None:
+        stop([self.process], signal.SIGINT if self.profiled else signal.SIGTERM)
 
     @property
     def port(self) -> int:
@@ -160,7 +164,7 @@ def start_uvicorn(
     started = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, start_new_session=True
     )
-    server = Server(started, f"http://127.0.0.1:{port}")
+    server = Server(started, f"http://127.0.0.1:{port}", profiled=profile_to is not None)
     try:
         wait_until_up(server.url + ready_path, started, ready_headers or {})
     except BaseException:
@@ -186,11 +190,13 @@ def wait_until_up(url: str, process: subprocess.Popen | None, headers: dict[str,
     raise SystemExit(f"{url} did not start")
 
 
-def stop(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM each process group (graceful: a profiled server writes its stats), then kill."""
+def stop(processes: list[subprocess.Popen], how: int = signal.SIGTERM) -> None:
+    """Signal each process group (`how`: SIGTERM, or SIGINT for a profiled server, which
+    uvicorn re-raises after its graceful shutdown as KeyboardInterrupt, so cProfile writes its
+    stats), then kill what is still there after 15 s."""
     for process in processes:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+            os.killpg(process.pid, how)
     for process in processes:
         try:
             process.wait(15)

@@ -38,7 +38,6 @@ from _servers import (
     server_database_url,
     session_cookie,
     start_uvicorn,
-    stop,
     throwaway_database,
 )
 
@@ -152,7 +151,7 @@ def main() -> None:
             print(_summary("errors", [r["errors"] for r in results]))
             print(_summary("requests/s", [r["rps"] for r in results]))
         finally:
-            stop([server.process])
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ from _servers import (
     server_database_url,
     session_cookie,
     start_uvicorn,
-    stop,
     throwaway_database,
 )
 
@@ -377,7 +376,7 @@ def main() -> None:
             for line in summaries:
                 print(line)
         finally:
-            stop([server.process])
+            server.stop()
 
 
 if __name__ == "__main__":

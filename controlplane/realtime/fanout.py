@@ -16,7 +16,9 @@ Authorization is unchanged: a `LiveStream` joins only after `authorize` and `pre
 and per-source filtering lives in its `render` or `render_share_key`, which the fan-out
 honours. Ordering per stream: a feed handles its events one after the other, a socket's frames
 go out in that order, and a subscriber that is still resyncing keeps the events that arrive
-meanwhile (`Subscription.backlog`) for after its resync.
+meanwhile (`Subscription.backlog`) for after its resync. Between two groups a socket joined
+(the banner: gates and refreshes) there is no order, as there was none in the channel layer's
+delivery either; streams that join two groups render independent parts of the page.
 
 Backpressure: a client that does not read (its socket's unsent bytes pass
 `SLOW_CLIENT_BUFFER_BYTES`, or a send through the ASGI fallback takes over

@@ -17,8 +17,10 @@ and per-source filtering lives in its `render` or `render_share_key`, which the 
 honours. Ordering per stream: a feed handles its events one after the other, a socket's frames
 go out in that order, and a subscriber that is still resyncing keeps the events that arrive
 meanwhile (`Subscription.backlog`) for after its resync. Between two groups a socket joined
-(the banner: gates and refreshes) there is no order, as there was none in the channel layer's
-delivery either; streams that join two groups render independent parts of the page.
+(gates and refreshes) order is not kept: each group's feed runs on its own. The streams that
+join two groups draw independent parts of the page from each (gate rows, the banner), and the
+banner is read from the database at each render, so a late frame never carries stale state
+past a newer read of the same part.
 
 Backpressure: a client that does not read (its socket's unsent bytes pass
 `SLOW_CLIENT_BUFFER_BYTES`, or a send through the ASGI fallback takes over

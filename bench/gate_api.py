@@ -31,24 +31,27 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="bench-var-"))
-os.environ["DEBUG"] = "false"
-os.environ.setdefault("REDIS_KEY_PREFIX", f"bench-{uuid.uuid4().hex[:12]}:")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# _servers configures the bench process on import: DEBUG off, a Redis prefix of its own.
+from _servers import (
+    ROOT,
+    cpu_seconds,
+    process_tree,
+    start_uvicorn,
+    stop,
+    throwaway_database,
+    wait_until_up,
+)
 
 SOURCE = "bench-src"
 NAMESPACE = "rl-bench"
@@ -107,37 +110,8 @@ def serve_bare(fd: int, redis_url: str, grant_key: str, gate_key: str, extra: st
 # -- setup -------------------------------------------------------------------------------------
 
 
-def _with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
-
-
-def _admin_connect(url: str):
-    import psycopg
-
-    parts = urlsplit(url)
-    return psycopg.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        user=parts.username,
-        password=parts.password,
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def prepare() -> dict:
     """The fleet, its open gate (copied to Redis on commit) and a limited viewer token."""
-    import django
-
-    django.setup()
-    from django.core.management import call_command
     from django.utils import timezone
 
     from controlplane import redis_client
@@ -149,7 +123,6 @@ def prepare() -> dict:
     from controlplane.refresh import gate_cache
     from controlplane.refresh.gates import force_open, gate_for
 
-    call_command("migrate", interactive=False, verbosity=0)
     source = Source.objects.create(
         name=SOURCE, listener_url="http://127.0.0.1:9/", allowed_networks=["127.0.0.0/8"]
     )
@@ -187,44 +160,6 @@ def prepare() -> dict:
 # -- servers -----------------------------------------------------------------------------------
 
 
-def _wait_until_up(url: str, process: subprocess.Popen | list, headers: dict) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2):
-                return
-        except urllib.error.HTTPError as exc:
-            raise SystemExit(f"{url} answered {exc.code} at start") from None
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not start")
-
-
-def start_ours(database_url: str, processes: int) -> tuple[list[subprocess.Popen], int]:
-    port = _free_port()
-    env = dict(os.environ, DATABASE_URL=database_url, CONTROLPLANE_PROCESS="web")
-    argv = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "controlplane.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(processes),
-        "--no-access-log",
-        "--log-level",
-        "warning",
-    ]
-    process = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
-    return [process], port
-
-
 def start_bare(processes: int, data: dict) -> tuple[list[subprocess.Popen], int]:
     from django.conf import settings
 
@@ -260,18 +195,6 @@ def _security_headers() -> dict[str, str]:
     from controlplane.intake.api.fast_gate import _security_headers as ours
 
     return {name.decode(): value.decode("latin-1") for name, value in ours(False)}
-
-
-def stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 # -- load --------------------------------------------------------------------------------------
@@ -320,28 +243,9 @@ def _delete_bench_keys() -> None:
             client.unlink(*keys)
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text()
-                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-    return found
-
-
 def server_cpu(processes: list[subprocess.Popen]) -> float:
     """CPU seconds used so far by the server processes and their children (uvicorn workers)."""
-    total = 0.0
-    pending = [p.pid for p in processes]
-    while pending:
-        pid = pending.pop()
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        pending += _children(pid)
-    return total
+    return cpu_seconds([pid for p in processes for pid in process_tree(p.pid)])
 
 
 def _span(values: list[float]) -> str:
@@ -361,30 +265,26 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    base_url = os.environ.get("DATABASE_URL", "")
-    if not base_url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("DATABASE_URL must point at PostgreSQL (the server under test uses it)")
-    dbname = f"bench_gate_api_{uuid.uuid4().hex[:8]}"
-    with _admin_connect(base_url) as admin:
-        admin.execute(f'CREATE DATABASE "{dbname}"')
-    database_url = _with_database(base_url, dbname)
-    os.environ["DATABASE_URL"] = database_url
     running: list[subprocess.Popen] = []
-    try:
+    why = "the server under test uses it"
+    with throwaway_database("bench_gate_api", why), contextlib.ExitStack() as cleanup:
+        cleanup.callback(_delete_bench_keys)
+        cleanup.callback(stop, running)
         data = prepare()
         from django.db import connections
 
         connections.close_all()
-        ours, ours_port = start_ours(database_url, args.web_processes)
-        running += ours
+        path = f"/api/v1/gates/{SOURCE}/{NAMESPACE}"
+        auth = {"Authorization": f"Bearer {data['secret']}"}
+        ours = start_uvicorn(
+            os.environ["DATABASE_URL"], args.web_processes, ready_path=path, ready_headers=auth
+        )
+        running.append(ours.process)
         bare, bare_port = start_bare(args.web_processes, data)
         running += bare
-        path = f"/api/v1/gates/{SOURCE}/{NAMESPACE}"
-        urls = {"ours": f"http://127.0.0.1:{ours_port}{path}"}
+        urls = {"ours": ours.url + path}
         urls["bare"] = f"http://127.0.0.1:{bare_port}{path}"
-        auth = {"Authorization": f"Bearer {data['secret']}"}
-        for url in urls.values():
-            _wait_until_up(url, running, auth)
+        wait_until_up(urls["bare"], None, auth)
         kind = "conditional (If-None-Match)" if args.conditional else "full-body"
         print(
             f"{args.runs} runs of {args.requests} {kind} GET {path} per server and concurrency; "
@@ -392,7 +292,7 @@ def main() -> None:
         )
         results: dict[tuple[str, int], list[float]] = {}
         cpu: dict[tuple[str, int], list[float]] = {}
-        servers = {"ours": ours, "bare": bare}
+        servers = {"ours": [ours.process], "bare": bare}
         errors: dict[tuple[str, int], int] = {}
         for concurrency in levels:
             for url in urls.values():  # warm-up: connections, caches, imports
@@ -439,17 +339,6 @@ def main() -> None:
                 f"CPU per request bare/ours {cpu_ratio:.2f})"
             )
         print("SUMMARY gate API: " + "; ".join(summary) + " (goal: ratio >= 0.70, 0 errors)")
-    finally:
-        stop(running)
-        from django.db import connections
-
-        connections.close_all()
-        for conn in connections.all():
-            if hasattr(conn, "close_pool"):
-                conn.close_pool()
-        _delete_bench_keys()
-        with _admin_connect(base_url) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/ws_fanout.py \\
         [--subscribers 500 2000] [--runs 5] [--events 20] [--interval 0.25] \\
-        [--workers 2] [--clients 2] [--stream fleet|gates]
+        [--workers 2] [--clients 2] [--stream fleet|gates] [--profile FILE]
 
 The real ASGI app runs under uvicorn (`--workers` processes, DEBUG off) on a throwaway
 PostgreSQL database and the real Redis channel layer. `--clients` processes hold the
@@ -15,6 +15,9 @@ before the call; a subscriber's latency is its receipt time minus that.
 Each run connects every subscriber afresh (they resync from the database, as a page does),
 publishes, waits for the frames (at most 10 s after the last publish) and closes. Lost is
 subscribers x events - frames received, counted over connected subscribers only.
+
+`--profile FILE` runs the server as one uvicorn worker under cProfile (pass `--workers 1`) and
+writes its stats to FILE when the bench ends (`python -m pstats FILE`).
 
 Prints per run: connected, connect time, lost, latency p50/p95/max and the slowest publish()
 call; then min/median/max over the runs, and one summary line per subscriber count against
@@ -31,26 +34,24 @@ import os
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from connections import (  # noqa: E402  (sets DEBUG off and a Redis prefix of the bench's own)
-    _admin_connect,
-    _free_port,
-    _session_cookie,
-    _with_database,
+# _servers configures the bench process on import: DEBUG off, a Redis prefix of its own.
+from _servers import (
+    cpu_seconds,
+    process_tree,
+    server_database_url,
+    session_cookie,
+    start_uvicorn,
+    throwaway_database,
 )
 
 APPLICATION_NAME = "cp-bench-ws-fanout"
-ASGI_APP = "controlplane.asgi:application"
 GOAL_P95_MS = 250.0
 #: How long after the last publish a run waits for frames still on their way.
 RECEIVE_GRACE_SECONDS = 10.0
@@ -210,45 +211,6 @@ def _publisher_process(stream: str, conn) -> None:
 # -- the bench ------------------------------------------------------------------------------
 
 
-def _start_server(database_url: str, workers: int) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    port = _free_port()
-    env = dict(os.environ, DATABASE_URL=database_url, CONTROLPLANE_PROCESS="web")
-    command = [sys.executable, "-m", "uvicorn", ASGI_APP, "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--workers", str(workers), "--log-level", "warning"]
-    command += ["--no-access-log"]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(f"{url}/accounts/login/", timeout=2)
-            return server, url
-        except httpx.TransportError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise SystemExit("the ASGI server did not start") from None
-            time.sleep(0.2)
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU of `pids` so far (Linux /proc)."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(c) for c in path.read_text().split()] if path.exists() else []
-
-
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -271,7 +233,7 @@ def one_run(run: int, clients: list, publisher, server_pids: list[int], args) ->
     errors: Counter = Counter()
     for c in connects:
         errors.update(c["errors"])
-    cpu_before = _cpu_seconds(server_pids)
+    cpu_before = cpu_seconds(server_pids)
     load_before = os.getloadavg()[0]
     publisher.send(("publish", run, args.events, args.interval))
     published = publisher.recv()
@@ -279,7 +241,7 @@ def one_run(run: int, clients: list, publisher, server_pids: list[int], args) ->
     for conn in clients:
         conn.send(("expect", run, args.events, deadline))
     results = [conn.recv() for conn in clients]
-    server_cpu = _cpu_seconds(server_pids) - cpu_before
+    server_cpu = cpu_seconds(server_pids) - cpu_before
     for conn in clients:
         conn.send(("close",))
         conn.recv()
@@ -379,57 +341,42 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--clients", type=int, default=2, help="subscriber processes")
     parser.add_argument("--stream", choices=sorted(STREAMS), default="fleet")
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="run one uvicorn worker under cProfile and write its stats to FILE (--workers 1)",
+    )
     args = parser.parse_args()
     _raise_fd_limit()  # the server and the subscriber processes inherit it
 
-    base_url = os.environ.get("DATABASE_URL", "")
-    if not base_url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("DATABASE_URL must point at PostgreSQL")
-    dbname = f"bench_ws_fanout_{uuid.uuid4().hex[:8]}"
-    with _admin_connect(base_url) as admin:
-        admin.execute(f'CREATE DATABASE "{dbname}"')
-    os.environ["DATABASE_URL"] = _with_database(base_url, dbname)
-    server = None
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
+    profile_to = Path(args.profile).resolve() if args.profile else None
+    why = "the server under test uses it"
+    with throwaway_database("bench_ws_fanout", why) as dbname:
         from django.db import connections
 
-        call_command("migrate", interactive=False, verbosity=0)
-        cookie = "; ".join(f"{k}={v}" for k, v in _session_cookie().items())
+        cookie = "; ".join(f"{k}={v}" for k, v in session_cookie().items())
         connections.close_all()
-        server_db = _with_database(base_url, dbname, f"application_name={APPLICATION_NAME}")
-        server, url = _start_server(server_db, args.workers)
-        print(
-            f"uvicorn --workers {args.workers}, DEBUG off, PostgreSQL, Redis pub/sub layer; "
-            f"stream {STREAMS[args.stream][0]}; {args.clients} subscriber processes; "
-            f"{args.events} events per run, one every {args.interval} s; fd limit "
-            f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}",
-            flush=True,
-        )
-        summaries = []
-        for n in args.subscribers:
-            workers = _children(server.pid)  # uvicorn's supervisor does no per-frame work
-            summaries.append(report(n, bench(n, url, cookie, workers, args), args))
-        for line in summaries:
-            print(line)
-    finally:
-        if server is not None:
-            server.terminate()
-            try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        from django.db import connections
-
-        connections.close_all()
-        for conn in connections.all():
-            if hasattr(conn, "close_pool"):
-                conn.close_pool()
-        with _admin_connect(base_url) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        server_db = server_database_url(dbname, APPLICATION_NAME)
+        server = start_uvicorn(server_db, args.workers, profile_to=profile_to)
+        try:
+            print(
+                f"uvicorn --workers {args.workers}, DEBUG off, PostgreSQL, Redis pub/sub layer; "
+                f"stream {STREAMS[args.stream][0]}; {args.clients} subscriber processes; "
+                f"{args.events} events per run, one every {args.interval} s; fd limit "
+                f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
+                + (f"; profiling to {profile_to}" if profile_to else ""),
+                flush=True,
+            )
+            summaries = []
+            for n in args.subscribers:
+                # With workers > 1 uvicorn's supervisor does no per-frame work; it counts
+                # anyway (it is idle), and a profiled single worker is the process itself.
+                pids = process_tree(server.process.pid)
+                summaries.append(report(n, bench(n, server.url, cookie, pids, args), args))
+            for line in summaries:
+                print(line)
+        finally:
+            server.stop()
 
 
 if __name__ == "__main__":

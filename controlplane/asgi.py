@@ -13,6 +13,7 @@ from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from controlplane.intake.api import fast_gate  # noqa: E402
+from controlplane.realtime.fanout import with_socket_writers  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -40,8 +41,11 @@ application = ProtocolTypeRouter(
     {
         # Gate polls with a cached token and gate are answered before Django (see there).
         "http": fast_gate.wrap(django_asgi_app),
-        "websocket": BrowserOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), _allowed_origins()
+        # Outermost, to see the server's own send: live streams write frames to the socket.
+        "websocket": with_socket_writers(
+            BrowserOriginValidator(
+                AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), _allowed_origins()
+            )
         ),
     }
 )

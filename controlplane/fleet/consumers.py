@@ -18,7 +18,9 @@ from controlplane.realtime import LiveStream
 
 
 class FleetOverviewConsumer(LiveStream):
+    # Every viewer sees the same overview: one render per event per process.
     groups_to_join = (live.FLEET_GROUP,)
+    shared_render = True
 
     def resync(self) -> list[str]:
         return [live.overview_html()]

@@ -9,6 +9,7 @@ Optional `?source=<name>` narrows the stream to one source.
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -48,6 +49,10 @@ def _principal(scope) -> tuple[Any, set[int] | None] | None:
 class GateStreamConsumer(LiveStream):
     groups_to_join = (GATES_GROUP,)
     refused_code = UNAUTHORIZED
+    # `render` is a filter and a json.dumps: no database, and equal for equal filters, so the
+    # fan-out renders it once per event for every stream with the same token scope and source.
+    shared_render = True
+    render_uses_orm = False
 
     async def authorize(self) -> bool:
         principal = await database_sync_to_async(_principal)(self.scope)
@@ -75,6 +80,10 @@ class GateStreamConsumer(LiveStream):
             gates = gates.filter(source__name=self.source_name)
         snapshot = [serialize_gate(g) for g in gates]
         return [json.dumps({"event": "gates.snapshot", "gates": snapshot})]
+
+    def render_share_key(self) -> Hashable:
+        names = None if self.allowed_names is None else frozenset(self.allowed_names)
+        return (names, self.source_name)
 
     def render(self, event: str, payload: dict[str, Any]) -> list[str]:
         source = payload.get("source")

@@ -7,7 +7,9 @@ publisher drops frames, so every consumer resynchronises from the database when 
 (re)connects. A publish failure is logged and never breaks the change that caused it.
 
 `publish` hands the event to the process's one long-lived publisher (`publisher.py`) and
-returns at once; `flush` waits until what was published has been sent (tests, and exit).
+returns at once; `flush` waits until what was published has been sent (tests, and exit). On
+the receiving side each server process subscribes once per group and renders, encodes and
+writes each event for all its sockets itself (`fanout.py`).
 """
 
 from __future__ import annotations

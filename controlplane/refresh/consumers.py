@@ -9,6 +9,8 @@ single cells and append to per-worker timelines.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from channels.db import database_sync_to_async
 from django.http import QueryDict
 from django.template.loader import render_to_string
@@ -176,10 +178,15 @@ class BannerConsumer(LiveStream):
     """`ws/refresh-banner/<source_id>/` (0 = every source): gates and active refreshes."""
 
     groups_to_join = (GATES_GROUP, REFRESHES_GROUP)
+    # The banner depends on the event and the source only: one render per source per event.
+    shared_render = True
 
     async def prepare(self) -> bool:
         self.source_id = int(self.scope["url_route"]["kwargs"]["source_id"]) or None
         return True
+
+    def render_share_key(self) -> Hashable:
+        return self.source_id
 
     def resync(self) -> list[str]:
         source = Source.objects.filter(pk=self.source_id).first() if self.source_id else None

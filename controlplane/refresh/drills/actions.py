@@ -33,7 +33,9 @@ def _gates(source: Source, namespaces: Sequence[str] | None) -> list[Gate]:
         known = {g.namespace: g for g in gates}
         unknown = sorted(set(namespaces) - set(known))
         if unknown:
-            raise ValidationError(f"{source.name} has no gate for namespace(s) {', '.join(unknown)}")
+            raise ValidationError(
+                f"{source.name} has no gate for namespace(s) {', '.join(unknown)}"
+            )
         return [known[ns] for ns in sorted(set(namespaces))]
     # Every namespace a refresh has verified; the rest have nothing to roll back to.
     return [g for g in gates if g.verified_policy]
@@ -64,9 +66,7 @@ def _conflicts(source: Source, namespaces: list[str]) -> None:
         raise RefreshConflict(f"rollback drill #{running.pk} is still running on {source.name}")
 
 
-def _subset(
-    gates: list[Gate], count: int | None, instances: Sequence[str] | None
-) -> list[str]:
+def _subset(gates: list[Gate], count: int | None, instances: Sequence[str] | None) -> list[str]:
     if instances:
         named = [str(i).strip() for i in instances]
         verified = {i: g for g in gates for i in g.verified_instances}

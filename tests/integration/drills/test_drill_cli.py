@@ -48,9 +48,7 @@ def test_refusals_exit_with_the_refresh_commands_codes(fleet, source, operator, 
 
 @pytest.mark.django_db
 def test_starting_prints_the_drill(fleet, source, operator, settings, monkeypatch):
-    monkeypatch.setattr(
-        "controlplane.refresh.drills.runner.enqueue_drill", lambda *a, **k: None
-    )
+    monkeypatch.setattr("controlplane.refresh.drills.runner.enqueue_drill", lambda *a, **k: None)
     code, doc = cli_json("drill", source.name, "--namespace", "rl-b", "--as", operator.username)
     assert code == Exit.OK and doc["ok"] is True
     drill = doc["drill"]
@@ -77,8 +75,15 @@ def test_wait_exits_one_when_the_drill_fails(fleet, source, operator, celery_wor
     for w in fleet.workers():
         fleet.inject(w["key"], "update_weights_from_disk", Fault.error("disk full"))
     code, out, _ = cli(
-        "drill", source.name, "--namespace", "rl-c", "--as", operator.username, "--wait",
-        "--timeout", "90",
+        "drill",
+        source.name,
+        "--namespace",
+        "rl-c",
+        "--as",
+        operator.username,
+        "--wait",
+        "--timeout",
+        "90",
     )
     assert code == Exit.FAILED
     assert "failed:" in out and "next:" in out and "roll it back" in out

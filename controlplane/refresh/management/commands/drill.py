@@ -77,7 +77,9 @@ class Command(OperatorCommand):
         )
         subset = parser.add_mutually_exclusive_group()
         subset.add_argument(
-            "--count", type=int, help="workers per namespace (default 1; at least one keeps serving)"
+            "--count",
+            type=int,
+            help="workers per namespace (default 1; at least one keeps serving)",
         )
         subset.add_argument(
             "--instance",
@@ -124,7 +126,9 @@ class Command(OperatorCommand):
     def _show(self, drill: DrillRun, event: str) -> None:
         drill = DrillRun.objects.select_related("source").get(pk=drill.pk)
         if self.json:
-            self.stdout.write(dumps({"ok": drill.outcome != DrillOutcome.FAILED, "drill": drill_json(drill)}))
+            self.stdout.write(
+                dumps({"ok": drill.outcome != DrillOutcome.FAILED, "drill": drill_json(drill)})
+            )
             return
         if event == "started":
             self.stdout.write(
@@ -134,7 +138,8 @@ class Command(OperatorCommand):
             )
         elif drill.outcome == DrillOutcome.SUCCEEDED:
             self.stdout.write(
-                f"rollback drill #{drill.pk} proved rollback: forward {drill.forward_seconds:.1f} s "
+                f"rollback drill #{drill.pk} proved rollback: "
+                f"forward {drill.forward_seconds:.1f} s "
                 f"(policy refresh #{drill.forward_refresh_id}), back {drill.back_seconds:.1f} s "
                 f"(policy refresh #{drill.back_refresh_id})"
             )

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.refresh.models import DrillOutcome, DrillRun, Gate, PolicyRefresh, RefreshState
-from controlplane.refresh.namespaces import FORCE_REOPENED
 
 #: How far back in a source's succeeded refreshes to look for the previous policy.
 HISTORY_LIMIT = 500
@@ -20,6 +19,9 @@ HISTORY_LIMIT = 500
 
 def previous_policy(gate: Gate) -> dict[str, Any] | None:
     """The policy this namespace was verified at before its current one, or None."""
+    # Imported here: `namespaces` imports the executor, which drift (importing this) precedes.
+    from controlplane.refresh.namespaces import FORCE_REOPENED
+
     current = (gate.verified_policy or {}).get("weight_version")
     succeeded = (
         PolicyRefresh.objects.filter(

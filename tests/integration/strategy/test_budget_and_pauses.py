@@ -84,7 +84,9 @@ def test_two_broken_workers_within_a_budget_of_two_are_quarantined_and_the_rest_
     # Both are quarantined, paused, out of the verified set, with their reasons.
     quarantines = {q.instance_id: q for q in Quarantine.objects.filter(source=source)}
     assert set(quarantines) == left_out
-    assert all(q.state == "failed" and q.paused and q.kind == "left_out" for q in quarantines.values())
+    assert all(
+        q.state == "failed" and q.paused and q.kind == "left_out" for q in quarantines.values()
+    )
     assert "disk full" in quarantines[instance_of(fleet, broken_update)].reason
     assert sorted(paused_workers(fleet)) == sorted([broken_update, broken_verify])
     versions = fleet_versions(fleet)
@@ -122,9 +124,7 @@ def test_a_percentage_budget_rounds_down(fleet, source, operator):
 # -- pause points ----------------------------------------------------------------------------------
 
 
-def test_a_pause_point_waits_with_the_gate_naming_both_sets_then_continues(
-    fleet, source, operator
-):
+def test_a_pause_point_waits_with_the_gate_naming_both_sets_then_continues(fleet, source, operator):
     refresh = run_inline(source, operator, "v2", strategy={**WAVES_OF_TWO, "pause_after": [1]})
 
     assert refresh.state == RefreshState.WAITING

@@ -137,9 +137,12 @@ def test_a_canary_passed_by_the_trainers_verdict_proceeds(fleet, source, operato
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     assert refresh.progress["canary"]["metrics"] == {"reward": 0.91}
     assert set(fleet_versions(fleet).values()) == {"v2"}
-    assert AuditEvent.objects.filter(
-        correlation_id=refresh.correlation_id, action="policy_refresh.canary_passed"
-    ).count() == 1
+    assert (
+        AuditEvent.objects.filter(
+            correlation_id=refresh.correlation_id, action="policy_refresh.canary_passed"
+        ).count()
+        == 1
+    )
 
 
 def test_a_verdict_is_refused_when_no_canary_waits(fleet, source, operator):

@@ -33,9 +33,7 @@ def test_two_hundred_workers_in_waves_of_ten_percent_never_pause_more_than_twent
 ):
     fleet = simfleet_factory(config(200))
     source = make_source(fleet)
-    refresh = plan(
-        source, operator, "v2", strategy={"kind": "waves", "max_unavailable": "10%"}
-    )
+    refresh = plan(source, operator, "v2", strategy={"kind": "waves", "max_unavailable": "10%"})
     assert not refresh.plan_blockers, refresh.plan_blockers
     # 50 workers per namespace, 5 of each at a time: ten waves of 20.
     assert refresh.waves == 10

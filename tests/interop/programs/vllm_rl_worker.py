@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,9 @@ class ScriptedVllmWorker:
         self.cache_flushes = 0
         self.group_initialized = False
         self.rpc_log: list[tuple[str, dict]] = []
+        #: ("paused" | "resumed", wall-clock ns) at each change, so a test can tell from the
+        #: workers' own records which of them were paused at the same time.
+        self.pause_log: list[tuple[str, int]] = []
         self._pause_lock = asyncio.Lock()
         # Generation waits while paused, like vLLM's keep mode queues requests.
         self._running = asyncio.Event()
@@ -85,6 +89,8 @@ class ScriptedVllmWorker:
             message = f"Invalid mode '{mode}'; expected keep|wait|abort"
             return {"status": "error", "message": message}
         async with self._pause_lock:
+            if not self.paused:
+                self.pause_log.append(("paused", time.time_ns()))
             self.paused = True
             self._running.clear()
             if clear_cache:
@@ -100,6 +106,8 @@ class ScriptedVllmWorker:
         if _normalize(body) is None:
             return _NOT_OBJECT
         async with self._pause_lock:
+            if self.paused:
+                self.pause_log.append(("resumed", time.time_ns()))
             self.paused = False
             self._running.set()
             return {"status": "ok", "message": "Engine resumed"}
@@ -285,6 +293,7 @@ class ScriptedVllmWorker:
             "cache_flushes": self.cache_flushes,
             "group_initialized": self.group_initialized,
             "rpc_log": [[name, kwargs] for name, kwargs in self.rpc_log],
+            "pause_log": [[event, at] for event, at in self.pause_log],
         }
 
     # --- generation ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ def workers(per_namespace: dict[str, int]) -> list[Placed]:
     out = []
     n = 0
     for namespace, count in per_namespace.items():
-        for i in range(count):
+        for _ in range(count):
             n += 1
             out.append(Placed(f"{namespace}/backend/generate/{1000 + n}", namespace, str(1000 + n)))
     return out
@@ -90,9 +90,7 @@ def test_waves_are_cut_per_namespace():
 
 
 def test_a_canary_goes_first_round_robin_across_namespaces():
-    strategy = parse_strategy(
-        {"kind": "canary", "canary": {"size": 3}, "max_unavailable": 2}
-    )
+    strategy = parse_strategy({"kind": "canary", "canary": {"size": 3}, "max_unavailable": 2})
     placed = workers({"a": 4, "b": 4})
     waves, count, blockers = assign_waves(strategy, placed)
     canary = [k for k, w in waves.items() if w == 1]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -274,7 +275,7 @@ def _quarantine(drill: DrillRun, away: dict[str, list[Worker]]) -> list[int]:
 
     ids = [q.pk for q in opened]
     for pk in ids:
-        transaction.on_commit(lambda pk=pk: catch_up_quarantine.delay(pk))
+        transaction.on_commit(partial(catch_up_quarantine.delay, pk))
     return ids
 
 

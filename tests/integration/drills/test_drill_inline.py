@@ -111,3 +111,28 @@ def test_a_failing_back_direction_leaves_the_subset_out_of_the_gate_with_an_exit
     assert back.state == RefreshState.SUCCEEDED, back.held_reason
     gate.refresh_from_db()
     assert instance in gate.verified_instances
+
+
+def test_a_back_direction_that_cannot_start_quarantines_the_subset(fleet, source, operator):
+    from controlplane.fleet.models import Source
+    from controlplane.refresh.models import Quarantine
+
+    drill = start_drill(source, actor=actor_for(operator), namespaces=["rl-b"], enqueue=False)
+    (instance,) = drill.instances
+
+    def forward_then_disable(refresh_id: int) -> None:
+        execute_refresh(refresh_id)
+        # The way back is blocked: the generation check has no frontend to call any more.
+        Source.objects.filter(pk=source.pk).update(frontend_url="")
+
+    assert advance(drill.pk, execute=forward_then_disable)
+    drill.refresh_from_db()
+
+    assert drill.outcome == DrillOutcome.FAILED
+    assert "back refresh" in drill.reason and "frontend URL" in drill.reason
+    assert drill.back_refresh.state == RefreshState.ABORTED  # the blocked plan was discarded
+    q = Quarantine.objects.get(source=source, instance_id=instance)
+    assert q.kind == "drill" and q.state == "quarantined"
+    assert q.target["weight_version"] == "v2"
+    assert f"#{q.pk}" in drill.next_step and "caught up to 'v2'" in drill.next_step
+    assert instance not in Gate.objects.get(source=source, namespace="rl-b").verified_instances

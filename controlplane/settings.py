@@ -339,6 +339,18 @@ CELERY_BEAT_SCHEDULE["policy-refresh-canary-expiry"] = {
     "schedule": timedelta(seconds=CANARY_EXPIRY_TICK_SECONDS),
     "options": {"expires": CANARY_EXPIRY_TICK_SECONDS * 0.9},
 }
+# Rollback drills (refresh/drills, README "Rollback drills"): how often a drill's task looks at
+# its running refresh, how long one advance may hold the drill, after how long a silent drill is
+# queued again, and how often beat starts due scheduled drills and resumes stalled ones.
+DRILL_POLL_SECONDS = env_float("DRILL_POLL_SECONDS", 1.0, minimum=0.1)
+DRILL_CLAIM_SECONDS = env_float("DRILL_CLAIM_SECONDS", 120.0, minimum=5.0)
+DRILL_STALL_SECONDS = env_float("DRILL_STALL_SECONDS", 60.0, minimum=5.0)
+DRILL_TICK_SECONDS = env_float("DRILL_TICK_SECONDS", 60.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE["rollback-drills"] = {
+    "task": "refresh.drill_tick",
+    "schedule": timedelta(seconds=DRILL_TICK_SECONDS),
+    "options": {"expires": DRILL_TICK_SECONDS * 0.9},
+}
 PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000")
 
 AUTH_PASSWORD_VALIDATORS = [

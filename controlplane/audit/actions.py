@@ -73,6 +73,11 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_CANARY_REVIEW = "policy_refresh.canary_review"
     POLICY_REFRESH_CANARY_PASSED = "policy_refresh.canary_passed"
     POLICY_REFRESH_CANARY_FAILED = "policy_refresh.canary_failed"
+    # rollback drills (refresh/drills): a subset to the previous policy and back
+    DRILL_STARTED = "drill.started"
+    DRILL_SUCCEEDED = "drill.succeeded"
+    DRILL_FAILED = "drill.failed"
+    DRILL_RESUMED = "drill.resumed"
     # distributed updates: the collective group and the trainer handshake (refresh/group.py)
     POLICY_REFRESH_GROUP_READY = "policy_refresh.group_ready"
     POLICY_REFRESH_BROADCAST_DONE = "policy_refresh.broadcast_done"

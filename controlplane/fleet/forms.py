@@ -70,6 +70,14 @@ class SourceForm(forms.Form):
         "quarantine (pause, catch up alone, admit back), close the gate, or only observe",
     )
 
+    drill_every = forms.IntegerField(
+        min_value=0,
+        initial=0,
+        required=False,
+        label="Rollback drill every (h)",
+        help_text="hours between scheduled rollback drills of a small canary subset; 0 = never",
+    )
+
     @classmethod
     def for_source(cls, source: Source, data=None) -> SourceForm:
         initial = {f: getattr(source, f) for f in cls.base_fields}
@@ -87,6 +95,8 @@ class SourceForm(forms.Form):
                 data[name] = self.initial.get(name, AGREEMENT_DEFAULTS[name])
         if not data.get("drift_policy"):
             data["drift_policy"] = self.initial.get("drift_policy", DEFAULT_DRIFT_POLICY)
+        if data.get("drill_every") is None:
+            data["drill_every"] = self.initial.get("drill_every", 0)
         try:
             return clean_source_values(data)
         except ValidationError as exc:

@@ -76,6 +76,11 @@ class Source(models.Model):
     #: The refresh strategy a plan gets unless it names its own (`refresh.strategy` JSON form;
     #: empty = all at once).
     default_strategy = models.JSONField(default=dict, blank=True)
+    #: Hours between scheduled rollback drills (refresh.drills; README "Rollback drills");
+    #: 0 = never. A due drill is skipped while a refresh is active on the source.
+    drill_every = models.PositiveIntegerField(
+        default=0, help_text="hours between scheduled rollback drills; 0 = never"
+    )
 
     reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     stale = models.BooleanField(default=False)

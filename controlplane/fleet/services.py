@@ -58,6 +58,7 @@ def create_source(
     agreement_tokens: int = AGREEMENT_DEFAULTS["agreement_tokens"],
     agreement_epsilon: float = AGREEMENT_DEFAULTS["agreement_epsilon"],
     drift_policy: str = DEFAULT_DRIFT_POLICY,
+    drill_every: int = 0,
 ) -> Source:
     """Register a source. Raises ValidationError (keyed by field) and changes nothing on bad
     input."""
@@ -77,6 +78,7 @@ def create_source(
             "agreement_tokens": agreement_tokens,
             "agreement_epsilon": agreement_epsilon,
             "drift_policy": drift_policy,
+            "drill_every": drill_every,
         }
     )
     if _name_taken(values["name"]):

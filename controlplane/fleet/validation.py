@@ -39,6 +39,7 @@ SOURCE_FIELDS = (
     "agreement_tokens",
     "agreement_epsilon",
     "drift_policy",
+    "drill_every",
 )
 DRIFT_POLICIES = ("quarantine", "close", "observe")
 DEFAULT_DRIFT_POLICY = "quarantine"
@@ -130,6 +131,12 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
     if policy_name not in DRIFT_POLICIES:
         errors["drift_policy"] = f"drift policy must be one of {', '.join(DRIFT_POLICIES)}"
     clean["drift_policy"] = policy_name
+    drill_every = values.get("drill_every") or 0
+    if isinstance(drill_every, str) and drill_every.strip().isdigit():
+        drill_every = int(drill_every)
+    if isinstance(drill_every, bool) or not isinstance(drill_every, int) or drill_every < 0:
+        errors["drill_every"] = "drill schedule must be a whole number of hours (0 = never)"
+    clean["drill_every"] = drill_every
     if errors:
         raise ValidationError(errors)
     return clean

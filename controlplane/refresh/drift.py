@@ -42,6 +42,7 @@ from controlplane.fleet.models import (
 from controlplane.notify.emit import notify
 from controlplane.notify.models import NotificationEvent
 from controlplane.refresh import gates
+from controlplane.refresh.drills.history import drilled_instances
 from controlplane.refresh.models import (
     ADMITTING_STATES,
     OPEN_QUARANTINE_STATES,
@@ -180,6 +181,8 @@ def _reconcile_gate(source: Source, gate_id: int, recovered_ids: set[int]) -> li
     )
     left = [q for q in open_quarantines if q.instance_id not in present]
     owned = {q.instance_id for q in open_quarantines if q.instance_id in present}
+    # A running rollback drill owns its subset between its two refreshes (refresh/drills).
+    owned |= drilled_instances(source, gate.namespace)
     drifted, still_verified = find_drift(gate, workers, owned, recovered_ids)
 
     policy = source.drift_policy

@@ -553,3 +553,15 @@ class QuarantineCall(models.Model):
 
     def __str__(self) -> str:
         return f"quarantine #{self.quarantine_id} {self.step} {self.operation}"
+
+
+# Rollback drills keep their model in their own package; imported here so Django registers it.
+from controlplane.refresh.drills.models import (  # noqa: E402
+    DrillOutcome as DrillOutcome,
+)
+from controlplane.refresh.drills.models import (  # noqa: E402
+    DrillPhase as DrillPhase,
+)
+from controlplane.refresh.drills.models import (  # noqa: E402
+    DrillRun as DrillRun,
+)

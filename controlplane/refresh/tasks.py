@@ -1,6 +1,7 @@
 """Celery adapters: take ids, call the executor or the reconciler. No logic lives here."""
 
 from celery import shared_task
+from django.conf import settings
 
 from controlplane.refresh import drift, freshness, quarantine
 from controlplane.refresh.executor import execute_refresh
@@ -53,3 +54,31 @@ def expire_canary_reviews() -> list[int]:
     from controlplane.refresh import canary
 
     return canary.expire_canary_reviews()
+
+
+@shared_task(name="refresh.run_drill", ignore_result=True)
+def run_drill(drill_id: int) -> bool:
+    """Advance a rollback drill; while its refresh runs, poll again shortly (no worker thread
+    waits on it). Returns whether the drill has ended."""
+    from controlplane.refresh.drills import runner
+
+    if not runner.claim(drill_id):
+        return False  # another run holds it, or it has ended
+    try:
+        ended = runner.advance(drill_id)
+    finally:
+        runner.unclaim(drill_id)
+    if not ended:
+        runner.enqueue_drill(drill_id, countdown=settings.DRILL_POLL_SECONDS)
+    return ended
+
+
+@shared_task(name="refresh.drill_tick", ignore_result=True)
+def drill_tick() -> dict[str, list[int]]:
+    """Beat: start due scheduled drills, and queue again drills whose task chain died."""
+    from controlplane.refresh.drills import runner
+
+    return {
+        "started": runner.start_due_drills(),
+        "resumed": runner.resume_stalled_drills(resume=run_drill.delay),
+    }

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from controlplane.refresh import views
+from controlplane.refresh.drills import views as drill_views
 
 app_name = "refresh"
 
@@ -13,6 +14,8 @@ urlpatterns = [
     path("quarantines/<int:pk>/retry/", views.quarantine_retry, name="quarantine_retry"),
     path("quarantines/<int:pk>/release/", views.quarantine_release, name="quarantine_release"),
     path("quarantines/<int:pk>/drop/", views.quarantine_drop, name="quarantine_drop"),
+    path("drills/<int:pk>/", drill_views.drill_detail, name="drill"),
+    path("drills/sources/<int:pk>/start/", drill_views.drill_start, name="drill_start"),
     path("<int:pk>/", views.detail, name="detail"),
     path("<int:pk>/actions/", views.refresh_actions, name="actions"),
     path("<int:pk>/start/", views.start, name="start"),

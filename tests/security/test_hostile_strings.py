@@ -391,6 +391,31 @@ def quarantine_exits(w: World) -> None:
     w.client.post(f"/refreshes/quarantines/{q.pk}/drop/", {"confirm": "1"})
 
 
+def drill_records(w: World) -> None:
+    """Rollback drills as the overview and the source page show them: the policies come from
+    trainers (hostile versions), the reason and next step quote refreshes and workers."""
+    from controlplane.refresh.models import DrillRun
+
+    policy = {"weight_version": w.hostile("drill version"), "method": "disk", "model_path": "/c"}
+    common = {
+        "source": w.sim,
+        "namespaces": [w.hostile("drill namespace")],
+        "instances": [w.hostile("drill instance")],
+        "current_policy": policy,
+        "previous_policy": {**policy, "weight_version": w.hostile("drill previous version")},
+        "requested_by_label": w.hostile("drill requester"),
+    }
+    DrillRun.objects.create(
+        **common, outcome="succeeded", phase="done", forward_seconds=1.5, back_seconds=2.5
+    )
+    DrillRun.objects.create(
+        **common,
+        outcome="failed",
+        reason=w.hostile("drill reason"),
+        next_step=w.hostile("drill next step"),
+    )
+
+
 CHANNELS: list[Callable[[World], None]] = [
     discovery_payloads,
     sources_via_forms_and_api,
@@ -401,6 +426,7 @@ CHANNELS: list[Callable[[World], None]] = [
     cli_policy_refresh_with_failing_workers,
     gate_force_reopen_reason,
     quarantine_exits,
+    drill_records,
 ]
 
 
@@ -429,6 +455,7 @@ POST_ONLY = {
     "refresh:quarantine_retry",
     "refresh:quarantine_release",
     "refresh:quarantine_drop",
+    "refresh:drill_start",
     "intake:token_revoke",
     "intake:endpoint_rotate",
     "intake:endpoint_remove_secret",
@@ -511,6 +538,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "refresh:gate_actions": [f"/refreshes/gates/{g.pk}/actions/" for g in Gate.objects.all()],
         "refresh:detail": [f"/refreshes/{pk}/" for pk in r],
         "refresh:actions": [f"/refreshes/{pk}/actions/" for pk in r],
+        "refresh:drill": [f"/refreshes/drills/{pk}/" for pk in _drill_ids()],
         "intake:admin_index": ["/admin-tools/"],
         "intake:token_list": ["/admin-tools/tokens/"],
         "intake:token_create": ["/admin-tools/tokens/new/"],
@@ -560,6 +588,12 @@ def _route_urls(w: World) -> dict[str, list[str]]:
             f"/api/v1/webhooks/deliveries/{d.webhook_id}" for d in ReceivedWebhook.objects.all()
         ],
     }
+
+
+def _drill_ids() -> list[int]:
+    from controlplane.refresh.models import DrillRun
+
+    return list(DrillRun.objects.values_list("pk", flat=True))
 
 
 @dataclass

@@ -31,6 +31,7 @@ DriftPolicyName = Literal["quarantine", "close", "observe"]
 DRIFT_POLICY_HELP = (
     "what drift does: quarantine (pause, catch up alone, admit back), close the gate, or observe"
 )
+DRILL_EVERY_HELP = "hours between scheduled rollback drills of a small canary subset; 0 = never"
 AGREEMENT_TOKENS_HELP = "how many leading completion tokens workers of one model must agree on"
 
 
@@ -50,6 +51,7 @@ class SourceOut(Schema):
     agreement_tokens: int
     agreement_epsilon: float
     drift_policy: str
+    drill_every: int
     reported_namespace: str
     stale: bool
     stale_reason: str
@@ -73,6 +75,7 @@ class SourceIn(Schema):
     agreement_tokens: int = Field(8, ge=1, le=256, description=AGREEMENT_TOKENS_HELP)
     agreement_epsilon: float = Field(0.05, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName = Field("quarantine", description=DRIFT_POLICY_HELP)
+    drill_every: int = Field(0, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
 
 
 class SourcePatch(Schema):
@@ -90,6 +93,7 @@ class SourcePatch(Schema):
     agreement_tokens: int | None = Field(None, ge=1, le=256, description=AGREEMENT_TOKENS_HELP)
     agreement_epsilon: float | None = Field(None, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName | None = Field(None, description=DRIFT_POLICY_HELP)
+    drill_every: int | None = Field(None, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
 
 
 class Accepted(Schema):

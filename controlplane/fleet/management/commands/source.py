@@ -83,6 +83,13 @@ class Command(BaseCommand):
             default="quarantine",
             help="what a worker that drifts from its gate's policy does (default quarantine)",
         )
+        add.add_argument(
+            "--drill-every",
+            type=int,
+            default=0,
+            metavar="HOURS",
+            help="hours between scheduled rollback drills (default 0: never)",
+        )
         sub.add_parser("list", help="list sources")
         remove = sub.add_parser("remove", help="remove a source and its history")
         remove.add_argument("name")
@@ -137,6 +144,7 @@ class Command(BaseCommand):
             agreement_tokens=o["agreement_tokens"],
             agreement_epsilon=o["agreement_epsilon"],
             drift_policy=o["drift_policy"],
+            drill_every=o["drill_every"],
         )
         self.stdout.write(f"created source {source.name} (id {source.pk})")
 

@@ -1,0 +1,10 @@
+"""Rollback drills (README "Rollback drills"): prove, on a small subset of a scope, that the
+fleet can go back to the policy verified before the current one and return, and record how long
+each direction took.
+
+- `models`: `DrillRun`, one drill and its two refreshes.
+- `history`: the previous verified policy of a namespace, and the subset a drill takes.
+- `actions`: `start_drill`, the one way a drill begins (button, command, schedule).
+- `runner`: `advance`, the idempotent orchestration the Celery task, the reconciler and the
+  tests drive; `start_due_drills` and `resume_stalled_drills` for beat.
+"""

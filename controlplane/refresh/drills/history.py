@@ -1,0 +1,59 @@
+"""What a drill goes back to, and which workers it takes.
+
+The gate keeps only the policy it verified last (`Gate.verified_policy`: where a drill
+returns). The policy verified before it is derived from refresh history: the target of the
+newest refresh of the namespace that succeeded over the whole namespace (no `instances`
+restriction, so drills' own refreshes never count, and not force-reopened there) at a
+weight version other than the gate's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.refresh.models import DrillOutcome, DrillRun, Gate, PolicyRefresh, RefreshState
+
+#: How far back in a source's succeeded refreshes to look for the previous policy.
+HISTORY_LIMIT = 500
+
+
+def previous_policy(gate: Gate) -> dict[str, Any] | None:
+    """The policy this namespace was verified at before its current one, or None."""
+    # Imported here: `namespaces` imports the executor, which drift (importing this) precedes.
+    from controlplane.refresh.namespaces import FORCE_REOPENED
+
+    current = (gate.verified_policy or {}).get("weight_version")
+    succeeded = (
+        PolicyRefresh.objects.filter(
+            source_id=gate.source_id, state=RefreshState.SUCCEEDED, instances__isnull=True
+        )
+        .order_by("-finished_at", "-id")
+        .values_list("namespaces", "target", "resolved_namespaces")[:HISTORY_LIMIT]
+    )
+    # Filtered here rather than with a JSON `contains` lookup, which SQLite (embedded) lacks.
+    for namespaces, target, resolved in succeeded:
+        if gate.namespace not in (namespaces or []):
+            continue
+        if (resolved or {}).get(gate.namespace, {}).get("outcome") == FORCE_REOPENED:
+            continue
+        if (target or {}).get("weight_version") != current:
+            return target
+    return None
+
+
+def pick_subset(gate: Gate, count: int) -> list[str]:
+    """The `count` verified instances of the gate with the lowest ids (deterministic, so a
+    person can tell from the gate which workers a drill will take)."""
+    return sorted(gate.verified_instances, key=int)[:count]
+
+
+def drilled_instances(source, namespace: str) -> set[str]:
+    """Instances a running drill of the source owns in `namespace` (drift leaves them be)."""
+    return {
+        instance_id
+        for namespaces, instances in DrillRun.objects.filter(
+            source=source, outcome=DrillOutcome.RUNNING
+        ).values_list("namespaces", "instances")
+        if namespace in (namespaces or [])
+        for instance_id in instances or []
+    }

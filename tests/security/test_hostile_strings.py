@@ -460,6 +460,7 @@ API_WRITES = {
     "release_quarantine",
     "drop_quarantine",
     "report_broadcast_done",  # POST only; its body is the trainer's, checked like any write
+    "record_canary_verdict",  # POST only; the trainer's verdict, checked like any write
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
 #: Query parameters some page shows back. `page` is not one: every pager parses it as a number

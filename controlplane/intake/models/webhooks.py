@@ -69,6 +69,8 @@ class ReceivedWebhookOutcome(models.TextChoices):
     TEST = "test"
     # A `broadcast.done` recorded on its distributed refresh.
     BROADCAST_DONE = "broadcast_done"
+    # A `canary.verdict` recorded on its canary (passed or failed: the detail says which).
+    CANARY_VERDICT = "canary_verdict"
     # Only on rows stored before webhooks were processed in the background.
     PROCESSING = "processing"
     CONFLICT = "conflict"

@@ -37,12 +37,14 @@ from controlplane.intake.tasks import process_webhook
 from controlplane.intake.webhooks.trainer.broadcast import broadcast_done
 from controlplane.intake.webhooks.trainer.events import (
     BROADCAST_DONE,
+    CANARY_VERDICT,
     CHECKPOINT_READY,
     EVENT_TYPES,
     TEST_PING,
     CheckpointReady,
     approval_reasons,
 )
+from controlplane.intake.webhooks.trainer.verdict import canary_verdict
 from controlplane.notify.signing import VerificationError, sign_headers, verify
 
 logger = logging.getLogger(__name__)
@@ -150,6 +152,29 @@ def receive(
             source_ip=source_ip,
         )
         return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
+    if event_type == CANARY_VERDICT:
+        # A repeat is answered from the stored delivery before anything acts, so a replayed
+        # verdict never meets a canary that has already moved on.
+        if ReceivedWebhook.objects.filter(endpoint=endpoint, webhook_id=webhook_id).exists():
+            return _repeat(endpoint, webhook_id, digest, source_ip)
+        (status, answer_body), judged, refresh_id = canary_verdict(
+            endpoint, webhook_id, envelope.get("data", {})
+        )
+        answer = Answer(status, answer_body)
+        if judged is None:
+            return reject(answer)
+        stored = _store(
+            endpoint,
+            webhook_id,
+            event_type,
+            envelope,
+            digest,
+            done=(Outcome.CANARY_VERDICT, answer.body, judged),
+            audit={"webhook_id": webhook_id, "type": CANARY_VERDICT, "detail": judged},
+            source_ip=source_ip,
+            refresh_id=refresh_id,
+        )
+        return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
     event = None
     if event_type == CHECKPOINT_READY:
         try:
@@ -202,7 +227,16 @@ def receive(
 
 
 def _store(
-    endpoint, webhook_id, event_type, envelope, digest, *, audit, source_ip, done=None
+    endpoint,
+    webhook_id,
+    event_type,
+    envelope,
+    digest,
+    *,
+    audit,
+    source_ip,
+    done=None,
+    refresh_id: int | None = None,
 ) -> ReceivedWebhook | None:
     """The delivery and its `webhook.accepted` row in one transaction, the task on commit.
     None when this webhook id was stored before (a repeat)."""
@@ -221,6 +255,7 @@ def _store(
                     event_type=event_type,
                     payload=envelope,
                     body_sha256=digest,
+                    refresh_id=refresh_id,
                     **fields,
                 )
         except IntegrityError:

@@ -28,6 +28,12 @@ class WebhookEndpoint(models.Model):
     )
     rules = models.JSONField(default=list, blank=True)
     pause_mode = models.CharField(max_length=32, default="keep")
+    #: The strategy of the refreshes this endpoint's checkpoints ask for (the
+    #: `refresh.strategy` JSON form); empty = the source's default strategy.
+    default_strategy = models.JSONField(default=dict, blank=True)
+    #: Whether a `checkpoint.ready` may name its own `strategy`. Off by default: the people
+    #: who configure the endpoint decide how fast a trainer may roll the fleet, not the trainer.
+    allow_strategy_override = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

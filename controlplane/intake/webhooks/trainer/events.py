@@ -69,6 +69,12 @@ class CheckpointReady(BaseModel):
     fingerprint: FingerprintIn | None = Field(
         None, description="what the new policy generates; every worker is verified against it"
     )
+    strategy: dict[str, Any] | None = Field(
+        None,
+        description="how to walk the scope (the API's strategy object); only when the endpoint "
+        "allows overrides, otherwise 403. Omitted: the endpoint's default strategy, then the "
+        "source's",
+    )
 
     @model_validator(mode="after")
     def _one_method(self):

@@ -33,6 +33,7 @@ from controlplane.intake.models import (
     WebhookEndpoint,
 )
 from controlplane.intake.models import WebhookPolicy as Policy
+from controlplane.intake.strategy import StrategyRefused, checked
 from controlplane.intake.tasks import process_webhook
 from controlplane.intake.webhooks.trainer.broadcast import broadcast_done
 from controlplane.intake.webhooks.trainer.events import (
@@ -186,6 +187,20 @@ def receive(
         if event.namespaces and allowed and not set(event.namespaces) <= set(allowed):
             outside = sorted(set(event.namespaces) - set(allowed))
             return reject(_error(403, "namespace_not_allowed", f"outside this endpoint: {outside}"))
+        if event.strategy is not None:
+            if not endpoint.allow_strategy_override:
+                return reject(
+                    _error(
+                        403,
+                        "strategy_override_not_allowed",
+                        "this endpoint does not let a webhook choose its strategy; its "
+                        "default strategy applies when the event names none",
+                    )
+                )
+            try:
+                checked(event.strategy, "data.strategy")
+            except StrategyRefused as exc:
+                return reject(_error(422, "invalid_event", str(exc), exc.errors))
 
     if event is None:  # test.ping: nothing to plan, so it is answered (and done) at once
         answer = Answer(200, {"status": "ok", "webhook_id": webhook_id, "outcome": Outcome.TEST})
@@ -218,6 +233,7 @@ def receive(
             "metrics": event.metrics,
             "require_approval": require_approval,
             "approval_reasons": reasons,
+            "strategy": event.strategy,
         },
         source_ip=source_ip,
     )

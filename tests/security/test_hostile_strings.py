@@ -508,6 +508,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "fleet:metrics": ["/metrics"],
         "refresh:list": ["/refreshes/"],
         "refresh:plan": ["/refreshes/new/"],
+        "refresh:source_strategy": [f"/refreshes/sources/{s.pk}/strategy/" for s in all_sources],
         "refresh:gates": ["/refreshes/gates/"],
         "refresh:gate_actions": [f"/refreshes/gates/{g.pk}/actions/" for g in Gate.objects.all()],
         "refresh:detail": [f"/refreshes/{pk}/" for pk in r],

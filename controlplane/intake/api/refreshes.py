@@ -14,9 +14,8 @@ from pydantic import Field, StrictBool, WithJsonSchema
 from controlplane.accounts.roles import Perm
 from controlplane.intake.api import idempotency
 from controlplane.intake.api.auth import actor, limit_to_sources, require, source_or_404
-from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
+from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
-from controlplane.intake.api.errors import ApiError
 from controlplane.intake.fingerprint import FingerprintIn
 from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
 from controlplane.refresh import action_table, actions, group

@@ -11,7 +11,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from controlplane.refresh.strategy import parse_strategy
 from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
@@ -20,6 +19,7 @@ from controlplane.intake.forms import WebhookEndpointForm
 from controlplane.intake.models import WebhookEndpoint
 from controlplane.intake.views.common import secret_response
 from controlplane.notify.emit import absolute_url
+from controlplane.refresh.strategy import parse_strategy
 from controlplane.requests import HtmxHttpRequest
 
 RECEIVED_SHOWN = 20

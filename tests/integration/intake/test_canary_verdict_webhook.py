@@ -33,9 +33,7 @@ def awaiting(source, state=RefreshState.CANARY_REVIEW) -> PolicyRefresh:
 
 
 def rejected_codes() -> list[str]:
-    return [
-        e.details["code"] for e in AuditEvent.objects.filter(action="webhook.rejected")
-    ]
+    return [e.details["code"] for e in AuditEvent.objects.filter(action="webhook.rejected")]
 
 
 def test_a_verdict_on_another_version_is_refused_and_changes_nothing(client, endpoint, source):
@@ -107,7 +105,11 @@ def test_a_failing_verdict_is_recorded_once_with_its_outcome(client, endpoint, s
     assert "reward fell" in refresh.held_reason
     assert refresh.progress["canary"]["metrics"] == {"eval/reward": 0.12}
     stored = ReceivedWebhook.objects.get()
-    assert (stored.outcome, stored.refresh_id, stored.state) == ("canary_verdict", refresh.pk, "done")
+    assert (stored.outcome, stored.refresh_id, stored.state) == (
+        "canary_verdict",
+        refresh.pk,
+        "done",
+    )
 
     again = post_webhook(client, body, webhook_id="msg_v1")
     assert again.status_code == 200
@@ -126,9 +128,7 @@ def checkpoint(strategy) -> bytes:
     ).encode()
 
 
-def test_a_checkpoint_naming_a_strategy_is_refused_unless_the_endpoint_allows_it(
-    client, endpoint
-):
+def test_a_checkpoint_naming_a_strategy_is_refused_unless_the_endpoint_allows_it(client, endpoint):
     answer = post_webhook(client, checkpoint({"kind": "waves", "max_unavailable": 2}))
     assert answer.status_code == 403
     assert answer.json()["error"]["code"] == "strategy_override_not_allowed"

@@ -115,9 +115,7 @@ def test_a_canary_approved_and_a_pause_point_continued_from_the_command_line(
     assert set(fleet_versions(fleet).values()) == {"v2"}
 
 
-def test_a_canary_rejected_from_the_command_line_is_rolled_back_and_holds(
-    fleet, source, operator
-):
+def test_a_canary_rejected_from_the_command_line_is_rolled_back_and_holds(fleet, source, operator):
     chosen = sorted(str(w["instance_id"]) for w in fleet.workers())[0]
     code, planned = cli_json(
         *PLAN, "--canary-instance", chosen, "--canary-evaluation", "manual",

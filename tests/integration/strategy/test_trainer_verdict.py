@@ -217,9 +217,7 @@ def test_a_canary_passed_by_the_trainer_over_a_signed_webhook_proceeds(client, f
     assert passed.count() == 1
 
 
-def test_a_canary_failed_by_the_trainer_rolls_back_only_the_canary_and_holds(
-    client, fleet, wired
-):
+def test_a_canary_failed_by_the_trainer_rolls_back_only_the_canary_and_holds(client, fleet, wired):
     source, endpoint, secret, trainer = wired
     checkpoint(client, endpoint, secret, "v2")
     refresh, review = canary_under_review(fleet, trainer)

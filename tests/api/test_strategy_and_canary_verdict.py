@@ -117,3 +117,35 @@ def test_the_openapi_schema_describes_the_strategy_and_the_verdict(client, fleet
     for key in ("max_unavailable", "max_failed", "admit_as_verified", "pause_after", "canary"):
         assert key in text
     assert "/api/v1/refreshes/{refresh_id}/canary_verdict" in schema["paths"]
+
+
+def test_a_source_default_strategy_through_the_api(client, fleet, admin_user, token_factory):
+    token = token_factory(admin_user)
+    bad = client.patch(
+        "/api/v1/sources/src-a",
+        {"default_strategy": {"kind": "waves"}, "require_approval": True},
+        content_type="application/json",
+        **bearer(token),
+    )
+    assert bad.status_code == 400
+    assert list(bad.json()["error"]["details"]) == ["strategy"]
+    fleet["a"].refresh_from_db()
+    assert fleet["a"].default_strategy == {} and fleet["a"].require_approval is False
+
+    good = client.patch(
+        "/api/v1/sources/src-a",
+        {"default_strategy": {"kind": "waves", "max_unavailable": "25%"}},
+        content_type="application/json",
+        **bearer(token),
+    )
+    assert good.status_code == 200, good.content
+    assert good.json()["default_strategy"]["max_unavailable"] == "25%"
+    back = client.patch(
+        "/api/v1/sources/src-a",
+        {"default_strategy": {}},
+        content_type="application/json",
+        **bearer(token),
+    )
+    assert back.json()["default_strategy"] == {}
+    changes = AuditEvent.objects.filter(action="source.updated", target_id=str(fleet["a"].pk))
+    assert changes.count() == 2

@@ -15,6 +15,8 @@ draws on it: a canary is judged whole. Over budget, the refresh holds as it alwa
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -254,7 +256,7 @@ def drift_entries(refresh: PolicyRefresh) -> dict[str, list[dict]]:
     entries: dict[str, list[dict]] = {}
     for w in refresh.workers.filter(pk__in=out_ids):
         q = quarantines.get((w.namespace, w.instance_id))
-        entry = {
+        entry: dict[str, Any] = {
             "key": w.key,
             "instance_id": w.instance_id,
             "kind": KIND,

@@ -491,7 +491,7 @@ def finish_instances(ctx: StepContext, namespaces: list[str], serving) -> StepRe
                 g.namespace: [*g.verified_instances, *verified_new.get(g.namespace, [])]
                 for g in Gate.objects.filter(source=refresh.source, namespace__in=same)
             }
-            live = {}
+            live: dict[str, int] = {}
             for namespace, instance_id in serving:
                 if namespace in kept and instance_id not in kept[namespace]:
                     live[namespace] = live.get(namespace, 0) + 1

@@ -10,6 +10,7 @@ from controlplane.refresh import actions
 from controlplane.refresh.errors import ApprovalNotAllowed, InvalidTransition, PlanBlocked
 from controlplane.refresh.models import (
     EXECUTING_STATES,
+    WAITING_STATES,
     Gate,
     GateState,
     PolicyRefresh,
@@ -120,8 +121,9 @@ def test_abort(source, state, resume):
         # The executor stops at its next call boundary; the state is its to change.
         assert state_of(refresh) == state and refresh.abort_requested
         assert refresh.end_state == (S.ABORTED if resume else "")
-    elif state == S.HELD and resume:
-        actions.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=True)
+    elif (state == S.HELD and resume) or state in WAITING_STATES:
+        # Waiting between waves nothing it paused is left to keep paused: both abort the same.
+        actions.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
         assert state_of(refresh) == S.RELEASING and refresh.end_state == S.ABORTED
     else:
         with pytest.raises(InvalidTransition):

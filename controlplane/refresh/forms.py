@@ -77,6 +77,13 @@ def _strategy_field(message: str) -> str:
     return "strategy_kind"
 
 
+STRATEGY_KINDS = [
+    (ALL_AT_ONCE, "all at once"),
+    (WAVES, "waves"),
+    (CANARY, "canary first, then waves"),
+]
+
+
 class StrategyFields(forms.Form):
     """The strategy fields, shared by the plan form and the source's default strategy form.
     A blank kind is the source's default on the plan form (and all at once for a source)."""
@@ -85,12 +92,7 @@ class StrategyFields(forms.Form):
     strategy_kind = forms.ChoiceField(
         required=False,
         label="Strategy",
-        choices=[
-            ("", "the source's default"),
-            (ALL_AT_ONCE, "all at once"),
-            (WAVES, "waves"),
-            (CANARY, "canary first, then waves"),
-        ],
+        choices=[("", "the source's default"), *STRATEGY_KINDS],
     )
     max_unavailable = forms.CharField(
         required=False,
@@ -329,7 +331,7 @@ class SourceStrategyForm(StrategyFields):
         kind = self.fields["strategy_kind"]
         assert isinstance(kind, forms.ChoiceField)
         kind.required = True
-        kind.choices = [c for c in kind.choices if c[0]]
+        kind.choices = STRATEGY_KINDS
 
     @classmethod
     def for_source(cls, source: Source, data=None) -> SourceStrategyForm:

@@ -67,6 +67,19 @@ class WebhookEndpointForm(ServiceErrorsMixin, forms.Form):
         '"value": 0.2}]',
     )
     pause_mode = forms.ChoiceField(choices=[(m, m) for m in PAUSE_MODES], initial="auto")
+    default_strategy = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text='JSON strategy for the refreshes this endpoint starts, e.g. {"kind": "canary", '
+        '"canary": {"size": 2, "evaluation": "trainer"}, "max_unavailable": "25%"}; empty: '
+        "the source's default",
+    )
+    allow_strategy_override = forms.BooleanField(
+        required=False,
+        initial=False,
+        label="Webhooks may choose their strategy",
+        help_text="a checkpoint.ready naming its own strategy is refused (403) unless ticked",
+    )
     enabled = forms.BooleanField(required=False, initial=True)
 
     @classmethod
@@ -74,7 +87,17 @@ class WebhookEndpointForm(ServiceErrorsMixin, forms.Form):
         initial = {f: getattr(endpoint, f) for f in cls.base_fields}
         initial["namespaces"] = "\n".join(endpoint.namespaces)
         initial["rules"] = _rules_text(endpoint.rules)
+        initial["default_strategy"] = _rules_text(endpoint.default_strategy)
         return cls(data, initial=initial)
+
+    def clean_default_strategy(self):
+        text = self.cleaned_data["default_strategy"].strip()
+        if not text:
+            return {}
+        try:
+            return loads_bounded(text, max_depth=settings.JSON_MAX_DEPTH)
+        except ValueError as exc:
+            raise ValidationError(f"the strategy is not valid JSON: {exc}") from None
 
     def clean_rules(self):
         text = self.cleaned_data["rules"].strip()

@@ -111,6 +111,35 @@ def _gate_data(gate) -> dict[str, Any]:
     }
 
 
+#: The signed trainer webhook event that answers a `refresh.canary_review`.
+CANARY_VERDICT_EVENT = "canary.verdict"
+
+
+def _canary_review(refresh) -> dict[str, Any]:
+    """What a trainer needs to judge a canary and answer: the verified instances by namespace,
+    the version they load, the deadline, and the two ways to send the verdict."""
+    canary = dict((getattr(refresh, "progress", None) or {}).get("canary") or {})
+    version = _jsonable((getattr(refresh, "target", None) or {}).get("weight_version"))
+    try:
+        path = reverse("intake:api-v1:record_canary_verdict", args=[refresh.pk])
+    except NoReverseMatch:
+        path = f"/api/v1/refreshes/{refresh.pk}/canary_verdict"
+    return {
+        "refresh_id": refresh.pk,
+        "weight_version": version,
+        "state": _jsonable(canary.get("state")),
+        "evaluation": _jsonable(canary.get("evaluation")),
+        "instances": _jsonable(canary.get("instances") or {}),
+        "deadline": _jsonable(canary.get("deadline")),
+        "answer": {
+            "api": absolute_url(path),
+            "webhook_event": CANARY_VERDICT_EVENT,
+            # The answer's data: {refresh_id, weight_version, passed, metrics}.
+            "fields": ["refresh_id", "weight_version", "passed", "metrics"],
+        },
+    }
+
+
 def build_payload(
     event: str, *, source=None, refresh=None, gate=None, gates=(), reason: str = "", quarantine=None
 ) -> dict[str, Any]:
@@ -130,9 +159,7 @@ def build_payload(
         if event == Event.REFRESH_CANARY_REVIEW:
             # What the trainer evaluates: the canary's verified instances, by namespace, and
             # until when a verdict is taken.
-            data["refresh"]["canary"] = _jsonable(
-                (getattr(refresh, "progress", None) or {}).get("canary")
-            )
+            data["refresh"]["canary"] = _canary_review(refresh)
         if not reason:
             data["reason"] = str(getattr(refresh, "held_reason", "") or "")
     if gate is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor
@@ -24,8 +25,12 @@ class ActionInput:
     resume_engines: bool = False
     #: The namespace a per-namespace action acts on (force-reopen from a refresh).
     namespace: str = ""
-    #: The version a trainer says it broadcast (`broadcast_done`); checked when given.
+    #: The version a trainer says it broadcast (`broadcast_done`) or judged (`canary_verdict`);
+    #: checked when given.
     weight_version: str | int | None = None
+    #: A canary verdict (`canary_verdict`): passed or not, and what the evaluation measured.
+    passed: bool = False
+    metrics: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,19 @@ REJECT_CANARY = Action[PolicyRefresh](
     Perm.OPERATE_REFRESH,
     lambda refresh, actor, given: canary.reject_canary(refresh, actor=actor, reason=given.reason),
     "Canary rejected; its workers go back to the old policy, then the refresh holds.",
+)
+CANARY_VERDICT = Action[PolicyRefresh](
+    "canary_verdict",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: canary.record_canary_verdict(
+        refresh,
+        passed=given.passed,
+        metrics=given.metrics,
+        reason=given.reason,
+        weight_version=given.weight_version,
+        actor=actor,
+    ),
+    "Canary verdict recorded.",
 )
 FORCE_REOPEN = Action[Gate](
     "force-reopen",

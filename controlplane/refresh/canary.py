@@ -72,6 +72,11 @@ def _check_metrics(metrics: Any) -> dict[str, Any]:
     return metrics
 
 
+def same_version(given: Any, planned: Any) -> bool:
+    """A trainer may send a version as a number or as text (`7` for `"7"`)."""
+    return given == planned or str(given) == str(planned)
+
+
 def record_canary_verdict(
     refresh: PolicyRefresh,
     *,
@@ -80,10 +85,13 @@ def record_canary_verdict(
     actor: Actor,
     reason: str = "",
     enqueue: bool = True,
+    weight_version: Any = None,
 ) -> PolicyRefresh:
     """Record the verdict on a canary waiting in `canary_review`; go on or roll it back.
 
     `metrics` is what the evaluator measured (kept on the refresh and in the audit event).
+    `weight_version`, when given (the trainer's surfaces always give it), must be the version
+    the refresh loads: a verdict on another checkpoint is refused, never applied to this one.
     The caller has checked the actor may judge this refresh (a trainer token scoped to the
     source, or a person with `operate_refresh`); a user actor is checked here too. `enqueue`
     False leaves execution to the caller (tests, the management command).
@@ -96,6 +104,11 @@ def record_canary_verdict(
         refresh = _locked(refresh)
         canary = dict((refresh.progress or {}).get("canary") or {})
         verdict = CANARY_PASSED if passed else CANARY_FAILED
+        if weight_version is not None and not same_version(weight_version, refresh.weight_version):
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is to {refresh.weight_version!r}, "
+                f"not {weight_version!r}: the verdict is about another checkpoint"
+            )
         if canary.get("verdict") == verdict:
             return refresh  # the same answer again (a retried webhook): nothing to do
         if refresh.state != RefreshState.CANARY_REVIEW or canary.get("state") != CANARY_AWAITING:

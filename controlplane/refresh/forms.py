@@ -1,5 +1,5 @@
 """The plan form: source, scope subset, target policy (per update method), pause modes per
-family, verification."""
+family, verification, and the strategy (blank: the source's default)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,17 @@ from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.dynamo.jsonsafe import loads_bounded
 from controlplane.fleet.models import Source
 from controlplane.refresh.models import FlushPolicy, PauseMode
+from controlplane.refresh.strategy import (
+    ALL_AT_ONCE,
+    CANARY,
+    EVAL_MANUAL,
+    EVAL_NONE,
+    EVAL_TRAINER,
+    MAX_VERDICT_TIMEOUT_SECONDS,
+    WAVES,
+    instance_list,
+    parse_strategy,
+)
 from controlplane.refresh.targets import family_pause_modes
 
 #: One pause-mode field per family, offering only the modes that family has.
@@ -44,7 +55,128 @@ def _fingerprint_field(message: str) -> str:
     return "expect_logprobs"
 
 
-class PlanForm(forms.Form):
+#: Which plan form field a `parse_strategy` message is about, by the field it starts with.
+_STRATEGY_FIELDS = (
+    ("canary.size", "canary_size"),
+    ("canary.instances", "canary_instances"),
+    ("canary.evaluation", "canary_evaluation"),
+    ("canary.timeout_seconds", "canary_timeout"),
+    ("canary", "canary_size"),
+    ("max_unavailable", "max_unavailable"),
+    ("waves need max_unavailable", "max_unavailable"),
+    ("max_failed", "max_failed"),
+    ("admit_as_verified", "admit_as_verified"),
+    ("pause_after", "pause_after"),
+)
+
+
+def _strategy_field(message: str) -> str:
+    for prefix, field in _STRATEGY_FIELDS:
+        if message.startswith(prefix):
+            return field
+    return "strategy_kind"
+
+
+STRATEGY_KINDS = [
+    (ALL_AT_ONCE, "all at once"),
+    (WAVES, "waves"),
+    (CANARY, "canary first, then waves"),
+]
+
+
+class StrategyFields(forms.Form):
+    """The strategy fields, shared by the plan form and the source's default strategy form.
+    A blank kind is the source's default on the plan form (and all at once for a source)."""
+
+    # How the refresh walks its scope (refresh.strategy); blank kind: the source's default.
+    strategy_kind = forms.ChoiceField(
+        required=False,
+        label="Strategy",
+        choices=[("", "the source's default"), *STRATEGY_KINDS],
+    )
+    max_unavailable = forms.CharField(
+        required=False,
+        max_length=8,
+        label="Max unavailable per namespace",
+        help_text="waves and canary: a count or a percentage such as 10%",
+    )
+    max_failed = forms.CharField(
+        required=False,
+        max_length=8,
+        label="Failure budget",
+        help_text="workers that may fail and be quarantined before it holds (count or %)",
+    )
+    admit_as_verified = forms.BooleanField(
+        required=False, label="Admit verified workers to the gate wave by wave"
+    )
+    pause_after = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Pause after waves",
+        help_text="comma-separated wave numbers; the refresh waits there until continued",
+    )
+    canary_size = forms.CharField(
+        required=False, max_length=8, label="Canary size", help_text="a count or a percentage"
+    )
+    canary_instances = forms.CharField(
+        required=False,
+        max_length=4000,
+        label="Canary instances",
+        help_text="comma-separated instance ids, instead of a size",
+    )
+    canary_evaluation = forms.ChoiceField(
+        required=False,
+        label="Canary judged by",
+        choices=[
+            (EVAL_NONE, "the fingerprint and generation checks"),
+            (EVAL_MANUAL, "a person (approve or reject)"),
+            (EVAL_TRAINER, "the trainer's verdict (webhook or API)"),
+        ],
+    )
+    canary_timeout = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_VERDICT_TIMEOUT_SECONDS,
+        label="Verdict timeout (s)",
+        help_text="no verdict by then: the canary is rolled back",
+    )
+
+    def _strategy(self, data) -> dict | None:
+        """The strategy's JSON form, None for the source's default; errors go to the field
+        `parse_strategy` names."""
+        kind = data.get("strategy_kind") or ""
+        canary = {
+            "size": data.get("canary_size") or None,
+            "instances": data.get("canary_instances") or None,
+            "evaluation": data.get("canary_evaluation") or None,
+            "timeout_seconds": data.get("canary_timeout"),
+        }
+        canary = {k: v for k, v in canary.items() if v not in (None, "")}
+        raw = {
+            "max_unavailable": data.get("max_unavailable") or None,
+            "max_failed": data.get("max_failed") or None,
+            "admit_as_verified": bool(data.get("admit_as_verified")),
+            "pause_after": data.get("pause_after") or None,
+        }
+        raw = {k: v for k, v in raw.items() if v not in (None, False)}
+        if kind == CANARY:
+            raw["canary"] = canary
+        elif set(canary) - {"evaluation"}:
+            self.add_error("strategy_kind", "canary settings need the canary strategy")
+            return None
+        if not kind:
+            if raw:
+                self.add_error("strategy_kind", "choose a strategy for these settings")
+            return None
+        try:
+            return parse_strategy({"kind": kind, **raw}).to_dict()
+        except ValidationError as exc:
+            for message in exc.messages:
+                self.add_error(_strategy_field(message), message)
+            return None
+
+
+class PlanForm(StrategyFields):
     source = forms.ModelChoiceField(Source.objects.filter(enabled=True), to_field_name="name")
     namespaces = forms.CharField(required=False, help_text="comma-separated; empty = all")
     worker_ids = forms.CharField(required=False, help_text="comma-separated worker ids; optional")
@@ -86,6 +218,12 @@ class PlanForm(forms.Form):
         help_text="comma-separated chosen-token logprobs, compared within the tolerance",
     )
     logprob_tolerance = forms.FloatField(required=False, min_value=0, label="Logprob tolerance")
+    instances = forms.CharField(
+        required=False,
+        max_length=4000,
+        label="Only these instances",
+        help_text="comma-separated instance ids; the rest keep serving and stay verified",
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -108,8 +246,15 @@ class PlanForm(forms.Form):
         except ValueError:
             raise ValidationError("prompt token ids are integers") from None
 
+    def clean_instances(self) -> list[str] | None:
+        try:
+            return instance_list(self.cleaned_data["instances"])
+        except ValidationError as exc:
+            raise ValidationError(exc.messages) from None
+
     def clean(self):
         data = super().clean()
+        data["strategy"] = self._strategy(data)
         if data.get("method") == "disk" and not data.get("model_path"):
             self.add_error("model_path", "a disk update needs a model path")
         if data.get("method") == UpdateMethod.LORA and not data.get("lora_name"):
@@ -173,4 +318,42 @@ class PlanForm(forms.Form):
                 "expected_model": data["expected_model"],
             },
             "fingerprint": data.get("fingerprint"),
+            "strategy": data.get("strategy"),
+            "instances": data.get("instances"),
         }
+
+
+class SourceStrategyForm(StrategyFields):
+    """A source's default strategy: the same fields as the plan form's, and no "default"."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        kind = self.fields["strategy_kind"]
+        assert isinstance(kind, forms.ChoiceField)
+        kind.required = True
+        kind.choices = STRATEGY_KINDS
+
+    @classmethod
+    def for_source(cls, source: Source, data=None) -> SourceStrategyForm:
+        return cls(data, initial=strategy_initial(source.default_strategy or {}))
+
+    def clean(self):
+        data = super().clean()
+        data["strategy"] = self._strategy(data)
+        return data
+
+
+def strategy_initial(strategy: dict) -> dict:
+    """A stored strategy as the strategy fields' initial values."""
+    canary = strategy.get("canary") or {}
+    return {
+        "strategy_kind": strategy.get("kind") or ALL_AT_ONCE,
+        "max_unavailable": strategy.get("max_unavailable", ""),
+        "max_failed": strategy.get("max_failed") or "",
+        "admit_as_verified": bool(strategy.get("admit_as_verified")),
+        "pause_after": ", ".join(str(w) for w in strategy.get("pause_after") or []),
+        "canary_size": canary.get("size", ""),
+        "canary_instances": ", ".join(canary.get("instances") or []),
+        "canary_evaluation": canary.get("evaluation", EVAL_NONE),
+        "canary_timeout": canary.get("timeout_seconds"),
+    }

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
-from controlplane.fleet.models import Worker
+from controlplane.fleet.models import Source, Worker
 from controlplane.refresh import actions, presenters
 from controlplane.refresh.action_table import (
     ABORT,
@@ -43,7 +43,7 @@ from controlplane.refresh.action_table import (
     ActionInput,
 )
 from controlplane.refresh.errors import RefreshError
-from controlplane.refresh.forms import PlanForm
+from controlplane.refresh.forms import PlanForm, SourceStrategyForm
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -52,6 +52,7 @@ from controlplane.refresh.models import (
     Quarantine,
     RefreshState,
 )
+from controlplane.refresh.source_strategy import set_default_strategy
 from controlplane.requests import HtmxHttpRequest
 
 
@@ -256,3 +257,22 @@ def _quarantine_exit(action: Action[Quarantine]):
 quarantine_retry = _quarantine_exit(RETRY_QUARANTINE)
 quarantine_release = _quarantine_exit(RELEASE_QUARANTINE)
 quarantine_drop = _quarantine_exit(DROP_QUARANTINE)
+
+
+@require_http_methods(["GET", "POST"])
+@requires(Perm.MANAGE_SOURCES)
+def source_strategy(request: HttpRequest, pk: int) -> HttpResponse:
+    """A source's default strategy: the one its plans get unless they name their own."""
+    source = get_object_or_404(Source, pk=pk)
+    form = SourceStrategyForm.for_source(source, request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            set_default_strategy(
+                source, form.cleaned_data["strategy"], actor=actor_from_request(request)
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(request, "Default strategy saved.")
+            return redirect("fleet:source", pk=source.pk)
+    return render(request, "refresh/source_strategy.html", {"form": form, "source": source})

@@ -487,6 +487,7 @@ API_WRITES = {
     "release_quarantine",
     "drop_quarantine",
     "report_broadcast_done",  # POST only; its body is the trainer's, checked like any write
+    "record_canary_verdict",  # POST only; the trainer's verdict, checked like any write
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
 #: Query parameters some page shows back. `page` is not one: every pager parses it as a number
@@ -534,6 +535,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "fleet:metrics": ["/metrics"],
         "refresh:list": ["/refreshes/"],
         "refresh:plan": ["/refreshes/new/"],
+        "refresh:source_strategy": [f"/refreshes/sources/{s.pk}/strategy/" for s in all_sources],
         "refresh:gates": ["/refreshes/gates/"],
         "refresh:gate_actions": [f"/refreshes/gates/{g.pk}/actions/" for g in Gate.objects.all()],
         "refresh:detail": [f"/refreshes/{pk}/" for pk in r],

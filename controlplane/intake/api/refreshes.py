@@ -10,17 +10,19 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from ninja import Path, Query, Router, Schema
-from pydantic import Field
+from pydantic import Field, StrictBool, WithJsonSchema
 
 from controlplane.accounts.roles import Perm
 from controlplane.intake.api import idempotency
 from controlplane.intake.api.auth import actor, limit_to_sources, require, source_or_404
-from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
+from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.intake.fingerprint import FingerprintIn
+from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
 from controlplane.refresh import action_table, actions, group
 from controlplane.refresh.action_table import Action, ActionInput
 from controlplane.refresh.models import PolicyRefresh
+from controlplane.refresh.strategy import stored as stored_strategy
 
 router = Router(tags=["policy refreshes"])
 
@@ -74,6 +76,16 @@ class PlanIn(Schema):
         None,
         description="the trainer's fingerprint of the new policy; every worker must match it",
     )
+    strategy: Annotated[dict[str, Any], WithJsonSchema(STRATEGY_SCHEMA)] | None = Field(
+        None,
+        description="how the refresh walks its scope; omitted: the source's default strategy. "
+        "A strategy that does not validate is answered 400 with field errors.",
+    )
+    instances: list[Annotated[str, Field(pattern=r"^\d{1,20}$")]] | None = Field(
+        None,
+        max_length=10000,
+        description="refresh only these instance ids of the scope; the rest keep serving",
+    )
 
 
 class RejectIn(Schema):
@@ -112,6 +124,17 @@ class GroupWait(Schema):
     )
 
 
+class CanaryVerdictIn(Schema):
+    weight_version: str | int = Field(
+        description="the version the trainer evaluated; refused (409) if not the refresh's"
+    )
+    passed: StrictBool = Field(description="true: the rest of the scope follows")
+    metrics: dict[str, Any] = Field(
+        default_factory=dict, description="what the evaluation measured (kept and audited)"
+    )
+    reason: str = Field("", max_length=2000, description="optional; shown with a failure")
+
+
 class EndIn(Schema):
     reason: str = Field(min_length=1, max_length=2000)
 
@@ -132,6 +155,21 @@ class RefreshOut(Schema):
     group: dict[str, Any] = {}
     compat: dict[str, Any] = {}
     fingerprint: dict[str, Any] | None = None
+    strategy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the strategy it was planned with (the `strategy` JSON form, kind always "
+        "given) and `description`, one line saying what it does",
+    )
+    instances: list[str] | None = Field(
+        None, description="only these instance ids are refreshed (null = the whole scope)"
+    )
+    wave: int = Field(1, description="the wave being run, from 1")
+    waves: int = Field(1, description="how many waves the plan has")
+    canary: dict[str, Any] | None = Field(
+        None,
+        description="a canary's evaluation: state (awaiting, passed, failed), instances by "
+        "namespace, deadline, verdict, metrics, by, at",
+    )
     plan_blockers: list[Any]
     failed_step: str
     held_reason: str
@@ -200,6 +238,11 @@ class RefreshFilters(PageParams):
     state: str | None = Field(None, max_length=24)
 
 
+def strategy_out(refresh) -> dict[str, Any]:
+    strategy = stored_strategy(refresh)
+    return {**strategy.to_dict(), "description": strategy.describe()}
+
+
 def serialize_refresh(refresh) -> dict[str, Any]:
     return {
         "id": refresh.pk,
@@ -212,6 +255,11 @@ def serialize_refresh(refresh) -> dict[str, Any]:
         "group": refresh.group or {},
         "compat": refresh.compat or {},
         "fingerprint": refresh.fingerprint,
+        "strategy": strategy_out(refresh),
+        "instances": refresh.instances,
+        "wave": refresh.wave,
+        "waves": refresh.waves,
+        "canary": (refresh.progress or {}).get("canary"),
         "plan_blockers": list(refresh.plan_blockers or []),
         "failed_step": refresh.failed_step,
         "held_reason": refresh.held_reason,
@@ -275,9 +323,18 @@ def list_refreshes(request: HttpRequest, filters: Query[RefreshFilters]):
     openapi_extra=idempotency.OPENAPI_PARAMETER,
 )
 def plan_refresh(request: HttpRequest, response: HttpResponse, payload: PlanIn):
-    """Plan a policy refresh (runs a fresh discovery first). Nothing is touched until start."""
+    """Plan a policy refresh (runs a fresh discovery first). Nothing is touched until start.
+
+    `strategy` chooses all at once, waves or a canary first (omitted: the source's default);
+    the answer's `strategy` is the one stored, with a one-line `description`."""
     require(request, Perm.OPERATE_REFRESH)
     source = source_or_404(request, payload.source)
+    strategy = None
+    if payload.strategy is not None:
+        try:
+            strategy = checked(payload.strategy).to_dict()
+        except StrategyRefused as exc:
+            raise ApiError(400, "invalid_strategy", str(exc), exc.errors) from None
 
     def plan():
         refresh = actions.plan_policy_refresh(
@@ -291,6 +348,8 @@ def plan_refresh(request: HttpRequest, response: HttpResponse, payload: PlanIn):
             versions=payload.versions,
             verification=payload.verification,
             fingerprint=payload.fingerprint.as_dict() if payload.fingerprint else None,
+            strategy=strategy,
+            instances=payload.instances,
         )
         return 201, _json(serialize_refresh(refresh))
 
@@ -412,6 +471,24 @@ def report_broadcast_done(
     workers now apply them. 409 unless the refresh is waiting for exactly this."""
     given = ActionInput(weight_version=payload.weight_version if payload else None)
     return _action(request, response, refresh_id, action_table.BROADCAST_DONE, given)
+
+
+@_action_route(action_table.CANARY_VERDICT)
+def record_canary_verdict(
+    request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: CanaryVerdictIn
+):
+    """The trainer's verdict on a canary waiting in `canary_review` (after the
+    `refresh.canary_review` notification, which names the canary's verified instances): passed,
+    the rest of the scope follows; failed, the canary is rolled back and the refresh holds.
+    The same verdict again changes nothing; 409 when no canary waits, the other verdict was
+    already given, or `weight_version` is not the refresh's."""
+    given = ActionInput(
+        passed=payload.passed,
+        metrics=payload.metrics,
+        reason=payload.reason,
+        weight_version=payload.weight_version,
+    )
+    return _action(request, response, refresh_id, action_table.CANARY_VERDICT, given)
 
 
 @router.get("/refreshes/{refresh_id}/group", response={200: GroupOut, **COMMON_ERRORS})

@@ -1,13 +1,17 @@
-"""Sources: list, read, create, update, delete, and "refresh now" (a discovery refresh)."""
+"""Sources: list, read, create, update, delete, and "refresh now" (a discovery refresh).
+
+A source's `default_strategy` is validated here and stored by `refresh.source_strategy` (only
+the refresh app knows a strategy), in the same transaction as the source's other changes."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Any, Literal
 
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router, Schema, Status
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from controlplane.accounts.roles import Perm
 from controlplane.fleet import services
@@ -19,8 +23,10 @@ from controlplane.intake.api.auth import (
     source_or_404,
     visible_sources,
 )
-from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
+from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
+from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
+from controlplane.refresh.source_strategy import set_default_strategy
 
 router = Router(tags=["sources"])
 
@@ -33,6 +39,22 @@ DRIFT_POLICY_HELP = (
 )
 DRILL_EVERY_HELP = "hours between scheduled rollback drills of a small canary subset; 0 = never"
 AGREEMENT_TOKENS_HELP = "how many leading completion tokens workers of one model must agree on"
+
+
+StrategyField = Annotated[dict[str, Any], WithJsonSchema(STRATEGY_SCHEMA)]
+STRATEGY_HELP = (
+    "the refresh strategy plans of this source get unless they name one; {} = all at once. "
+    "400 with field errors when it does not validate"
+)
+
+
+def _strategy_or_400(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        return checked(raw).to_dict()
+    except StrategyRefused as exc:
+        raise ApiError(400, "invalid_strategy", str(exc), exc.errors) from None
 
 
 class SourceOut(Schema):
@@ -52,6 +74,10 @@ class SourceOut(Schema):
     agreement_epsilon: float
     drift_policy: str
     drill_every: int
+    default_strategy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the strategy plans get unless they name one ({} = all at once)",
+    )
     reported_namespace: str
     stale: bool
     stale_reason: str
@@ -76,6 +102,7 @@ class SourceIn(Schema):
     agreement_epsilon: float = Field(0.05, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName = Field("quarantine", description=DRIFT_POLICY_HELP)
     drill_every: int = Field(0, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
+    default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 
 class SourcePatch(Schema):
@@ -94,6 +121,7 @@ class SourcePatch(Schema):
     agreement_epsilon: float | None = Field(None, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName | None = Field(None, description=DRIFT_POLICY_HELP)
     drill_every: int | None = Field(None, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
+    default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 
 class Accepted(Schema):
@@ -116,7 +144,12 @@ def list_sources(request: HttpRequest, page: Query[PageParams]):
 def create_source(request: HttpRequest, payload: SourceIn):
     require(request, Perm.MANAGE_SOURCES)
     require_unlimited(request)
-    source = services.create_source(actor=actor(request), **payload.model_dump())
+    values = payload.model_dump()
+    strategy = _strategy_or_400(values.pop("default_strategy"))
+    with transaction.atomic():
+        source = services.create_source(actor=actor(request), **values)
+        if strategy is not None:
+            source = set_default_strategy(source, strategy, actor=actor(request))
     return Status(201, serialize_source(source))
 
 
@@ -131,7 +164,11 @@ def update_source(request: HttpRequest, name: str, payload: SourcePatch):
     require(request, Perm.MANAGE_SOURCES)
     source = source_or_404(request, name)
     changes = payload.model_dump(exclude_unset=True, exclude_none=True)
-    source = services.update_source(source, actor=actor(request), **changes)
+    strategy = _strategy_or_400(changes.pop("default_strategy", None))
+    with transaction.atomic():
+        source = services.update_source(source, actor=actor(request), **changes)
+        if strategy is not None:
+            source = set_default_strategy(source, strategy, actor=actor(request))
     return serialize_source(source)
 
 

@@ -28,6 +28,12 @@ class WebhookEndpoint(models.Model):
     )
     rules = models.JSONField(default=list, blank=True)
     pause_mode = models.CharField(max_length=32, default="keep")
+    #: The strategy of the refreshes this endpoint's checkpoints ask for (the
+    #: `refresh.strategy` JSON form); empty = the source's default strategy.
+    default_strategy = models.JSONField(default=dict, blank=True)
+    #: Whether a `checkpoint.ready` may name its own `strategy`. Off by default: the people
+    #: who configure the endpoint decide how fast a trainer may roll the fleet, not the trainer.
+    allow_strategy_override = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -69,6 +75,8 @@ class ReceivedWebhookOutcome(models.TextChoices):
     TEST = "test"
     # A `broadcast.done` recorded on its distributed refresh.
     BROADCAST_DONE = "broadcast_done"
+    # A `canary.verdict` recorded on its canary (passed or failed: the detail says which).
+    CANARY_VERDICT = "canary_verdict"
     # Only on rows stored before webhooks were processed in the background.
     PROCESSING = "processing"
     CONFLICT = "conflict"

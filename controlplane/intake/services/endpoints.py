@@ -21,6 +21,7 @@ from controlplane.intake.models import WebhookEndpoint, WebhookPolicy
 from controlplane.intake.webhooks.trainer.events import validate_rules
 from controlplane.intake.webhooks.trainer.receive import Answer, send_test_event
 from controlplane.notify.signing import generate_secret
+from controlplane.refresh.strategy import parse_strategy
 from controlplane.refresh.targets import PAUSE_MODE_CHOICES
 
 #: Old and new during a rotation, plus room for a slow rollout; more means a forgotten secret.
@@ -30,7 +31,17 @@ MAX_SECRETS = 3
 PAUSE_MODES = PAUSE_MODE_CHOICES
 _SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
-FIELDS = ("name", "source", "namespaces", "policy", "rules", "pause_mode", "enabled")
+FIELDS = (
+    "name",
+    "source",
+    "namespaces",
+    "policy",
+    "rules",
+    "pause_mode",
+    "default_strategy",
+    "allow_strategy_override",
+    "enabled",
+)
 
 
 def secret_fingerprint(secret: str) -> str:
@@ -82,6 +93,13 @@ def _clean(values: dict[str, Any], *, instance: WebhookEndpoint | None = None) -
     if pause_mode not in PAUSE_MODES:
         errors["pause_mode"] = f"pause mode must be one of {', '.join(PAUSE_MODES)}"
     clean["pause_mode"] = pause_mode
+    strategy = values.get("default_strategy") or {}
+    try:
+        # Stored in its normal form; empty stays empty (the source's default applies).
+        clean["default_strategy"] = parse_strategy(strategy).to_dict() if strategy else {}
+    except ValidationError as exc:
+        errors["default_strategy"] = "; ".join(exc.messages)
+    clean["allow_strategy_override"] = bool(values.get("allow_strategy_override", False))
     clean["enabled"] = bool(values.get("enabled", True))
     if errors:
         raise ValidationError(errors)
@@ -96,6 +114,8 @@ def _audit_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
         "policy": endpoint.policy,
         "rules": list(endpoint.rules),
         "pause_mode": endpoint.pause_mode,
+        "default_strategy": dict(endpoint.default_strategy or {}),
+        "allow_strategy_override": endpoint.allow_strategy_override,
         "enabled": endpoint.enabled,
         "secrets": [secret_fingerprint(s) for s in endpoint.secrets],
     }
@@ -110,6 +130,8 @@ def create_webhook_endpoint(
     policy: str = WebhookPolicy.REQUIRE_APPROVAL,
     rules=(),
     pause_mode: str = "auto",
+    default_strategy: dict[str, Any] | None = None,
+    allow_strategy_override: bool = False,
     enabled: bool = True,
 ) -> tuple[WebhookEndpoint, str]:
     """Create an endpoint with a fresh `whsec_` secret; return it with that secret."""
@@ -121,6 +143,8 @@ def create_webhook_endpoint(
             "policy": policy,
             "rules": list(rules),
             "pause_mode": pause_mode,
+            "default_strategy": default_strategy or {},
+            "allow_strategy_override": allow_strategy_override,
             "enabled": enabled,
         }
     )
@@ -139,7 +163,8 @@ def create_webhook_endpoint(
 def update_webhook_endpoint(
     endpoint: WebhookEndpoint, *, actor: Actor, **changes
 ) -> WebhookEndpoint:
-    """Change any of name, source, namespaces, policy, rules, pause mode, enabled."""
+    """Change any of name, source, namespaces, policy, rules, pause mode, default strategy,
+    whether webhooks may override it, enabled."""
     current = {field: getattr(endpoint, field) for field in FIELDS}
     clean = _clean({**current, **changes}, instance=endpoint)
     with transaction.atomic():

@@ -19,6 +19,7 @@ from controlplane.intake.forms import WebhookEndpointForm
 from controlplane.intake.models import WebhookEndpoint
 from controlplane.intake.views.common import secret_response
 from controlplane.notify.emit import absolute_url
+from controlplane.refresh.strategy import parse_strategy
 from controlplane.requests import HtmxHttpRequest
 
 RECEIVED_SHOWN = 20
@@ -41,12 +42,20 @@ def endpoint_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "intake/endpoints.html", {"endpoints": endpoints})
 
 
+def endpoint_strategy_text(endpoint: WebhookEndpoint) -> str:
+    if endpoint.default_strategy:
+        return parse_strategy(endpoint.default_strategy).describe()
+    source_default = parse_strategy(endpoint.source.default_strategy or None).describe()
+    return f"the source's default ({source_default})"
+
+
 def _detail_context(endpoint: WebhookEndpoint, **extra) -> dict:
     return {
         "endpoint": endpoint,
         "trainer_url": trainer_url(endpoint),
         "fingerprints": [services.secret_fingerprint(s) for s in endpoint.secrets],
         "max_secrets": services.MAX_SECRETS,
+        "strategy": endpoint_strategy_text(endpoint),
         "received": endpoint.received.all()[:RECEIVED_SHOWN],
         **extra,
     }

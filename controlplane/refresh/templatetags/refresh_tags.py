@@ -5,14 +5,17 @@ every source's. It connects its own websocket and keeps itself current.
 
 `{{ body|json_text }}` shows a planned call's JSON body as text (autoescaped like any text).
 `{{ body|json_pretty }}` shows it indented, for a `<pre>`.
+`{{ refresh|strategy_text }}` says how a refresh (or a strategy's JSON form) walks its scope.
 """
 
 import json
 from urllib.parse import urlsplit
 
 from django import template
+from django.core.exceptions import ValidationError
 
 from controlplane.refresh import presenters
+from controlplane.refresh.strategy import parse_strategy
 
 register = template.Library()
 
@@ -61,3 +64,24 @@ def url_path(value) -> str:
     URL stays in the cell's title and in the API's journal)."""
     parts = urlsplit(str(value or ""))
     return parts.path + (f"?{parts.query}" if parts.query else "") if parts.netloc else str(value)
+
+
+@register.filter
+def strategy_text(refresh_or_strategy) -> str:
+    """`{{ refresh|strategy_text }}` (or a source's `default_strategy`): one line saying how
+    it walks its scope. A stored strategy that no longer validates is shown as such, not
+    raised: a page must render whatever the database holds."""
+    raw = getattr(refresh_or_strategy, "strategy", refresh_or_strategy)
+    try:
+        return parse_strategy(raw or None).describe()
+    except ValidationError as exc:
+        return "invalid strategy: " + "; ".join(exc.messages)
+
+
+@register.filter
+def pairs(mapping) -> list[tuple[str, object]]:
+    """`{% for k, v in d|pairs %}`: a dict's items in key order. Unlike `d.items` in a
+    template, a key named "items" in data from outside cannot stand in for the method."""
+    if not isinstance(mapping, dict):
+        return []
+    return sorted(((str(k), v) for k, v in mapping.items()), key=lambda kv: kv[0])

@@ -14,6 +14,7 @@ from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.fleet.models import Source
 from controlplane.refresh import actions
 from controlplane.refresh.models import PolicyRefresh
+from controlplane.refresh.strategy import EVALUATIONS, KINDS, parse_strategy
 from controlplane.refresh.targets import PAUSE_MODE_CHOICES
 
 #: A fingerprint file holds at most a few hundred numbers; anything bigger is a mistake.
@@ -64,12 +65,115 @@ def add_plan_arguments(parser) -> None:
         metavar="TOL",
         help="largest allowed |Δ| per reference logprob (default 0.05)",
     )
+    add_strategy_arguments(parser)
     parser.add_argument(
         "--fingerprint-file",
         metavar="PATH",
         help='JSON {"completion_token_ids": [...], "logprobs": [...], '
         '"logprob_tolerance": x, "prompt_token_ids": [...]}',
     )
+
+
+def add_strategy_arguments(parser) -> None:
+    """How the refresh walks its scope; none of these given: the source's default strategy."""
+    group = parser.add_argument_group(
+        "strategy", "how the refresh walks its scope (none given: the source's default strategy)"
+    )
+    group.add_argument("--strategy", choices=KINDS, help="all_at_once, waves or canary")
+    group.add_argument(
+        "--max-unavailable",
+        metavar="N|P%",
+        help="waves and canary: most workers of a namespace paused at once, e.g. 2 or 10%%",
+    )
+    group.add_argument(
+        "--max-failed",
+        metavar="N|P%",
+        help="failure budget: workers that may fail and be quarantined before it holds",
+    )
+    group.add_argument(
+        "--pause-after",
+        action="append",
+        type=int,
+        default=[],
+        metavar="WAVE",
+        help="wait after this wave until continued (repeatable)",
+    )
+    group.add_argument(
+        "--admit-as-verified",
+        action="store_true",
+        help="verified workers join the gate wave by wave",
+    )
+    group.add_argument(
+        "--canary", metavar="N|P%", help="canary of N workers (or P%% of the scope) first"
+    )
+    group.add_argument(
+        "--canary-instance",
+        action="append",
+        default=[],
+        dest="canary_instances",
+        metavar="ID",
+        help="this instance is in the canary (repeatable; instead of --canary)",
+    )
+    group.add_argument(
+        "--canary-evaluation",
+        choices=EVALUATIONS,
+        help="none (the checks alone, default), manual (a person) or trainer (its verdict)",
+    )
+    group.add_argument(
+        "--canary-timeout", type=int, metavar="SECONDS", help="how long a verdict is waited for"
+    )
+    group.add_argument(
+        "--instance",
+        action="append",
+        default=[],
+        dest="instances",
+        metavar="ID",
+        help="refresh only this instance of the scope; the rest keep serving (repeatable)",
+    )
+
+
+def strategy_from_options(opts) -> dict | None:
+    """The strategy's JSON form, or None when no strategy option was given. A canary option
+    without --strategy means a canary. Raises Refused (usage) when it does not validate."""
+    canary_given = (
+        opts.get("canary") is not None
+        or bool(opts.get("canary_instances"))
+        or opts.get("canary_evaluation") is not None
+        or opts.get("canary_timeout") is not None
+    )
+    kind = opts.get("strategy") or ("canary" if canary_given else None)
+    given = (
+        kind is not None
+        or opts.get("max_unavailable") is not None
+        or opts.get("max_failed") is not None
+        or bool(opts.get("pause_after"))
+        or bool(opts.get("admit_as_verified"))
+    )
+    if not given:
+        return None
+    raw: dict = {"kind": kind or "all_at_once"}
+    for key in ("max_unavailable", "max_failed"):
+        if opts.get(key) is not None:
+            raw[key] = opts[key]
+    if opts.get("pause_after"):
+        raw["pause_after"] = opts["pause_after"]
+    if opts.get("admit_as_verified"):
+        raw["admit_as_verified"] = True
+    if canary_given:
+        canary: dict = {}
+        if opts.get("canary") is not None:
+            canary["size"] = opts["canary"]
+        if opts.get("canary_instances"):
+            canary["instances"] = opts["canary_instances"]
+        if opts.get("canary_evaluation") is not None:
+            canary["evaluation"] = opts["canary_evaluation"]
+        if opts.get("canary_timeout") is not None:
+            canary["timeout_seconds"] = opts["canary_timeout"]
+        raw["canary"] = canary
+    try:
+        return parse_strategy(raw).to_dict()
+    except ValidationError as exc:
+        raise Refused("; ".join(exc.messages), Exit.USAGE, "invalid_strategy") from None
 
 
 def read_fingerprint(opts) -> dict | None:
@@ -117,6 +221,8 @@ def plan_from_options(opts, actor: Actor) -> PolicyRefresh:
                 "expected_model": opts["expected_model"],
             },
             fingerprint=read_fingerprint(opts),
+            strategy=strategy_from_options(opts),
+            instances=opts.get("instances") or None,
         )
     except ValidationError as exc:
         raise Refused("; ".join(exc.messages), Exit.USAGE, "invalid_input") from None

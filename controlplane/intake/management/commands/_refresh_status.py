@@ -144,6 +144,14 @@ def progress_line(status: dict[str, Any]) -> str:
             line += f" {progress['workers_done']}/{progress['workers_total']} workers"
     elif status["state"] == RefreshState.HELD and refresh["failed_step"]:
         line += f", held at {refresh['failed_step']}"
+    elif status["state"] == RefreshState.WAITING:
+        line += f", waiting after wave {refresh['wave']} of {refresh['waves']} until continued"
+    elif status["state"] == RefreshState.CANARY_REVIEW:
+        canary = refresh.get("canary") or {}
+        line += (
+            f", canary awaits a {canary.get('evaluation', '?')} verdict until "
+            f"{canary.get('deadline', '?')}"
+        )
     return line
 
 
@@ -158,6 +166,8 @@ def status_text(status: dict[str, Any]) -> str:
         f"policy refresh #{r['id']}: {r['source']} {', '.join(shown(n) for n in r['namespaces'])}"
         f" -> {shown(target.get('weight_version'))} ({shown(target.get('method', '?'))})",
         f"state: {status['state']}" + (f" (step {status['phase']})" if status["phase"] else ""),
+        f"strategy: {shown(r['strategy'].get('description', ''))}"
+        + (f" (wave {r['wave']} of {r['waves']})" if r["waves"] > 1 else ""),
         progress_line(status),
         f"requested by {shown(r['requested_by'])} at {r['created_at']}"
         + (f", approved by {shown(r['approved_by'])}" if r["approved_by"] else ""),

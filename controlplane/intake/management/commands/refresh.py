@@ -1,6 +1,6 @@
 """`manage.py refresh plan|start|approve|reject|abort|discard|retry|rollback|end|
-resolve-membership|reopen-verified|force-reopen|status|watch|list` — every policy refresh action
-from a terminal or a script.
+resolve-membership|reopen-verified|force-reopen|pause|continue|approve-canary|reject-canary|
+status|watch|list` — every policy refresh action from a terminal or a script.
 
 Each action runs its row of `refresh.action_table`, the same row the refresh page and the JSON
 API run: the `--as` user's role is checked against the row's permission, the action function
@@ -47,6 +47,7 @@ from controlplane.refresh.action_table import REFRESH_ACTIONS, ActionInput
 from controlplane.refresh.errors import ApprovalNotAllowed
 from controlplane.refresh.management.commands._refusals import REFUSALS, refusal
 from controlplane.refresh.models import ACTIVE_STATES, PolicyRefresh, RefreshState
+from controlplane.refresh.strategy import stored as stored_strategy
 
 #: What each action does, for `--help`.
 ACTION_HELP = {
@@ -61,11 +62,16 @@ ACTION_HELP = {
     "resolve-membership": "drop leavers, leave joiners out, and run the held step again",
     "reopen-verified": "open every namespace whose workers all passed verify",
     "force-reopen": "open one namespace's gate without verification, with a reason",
+    "pause": "let the wave in progress finish, then wait until continued",
+    "continue": "run the next wave of a refresh waiting at a pause point",
+    "approve-canary": "pass a canary awaiting a person's approval; the rest follows",
+    "reject-canary": "fail a canary awaiting a verdict, with a reason: it is rolled back, "
+    "then the refresh holds",
 }
 AWAITING_APPROVAL = RefreshState.AWAITING_APPROVAL
 #: The inputs each action reads (`ActionInput` fields); the rest take none.
-REASON_REQUIRED = frozenset({"reject", "end", "force-reopen"})
-REASON_OPTIONAL = frozenset({"discard"})
+REASON_REQUIRED = frozenset({"reject", "end", "force-reopen", "reject-canary"})
+REASON_OPTIONAL = frozenset({"discard", "approve-canary"})
 DEFAULT_INTERVAL = 1.0
 
 
@@ -254,6 +260,7 @@ class Command(OperatorCommand):
                 f"{', '.join(shown(n) for n in refresh.namespaces)} -> "
                 f"{shown(refresh.weight_version)}, {refresh.workers.count()} workers"
             )
+            self.stdout.write(f"  strategy: {stored_strategy(refresh).describe()}")
             for line in blockers:
                 self.stdout.write(f"  BLOCKED: {line}")
             if not blockers:

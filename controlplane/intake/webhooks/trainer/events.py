@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from controlplane.intake.fingerprint import FingerprintIn
 
@@ -12,7 +12,9 @@ CHECKPOINT_READY = "checkpoint.ready"
 TEST_PING = "test.ping"
 #: The trainer broadcast a distributed refresh's weights (after `refresh.group_ready`).
 BROADCAST_DONE = "broadcast.done"
-EVENT_TYPES = (CHECKPOINT_READY, TEST_PING, BROADCAST_DONE)
+#: The trainer's verdict on a canary (after `refresh.canary_review`).
+CANARY_VERDICT = "canary.verdict"
+EVENT_TYPES = (CHECKPOINT_READY, TEST_PING, BROADCAST_DONE, CANARY_VERDICT)
 
 
 class BroadcastDone(BaseModel):
@@ -24,6 +26,23 @@ class BroadcastDone(BaseModel):
     weight_version: str | int | None = Field(
         None, description="the version broadcast; refused when it is not the refresh's"
     )
+
+
+class CanaryVerdict(BaseModel):
+    """`POST /api/v1/refreshes/<id>/canary_verdict`, as a signed webhook: the trainer evaluated
+    the canary's verified instances (named in `refresh.canary_review`) and answers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    refresh_id: int = Field(ge=1, le=2**63 - 1, description="the refresh whose canary waits")
+    weight_version: str | int = Field(
+        description="the version the trainer evaluated; refused when it is not the refresh's"
+    )
+    passed: StrictBool = Field(description="true: the rest of the scope follows; false: roll back")
+    metrics: dict[str, Any] = Field(
+        default_factory=dict, description="what the evaluation measured (kept and audited)"
+    )
+    reason: str = Field("", max_length=2000, description="optional; shown with a failure")
 
 
 class DistributedUpdate(BaseModel):
@@ -49,6 +68,12 @@ class CheckpointReady(BaseModel):
     )
     fingerprint: FingerprintIn | None = Field(
         None, description="what the new policy generates; every worker is verified against it"
+    )
+    strategy: dict[str, Any] | None = Field(
+        None,
+        description="how to walk the scope (the API's strategy object); only when the endpoint "
+        "allows overrides, otherwise 403. Omitted: the endpoint's default strategy, then the "
+        "source's",
     )
 
     @model_validator(mode="after")

@@ -182,6 +182,9 @@ def _attempt(delivery: ReceivedWebhook) -> tuple[str, int | None, str]:
     reasons = approval_reasons(endpoint.rules or [], event.metrics)
     require_approval = endpoint.policy == WebhookPolicy.REQUIRE_APPROVAL or bool(reasons)
     actor = Actor.for_webhook(endpoint.name)
+    if event.strategy is not None and not endpoint.allow_strategy_override:
+        # Overrides were switched off after this delivery was accepted: the endpoint's word now.
+        return Outcome.FAILED, None, "this endpoint no longer lets a webhook choose its strategy"
     try:
         refresh = actions.plan_policy_refresh(
             source=endpoint.source,
@@ -190,6 +193,10 @@ def _attempt(delivery: ReceivedWebhook) -> tuple[str, int | None, str]:
             namespaces=namespaces,
             pause_mode=endpoint.pause_mode,
             fingerprint=event.fingerprint_dict(),
+            # The event's own (when allowed), else the endpoint's, else (None) the source's.
+            strategy=event.strategy
+            if event.strategy is not None
+            else (endpoint.default_strategy or None),
         )
     except ValidationError as exc:
         return Outcome.FAILED, None, "; ".join(exc.messages)

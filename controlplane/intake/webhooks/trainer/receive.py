@@ -33,16 +33,19 @@ from controlplane.intake.models import (
     WebhookEndpoint,
 )
 from controlplane.intake.models import WebhookPolicy as Policy
+from controlplane.intake.strategy import StrategyRefused, checked
 from controlplane.intake.tasks import process_webhook
 from controlplane.intake.webhooks.trainer.broadcast import broadcast_done
 from controlplane.intake.webhooks.trainer.events import (
     BROADCAST_DONE,
+    CANARY_VERDICT,
     CHECKPOINT_READY,
     EVENT_TYPES,
     TEST_PING,
     CheckpointReady,
     approval_reasons,
 )
+from controlplane.intake.webhooks.trainer.verdict import canary_verdict
 from controlplane.notify.signing import VerificationError, sign_headers, verify
 
 logger = logging.getLogger(__name__)
@@ -150,6 +153,29 @@ def receive(
             source_ip=source_ip,
         )
         return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
+    if event_type == CANARY_VERDICT:
+        # A repeat is answered from the stored delivery before anything acts, so a replayed
+        # verdict never meets a canary that has already moved on.
+        if ReceivedWebhook.objects.filter(endpoint=endpoint, webhook_id=webhook_id).exists():
+            return _repeat(endpoint, webhook_id, digest, source_ip)
+        (status, answer_body), judged, refresh_id = canary_verdict(
+            endpoint, webhook_id, envelope.get("data", {})
+        )
+        answer = Answer(status, answer_body)
+        if judged is None:
+            return reject(answer)
+        stored = _store(
+            endpoint,
+            webhook_id,
+            event_type,
+            envelope,
+            digest,
+            done=(Outcome.CANARY_VERDICT, answer.body, judged),
+            audit={"webhook_id": webhook_id, "type": CANARY_VERDICT, "detail": judged},
+            source_ip=source_ip,
+            refresh_id=refresh_id,
+        )
+        return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
     event = None
     if event_type == CHECKPOINT_READY:
         try:
@@ -161,6 +187,20 @@ def receive(
         if event.namespaces and allowed and not set(event.namespaces) <= set(allowed):
             outside = sorted(set(event.namespaces) - set(allowed))
             return reject(_error(403, "namespace_not_allowed", f"outside this endpoint: {outside}"))
+        if event.strategy is not None:
+            if not endpoint.allow_strategy_override:
+                return reject(
+                    _error(
+                        403,
+                        "strategy_override_not_allowed",
+                        "this endpoint does not let a webhook choose its strategy; its "
+                        "default strategy applies when the event names none",
+                    )
+                )
+            try:
+                checked(event.strategy, "data.strategy")
+            except StrategyRefused as exc:
+                return reject(_error(422, "invalid_event", str(exc), exc.errors))
 
     if event is None:  # test.ping: nothing to plan, so it is answered (and done) at once
         answer = Answer(200, {"status": "ok", "webhook_id": webhook_id, "outcome": Outcome.TEST})
@@ -193,6 +233,7 @@ def receive(
             "metrics": event.metrics,
             "require_approval": require_approval,
             "approval_reasons": reasons,
+            "strategy": event.strategy,
         },
         source_ip=source_ip,
     )
@@ -202,7 +243,16 @@ def receive(
 
 
 def _store(
-    endpoint, webhook_id, event_type, envelope, digest, *, audit, source_ip, done=None
+    endpoint,
+    webhook_id,
+    event_type,
+    envelope,
+    digest,
+    *,
+    audit,
+    source_ip,
+    done=None,
+    refresh_id: int | None = None,
 ) -> ReceivedWebhook | None:
     """The delivery and its `webhook.accepted` row in one transaction, the task on commit.
     None when this webhook id was stored before (a repeat)."""
@@ -221,6 +271,7 @@ def _store(
                     event_type=event_type,
                     payload=envelope,
                     body_sha256=digest,
+                    refresh_id=refresh_id,
                     **fields,
                 )
         except IntegrityError:

@@ -12,7 +12,12 @@ from pydantic import Field
 
 from controlplane.audit.recorder import client_ip
 from controlplane.intake.api.errors import ErrorOut
-from controlplane.intake.webhooks.trainer.events import BroadcastDone, CheckpointReady
+from controlplane.intake.webhooks.trainer.events import (
+    EVENT_TYPES,
+    BroadcastDone,
+    CanaryVerdict,
+    CheckpointReady,
+)
 from controlplane.intake.webhooks.trainer.receive import receive, too_large
 
 router = Router(tags=["trainer webhooks"])
@@ -30,6 +35,9 @@ class WebhookResult(Schema):
     detail: str | None = None
     group: dict[str, Any] | None = Field(
         None, description="broadcast.done: the refresh's group and handshake state"
+    )
+    canary: dict[str, Any] | None = Field(
+        None, description="canary.verdict: the canary's state, verdict and instances"
     )
 
 
@@ -74,13 +82,14 @@ _BODY = {
                 "properties": {
                     "type": {
                         "type": "string",
-                        "enum": ["checkpoint.ready", "broadcast.done", "test.ping"],
+                        "enum": list(EVENT_TYPES),
                     },
                     "timestamp": {"type": "string"},
                     "data": {
                         "anyOf": [
                             _inline(CheckpointReady.model_json_schema()),
                             _inline(BroadcastDone.model_json_schema()),
+                            _inline(CanaryVerdict.model_json_schema()),
                         ]
                     },
                 },
@@ -108,7 +117,8 @@ _BODY = {
 )
 def trainer_webhook(request: HttpRequest, endpoint: str) -> Status:
     """A trainer's "checkpoint ready" event, signed with the Standard Webhooks scheme (or its
-    `broadcast.done` for a distributed refresh, acted on at once and answered 200).
+    `broadcast.done` for a distributed refresh, or its `canary.verdict` on a canary waiting in
+    `canary_review`: both acted on at once and answered 200, 409 when nothing waits for them).
 
     Stored and answered 202 at once; the refresh is planned in the background. Read the outcome
     at `GET /api/v1/webhooks/deliveries/{webhook_id}` or by sending the same delivery again."""

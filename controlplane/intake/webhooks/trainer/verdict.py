@@ -1,0 +1,86 @@
+"""`canary.verdict`: the trainer's pass/fail on a canary's verified instances.
+
+The signed-webhook form of `POST /api/v1/refreshes/<id>/canary_verdict`, answering a
+`refresh.canary_review` notification. Acted on at once — the canary waits, its workers serving
+the new policy outside the gate — and idempotent: a repeat of the same webhook id is answered
+from the stored delivery, and the same verdict again changes nothing. Refused (409) when no
+canary waits or the version is not the refresh's; a trainer may only judge refreshes of its
+endpoint's source and namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic
+from django.core.exceptions import ValidationError
+
+from controlplane.audit.recorder import Actor
+from controlplane.intake.webhooks.trainer.events import CanaryVerdict
+from controlplane.refresh import canary
+from controlplane.refresh.errors import RefreshError
+from controlplane.refresh.models import PolicyRefresh
+
+
+def _error(status: int, code: str, message: str, details: Any = None):
+    return status, {"error": {"code": code, "message": message, "details": details}}
+
+
+def canary_verdict(
+    endpoint, webhook_id: str, data: Any
+) -> tuple[tuple[int, dict[str, Any]], str | None, int | None]:
+    """((status, body), detail, refresh id): detail None means the answer is an error."""
+    try:
+        event = CanaryVerdict.model_validate(data)
+    except pydantic.ValidationError as exc:
+        details = json.loads(exc.json(include_url=False, include_input=False))
+        return _error(422, "invalid_event", "canary.verdict data is invalid", details), None, None
+    refresh = (
+        PolicyRefresh.objects.select_related("source")
+        .filter(pk=event.refresh_id, source=endpoint.source)
+        .first()
+    )
+    if refresh is None:
+        message = f"no policy refresh #{event.refresh_id} on this endpoint's source"
+        return _error(404, "unknown_refresh", message), None, None
+    allowed = endpoint.namespaces
+    if allowed and not set(refresh.namespaces or []) <= set(allowed):
+        outside = sorted(set(refresh.namespaces or []) - set(allowed))
+        answer = _error(403, "namespace_not_allowed", f"outside this endpoint: {outside}")
+        return answer, None, None
+    try:
+        refresh = canary.record_canary_verdict(
+            refresh,
+            passed=event.passed,
+            metrics=event.metrics,
+            reason=event.reason,
+            weight_version=event.weight_version,
+            actor=Actor.for_webhook(endpoint.name),
+        )
+    except RefreshError as exc:
+        return _error(409, exc.code, exc.message), None, None
+    except ValidationError as exc:
+        return _error(422, "invalid_event", "; ".join(exc.messages)), None, None
+    verdict = "passed" if event.passed else "failed"
+    detail = f"canary of policy refresh #{refresh.pk} {verdict}"
+    body = {
+        "status": "ok",
+        "webhook_id": webhook_id,
+        "outcome": "canary_verdict",
+        "refresh_id": refresh.pk,
+        "detail": detail,
+        "canary": public_canary(refresh),
+    }
+    return (200, body), detail, refresh.pk
+
+
+def public_canary(refresh: PolicyRefresh) -> dict[str, Any]:
+    """The canary as a trainer may read it back: state, verdict, instances, deadline."""
+    review = (refresh.progress or {}).get("canary") or {}
+    keys = ("state", "evaluation", "verdict", "instances", "deadline", "by", "at", "metrics")
+    return {
+        "refresh_state": refresh.state,
+        "weight_version": refresh.weight_version,
+        **{key: review.get(key) for key in keys},
+    }

@@ -75,6 +75,13 @@ class GateOut(Schema):
     confirmed_at: str | None
     drift: list[DriftOut]
     drift_count: int
+    #: While a staged refresh (waves, canary, named instances) runs: which instances serve
+    #: which version (`from_version`, `to_version`, `wave`, `waves`, `serving_old`,
+    #: `in_flight`, `verified_new`, `left_out`); `{}` otherwise.
+    instance_sets: dict[str, Any]
+    #: Workers a refresh's failure budget left out of the verified set, each with its reason.
+    left_out: list[DriftOut]
+    left_out_count: int
     active_refresh_id: int | None
     revision: int
     updated_at: str | None

@@ -80,7 +80,12 @@ def refresh_list(request: HttpRequest) -> HttpResponse:
         "planned": list(refreshes.filter(state=RefreshState.PLANNED)),
         "active": list(refreshes.filter(state__in=ACTIVE_STATES).exclude(state="held")),
         "held": list(refreshes.filter(state=RefreshState.HELD)),
-        "completed": list(refreshes.filter(state__in=TERMINAL_STATES).exclude(never_started)[:100]),
+        "completed": list(
+            refreshes.filter(state__in=TERMINAL_STATES)
+            .exclude(never_started)
+            .exclude(state=RefreshState.ROLLED_BACK)[:100]
+        ),
+        "rolled_back": list(refreshes.filter(state=RefreshState.ROLLED_BACK)[:20]),
         "discarded": list(refreshes.filter(never_started)[:20]),
     }
     return render(request, "refresh/list.html", context)

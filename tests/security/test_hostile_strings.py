@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -491,6 +492,15 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "provenance:version": [reverse("provenance:version", args=[v]) for v in versions],
         "intake:api-v1:get_provenance": [
             reverse("intake:api-v1:get_provenance", args=[v]) for v in versions
+        ],
+        # Global search echoes its query and lists hostile keys, namespaces and versions.
+        "search:search": [
+            "/search/",
+            "/search/?" + urlencode({"q": PAYLOAD}),
+            *("/search/?" + urlencode({"q": q}) for q in {x.namespace[:12] for x in workers}),
+            *("/search/?" + urlencode({"q": x.key}) for x in workers[:3]),
+            *("/search/?" + urlencode({"q": v}) for v in versions),
+            *(f"/search/?q=%23{pk}" for pk in r),
         ],
         "fleet:overview": ["/"],
         "fleet:source_create": ["/sources/new/"],

@@ -145,6 +145,14 @@ def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "refresh/detail.html#actions", context)
 
 
+@require_GET
+@requires(Perm.VIEW)
+def worker_timeline(request: HttpRequest, pk: int) -> HttpResponse:
+    """The per-worker rows of the phase timeline alone: a pushed head fetches them (they are
+    too heavy to travel with every state change to every watcher)."""
+    return render(request, "refresh/_worker_timeline.html", {"refresh": _get_refresh(pk)})
+
+
 def _act(action: Action[PolicyRefresh]):
     """A POST view that runs one action and reports its outcome as a message."""
 

@@ -517,6 +517,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "refresh:gate_actions": [f"/refreshes/gates/{g.pk}/actions/" for g in Gate.objects.all()],
         "refresh:detail": [f"/refreshes/{pk}/" for pk in r],
         "refresh:actions": [f"/refreshes/{pk}/actions/" for pk in r],
+        "refresh:worker_timeline": [f"/refreshes/{pk}/worker-timeline/" for pk in r],
         "intake:admin_index": ["/admin-tools/"],
         "intake:token_list": ["/admin-tools/tokens/"],
         "intake:token_create": ["/admin-tools/tokens/new/"],

@@ -175,4 +175,9 @@ def test_at_fleet_scale_only_the_slowest_workers_get_a_lane(source, viewer_clien
     )
     page = viewer_client.get(f"/refreshes/{refresh.pk}/").content.decode()
     assert f"the slowest {charts.WORKER_ROWS} of {charts.WORKER_ROWS + 30} by time in calls" in page
-    assert f'href="?j_worker={workers[-1].pk}#refresh-journal"' in page
+    journal = f'href="/refreshes/{refresh.pk}/?j_worker={workers[-1].pk}#refresh-journal"'
+    assert journal in page
+    # A pushed head fetches the rows (too heavy to push); the fragment is the same.
+    fragment = viewer_client.get(f"/refreshes/{refresh.pk}/worker-timeline/").content.decode()
+    assert fragment.startswith('<div id="worker-timeline-slot">') and journal in fragment
+    assert fragment.count('class="chart-label"') == charts.WORKER_ROWS

@@ -21,10 +21,10 @@ class FleetOverviewConsumer(LiveStream):
     groups_to_join = (live.FLEET_GROUP,)
 
     def resync(self) -> list[str]:
-        return [live.overview_html()]
+        return [live.overview_html() + live.overview_charts_html()]
 
     def render(self, event: str, payload: dict) -> list[str]:
-        if event == live.EVENT_SOURCE_REFRESHED:
+        if event in (live.EVENT_SOURCE_REFRESHED, live.EVENT_CHARTS_CHANGED):
             return [payload["html"]]
         return [live.overview_html()]
 
@@ -66,7 +66,10 @@ class SourceStreamConsumer(LiveStream):
         if source is None:
             return []
         return [
-            live.summary_html(source) + live.timeline_html(source) + self._notice(""),
+            live.summary_html(source)
+            + live.timeline_html(source)
+            + live.source_charts_html(source, with_map=False)
+            + self._notice(""),
             self._take(live.table_html(source, self.filter)),
         ]
 
@@ -75,7 +78,11 @@ class SourceStreamConsumer(LiveStream):
         return table.html
 
     def render(self, event: str, payload: dict) -> list[str]:
-        head = payload.get("summary_html", "") + payload.get("timeline_html", "")
+        head = (
+            payload.get("summary_html", "")
+            + payload.get("timeline_html", "")
+            + payload.get("charts_html", "")
+        )
         if payload.get("resync"):
             stamp = payload.get("stamp")
             table = (

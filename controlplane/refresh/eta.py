@@ -47,7 +47,8 @@ def step_medians(refresh: PolicyRefresh) -> tuple[dict[str, float], int]:
     for name, ms in StepRun.objects.filter(
         refresh_id__in=past, status="ok", duration_ms__isnull=False
     ).values_list("name", "duration_ms"):
-        durations[name].append(ms / 1000)
+        if ms is not None:  # filtered above; the column is nullable
+            durations[name].append(ms / 1000)
     return {name: statistics.median(values) for name, values in durations.items()}, len(past)
 
 
@@ -64,11 +65,11 @@ def estimate(refresh: PolicyRefresh, *, now: dt.datetime | None = None) -> Eta |
         latest[run.name] = run
     remaining = 0.0
     for step in ORDER:
-        run = latest.get(step.value)
-        if run is not None and run.status in _DONE:
+        found = latest.get(step.value)
+        if found is not None and found.status in _DONE:
             continue
         median = medians.get(step.value, 0.0)
-        if run is not None and run.status == "running":
-            median -= (now - run.started_at).total_seconds()
+        if found is not None and found.status == "running":
+            median -= (now - found.started_at).total_seconds()
         remaining += max(median, 0.0)
     return Eta(remaining, now + dt.timedelta(seconds=remaining), basis)

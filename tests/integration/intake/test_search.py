@@ -81,7 +81,7 @@ def test_a_whole_worker_key_finds_that_worker_and_links_its_page(world, viewer_c
     page = q(viewer_client, world["big"].key)
     workers = section(page, "workers")
     assert f'href="/workers/{world["big"].pk}/"' in workers
-    assert f'/workers/{world["small"].pk}/' not in workers
+    assert f"/workers/{world['small'].pk}/" not in workers
     assert section(page, "instances") == "" and section(page, "refreshes") == ""
 
 
@@ -103,7 +103,7 @@ def test_digits_find_instance_ids_by_prefix_and_a_refresh_by_id(world, viewer_cl
     instances = section(page, "instances")
     assert f'href="/workers/{world["big"].pk}/"' in instances
     assert f'href="/workers/{world["other"].pk}/"' in instances
-    assert f'/workers/{world["small"].pk}/' not in instances
+    assert f"/workers/{world['small'].pk}/" not in instances
 
     r1 = world["r1"]
     for text in (str(r1.pk), f"#{r1.pk}", f"policy-refresh-{r1.pk}"):

@@ -11,7 +11,10 @@ from controlplane.refresh.models import Gate, GateState, PolicyRefresh, RefreshS
 
 pytestmark = pytest.mark.django_db
 
-LINK = '<a class="version-link" href="/versions/{v}/provenance/" title="Provenance of this version"><code>{v}</code></a>'
+LINK = (
+    '<a class="version-link" href="/versions/{v}/provenance/" '
+    'title="Provenance of this version"><code>{v}</code></a>'
+)
 
 
 @pytest.fixture

@@ -199,9 +199,12 @@ class Span:
     title: str
 
 
-def gantt(spans: Sequence[Span], *, label: str, now: dt.datetime, width: int = 640) -> SafeString:
-    """One lane per span label (in first-seen order), each span a bar on a shared time axis."""
-    gutter, lane_h = 120, 20
+def gantt(
+    spans: Sequence[Span], *, label: str, now: dt.datetime, width: int = 640, gutter: int = 120
+) -> SafeString:
+    """One lane per span label (in first-seen order), each span a bar on a shared time axis;
+    `gutter` is the room for the lane labels on the left."""
+    lane_h = 20
     lanes: list[str] = []
     for s in spans:
         if s.label not in lanes:

@@ -7,6 +7,7 @@ urlpatterns = [
     path("accounts/", include("controlplane.accounts.urls")),
     path("history/", include("controlplane.audit.urls")),
     path("versions/", include("controlplane.intake.provenance.urls")),
+    path("search/", include("controlplane.intake.search.urls")),
 ]
 
 handler403 = "controlplane.errors.permission_denied"

@@ -23,10 +23,10 @@ class FleetOverviewConsumer(LiveStream):
     shared_render = True
 
     def resync(self) -> list[str]:
-        return [live.overview_html()]
+        return [live.overview_html() + live.overview_charts_html()]
 
     def render(self, event: str, payload: dict) -> list[str]:
-        if event == live.EVENT_SOURCE_REFRESHED:
+        if event in (live.EVENT_SOURCE_REFRESHED, live.EVENT_CHARTS_CHANGED):
             return [payload["html"]]
         return [live.overview_html()]
 
@@ -68,7 +68,10 @@ class SourceStreamConsumer(LiveStream):
         if source is None:
             return []
         return [
-            live.summary_html(source) + live.timeline_html(source) + self._notice(""),
+            live.summary_html(source)
+            + live.timeline_html(source)
+            + live.source_charts_html(source, with_map=False)
+            + self._notice(""),
             self._take(live.table_html(source, self.filter)),
         ]
 
@@ -77,7 +80,11 @@ class SourceStreamConsumer(LiveStream):
         return table.html
 
     def render(self, event: str, payload: dict) -> list[str]:
-        head = payload.get("summary_html", "") + payload.get("timeline_html", "")
+        head = (
+            payload.get("summary_html", "")
+            + payload.get("timeline_html", "")
+            + payload.get("charts_html", "")
+        )
         if payload.get("resync"):
             stamp = payload.get("stamp")
             table = (

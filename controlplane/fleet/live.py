@@ -38,6 +38,8 @@ EVENT_SOURCE_REFRESHED = "fleet.source_refreshed"
 EVENT_WORKERS_CHANGED = "fleet.workers_changed"
 #: The summary (gate and drift badges, counts) changed; no row did.
 EVENT_SUMMARY_CHANGED = "fleet.summary_changed"
+#: Workers changed, so the overview's version chart did (payload: the chart, rendered once).
+EVENT_CHARTS_CHANGED = "fleet.charts_changed"
 
 
 def source_group(source_id: int) -> str:
@@ -66,6 +68,23 @@ def overview_html() -> str:
         "fleet/overview.html#source-cards",
         {"summaries": summaries, "oob": True},
     )
+
+
+def overview_charts_html() -> str:
+    """The overview's version chart (one aggregate query), as an out-of-band swap."""
+    return render_to_string("fleet/_charts_overview.html#version-figure", {"oob": True})
+
+
+def source_charts_html(source: Source, *, with_map: bool = True) -> str:
+    """The source page's version chart, and (`with_map`) the trigger that makes the page
+    re-read its fleet map: the map has a cell per worker, too big to send to every subscriber
+    on every change, so each page fetches it once per push. A (re)connect sends the chart
+    only: the page has just loaded its map itself."""
+    context = {"source": source, "oob": True}
+    html = render_to_string("fleet/_charts_source.html#version-figure", context)
+    if with_map:
+        html += render_to_string("fleet/_charts_source.html#map-refetch", context)
+    return html
 
 
 def summary_html(source: Source, *, oob: bool = True) -> str:
@@ -138,6 +157,9 @@ def publish_refresh(source_id: int, worker_ids: list[int]) -> None:
         payload: dict = {"summary_html": summary_html(source)}
         if worker_ids:
             payload["timeline_html"] = timeline_html(source)
+            # Versions and states moved: the charts that count them follow.
+            payload["charts_html"] = source_charts_html(source)
+            publish(FLEET_GROUP, EVENT_CHARTS_CHANGED, {"html": overview_charts_html()})
         if len(worker_ids) > LIVE_ROW_LIMIT:
             # Too many rows to ship to every subscriber: each re-reads its visible page, and
             # subscribers of this process showing the same view share that read (`stamp`).

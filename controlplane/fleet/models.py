@@ -209,7 +209,22 @@ class Worker(models.Model):
                 name="worker_unique_identity",
             )
         ]
-        indexes = [models.Index(fields=["source", "state"], name="worker_source_state_idx")]
+        indexes = [
+            models.Index(fields=["source", "state"], name="worker_source_state_idx"),
+            # Global search (`intake.search`) looks workers up by a key prefix and by an
+            # instance id prefix; pattern ops let PostgreSQL use them for `LIKE 'x%'`
+            # whatever the collation (other databases ignore the opclasses).
+            models.Index(
+                fields=["namespace", "component", "endpoint", "instance_id"],
+                name="worker_key_prefix_idx",
+                opclasses=["varchar_pattern_ops"] * 4,
+            ),
+            models.Index(
+                fields=["instance_id"],
+                name="worker_instance_prefix_idx",
+                opclasses=["varchar_pattern_ops"],
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.key

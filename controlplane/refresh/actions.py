@@ -629,7 +629,9 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
         # The rollback takes over the scope (and the paused workers) without a gap.
         ScopeLock.objects.filter(refresh=old).update(refresh=new)
         Gate.objects.filter(active_refresh=old).update(active_refresh=new)
-        old.transition(RefreshState.FAILED, end_reason=f"rolled back by policy refresh #{new.pk}")
+        old.transition(
+            RefreshState.ROLLED_BACK, end_reason=f"rolled back by policy refresh #{new.pk}"
+        )
         needs_approval = new.source.require_approval
         new.transition(RefreshState.AWAITING_APPROVAL if needs_approval else RefreshState.GATING)
         _audit(

@@ -2,27 +2,36 @@
 
 - the phase timeline: one lane per step, one bar per attempt, from the step runs' start and
   end (a running step is drawn up to now), titled with its status and duration;
+- per-worker rows under it: one lane per worker, one bar per step from the first to the last
+  journaled call of that step on that worker (red when any call failed). At fleet scale the
+  lanes are the `WORKER_ROWS` slowest workers by time spent in calls, with how many there are
+  in all; every call of every worker stays in the journal on the same page;
 - a source's refresh history: the last refreshes' durations as bars coloured by outcome,
   each a link to its page.
 
-Each is one query.
+Each is one query, the worker rows two.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db.models import Count, Max, Min, Q, Sum
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from controlplane import charts
 from controlplane.fleet.models import Source
-from controlplane.refresh.models import PolicyRefresh, StepRun
+from controlplane.refresh.models import JournalEntry, PolicyRefresh, StepRun
 from controlplane.refresh.sequence import STEP_LABELS, StepName
 
 #: Refreshes the history chart shows.
 HISTORY = 20
+#: Worker lanes the per-worker timeline shows at most (the slowest ones).
+WORKER_ROWS = 50
+#: Room for a worker's lane label; longer keys keep their end (the instance id).
+_LABEL_CHARS = 30
 
 
 def _label(name: str) -> str:
@@ -50,6 +59,57 @@ def phase_timeline(refresh: PolicyRefresh) -> SafeString:
             )
         )
     return charts.gantt(spans, label=f"Phase timeline of refresh #{refresh.pk}", now=now)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTimeline:
+    svg: SafeString
+    #: Workers drawn, and workers with at least one journaled call.
+    shown: int
+    total: int
+    #: The slowest worker's planned-worker id (its journal is one click away), if any.
+    slowest: int | None
+
+
+def _lane(key: str) -> str:
+    return key if len(key) <= _LABEL_CHARS else "…" + key[-(_LABEL_CHARS - 1) :]
+
+
+def worker_timeline(refresh: PolicyRefresh) -> WorkerTimeline:
+    calls = JournalEntry.objects.filter(refresh=refresh, planned_worker__isnull=False)
+    slowest = list(
+        calls.values("planned_worker_id")
+        .annotate(busy=Sum("duration_ms"))
+        .order_by("-busy", "planned_worker_id")
+        .values_list("planned_worker_id", flat=True)
+    )
+    top = slowest[:WORKER_ROWS]
+    rows = (
+        calls.filter(planned_worker_id__in=top)
+        .values("planned_worker_id", "planned_worker__key", "step")
+        .annotate(
+            start=Min("started_at"),
+            end=Max("finished_at"),
+            n=Count("id"),
+            failed=Count("id", filter=Q(ok=False)),
+        )
+    )
+    order = {pk: i for i, pk in enumerate(top)}
+    spans = []
+    for row in sorted(rows, key=lambda r: (order[r["planned_worker_id"]], r["start"])):
+        key, step = row["planned_worker__key"], row["step"]
+        status = "failed" if row["failed"] else "ok"
+        ms = (row["end"] - row["start"]).total_seconds() * 1000
+        title = f"{key} · {_label(step)}: {row['n']} call(s), {status} · {charts.format_ms(ms)}"
+        spans.append(charts.Span(_lane(key), row["start"], row["end"], f"chart-{status}", title))
+    svg = charts.gantt(
+        spans,
+        label=f"Per-worker timeline of refresh #{refresh.pk} (slowest {len(top)} workers)",
+        now=refresh.finished_at or timezone.now(),
+        width=760,
+        gutter=230,
+    )
+    return WorkerTimeline(svg, len(top), len(slowest), top[0] if top else None)
 
 
 @dataclass(frozen=True, slots=True)

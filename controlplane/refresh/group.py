@@ -43,6 +43,7 @@ ENDED = frozenset(
         RefreshState.ABORTED,
         RefreshState.FAILED,
         RefreshState.REJECTED,
+        RefreshState.ROLLED_BACK,
     }
 )
 #: Event on `refresh.<id>` whenever the handshake moves (payload: the group's public view).

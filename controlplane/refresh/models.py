@@ -38,6 +38,11 @@ class RefreshState(models.TextChoices):
     ABORTED = "aborted"
     FAILED = "failed"
     REJECTED = "rejected"
+    # Held, then replaced by a rollback refresh (`rollback_of` points back here). A state of
+    # its own rather than "failed" plus a look-up of the rollback link: pages, the API's
+    # `?state=` and `refresh list --state` all filter on this column, and a derived state
+    # would have two truths (stored "failed", shown "rolled back") for every filter to join.
+    ROLLED_BACK = "rolled_back", "Rolled back"
 
 
 #: States in which an executor owns the refresh (and the reconciler watches its lease).
@@ -64,7 +69,13 @@ ACTIVE_STATES = (
 )
 #: States a refresh never leaves; entering one stamps `finished_at`.
 TERMINAL_STATES = frozenset(
-    {RefreshState.SUCCEEDED, RefreshState.ABORTED, RefreshState.FAILED, RefreshState.REJECTED}
+    {
+        RefreshState.SUCCEEDED,
+        RefreshState.ABORTED,
+        RefreshState.FAILED,
+        RefreshState.REJECTED,
+        RefreshState.ROLLED_BACK,
+    }
 )
 
 

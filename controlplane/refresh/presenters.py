@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -337,6 +337,12 @@ class NamespaceGate:
     #: How the namespace was resolved on its own, if it was ("force_reopened", "reopened").
     outcome: str = ""
     gate_id: int | None = None
+    #: When the gate last changed state (shown as "closed since" while it is not admitting).
+    since: datetime | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.state in (GateState.CLOSED, GateState.UNKNOWN)
 
 
 def _gate_text(gate: Gate) -> str:
@@ -378,6 +384,7 @@ def namespace_gates(refresh: PolicyRefresh) -> list[NamespaceGate]:
                 gate.active_refresh_id == refresh.pk,
                 outcome,
                 gate.pk,
+                gate.since,
             )
         )
     return rows

@@ -35,7 +35,8 @@ class RefreshCollector(Collector):
         )
         outcomes = CounterMetricFamily(
             "controlplane_policy_refreshes",
-            "Policy refreshes that ended, by outcome (succeeded, aborted, failed, rejected).",
+            "Policy refreshes that ended, by outcome (succeeded, aborted, failed, rejected, "
+            "rolled_back).",
             labels=["source", "outcome"],
         )
         current = GaugeMetricFamily(

@@ -18,6 +18,7 @@ urlpatterns = [
     path("drills/sources/<int:pk>/start/", drill_views.drill_start, name="drill_start"),
     path("<int:pk>/", views.detail, name="detail"),
     path("<int:pk>/actions/", views.refresh_actions, name="actions"),
+    path("<int:pk>/worker-timeline/", views.worker_timeline, name="worker_timeline"),
     path("<int:pk>/start/", views.start, name="start"),
     path("<int:pk>/discard/", views.discard, name="discard"),
     path("<int:pk>/approve/", views.approve, name="approve"),

@@ -85,7 +85,12 @@ def refresh_list(request: HttpRequest) -> HttpResponse:
         "planned": list(refreshes.filter(state=RefreshState.PLANNED)),
         "active": list(refreshes.filter(state__in=ACTIVE_STATES).exclude(state="held")),
         "held": list(refreshes.filter(state=RefreshState.HELD)),
-        "completed": list(refreshes.filter(state__in=TERMINAL_STATES).exclude(never_started)[:100]),
+        "completed": list(
+            refreshes.filter(state__in=TERMINAL_STATES)
+            .exclude(never_started)
+            .exclude(state=RefreshState.ROLLED_BACK)[:100]
+        ),
+        "rolled_back": list(refreshes.filter(state=RefreshState.ROLLED_BACK)[:20]),
         "discarded": list(refreshes.filter(never_started)[:20]),
     }
     return render(request, "refresh/list.html", context)
@@ -143,6 +148,14 @@ def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
         **presenters.recovery_context(refresh),
     }
     return render(request, "refresh/detail.html#actions", context)
+
+
+@require_GET
+@requires(Perm.VIEW)
+def worker_timeline(request: HttpRequest, pk: int) -> HttpResponse:
+    """The per-worker rows of the phase timeline alone: a pushed head fetches them (they are
+    too heavy to travel with every state change to every watcher)."""
+    return render(request, "refresh/_worker_timeline.html", {"refresh": _get_refresh(pk)})
 
 
 def _act(action: Action[PolicyRefresh]):

@@ -87,3 +87,17 @@ document.addEventListener("submit", (e) => {
     e.stopImmediatePropagation();
   }
 }, true);
+
+// --- "/" focuses the search box in the top bar ----------------------------------------------
+// Unless the person is typing somewhere already (a field, an editable element) or holds a
+// modifier, so "/" in a reason or a filter stays a character.
+document.addEventListener("keydown", (e) => {
+  if (e.key !== "/" || e.ctrlKey || e.metaKey || e.altKey || e.defaultPrevented) return;
+  const target = e.target instanceof Element ? e.target : null;
+  if (target && target.closest("input, textarea, select, [contenteditable]")) return;
+  const box = document.getElementById("global-search");
+  if (!box) return;
+  e.preventDefault();
+  box.focus();
+  box.select();
+});

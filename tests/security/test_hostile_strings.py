@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -524,6 +525,15 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:api-v1:get_provenance": [
             reverse("intake:api-v1:get_provenance", args=[v]) for v in versions
         ],
+        # Global search echoes its query and lists hostile keys, namespaces and versions.
+        "search:search": [
+            "/search/",
+            "/search/?" + urlencode({"q": PAYLOAD}),
+            *("/search/?" + urlencode({"q": q}) for q in {x.namespace[:12] for x in workers}),
+            *("/search/?" + urlencode({"q": x.key}) for x in workers[:3]),
+            *("/search/?" + urlencode({"q": v}) for v in versions),
+            *(f"/search/?q=%23{pk}" for pk in r),
+        ],
         "fleet:overview": ["/"],
         "fleet:source_create": ["/sources/new/"],
         "fleet:source": [f"/sources/{s.pk}/" for s in all_sources],
@@ -541,6 +551,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "refresh:detail": [f"/refreshes/{pk}/" for pk in r],
         "refresh:actions": [f"/refreshes/{pk}/actions/" for pk in r],
         "refresh:drill": [f"/refreshes/drills/{pk}/" for pk in _drill_ids()],
+        "refresh:worker_timeline": [f"/refreshes/{pk}/worker-timeline/" for pk in r],
         "intake:admin_index": ["/admin-tools/"],
         "intake:token_list": ["/admin-tools/tokens/"],
         "intake:token_create": ["/admin-tools/tokens/new/"],

@@ -8,7 +8,6 @@ limited to some sources sees only their part. A version no record names answers 
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django.http import Http404, HttpRequest
@@ -16,62 +15,38 @@ from ninja import Router, Schema
 
 from controlplane.accounts.roles import Perm
 from controlplane.intake.api.auth import require, token_source_ids
+from controlplane.intake.api.derive import schema_of
 from controlplane.intake.api.errors import COMMON_ERRORS
 from controlplane.intake.api.refreshes import RefreshOut, serialize_refresh
 from controlplane.intake.provenance import trail
-from controlplane.intake.provenance.trail import Trail
+from controlplane.intake.provenance.trail import (
+    AdmissionWindow,
+    Checkpoint,
+    RefreshTrail,
+    Trail,
+    WorkerOutcome,
+)
 from controlplane.refresh.gates import serialize_gate
+from controlplane.refresh.models import Gate
 
 router = Router(tags=["provenance"])
 
 
-class CheckpointOut(Schema):
-    webhook_id: str
-    endpoint: str
-    source: str
-    received_at: datetime
-    #: The event's own `timestamp`, as the trainer wrote it.
-    sent_at: str | None
-    step: int | None
-    model_path: str | None
-    method: str
-    checkpoint_digest: str | None
-    metrics: dict[str, Any]
-    state: str
-    outcome: str
-    refresh_id: int | None
-
-
-class WorkerOutcomeOut(Schema):
-    key: str
-    namespace: str
-    instance_id: str
-    family: str
-    steps: dict[str, str]
-    error: str
-    verified: bool
-    reported_version: Any = None
-    worker_state: str
-
-
-class RefreshTrailOut(RefreshOut):
-    workers: list[WorkerOutcomeOut]
-    verified_instances: dict[str, list[str]]
-
-
-class AdmissionWindowOut(Schema):
-    source: str
-    namespace: str
-    opened_at: datetime
-    opened_by: str
-    forced: bool
-    refresh_id: int | None
-    verified_count: int | None
-    closed_at: datetime | None
-    closed_by: str
-    closed_reason: str
-    open_now: bool
-    duration_seconds: float
+# Derived from the trail's dataclasses (`derive.schema_of`): a field added there is exported
+# here. The gate schema is `serialize_gate`'s, not a trail dataclass's, so it is written out.
+CheckpointOut = schema_of(Checkpoint, "CheckpointOut")
+WorkerOutcomeOut = schema_of(WorkerOutcome, "WorkerOutcomeOut")
+#: A refresh's own keys (`RefreshOut`, flattened from `refresh`), then its trail.
+RefreshTrailOut = schema_of(
+    RefreshTrail,
+    "RefreshTrailOut",
+    base=RefreshOut,
+    nested={WorkerOutcome: WorkerOutcomeOut},
+    exclude=frozenset({"refresh"}),
+)
+AdmissionWindowOut = schema_of(
+    AdmissionWindow, "AdmissionWindowOut", properties=("open_now", "duration_seconds")
+)
 
 
 class GateAtVersionOut(Schema):
@@ -85,13 +60,16 @@ class GateAtVersionOut(Schema):
     unverified_count: int
 
 
-class ProvenanceOut(Schema):
-    weight_version: str
-    generated_at: datetime
-    checkpoints: list[CheckpointOut]
-    refreshes: list[RefreshTrailOut]
-    admission: list[AdmissionWindowOut]
-    gates: list[GateAtVersionOut]
+ProvenanceOut = schema_of(
+    Trail,
+    "ProvenanceOut",
+    nested={
+        Checkpoint: CheckpointOut,
+        RefreshTrail: RefreshTrailOut,
+        AdmissionWindow: AdmissionWindowOut,
+        Gate: GateAtVersionOut,
+    },
+)
 
 
 def serialize_trail(found: Trail) -> dict[str, Any]:

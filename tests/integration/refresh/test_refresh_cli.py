@@ -186,7 +186,7 @@ def test_rollback_plans_a_new_refresh_to_the_last_verified_policy(
     new = rolled["refresh"]
     assert new["id"] != second and new["rollback_of"] == second
     assert new["target"]["weight_version"] == "v5"
-    assert PolicyRefresh.objects.get(pk=second).state == RefreshState.FAILED
+    assert PolicyRefresh.objects.get(pk=second).state == RefreshState.ROLLED_BACK
     assert audited("policy_refresh.rolled_back", second)[0].actor_user_id == operator.pk
     # The rollback runs (Celery) to the last verified policy; watch it through.
     code, out, _ = cli("refresh", "watch", str(new["id"]), "--interval", "0.1")

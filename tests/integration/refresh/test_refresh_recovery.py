@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
 from django.core.exceptions import ValidationError
 
+from controlplane.accounts.tokens import create_token
+from controlplane.audit.recorder import Actor
 from controlplane.refresh import actions
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, RefreshState, WorkerStepResult
 from controlplane.simfleet import Fault, WorkerSpec
+from tests.integration.refresh.cli import cli
 from tests.integration.refresh.helpers import (
     actor_for,
     fleet_config,
@@ -77,12 +81,50 @@ def test_rollback_restores_the_previous_verified_version(fleet, source, operator
     rollback = run_refresh(rollback)
 
     held.refresh_from_db()
-    assert held.state == RefreshState.FAILED and f"#{rollback.pk}" in held.end_reason
+    assert held.state == RefreshState.ROLLED_BACK and f"#{rollback.pk}" in held.end_reason
+    assert held.finished_at is not None
     assert rollback.rollback_of_id == held.pk
     assert rollback.state == RefreshState.SUCCEEDED, rollback.held_reason
     assert set(fleet_versions(fleet).values()) == {"v1"}
     assert {g.verified_version for g in Gate.objects.filter(source=source)} == {"v1"}
     assert paused_workers(fleet) == []
+
+
+def test_a_rolled_back_refresh_reads_rolled_back_on_the_page_the_api_and_the_cli(
+    fleet, source, operator, viewer, viewer_client
+):
+    assert run_inline(source, operator, "v1").state == RefreshState.SUCCEEDED
+    fleet.inject(keys_in(fleet, "rl-b")[0], "generate", Fault.cancel())
+    held = run_inline(source, operator, "v2")
+    fleet.clear_faults()
+    rollback = actions.rollback_policy_refresh(held, actor=actor_for(operator))
+
+    page = viewer_client.get("/refreshes/").content.decode()
+    section = page.split("<h2>Rolled back", 1)[1].split("<h2>", 1)[0]
+    assert (
+        f">#{held.pk}<" in section
+        and '<span class="badge rolled_back">rolled back</span>' in section
+    )
+    completed = page.split("<h2>Completed", 1)[1].split("<h2>", 1)[0]
+    assert f">#{held.pk}<" not in completed
+    detail = viewer_client.get(f"/refreshes/{held.pk}/").content.decode()
+    assert re.search(r'class="badge rolled_back" id="refresh-state"[^>]*>rolled back<', detail)
+
+    _, secret = create_token(user=viewer, label="t", actor=Actor.system())
+    listed = viewer_client.get(
+        "/api/v1/refreshes?state=rolled_back", HTTP_AUTHORIZATION=f"Bearer {secret}"
+    ).json()
+    assert [r["id"] for r in listed["items"]] == [held.pk]
+    assert listed["items"][0]["state"] == "rolled_back"
+
+    code, out, _ = cli("refresh", "list", "--state", "rolled_back")
+    assert code == 0 and out.splitlines()[1].split()[0] == str(held.pk)
+    assert "rolled_back" in out.splitlines()[1]
+    code, out, _ = cli("refresh", "status", str(held.pk))
+    assert (
+        "state: rolled_back" in out
+        and f"ended: rolled back by policy refresh #{rollback.pk}" in out
+    )
 
 
 def test_force_reopen_requires_a_reason_and_resumes_the_paused_engines(

@@ -1,9 +1,11 @@
 """`manage.py policy_refresh SOURCE --weight-version V --model-path P --as USER [--yes]` — plan,
 confirm, start and see a policy refresh through in one command.
 
-It is `refresh plan`, then `refresh start --watch`: the plan comes from
-`actions.plan_policy_refresh` and the start from the action table's START row, as the `--as`
-user (role checked, audited under their name). START enqueues the executor on commit like
+It is an alias of `refresh plan`, then `refresh start --watch`, built on that command (its
+subclass): the same plan options, `--as` user and plan (`refresh.Command.planned`), the same
+START row of the action table with the same refusals (`run_action`), the same watch loop.
+What it adds is the confirmation prompt, the plan printed in full, one line per finished step,
+and an executor of its own. START enqueues the executor on commit like
 every other entry point; this process also offers to run it — both claim the refresh's fenced
 lease, so exactly one executes it (here when no Celery worker is up, e.g. a bare shell) — and
 prints each step as it ends until the refresh stops.
@@ -24,24 +26,20 @@ from django.db import close_old_connections, connection
 from controlplane.accounts.management.commands._cli import (
     EXIT_CODES_HELP,
     Exit,
-    OperatorCommand,
     Refused,
-    acting_user,
     add_as_argument,
     add_json_argument,
     dumps,
     shown,
 )
-from controlplane.audit.recorder import Actor
+from controlplane.intake.management.commands import refresh as refresh_command
 from controlplane.intake.management.commands._plan_options import (
     add_plan_arguments,
     blocker_lines,
-    plan_from_options,
 )
 from controlplane.intake.management.commands._refresh_status import status_of, watch
-from controlplane.refresh.action_table import START, ActionInput
+from controlplane.refresh.action_table import ActionInput
 from controlplane.refresh.executor import execute_refresh
-from controlplane.refresh.management.commands._refusals import REFUSALS, refusal
 from controlplane.refresh.models import RefreshState
 from controlplane.refresh.presenters import verification_summary
 
@@ -57,7 +55,7 @@ def run_executor(refresh_id: int) -> None:
         connection.close()
 
 
-class Command(OperatorCommand):
+class Command(refresh_command.Command):
     help = (
         "Plan, start and see through a gated policy refresh on a source, as a named user. "
         + EXIT_CODES_HELP
@@ -78,9 +76,7 @@ class Command(OperatorCommand):
         parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     def handle(self, *args, **opts):
-        user = acting_user(opts["username"], START.perm, "plan and start policy refreshes")
-        actor = Actor.for_user(user)
-        refresh = plan_from_options(opts, actor)
+        user, refresh = self.planned(opts, "plan and start policy refreshes")
         if not opts["json"]:
             self.print_plan(refresh)
         blockers = blocker_lines(refresh)
@@ -88,10 +84,7 @@ class Command(OperatorCommand):
             raise Refused("refused at plan time: " + "; ".join(blockers), Exit.FAILED, "blocked")
         if not opts["yes"] and not self.confirmed():
             raise Refused("declined", Exit.FAILED, "declined")
-        try:
-            refresh = START.run(refresh, actor, ActionInput())
-        except REFUSALS as exc:
-            raise refusal(exc) from None
+        refresh = self.run_action("start", refresh, user, ActionInput())
         if refresh.state == RefreshState.AWAITING_APPROVAL:
             raise Refused(
                 f"policy refresh #{refresh.pk} awaits approval: `manage.py refresh approve "

@@ -246,9 +246,28 @@ class Command(OperatorCommand):
 
     # -- acting ---------------------------------------------------------------------------------
 
+    def planned(self, opts, doing: str = "plan policy refreshes"):
+        """(the `--as` user, a stored plan from the plan options): `plan`, and `policy_refresh`
+        before it starts the plan."""
+        user = acting_user(opts["username"], Perm.OPERATE_REFRESH, doing)
+        return user, plan_from_options(opts, Actor.for_user(user))
+
+    def run_action(self, name: str, refresh: PolicyRefresh, user, given: ActionInput):
+        """One row of the action table as `user`, a refusal turned into its exit code."""
+        action = REFRESH_ACTIONS[name]
+        try:
+            result = action.run(refresh, Actor.for_user(user), given)
+        except REFUSALS as exc:
+            error = refusal(exc)
+            refresh.refresh_from_db(fields=["state"])
+            # Four eyes: on a refresh that does await approval, this refusal is about who asks.
+            if isinstance(exc, ApprovalNotAllowed) and refresh.state == AWAITING_APPROVAL:
+                error = Refused(error.args[0], Exit.NOT_PERMITTED, exc.code)
+            raise error from None
+        return self._refresh(result.pk)
+
     def _plan(self, opts) -> None:
-        user = acting_user(opts["username"], Perm.OPERATE_REFRESH, "plan policy refreshes")
-        refresh = plan_from_options(opts, Actor.for_user(user))
+        user, refresh = self.planned(opts)
         blockers = blocker_lines(refresh)
         if opts["json"]:
             self.stdout.write(
@@ -279,16 +298,7 @@ class Command(OperatorCommand):
             resume_engines=bool(opts.get("resume_engines")),
             namespace=opts.get("namespace") or "",
         )
-        try:
-            result = action.run(refresh, Actor.for_user(user), given)
-        except REFUSALS as exc:
-            error = refusal(exc)
-            refresh.refresh_from_db(fields=["state"])
-            # Four eyes: on a refresh that does await approval, this refusal is about who asks.
-            if isinstance(exc, ApprovalNotAllowed) and refresh.state == AWAITING_APPROVAL:
-                error = Refused(error.args[0], Exit.NOT_PERMITTED, exc.code)
-            raise error from None
-        result = self._refresh(result.pk)
+        result = self.run_action(opts["verb"], refresh, user, given)
         if opts["json"]:  # with --watch, watch's documents follow (JSON lines)
             self.stdout.write(
                 dumps({"ok": True, "action": action.name, "refresh": refresh_json(result)})

@@ -180,4 +180,3 @@ def test_a_worker_changed_at_reopen_within_the_budget_is_paused_and_quarantined(
     rl_a = serialize_gate(gates_of(source)["rl-a"])
     assert changed_key.rsplit("/", 1)[1] not in rl_a["verified_instances"]
     assert rl_a["left_out_count"] == 1 and "changed during" in rl_a["left_out"][0]["detail"]
-

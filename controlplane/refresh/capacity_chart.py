@@ -26,6 +26,7 @@ from controlplane.refresh.capacity import (
     Capacity,
     NamespaceGating,
     Point,
+    Summary,
     WorkerPauses,
     capacity_of,
 )
@@ -121,8 +122,17 @@ class GatedRow:
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityHead:
+    """What the page reads of a `Capacity` besides the chart: kept small, because the page's
+    view is cached and every viewer unpickles it (the full record is the API's)."""
+
+    summary: Summary
+    ongoing: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CapacityView:
-    cap: Capacity
+    cap: CapacityHead
     chart: SafeString
     gated: list[GatedRow]
     longest: list[WorkerPauses]
@@ -176,7 +186,7 @@ def _view(refresh: PolicyRefresh) -> CapacityView | None:
     s = cap.summary
     span = cap.seconds
     return CapacityView(
-        cap=cap,
+        cap=CapacityHead(cap.summary, cap.ongoing),
         chart=chart(cap, refresh.pk),
         gated=[
             GatedRow(n, _share(n.gated_seconds / span if span else None)) for n in cap.namespaces

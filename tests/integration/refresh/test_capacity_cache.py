@@ -65,8 +65,8 @@ def test_a_live_refresh_is_shared_until_its_journal_moves(finished, settings):
     pause.save()
     third, recomputed = queries_of(lambda: capacity_chart.view(live))
     assert recomputed == computed
-    paused_now = {w.key for w in third.cap.workers if any(i.end is None for i in w.intervals)}
-    assert paused_now == {pause.planned_worker.key}
+    assert third.cap.summary.paused_at_end == 1
+    assert [w.key for w in third.longest if w.paused_at_end] == [pause.planned_worker.key]
 
 
 def test_without_live_sharing_every_viewer_computes(finished, settings):

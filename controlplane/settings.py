@@ -343,6 +343,9 @@ CELERY_BEAT_SCHEDULE["policy-refresh-canary-expiry"] = {
 # its running refresh, how long one advance may hold the drill, after how long a silent drill is
 # queued again, and how often beat starts due scheduled drills and resumes stalled ones.
 DRILL_POLL_SECONDS = env_float("DRILL_POLL_SECONDS", 1.0, minimum=0.1)
+# How long viewers of a running refresh share one computation of its capacity chart (seconds;
+# a new step, call or state is a new computation anyway). 0 computes it for every viewer.
+CAPACITY_LIVE_CACHE_SECONDS = env_int("CAPACITY_LIVE_CACHE_SECONDS", 2, minimum=0)
 DRILL_CLAIM_SECONDS = env_float("DRILL_CLAIM_SECONDS", 120.0, minimum=5.0)
 DRILL_STALL_SECONDS = env_float("DRILL_STALL_SECONDS", 60.0, minimum=5.0)
 DRILL_TICK_SECONDS = env_float("DRILL_TICK_SECONDS", 60.0, minimum=1.0)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+from django.core.cache import cache
 from django.utils.safestring import SafeString
 
 from controlplane import charts
@@ -24,10 +26,11 @@ from controlplane.refresh.capacity import (
     Capacity,
     NamespaceGating,
     Point,
+    Summary,
     WorkerPauses,
     capacity_of,
 )
-from controlplane.refresh.models import PolicyRefresh
+from controlplane.refresh.models import TERMINAL_STATES, JournalEntry, PolicyRefresh
 
 WIDTH = 640
 #: Plot columns (the chart's width less its axis gutters: `charts.step_areas`).
@@ -36,6 +39,9 @@ COLUMNS = WIDTH - 44
 LONGEST = 10
 PAUSED_CLASS = "chart-paused"
 ADMITTED_CLASS = "chart-admitted"
+#: How long a finished refresh's capacity section is kept (it never changes; a day bounds
+#: the cache's memory to the refreshes people look at).
+FINISHED_TTL = 24 * 3600
 
 
 def _columns(cap: Capacity) -> list[tuple[float, Point, int]]:
@@ -116,8 +122,17 @@ class GatedRow:
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityHead:
+    """What the page reads of a `Capacity` besides the chart: kept small, because the page's
+    view is cached and every viewer unpickles it (the full record is the API's)."""
+
+    summary: Summary
+    ongoing: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CapacityView:
-    cap: Capacity
+    cap: CapacityHead
     chart: SafeString
     gated: list[GatedRow]
     longest: list[WorkerPauses]
@@ -128,14 +143,50 @@ class CapacityView:
 
 
 def view(refresh: PolicyRefresh) -> CapacityView | None:
-    """What the page shows; None before the refresh started (nothing to measure)."""
+    """What the page shows; None before the refresh started (nothing to measure).
+
+    Shared through the cache (`view_key`): every viewer of a refresh redraws this on each of
+    its state and step changes, and at 2,000 workers one computation costs tens of ms."""
+    if refresh.started_at is None:
+        return None
+    key, timeout = view_key(refresh)
+    shown = cache.get(key)
+    if shown is None:
+        shown = _view(refresh)
+        cache.set(key, shown, timeout)
+    return shown
+
+
+def view_key(refresh: PolicyRefresh) -> tuple[str, int | None]:
+    """(cache key, seconds to keep) of the page's capacity section of `refresh`.
+
+    A finished refresh never changes (its window ends at `finished_at`, and its journal and
+    gate history inside that window are written): keyed by its end, kept for a day. A live or
+    held one is keyed by its state, wave and the journal's last row, so a new step or call is
+    a new key, and kept `CAPACITY_LIVE_CACHE_SECONDS`: its open intervals run to "now", so
+    the viewers of one moment share one computation and the next moment computes again."""
+    if refresh.state in TERMINAL_STATES and refresh.finished_at is not None:
+        return f"capacity-view:{refresh.pk}:end:{refresh.finished_at.timestamp()}", FINISHED_TTL
+    last = (
+        JournalEntry.objects.filter(refresh=refresh)
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return (
+        f"capacity-view:{refresh.pk}:{refresh.state}:{refresh.wave}:{last or 0}",
+        settings.CAPACITY_LIVE_CACHE_SECONDS,
+    )
+
+
+def _view(refresh: PolicyRefresh) -> CapacityView | None:
     cap = capacity_of(refresh)
     if cap is None:
         return None
     s = cap.summary
     span = cap.seconds
     return CapacityView(
-        cap=cap,
+        cap=CapacityHead(cap.summary, cap.ongoing),
         chart=chart(cap, refresh.pk),
         gated=[
             GatedRow(n, _share(n.gated_seconds / span if span else None)) for n in cap.namespaces

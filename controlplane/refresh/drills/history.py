@@ -9,8 +9,12 @@ weight version other than the gate's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from django.db.models import OuterRef, Q, Subquery
+
+from controlplane.fleet.models import Source
 from controlplane.refresh.models import DrillOutcome, DrillRun, Gate, PolicyRefresh, RefreshState
 
 #: How far back in a source's succeeded refreshes to look for the previous policy.
@@ -57,3 +61,38 @@ def drilled_instances(source, namespace: str) -> set[str]:
         if namespace in (namespaces or [])
         for instance_id in instances or []
     }
+
+
+#: What the fleet overview says about each source's drills: the newest drill that proved the
+#: rollback, the newest that ended (to say a failure), and the one running.
+STATUS_KINDS = {
+    "proven": Q(outcome=DrillOutcome.SUCCEEDED),
+    "latest": ~Q(outcome=DrillOutcome.RUNNING),
+    "running": Q(outcome=DrillOutcome.RUNNING),
+}
+
+
+def drill_statuses(source_ids: Iterable[int]) -> dict[int, dict[str, DrillRun | None]]:
+    """Per source id, `{"proven", "latest", "running"}` drills (or None), in two queries
+    however many sources are asked for: the ids by correlated subqueries, then the rows."""
+    ids = sorted(set(source_ids))
+    newest = DrillRun.objects.filter(source=OuterRef("pk")).order_by("-started_at", "-id")
+    picks = list(
+        Source.objects.filter(pk__in=ids)
+        .annotate(
+            **{
+                kind: Subquery(newest.filter(condition).values("pk")[:1])
+                for kind, condition in STATUS_KINDS.items()
+            }
+        )
+        .values_list("pk", *STATUS_KINDS)
+    )
+    wanted = {pk for _, *drills in picks for pk in drills if pk is not None}
+    rows = DrillRun.objects.in_bulk(wanted) if wanted else {}
+    statuses: dict[int, dict[str, DrillRun | None]] = {
+        pk: dict.fromkeys(STATUS_KINDS) for pk in ids
+    }
+    for source_id, *drills in picks:
+        for kind, pk in zip(STATUS_KINDS, drills, strict=True):
+            statuses[source_id][kind] = rows.get(pk) if pk is not None else None
+    return statuses

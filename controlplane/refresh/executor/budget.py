@@ -9,8 +9,16 @@ policy once the gate stands for it), `release` and `drop` as its exits. The gate
 `instance_sets.left_out` while the refresh runs and as `left_out` drift entries once it opens,
 so trainers always see how many are left out and why. The step then runs again for the rest.
 
-Departures (workers that left the fleet) count against the same budget. A canary wave never
-draws on it: a canary is judged whole. Over budget, the refresh holds as it always did.
+Membership changes found by the `resolve` and `reopen` checks draw on the same budget
+(`absorb_membership`): a worker that left is recorded as departed; one listed changed (an
+error, a moved admin route, another family's routes) is left out and quarantined like a failed
+step; one that joined (a new instance id: a new or restarted worker) is kept out of the
+verified set — it is not the refresh's to update — and named on the gate with its reason until
+drift reconciliation takes it over per the source's drift policy. Departures recorded on a
+retry, and joiners a person left out (`resolve membership`), count too.
+
+A canary wave never draws on the budget: a canary is judged whole. Over budget, the refresh
+holds as it always did. Without a budget (`max_failed` 0) nothing here acts.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ from controlplane.refresh.executor.calls import WorkerJob
 from controlplane.refresh.executor.departures import (
     EXECUTOR,
     LEFT_OUT,
+    LEFT_THE_FLEET,
     departed_ids,
     left_out_ids,
+    write_departures,
 )
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.waves import by_namespace, is_canary_wave
@@ -49,6 +59,8 @@ from controlplane.refresh.strategy import stored
 KIND = gates.LEFT_OUT_KIND
 #: Steps after which the failed worker may be serving again and is paused once more.
 SERVING_AFTER = (StepName.RESUME_ENGINES, StepName.VERIFY)
+#: The drift entry state of a joiner the budget kept out, until drift reconciliation acts.
+JOINED_STATE = "not_verified"
 
 
 def allowed(refresh: PolicyRefresh) -> int:
@@ -56,8 +68,14 @@ def allowed(refresh: PolicyRefresh) -> int:
     return stored(refresh).max_failed.of(refresh.workers.count())
 
 
+def joiner_keys(refresh: PolicyRefresh) -> list[str]:
+    """Listed workers kept out of the verified set that the plan never had (joiners)."""
+    planned = set(refresh.plan_membership or [])
+    return sorted(k for k in refresh.left_out or [] if k not in planned)
+
+
 def used(refresh: PolicyRefresh) -> int:
-    return len(left_out_ids(refresh.pk) | departed_ids(refresh.pk))
+    return len(left_out_ids(refresh.pk) | departed_ids(refresh.pk)) + len(joiner_keys(refresh))
 
 
 def describe(refresh: PolicyRefresh) -> str:
@@ -115,6 +133,96 @@ def absorb(ctx, step: StepName) -> tuple[bool, str]:
     )
 
 
+def absorb_membership(ctx, step: StepName, change: dict[str, Any]) -> tuple[bool, str]:
+    """Let the budget cover a membership change found by `resolve` or `reopen`.
+
+    Returns (absorbed, note) like `absorb`: absorbed means the step goes on without the
+    workers named in `change` (leavers recorded departed, changed ones left out and
+    quarantined, joiners kept out of the verified set); otherwise the note says why the
+    refresh holds on the change as it always did.
+    """
+    refresh: PolicyRefresh = ctx.refresh
+    budget = allowed(refresh)
+    if budget == 0 or refresh.target.get("method") == UpdateMethod.DISTRIBUTED:
+        return False, ""
+    planned = {w.key: w for w in refresh.workers.all()}
+    leavers = [planned[k] for k in change.get("left", []) if k in planned]
+    changed = {planned[c["key"]].pk: c["detail"] for c in change.get("changed", [])}
+    changed_workers = [w for w in planned.values() if w.pk in changed]
+    joined = sorted(k for k in change.get("joined", []) if k not in planned)
+    if is_canary_wave(refresh) and any(w.wave == 1 for w in [*leavers, *changed_workers]):
+        return False, "a canary is judged whole: the failure budget does not cover it"
+    cost = len(leavers) + len(changed_workers) + len(joined)
+    spent = used(refresh)
+    if spent + cost > budget:
+        return False, (
+            f"over the failure budget: {cost} left, joined or changed now, {spent} already "
+            f"out, {budget} allowed"
+        )
+    left_out = sorted({*(refresh.left_out or []), *joined})
+    gone_or_new = by_namespace(leavers)
+    for key in joined:
+        namespace, instance_id = key.split("/", 1)[0], key.rsplit("/", 1)[1]
+        gone_or_new.setdefault(namespace, []).append(instance_id)
+    with transaction.atomic():
+        ctx.lease.guard(left_out=left_out, membership_change={})
+        refresh.left_out = left_out
+        refresh.membership_change = {}
+        # Lock order: gates before the audit chain head (taken by the records below).
+        if gone_or_new:
+            gates.wave_left_out(
+                refresh,
+                gone_or_new,
+                reason=f"policy refresh #{refresh.pk}: {cost} worker(s) that left, joined or "
+                f"changed are out of the verified set ({describe(refresh)})",
+            )
+        if leavers:
+            write_departures(
+                refresh,
+                leavers,
+                step=step,
+                attempt=ctx.attempt,
+                reason=LEFT_THE_FLEET.format(source=refresh.source.name),
+                actor=EXECUTOR,
+                outcome="left the fleet; counted against the failure budget",
+            )
+        if joined:
+            record(
+                AuditAction.POLICY_REFRESH_WORKERS_LEFT_OUT,
+                actor=EXECUTOR,
+                target=refresh,
+                details={
+                    "step": step.value,
+                    "joined": joined,
+                    "reason": joined_reason(refresh),
+                    "budget": describe(refresh),
+                },
+                correlation_id=refresh.correlation_id,
+            )
+    if changed_workers:
+        # A worker found changed at reopen was resumed and verified earlier: pause it again.
+        if step == StepName.REOPEN:
+            paused = repause(ctx, changed_workers)
+        else:
+            paused = {w.pk: False for w in changed_workers}
+        reasons = {
+            pk: f"changed during policy refresh #{refresh.pk} (found at {step.value}): {detail}"
+            for pk, detail in changed.items()
+        }
+        leave_out(ctx, step, changed_workers, {}, paused, reasons=reasons)
+    return True, (
+        f"{len(leavers)} left, {len(joined)} joined, {len(changed_workers)} changed: out of the "
+        f"verified set by the failure budget ({describe(refresh)})"
+    )
+
+
+def joined_reason(refresh: PolicyRefresh) -> str:
+    return (
+        f"joined during policy refresh #{refresh.pk}: not updated or verified by it, kept out "
+        "of the verified set; drift reconciliation takes it over per the source's drift policy"
+    )
+
+
 def repause(ctx, workers: list[PlannedWorker]) -> dict[int, bool]:
     """Pause again the failed workers that may be serving; per worker, whether it worked."""
     jobs = [
@@ -139,15 +247,16 @@ def leave_out(
     workers: list[PlannedWorker],
     errors: dict[int, str],
     paused: dict[int, bool],
+    *,
+    reasons: dict[int, str] | None = None,
 ) -> None:
     refresh: PolicyRefresh = ctx.refresh
     now = timezone.now()
-    reasons = {
-        w.pk: (f"failed {step.value} in policy refresh #{refresh.pk}: {errors.get(w.pk, '')}")[
-            :2000
-        ]
+    reasons = reasons or {
+        w.pk: f"failed {step.value} in policy refresh #{refresh.pk}: {errors.get(w.pk, '')}"
         for w in workers
     }
+    reasons = {pk: reason[:2000] for pk, reason in reasons.items()}
     with transaction.atomic():
         ctx.lease.guard()
         WorkerStepResult.objects.bulk_create(
@@ -240,8 +349,22 @@ def open_quarantines(
 def drift_entries(refresh: PolicyRefresh) -> dict[str, list[dict]]:
     """Per namespace, the gate drift entries of this refresh's left-out workers."""
     out_ids = left_out_ids(refresh.pk)
+    entries: dict[str, list[dict]] = {}
+    if allowed(refresh):
+        # Joiners the budget covered (or a person left out) are named too: never silently.
+        for key in joiner_keys(refresh):
+            namespace = key.split("/", 1)[0]
+            entries.setdefault(namespace, []).append(
+                {
+                    "key": key,
+                    "instance_id": key.rsplit("/", 1)[1],
+                    "kind": KIND,
+                    "detail": joined_reason(refresh),
+                    "state": JOINED_STATE,
+                }
+            )
     if not out_ids:
-        return {}
+        return entries
     reasons = dict(
         WorkerStepResult.objects.filter(refresh=refresh, status=LEFT_OUT).values_list(
             "planned_worker_id", "error"
@@ -253,7 +376,6 @@ def drift_entries(refresh: PolicyRefresh) -> dict[str, list[dict]]:
             source=refresh.source, state__in=OPEN_QUARANTINE_STATES, kind=KIND
         )
     }
-    entries: dict[str, list[dict]] = {}
     for w in refresh.workers.filter(pk__in=out_ids):
         q = quarantines.get((w.namespace, w.instance_id))
         entry: dict[str, Any] = {

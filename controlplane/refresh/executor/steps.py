@@ -115,6 +115,10 @@ def membership_change(ctx: StepContext, step: StepName) -> tuple[dict, dict, str
     planned = {w.key: w for w in refresh.workers.all() if w.namespace in in_play}
     expected = {k for k in refresh.plan_membership if _namespace_of(k) in in_play}
     expected -= departed_keys(refresh.pk)
+    # Left out by the failure budget: out of the verified set already, owned by a quarantine.
+    out = left_out_ids(refresh.pk)
+    out_keys = {w.key for w in planned.values() if w.pk in out}
+    expected -= out_keys
     if rechecks_membership(ctx):
         left_planned = [planned[k] for k in sorted(expected - set(listed)) if k in planned]
         record_departures(ctx, step, left_planned, set(listed))
@@ -143,7 +147,7 @@ def membership_change(ctx: StepContext, step: StepName) -> tuple[dict, dict, str
                     }
                 )
     left = sorted(expected - set(listed))
-    joined = sorted(set(listed) - expected - set(refresh.left_out or []))
+    joined = sorted(set(listed) - expected - out_keys - set(refresh.left_out or []))
     touched = {_namespace_of(k) for k in left + joined} | {_namespace_of(c["key"]) for c in changed}
     change = {
         "step": str(step),
@@ -185,10 +189,18 @@ def membership_problem(ctx: StepContext, step: StepName) -> tuple[str | None, di
     if error:
         return f"discovery failed: {error}", {}
     problem = any(change[k] for k in ("left", "joined", "changed"))
+    note = ""
+    if problem:
+        absorbed, note = budget.absorb_membership(ctx, step, change)
+        if absorbed:
+            return None, listed
     with transaction.atomic():
         ctx.lease.guard(membership_change=change if problem else {})
     ctx.refresh.membership_change = change if problem else {}
-    return (describe_membership_change(change) if problem else None), listed
+    if not problem:
+        return None, listed
+    described = describe_membership_change(change)
+    return (f"{described} ({note})" if note else described), listed
 
 
 class Resolve(Step):
@@ -469,7 +481,7 @@ class Reopen(Step):
         )
         out = sum(len(v) for ns, v in left_out.items() if ns in namespaces)
         if out:
-            detail += f"; {out} left out by the failure budget (quarantined, listed on the gate)"
+            detail += f"; {out} left out by the failure budget (listed on the gate with why)"
         return StepResult(True, detail=detail)
 
 

@@ -9,22 +9,28 @@ direction took, or that it never was, or why the last drill failed (fleet overvi
 from django import template
 
 from controlplane.accounts.roles import Perm
-from controlplane.refresh.models import DrillOutcome, DrillRun
+from controlplane.refresh.drills.history import drill_statuses
+from controlplane.refresh.models import DrillRun
 
 register = template.Library()
 
 HISTORY = 10
 
+#: The render-context key of the drill statuses read once per page render.
+_STATUSES = object()
 
-@register.inclusion_tag("refresh/drill_status.html")
-def drill_status(source):
-    drills = DrillRun.objects.filter(source=source).order_by("-started_at", "-id")
-    return {
-        "source": source,
-        "proven": drills.filter(outcome=DrillOutcome.SUCCEEDED).first(),
-        "latest": drills.exclude(outcome=DrillOutcome.RUNNING).first(),
-        "running": drills.filter(outcome=DrillOutcome.RUNNING).first(),
-    }
+
+@register.inclusion_tag("refresh/drill_status.html", takes_context=True)
+def drill_status(context, source):
+    """On the overview the first card reads every listed source's drills at once (two
+    queries), kept for the rest of this render, so the page's cost does not grow with the
+    number of sources; a lone card (a live push) reads its own."""
+    known = context.render_context.get(_STATUSES)
+    if known is None or source.pk not in known:
+        listed = {s.source.pk for s in context.get("summaries") or ()}
+        known = drill_statuses(listed | {source.pk})
+        context.render_context[_STATUSES] = known
+    return {"source": source, **known[source.pk]}
 
 
 @register.inclusion_tag("refresh/drill_history.html", takes_context=True)

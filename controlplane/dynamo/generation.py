@@ -21,7 +21,9 @@ from .fingerprint import Fingerprint, Sample
 from .http import MAX_RESPONSE_BYTES, DynamoClient
 from .policy import OutboundPolicy
 
-EXTRA_FIELDS = ("completion_token_ids", "prompt_token_ids", "detailed_finish_reason")
+# `worker_id` names the instance that really generated: a pinned check must be answered by the
+# pinned worker, not merely by some replica of the model.
+EXTRA_FIELDS = ("completion_token_ids", "prompt_token_ids", "detailed_finish_reason", "worker_id")
 TERMINAL_FINISH = frozenset({"stop", "length"})
 TERMINAL_DETAILED = frozenset({"eos", "stop", "length"})
 U64_MAX = 2**64 - 1
@@ -102,9 +104,15 @@ def evaluate_completion(check: GenerationCheck, http_status: int, body: Any) -> 
     if not 200 <= http_status < 300:
         message = body_message(body) or (one_line(body, 200) if body else "no body")
         if http_status == 400 and message == "Invalid request" and check.backend_instance_id:
+            # The frontend answers this for any id it cannot route to: a worker that left, or
+            # one whose model card differs from the card the first replica of this model
+            # registered (different files or model path); 1.6.1 rejects the latter from the
+            # model's worker set and logs "Rejected incompatible workers".
             return verdict(
-                f"HTTP 400: Invalid request (is backend_instance_id "
-                f"{check.backend_instance_id} still a live worker?)"
+                f"HTTP 400: Invalid request (the frontend does not route to backend_instance_id "
+                f"{check.backend_instance_id}: the worker left, or the frontend rejected its "
+                f"model card as different from another replica's; see its log for "
+                f"'Rejected incompatible workers')"
             )
         return verdict(f"HTTP {http_status}: {message}")
     if not isinstance(body, dict):
@@ -176,6 +184,16 @@ def evaluate_completion(check: GenerationCheck, http_status: int, body: Any) -> 
             **facts,
         )
 
+    answered_by = _decode_worker(nvext.get("worker_id"))
+    if check.backend_instance_id is not None and answered_by not in (
+        None,
+        check.backend_instance_id,
+    ):
+        return verdict(
+            f"pinned to backend_instance_id {check.backend_instance_id} but worker "
+            f"{answered_by} generated",
+            **facts,
+        )
     if check.expected_model is not None and body.get("model") != check.expected_model:
         return verdict(
             f"model {body.get('model')!r} is not the expected {check.expected_model!r}", **facts
@@ -186,6 +204,13 @@ def evaluate_completion(check: GenerationCheck, http_status: int, body: Any) -> 
         if problem:
             return verdict(problem, **facts)
     return verdict(None, **facts)
+
+
+def _decode_worker(worker_id: Any) -> int | None:
+    """The decode worker's instance id from `nvext.worker_id`, when the frontend reported one."""
+    if isinstance(worker_id, dict) and _is_int(worker_id.get("decode_worker_id")):
+        return int(worker_id["decode_worker_id"])
+    return None
 
 
 def _chosen_logprobs(logprobs: Any) -> tuple[float, ...] | None:

@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.interop.programs.synthetic_model import write_model_dir
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DYNAMO_VENV = REPO_ROOT / ".venv-dynamo"
 DYNAMO_PYTHON = DYNAMO_VENV / "bin" / "python"
@@ -43,6 +45,10 @@ _ports_handed_out: set[int] = set()
 
 # Inherited DYN_* variables (a developer's shell, CI) would silently change scope or discovery.
 _SCRUBBED_PREFIXES = ("DYN_", "NATS_", "ETCD_")
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def _in_ci() -> bool:
@@ -74,6 +80,9 @@ class WorkerSpec:
       worker writes a tiny synthetic model directory under the test's tmp dir).
     - `probe_error`: the `rl` probe answers `{"status":"error","message":probe_error}`.
     - `omit_routes`: routes left out of registration (e.g. `update_weights_from_disk`).
+    - `model_dir`: the model directory's name under the test's `models/` (default: the model
+      name, so replicas of one model share it as replicas of one checkpoint do). Two names
+      for one model give two different model cards (the path is in the card's checksum).
     """
 
     component: str
@@ -83,6 +92,7 @@ class WorkerSpec:
     omit_routes: tuple[str, ...] = ()
     world_size: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
+    model_dir: str | None = None
 
 
 @dataclass
@@ -281,7 +291,11 @@ def dynamo_deployment(
                 str(spec.world_size),
             ]
             if spec.model_name:
-                model_dir = tmp_path / f"model-{index}"
+                # One directory per model name, as replicas of one checkpoint share a path:
+                # the path is part of the model card's checksum (see write_model_dir).
+                model_dir = write_model_dir(
+                    tmp_path / "models" / _slug(spec.model_dir or spec.model_name)
+                )
                 argv += ["--model-name", spec.model_name, "--model-dir", str(model_dir)]
             if spec.probe_error is not None:
                 argv += ["--probe-error", spec.probe_error]

@@ -68,11 +68,6 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
             "broadcast_timeout_s": 60,
         },
         versions={"dynamo": "1.6.1"},
-        # Two scripted workers writing their own synthetic model directories under one model
-        # name: the real frontend then pins only one of them (HTTP 400 "Invalid request" for
-        # the other; tests/interop/README.md finding 8). The group lifecycle is what this test
-        # is about; version readback and liveness still verify every worker.
-        verification={"generation": False},
     )
     assert not refresh.plan_blockers, refresh.plan_blockers
     assert refresh.group["world_size"] == 4  # the trainer's rank 0, then 2 + 1 worker ranks
@@ -124,3 +119,9 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
     assert joins.count() == 2 and all(j.ok for j in joins)
     assert max(j.started_at for j in joins) < min(j.finished_at for j in joins)
     assert refresh.compat["verification"]["ran"]["ok"] is True
+    # Both replicas answered a generation check pinned to them (the plan's default check).
+    generations = JournalEntry.objects.filter(refresh=refresh, operation="generation")
+    assert generations.count() == 2 and all(g.ok for g in generations)
+    for entry in generations:
+        pinned = entry.request_body["nvext"]["backend_instance_id"]
+        assert entry.response_body["nvext"]["worker_id"]["decode_worker_id"] == pinned

@@ -1,5 +1,6 @@
 """A `waves` refresh with `max_unavailable=1` on real Dynamo 1.6.1 workers: from the workers'
-own records of when they were paused and resumed, no two were ever paused at once."""
+own records of when they were paused and resumed, no two were ever paused at once, and every
+replica proved through a generation check pinned to it that it serves the new policy."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from controlplane.fleet import services
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.gates import gate_state
-from controlplane.refresh.models import RefreshState
+from controlplane.refresh.models import JournalEntry, RefreshState
 from tests.interop.conftest import WorkerSpec
+from tests.interop.programs.synthetic_model import policy_tokens
 
 pytestmark = [pytest.mark.interop, pytest.mark.django_db(transaction=True)]
 
 VERSION = "policy-11"
+PROMPT = [5, 6, 7, 8]  # the plan's default generation prompt
 
 
 def _state(worker) -> dict:
@@ -30,7 +33,8 @@ def _state(worker) -> dict:
 def test_waves_of_one_never_pause_two_real_workers_at_once(dynamo_deployment, operator):
     dep = dynamo_deployment(
         [
-            # Three replicas of one component: the frontend pins each generation check to one.
+            # Three replicas of one model (one model directory, as one checkpoint): the
+            # frontend routes each pinned generation check to exactly that replica.
             WorkerSpec("backend", namespace="rl-a", model_name="tiny-a"),
             WorkerSpec("backend", namespace="rl-a", model_name="tiny-a"),
             WorkerSpec("backend", namespace="rl-a", model_name="tiny-a"),
@@ -51,10 +55,6 @@ def test_waves_of_one_never_pause_two_real_workers_at_once(dynamo_deployment, op
         target={"weight_version": VERSION, "method": "disk", "model_path": "/ckpt/11"},
         namespaces=["rl-a"],
         strategy={"kind": "waves", "max_unavailable": 1},
-        # Pause order is what this test reads; readback and liveness still verify each wave.
-        # (Pinned generation to one of several same-model replicas is refused by this frontend
-        # setup with "is backend_instance_id ... still a live worker?"; see the report.)
-        verification={"generation": False},
     )
     assert refresh.plan_blockers == [], refresh.plan_blockers
     assert refresh.waves == 3
@@ -74,6 +74,27 @@ def test_waves_of_one_never_pause_two_real_workers_at_once(dynamo_deployment, op
     spans.sort()
     for (_, earlier_end), (later_start, _) in itertools.pairwise(spans):
         assert later_start >= earlier_end, spans
+    # Each wave's generation check was pinned to that wave's replica, answered by it, with the
+    # new policy's ids.
+    journal = JournalEntry.objects.filter(refresh=refresh)
+    generations = list(journal.filter(operation="generation"))
+    planned = {w.pk: int(w.instance_id) for w in refresh.workers.all()}
+    assert sorted(g.planned_worker_id for g in generations) == sorted(planned)
+    for entry in generations:
+        assert entry.ok and entry.http_status == 200, entry.error
+        pinned = entry.request_body["nvext"]["backend_instance_id"]
+        assert pinned == planned[entry.planned_worker_id]
+        nvext = entry.response_body["nvext"]
+        assert nvext["worker_id"]["decode_worker_id"] == pinned
+        ids = nvext["completion_token_ids"]
+        assert ids == policy_tokens(VERSION, PROMPT, len(ids))
+        assert ids != policy_tokens(None, PROMPT, len(ids))
+    # Agreement is judged after every wave over all workers verified so far; the last one
+    # compared all three replicas.
+    agreements = list(journal.filter(operation="agreement").order_by("id"))
+    assert agreements and all(a.ok for a in agreements), [a.error for a in agreements]
+    assert len(agreements[-1].request_body["workers"]) == 3
+
     gate = gate_state(source, "rl-a")
     assert gate["open"] is True and gate["verified_version"] == VERSION
     assert gate["verified_count"] == 3 and gate["instance_sets"] == {}

@@ -7,6 +7,7 @@ product venv, so both sides agree on which token ids a given weight version must
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,13 @@ def write_model_dir(path: Path) -> Path:
 
     Dynamo's register_model reads these from a local directory (no hub access) to build the
     model card the frontend uses for tokenization and detokenization.
+
+    Replicas of one model must register the *same* directory: the card's checksum (`mdcsum`)
+    hashes the directory path (`source_path`) with the files' checksums, and the 1.6.1
+    frontend keeps only the first checksum it sees per model and worker set, rejecting the
+    other replicas ("Rejected incompatible workers"). Several processes may therefore write
+    here at once; each file is replaced atomically with identical content, so a reader never
+    sees a partial file.
     """
     path.mkdir(parents=True, exist_ok=True)
     specials = ["<unk>", "<s>", "</s>"]
@@ -84,7 +92,13 @@ def write_model_dir(path: Path) -> Path:
         "model_max_length": 2048,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
-    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    _write_atomically(path / "tokenizer.json", json.dumps(tokenizer))
+    _write_atomically(path / "config.json", json.dumps(config))
+    _write_atomically(path / "tokenizer_config.json", json.dumps(tokenizer_config))
     return path
+
+
+def _write_atomically(target: Path, text: str) -> None:
+    scratch = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    scratch.write_text(text)
+    os.replace(scratch, target)

@@ -56,7 +56,12 @@ def test_request_body_matches_contract():
         "n": 1,
         "stream": False,
         "nvext": {
-            "extra_fields": ["completion_token_ids", "prompt_token_ids", "detailed_finish_reason"],
+            "extra_fields": [
+                "completion_token_ids",
+                "prompt_token_ids",
+                "detailed_finish_reason",
+                "worker_id",
+            ],
             "backend_instance_id": BIG_ID,
         },
     }
@@ -218,6 +223,20 @@ def test_http_400_bodies_from_contract():
     invalid = {"message": "Invalid request", "type": "Bad Request", "code": 400}
     verdict = evaluate_completion(pinned, 400, invalid)
     assert not verdict.ok and str(BIG_ID) in verdict.reason
+
+
+def test_a_pinned_check_must_be_answered_by_the_pinned_worker():
+    pinned = GenerationCheck("m", (5, 6, 7, 8), max_tokens=3, backend_instance_id=BIG_ID)
+    by = {"prefill_worker_id": BIG_ID, "decode_worker_id": BIG_ID}
+    assert evaluate_completion(pinned, 200, good_body(worker_id=by)).ok
+    # A frontend that omits worker_id is not held against the worker.
+    assert evaluate_completion(pinned, 200, good_body()).ok
+    other = {"prefill_worker_id": 7, "decode_worker_id": 7}
+    verdict = evaluate_completion(pinned, 200, good_body(worker_id=other))
+    assert not verdict.ok
+    assert verdict.reason == f"pinned to backend_instance_id {BIG_ID} but worker 7 generated"
+    # An unpinned check accepts whichever replica answered.
+    assert evaluate_completion(CHECK, 200, good_body(worker_id=other)).ok
 
 
 def test_non_object_and_5xx():

@@ -36,7 +36,12 @@ GENERATION_BODY = {
     "n": 1,
     "stream": False,
     "nvext": {
-        "extra_fields": ["completion_token_ids", "prompt_token_ids", "detailed_finish_reason"],
+        "extra_fields": [
+            "completion_token_ids",
+            "prompt_token_ids",
+            "detailed_finish_reason",
+            "worker_id",
+        ],
         "backend_instance_id": BIG_INSTANCE_ID,
     },
 }

@@ -90,9 +90,7 @@ def test_a_stale_fencing_token_cannot_write(source, operator):
     assert refresh.state == RefreshState.GATING and refresh.lease_owner == "executor-b"
 
 
-def test_a_journal_flush_fence_renews_the_lease_and_reads_the_abort_flag_in_one(
-    source, operator
-):
+def test_a_journal_flush_fence_renews_the_lease_and_reads_the_abort_flag_in_one(source, operator):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 

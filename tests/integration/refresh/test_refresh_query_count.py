@@ -35,6 +35,7 @@ from tests.integration.refresh.helpers import (
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
 def refresh_queries(simfleet_factory, operator, workers: int) -> tuple[int, int]:
     fleet = simfleet_factory(
         FleetConfig.generate(

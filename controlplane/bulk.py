@@ -81,7 +81,7 @@ _NATIVE: dict[type[Field], tuple[type, ...]] = {
 
 def _native_types(field: Field, connection, *, copy: bool) -> tuple[type, ...]:
     if type(field) is ForeignKey:
-        target = cast(ForeignKey, field).target_field
+        target = field.target_field
         return (int,) if isinstance(target, IntegerField) else ()
     if type(field) is DateTimeField and copy:
         # PostgreSQL takes an aware datetime as is (`adapt_datetimefield_value` returns it);

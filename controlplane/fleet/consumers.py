@@ -26,8 +26,12 @@ class FleetOverviewConsumer(LiveStream):
         return [live.overview_html() + live.overview_charts_html()]
 
     def render(self, event: str, payload: dict) -> list[str]:
-        if event in (live.EVENT_SOURCE_REFRESHED, live.EVENT_CHARTS_CHANGED):
+        if event == live.EVENT_CHARTS_CHANGED:
             return [payload["html"]]
+        if event == live.EVENT_SOURCE_REFRESHED:
+            if "html" in payload:  # a discovery refresh renders its card itself
+                return [payload["html"]]
+            return [live.shared_card_html(payload["source_id"], payload.get("stamp", ""))]
         return [live.overview_html()]
 
 
@@ -80,6 +84,10 @@ class SourceStreamConsumer(LiveStream):
         return table.html
 
     def render(self, event: str, payload: dict) -> list[str]:
+        if event == live.EVENT_SUMMARY_CHANGED and "summary_html" not in payload:
+            # Announced without HTML (a gate or refresh change): rendered here, once per
+            # process for every subscriber of this source.
+            return [live.shared_summary_html(self.source_id, payload.get("stamp", ""))]
         head = (
             payload.get("summary_html", "")
             + payload.get("timeline_html", "")

@@ -174,19 +174,31 @@ def publish_refresh(source_id: int, worker_ids: list[int]) -> None:
 
 def publish_summary(source_ids) -> None:
     """A gate, drift entry or policy refresh of these sources changed: their summaries and
-    overview cards, each rendered once here. The worker table is untouched: no row shows a
-    gate, so nothing of the table travels."""
-    for source in Source.objects.filter(pk__in=list(source_ids)):
+    overview cards. Only the source id travels (and a stamp naming this change); each
+    receiving process renders the card and the summary once for all its subscribers
+    (`shared_card_html`, `shared_summary_html`), so the publisher — a policy refresh's
+    executor, ten state changes a run — runs no query and no template for it, and a process
+    nobody watches renders nothing. The worker table is untouched: no row shows a gate, so
+    nothing of the table travels."""
+    for source_id in sorted(set(source_ids)):
+        payload = {"source_id": source_id, "stamp": uuid.uuid4().hex}
         try:
-            publish(
-                FLEET_GROUP,
-                EVENT_SOURCE_REFRESHED,
-                {"source_id": source.pk, "html": card_html(source)},
-            )
-            publish(
-                source_group(source.pk),
-                EVENT_SUMMARY_CHANGED,
-                {"summary_html": summary_html(source)},
-            )
+            publish(FLEET_GROUP, EVENT_SOURCE_REFRESHED, payload)
+            publish(source_group(source_id), EVENT_SUMMARY_CHANGED, payload)
         except Exception:  # best effort, like every push; the next resync repairs it
-            logger.exception("publishing the summary of source %s failed", source.pk)
+            logger.exception("publishing the summary of source %s failed", source_id)
+
+
+@lru_cache(maxsize=32)
+def shared_card_html(source_id: int, stamp: str) -> str:
+    """The overview card of one announced change, rendered once per process ("" once the
+    source is gone)."""
+    source = Source.objects.filter(pk=source_id).first()
+    return "" if source is None else card_html(source)
+
+
+@lru_cache(maxsize=32)
+def shared_summary_html(source_id: int, stamp: str) -> str:
+    """The source page's summary of one announced change, rendered once per process."""
+    source = Source.objects.filter(pk=source_id).first()
+    return "" if source is None else summary_html(source)

@@ -3,7 +3,8 @@
 Groups: `refresh.<id>` (one refresh's page: state, steps and per-call progress), `refreshes`
 (lists and banners follow every refresh's state) and `gates` (every gate change, for the gate
 page, the banners and the gate API stream `ws/gates/`). The fleet pages show gate badges, so a
-gate or refresh change also pushes their summaries (`controlplane.fleet.live.publish_summary`).
+gate or refresh change also announces their summaries (`controlplane.fleet.live.publish_summary`:
+the source id only; the fleet streams render the summary where they receive it).
 
 Consumers, actions and the executor import group names and publishers from here only. Publishing
 is best effort (`controlplane.realtime`): every consumer resyncs from the database on connect.
@@ -85,6 +86,8 @@ def publish_gate_changes(gates: list[dict[str, Any]]) -> None:
 
 def announce_to_fleet_pages(source_ids: Iterable[int]) -> None:
     """Fleet pages show our gate and refresh badges in the source summary and overview card:
-    push those, rendered once for all subscribers. Never the worker table (no row shows a
-    gate), which at 2,000 workers was most of every refresh state change's cost."""
+    announce that they changed; each receiving process renders them once for its subscribers
+    (the executor announces ten state changes a run and must not pay a render for each).
+    Never the worker table (no row shows a gate), which at 2,000 workers was most of every
+    refresh state change's cost."""
     fleet_live.publish_summary(sorted(set(source_ids)))

@@ -40,26 +40,27 @@ def verified_samples(
 
     `exclude`: planned workers out of play (departed, or in a namespace resolved on its own).
     """
-    latest: dict[int, JournalEntry] = {}
+    # Only the four columns read: a whole entry with its planned worker also decoded that
+    # worker's planned calls of every step, for each of a fleet's generation rows.
+    latest: dict[int, tuple[str, dict | None, object]] = {}
     entries = (
         JournalEntry.objects.filter(
             refresh=refresh, step=StepName.VERIFY, operation=GENERATION, ok=True
         )
-        .select_related("planned_worker")
+        .exclude(planned_worker=None)
         .order_by("id")
+        .values_list("planned_worker_id", "planned_worker__key", "request_body", "response_body")
     )
-    for entry in entries:
-        if entry.planned_worker_id is not None:
-            latest[entry.planned_worker_id] = entry
+    for worker_id, key, request_body, response_body in entries:
+        latest[worker_id] = (key, request_body, response_body)
     by_model: dict[str, list[tuple[int, Sample]]] = {}
-    for worker_id, entry in latest.items():
+    for worker_id, (key, request_body, response_body) in latest.items():
         if worker_id in exclude:
             continue
-        assert entry.planned_worker is not None  # the query keeps per-worker rows only
-        sample = completion_sample(entry.planned_worker.key, entry.response_body)
+        sample = completion_sample(key, response_body)
         if sample is None:
             continue
-        model = str((entry.request_body or {}).get("model", ""))
+        model = str((request_body or {}).get("model", ""))
         by_model.setdefault(model, []).append((worker_id, sample))
     return by_model
 

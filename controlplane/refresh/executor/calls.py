@@ -31,6 +31,7 @@ from controlplane.dynamo.families import FAMILIES, AdminCall, Operation
 from controlplane.dynamo.generation import run_generation_check
 from controlplane.dynamo.http import DynamoClient, make_client
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.refresh.executor.heap import settle_long_lived_heap
 from controlplane.refresh.planning import GENERATION, generation_check_from_call
 
 _UNSET = object()
@@ -146,6 +147,9 @@ class CallRuntime:
         self.state: _RunState | None = None
 
     def __enter__(self) -> CallRuntime:
+        # The first run of a process takes the process's long-lived objects out of the
+        # collector's way (see heap.py); later runs find it done.
+        settle_long_lived_heap()
         self._thread.start()
         try:
             self.state = self.submit(self._open()).result()

@@ -36,7 +36,7 @@ from controlplane.bulk import insert_values
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerOutcome, run_jobs
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.live import publish_progress, publish_step_running
-from controlplane.refresh.models import JournalEntry, PolicyRefresh, WorkerStepResult
+from controlplane.refresh.models import JournalEntry, WorkerStepResult
 
 #: Count-based flushes per step, whatever the number of workers.
 FLUSHES_PER_STEP = 4
@@ -135,7 +135,9 @@ class StepJournal:
     def flush(self, batch: list[WorkerOutcome]) -> None:
         refresh_id, token = self.lease.refresh_id, self.lease.token
         with transaction.atomic():
-            self.lease.guard()
+            # The fence first (a stale executor's rows must not land), reading the abort flag
+            # in the same statement.
+            abort = self.lease.guard_reading_abort()
             if batch:
                 rows: list[tuple] = []
                 for outcome in batch:
@@ -158,11 +160,6 @@ class StepJournal:
                         for o in batch
                     ),
                 )
-            abort = (
-                PolicyRefresh.objects.filter(pk=refresh_id)
-                .values_list("abort_requested", flat=True)
-                .get()
-            )
         self.aborted = self.aborted or abort
         if batch:
             self.done += len(batch)

@@ -540,9 +540,13 @@ def verified_instance_sets(
     namespaces = list(refresh.namespaces if namespaces is None else namespaces)
     gone = departed_ids(refresh.pk) | left_out_ids(refresh.pk)
     verified: dict[str, list[str]] = {ns: [] for ns in namespaces}
-    for worker in refresh.workers.filter(namespace__in=namespaces):
-        if worker.pk not in gone:
-            verified[worker.namespace].append(worker.instance_id)
+    # Three columns, not whole planned workers: each would decode its planned calls of every
+    # step (a filtered query does not use the run's prefetched workers).
+    for pk, namespace, instance_id in refresh.workers.filter(namespace__in=namespaces).values_list(
+        "pk", "namespace", "instance_id"
+    ):
+        if pk not in gone:
+            verified[namespace].append(instance_id)
     unverified: dict[str, int] = {}
     if serving is None:
         serving = list(

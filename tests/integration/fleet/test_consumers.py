@@ -9,7 +9,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
 from controlplane.fleet.discovery import refresh_source
-from controlplane.fleet.models import DiscoveryTrigger, Worker
+from controlplane.fleet.models import DiscoveryTrigger, Worker, WorkerState
 from controlplane.fleet.routing import websocket_urlpatterns
 
 pytestmark = [
@@ -227,6 +227,44 @@ async def test_a_gate_change_pushes_the_summary_and_no_table(big_source, viewer)
     assert "<tr" not in frame and "<tbody" not in frame and len(frame) < 20_000
     assert await c.receive_nothing(timeout=0.5)
     await c.disconnect()
+
+
+def _announce_counting_queries(source_ids: set[int]) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.refresh.live import announce_to_fleet_pages
+
+    with CaptureQueriesContext(connection) as queries:
+        announce_to_fleet_pages(source_ids)
+    return len(queries.captured_queries)
+
+
+async def test_an_announced_change_is_rendered_by_the_receiving_streams_not_the_publisher(
+    big_source, viewer
+):
+    """A refresh's executor announces each state change; the card and the summary are
+    rendered where they are received, so announcing runs no query at all."""
+    await database_sync_to_async(_bulk_fleet)(big_source, 30)
+    overview = _communicator("/ws/fleet/", viewer)
+    page = _communicator(f"/ws/fleet/sources/{big_source.pk}/", viewer)
+    for c in (overview, page):
+        assert (await c.connect())[0]
+    await overview.receive_from(timeout=10)
+    await page.receive_from(timeout=10)
+    await page.receive_from(timeout=10)
+    await database_sync_to_async(
+        lambda: Worker.objects.filter(source=big_source).update(state=WorkerState.ERRORING)
+    )()
+    assert await database_sync_to_async(_announce_counting_queries)({big_source.pk}) == 0
+    card = await overview.receive_from(timeout=10)
+    assert f'id="source-card-{big_source.pk}" hx-swap-oob="true"' in card
+    assert "30 erroring" in card
+    summary = await page.receive_from(timeout=10)
+    assert 'id="source-summary" hx-swap-oob="true"' in summary and "30 erroring" in summary
+    for c in (overview, page):
+        assert await c.receive_nothing(timeout=0.5)
+        await c.disconnect()
 
 
 async def test_a_big_refresh_re_reads_the_visible_page_only(big_source, viewer):

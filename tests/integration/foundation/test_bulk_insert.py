@@ -88,3 +88,22 @@ def test_a_row_of_the_wrong_width_is_refused(worker):
     with pytest.raises(ValueError, match="2 values for 6 columns"):
         insert_values(WorkerEvent, FIELDS, [(1, 2)])
     assert not WorkerEvent.objects.exists()
+
+
+def test_plain_values_and_their_look_alikes_read_back_as_the_orm_stores_them(worker):
+    """Plain values skip Django's per-value preparation; anything else (an enum member, a
+    time in another zone) still takes it, and both read back as the ORM would store them."""
+    from datetime import timedelta, timezone
+
+    from controlplane.fleet.models import WorkerEventKind
+
+    plus_two = datetime(2026, 5, 6, 9, 8, 9, tzinfo=timezone(timedelta(hours=2)))
+    rows = [
+        (worker.source_id, worker.pk, None, datetime(2026, 5, 6, 7, 8, 9, i, tzinfo=UTC), "x", {})
+        for i in range(3)
+    ] + [(worker.source_id, worker.pk, None, plus_two, WorkerEventKind.JOINED, {})]
+    insert_values(WorkerEvent, FIELDS, rows)
+    stored = list(WorkerEvent.objects.order_by("pk").values_list("occurred_at", "kind"))
+    assert stored == [(row[3], str(row[4])) for row in rows]
+    assert stored[-1] == (datetime(2026, 5, 6, 7, 8, 9, tzinfo=UTC), "joined")
+    assert type(stored[-1][1]) is str

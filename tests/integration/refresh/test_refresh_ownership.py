@@ -90,6 +90,27 @@ def test_a_stale_fencing_token_cannot_write(source, operator):
     assert refresh.state == RefreshState.GATING and refresh.lease_owner == "executor-b"
 
 
+def test_a_journal_flush_fence_renews_the_lease_and_reads_the_abort_flag_in_one(source, operator):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    refresh = started(source, operator)
+    stale = Lease.claim(refresh.pk, "executor-a")
+    before = PolicyRefresh.objects.get(pk=refresh.pk).lease_expires_at
+    with CaptureQueriesContext(connection) as queries:
+        assert stale.guard_reading_abort() is False
+    assert len(queries.captured_queries) == 1
+    assert PolicyRefresh.objects.get(pk=refresh.pk).lease_expires_at > before
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(abort_requested=True)
+    assert stale.guard_reading_abort() is True
+
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(lease_expires_at=timezone.now())
+    fresh = Lease.claim(refresh.pk, "executor-b")
+    with pytest.raises(LeaseLost):
+        stale.guard_reading_abort()
+    assert fresh.guard_reading_abort() is True
+
+
 def expire_lease(refresh):
     PolicyRefresh.objects.filter(pk=refresh.pk).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)

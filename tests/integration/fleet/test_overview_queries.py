@@ -119,7 +119,7 @@ def test_the_overview_costs_the_same_for_one_source_as_for_five(viewer_client):
     for n, source in enumerate(sources, start=1):
         shown = card(page, source)
         assert "2 live" in shown and "1 erroring" in shown and "1 gone" in shown
-        assert f"v{n}</code> × 2" in shown and f"old{n}</code> × 1" in shown
+        assert f"v{n}</code> \u00d7 2" in shown and f"old{n}</code> \u00d7 1" in shown
         assert f"ns-{n} open" in shown and f"held-{n} closed" in shown
         assert f"held by src-{n}" in shown
         refresh = PolicyRefresh.objects.get(source=source)

@@ -119,7 +119,7 @@ def start_source_drill(
     one that would leave a namespace without a serving worker, a count and instances both)."""
     _require_operate(request)
     source = source_or_404(request, name)
-    given = payload or DrillIn()
+    given = payload or DrillIn.model_validate({})
 
     def start():
         drill = start_drill(

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.models import Source, Worker, WorkerEvent
-from controlplane.fleet.presenters import summarise, version_label
+from controlplane.fleet.presenters import summarise, summarise_all, version_label
 from controlplane.fleet.rows import render_row, render_rows, render_timeline
 from controlplane.realtime import publish
 
@@ -63,7 +63,7 @@ def card_html(source: Source) -> str:
 
 
 def overview_html() -> str:
-    summaries = [summarise(s) for s in Source.objects.all()]
+    summaries = summarise_all(Source.objects.all())
     return render_to_string(
         "fleet/overview.html#source-cards",
         {"summaries": summaries, "oob": True},

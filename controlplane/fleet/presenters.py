@@ -8,7 +8,8 @@ worker can do something the policy refresh would refuse.
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -122,23 +123,38 @@ class SourceSummary:
 
 def summarise(source: Source) -> SourceSummary:
     """Two aggregate queries, whatever the fleet size."""
-    workers = Worker.objects.filter(source=source)
-    counts = {s: 0 for s in WorkerState.values}
-    for row in workers.values("state").annotate(n=Count("id")).order_by():
-        counts[row["state"]] = row["n"]
-    pairs = (
+    return summarise_all([source])[0]
+
+
+def summarise_all(sources: Iterable[Source]) -> list[SourceSummary]:
+    """One summary per source, in the order given, from the same two aggregate queries
+    however many sources there are (the overview lists every source)."""
+    sources = list(sources)
+    if not sources:
+        return []
+    workers = Worker.objects.filter(source__in=sources).order_by()
+    counts: dict[int, dict[str, int]] = {
+        s.pk: dict.fromkeys(WorkerState.values, 0) for s in sources
+    }
+    for source_id, state, n in workers.values_list("source_id", "state").annotate(n=Count("id")):
+        counts[source_id][state] = n
+    pairs: dict[int, list[tuple[Any, int]]] = defaultdict(list)
+    for source_id, version, n in (
         workers.exclude(state=WorkerState.GONE)
-        .values_list("weight_version")
+        .values_list("source_id", "weight_version")
         .annotate(n=Count("id"))
-        .order_by()
-    )
-    return SourceSummary(
-        source,
-        counts,
-        version_distribution(pairs),
-        source_scope(source),
-        scope_matches_report(source),
-    )
+    ):
+        pairs[source_id].append((version, n))
+    return [
+        SourceSummary(
+            source,
+            counts[source.pk],
+            version_distribution(pairs[source.pk]),
+            source_scope(source),
+            scope_matches_report(source),
+        )
+        for source in sources
+    ]
 
 
 @dataclass(frozen=True, slots=True)

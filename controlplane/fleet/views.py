@@ -20,7 +20,7 @@ from controlplane.fleet import live, services
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.forms import SourceForm, StaticWorkerForm
 from controlplane.fleet.models import Source, StaticWorker, Worker, WorkerState
-from controlplane.fleet.presenters import filter_options, summarise
+from controlplane.fleet.presenters import filter_options, summarise, summarise_all
 from controlplane.fleet.rows import (
     HEADERS,
     pager,
@@ -46,7 +46,7 @@ def _get_static_worker(pk: int) -> StaticWorker:
 @require_GET
 @requires(Perm.VIEW)
 def overview(request: HtmxHttpRequest) -> HttpResponse:
-    summaries = [summarise(s) for s in Source.objects.all()]
+    summaries = summarise_all(Source.objects.all())
     context = {"summaries": summaries}
     return render(request, "fleet/overview.html", context)
 

@@ -16,6 +16,7 @@ import datetime as dt
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from django.utils import timezone
 
@@ -52,9 +53,18 @@ def step_medians(refresh: PolicyRefresh) -> tuple[dict[str, float], int]:
     return {name: statistics.median(values) for name, values in durations.items()}, len(past)
 
 
+def _not_estimating(refresh: PolicyRefresh) -> str | None:
+    """Why a refresh in this state has no estimate (None: it runs its sequence)."""
+    if refresh.state == RefreshState.RELEASING:
+        return "the refresh is being closed out (releasing the engines it paused)"
+    if refresh.state not in EXECUTING_STATES:
+        return f"the refresh is {refresh.state}, not running its steps"
+    return None
+
+
 def estimate(refresh: PolicyRefresh, *, now: dt.datetime | None = None) -> Eta | None:
     """The estimate, or None when there is nothing to estimate from or nothing running."""
-    if refresh.state not in EXECUTING_STATES or refresh.state == RefreshState.RELEASING:
+    if _not_estimating(refresh) is not None:
         return None
     medians, basis = step_medians(refresh)
     if not basis:
@@ -73,3 +83,38 @@ def estimate(refresh: PolicyRefresh, *, now: dt.datetime | None = None) -> Eta |
             median -= (now - found.started_at).total_seconds()
         remaining += max(median, 0.0)
     return Eta(remaining, now + dt.timedelta(seconds=remaining), basis)
+
+
+def basis_text(basis: int) -> str:
+    """What the estimate rests on, in the refresh page's words."""
+    return (
+        f"per-step medians of the last {basis} successful "
+        f"refresh{'' if basis == 1 else 'es'} of this source"
+    )
+
+
+#: Why there is no estimate when the source has never refreshed successfully.
+NO_HISTORY = "no successful refresh of this source yet to estimate from"
+
+
+def eta_json(refresh: PolicyRefresh, *, now: dt.datetime | None = None) -> dict[str, Any]:
+    """The estimate as `refresh status --json` and the refresh API give it: `estimated_end`,
+    `remaining_seconds`, `basis` (the page's words) and `history` (how many refreshes); when
+    there is none those are null and `reason` says why."""
+    reason = _not_estimating(refresh)
+    found = None if reason else estimate(refresh, now=now)
+    if found is None:
+        return {
+            "estimated_end": None,
+            "remaining_seconds": None,
+            "basis": None,
+            "history": None if reason else 0,
+            "reason": reason or NO_HISTORY,
+        }
+    return {
+        "estimated_end": found.finish_at,
+        "remaining_seconds": round(found.remaining_seconds, 1),
+        "basis": basis_text(found.basis),
+        "history": found.basis,
+        "reason": None,
+    }

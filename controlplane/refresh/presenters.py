@@ -521,6 +521,28 @@ def gate_rows(gates: list[Gate] | None = None) -> list[GateRow]:
     return [gate_row(g) for g in (gates if gates is not None else gates_of())]
 
 
+def gate_badges_by_source(source_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """Per source id, what `gate_badges` shows (its gates and active refreshes): two queries
+    however many sources."""
+    ids = set(source_ids)
+    gates: dict[int, list[Gate]] = {pk: [] for pk in ids}
+    for gate in Gate.objects.select_related("source", "active_refresh").filter(source_id__in=ids):
+        gates[gate.source_id].append(gate)
+    refreshes: dict[int, list[PolicyRefresh]] = {pk: [] for pk in ids}
+    for refresh in PolicyRefresh.objects.filter(
+        state__in=ACTIVE_STATES, source_id__in=ids
+    ).select_related("source"):
+        refreshes[refresh.source_id].append(refresh)
+    return {
+        pk: {
+            "banner_refreshes": refreshes[pk],
+            "banner_gates": gates[pk],
+            "held_state": RefreshState.HELD,
+        }
+        for pk in ids
+    }
+
+
 def banner_context(source=None) -> dict[str, Any]:
     """The active refreshes of one source (or all); gate rows are asked for separately."""
     return {

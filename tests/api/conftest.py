@@ -1,4 +1,5 @@
-"""Objects every API test can point at: two sources, a worker, a run, a gate, a refresh."""
+"""Objects every API test can point at: two sources, a worker, a run, a gate, a refresh, a
+failed drill."""
 
 import pytest
 from django.utils import timezone
@@ -46,7 +47,26 @@ def fleet(db):
         state="held",
         held_reason="update failed",
     )
-    return {"a": a, "b": b, "worker": worker, "run": run, "gate": gate, "refresh": refresh}
+    from controlplane.refresh.models import DrillRun
+
+    drill = DrillRun.objects.create(
+        source=a,
+        namespaces=["rl-a"],
+        instances=[U64],
+        current_policy={"weight_version": "v2"},
+        previous_policy={"weight_version": "v1"},
+        outcome="failed",
+        reason="the forward refresh held",
+    )
+    return {
+        "a": a,
+        "b": b,
+        "worker": worker,
+        "run": run,
+        "gate": gate,
+        "refresh": refresh,
+        "drill": drill,
+    }
 
 
 def bearer(secret: str) -> dict:

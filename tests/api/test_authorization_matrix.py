@@ -44,6 +44,10 @@ ENDPOINTS = [
     ("post", "/api/v1/refreshes/{refresh}/retry", None, Perm.OPERATE_REFRESH, True),
     ("post", "/api/v1/refreshes/{refresh}/rollback", None, Perm.OPERATE_REFRESH, True),
     ("post", "/api/v1/refreshes/{refresh}/end", {"reason": "x"}, Perm.APPROVE_REFRESH, True),
+    # The gate is closed and a refresh holds it: an entitled caller meets 409, never a 2xx.
+    ("post", "/api/v1/sources/src-a/drills", {}, Perm.OPERATE_REFRESH, True),
+    ("get", "/api/v1/sources/src-a/drills", None, Perm.VIEW, True),
+    ("get", "/api/v1/drills/{drill}", None, Perm.VIEW, True),
     # The refresh to v2 is src-a's: a token limited to src-b finds no record of v2 (404).
     ("get", "/api/v1/versions/v2/provenance", None, Perm.VIEW, True),
     ("get", "/api/v1/audit/events", None, Perm.VIEW, None),
@@ -86,7 +90,10 @@ def _call(client, method, path, body, headers):
 def test_no_unauthorised_2xx(callers, fleet, persona, endpoint):
     method, template, body, perm, scoped = endpoint
     path = template.format(
-        worker=fleet["worker"].pk, run=fleet["run"].pk, refresh=fleet["refresh"].pk
+        worker=fleet["worker"].pk,
+        run=fleet["run"].pk,
+        refresh=fleet["refresh"].pk,
+        drill=fleet["drill"].pk,
     )
     client, headers, user = callers[persona]
     response = _call(client, method, path, body, headers)

@@ -489,6 +489,7 @@ API_WRITES = {
     "drop_quarantine",
     "report_broadcast_done",  # POST only; its body is the trainer's, checked like any write
     "record_canary_verdict",  # POST only; the trainer's verdict, checked like any write
+    "start_source_drill",
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
 #: Query parameters some page shows back. `page` is not one: every pager parses it as a number
@@ -591,6 +592,10 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:api-v1:get_quarantine": [
             f"/api/v1/quarantines/{pk}" for pk in Quarantine.objects.values_list("pk", flat=True)
         ],
+        "intake:api-v1:list_source_drills": [
+            f"/api/v1/sources/{s.name}/drills" for s in all_sources
+        ],
+        "intake:api-v1:get_drill": [f"/api/v1/drills/{pk}" for pk in _drill_ids()],
         "intake:api-v1:list_refreshes": ["/api/v1/refreshes"],
         "intake:api-v1:get_refresh": [f"/api/v1/refreshes/{pk}" for pk in r],
         "intake:api-v1:get_refresh_group": [f"/api/v1/refreshes/{pk}/group" for pk in r],

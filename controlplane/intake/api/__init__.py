@@ -15,6 +15,7 @@ from controlplane.intake.api import (
     audit,
     capacity,
     deliveries,
+    drills,
     errors,
     gates,
     provenance,
@@ -33,8 +34,8 @@ api = NinjaAPI(
     title="Dynamo RL control plane API",
     version="1",
     description=(
-        "Sources, workers, observations, gates, policy refreshes and audit events of the "
-        "Dynamo RL control plane; trainer webhooks. Errors are always "
+        "Sources, workers, observations, gates, policy refreshes, rollback drills and audit "
+        "events of the Dynamo RL control plane; trainer webhooks. Errors are always "
         '`{"error": {"code", "message", "details"}}`.'
     ),
     urls_namespace="intake:api-v1",
@@ -49,6 +50,7 @@ for module in (
     gates,
     quarantines,
     refreshes,
+    drills,
     capacity,
     audit,
     deliveries,

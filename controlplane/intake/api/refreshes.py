@@ -21,6 +21,7 @@ from controlplane.intake.fingerprint import FingerprintIn
 from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
 from controlplane.refresh import action_table, actions, group
 from controlplane.refresh.action_table import Action, ActionInput
+from controlplane.refresh.eta import eta_json
 from controlplane.refresh.models import PolicyRefresh
 from controlplane.refresh.strategy import stored as stored_strategy
 
@@ -226,8 +227,25 @@ class JournalOut(Schema):
     finished_at: datetime
 
 
+class EtaOut(Schema):
+    """When a running refresh should end, as its page shows it (`refresh.eta`)."""
+
+    estimated_end: datetime | None = Field(description="null when there is no estimate")
+    remaining_seconds: float | None
+    basis: str | None = Field(
+        description='what it rests on: "per-step medians of the last N successful refreshes '
+        'of this source"'
+    )
+    history: int | None = Field(description="N: how many past successful refreshes")
+    reason: str | None = Field(
+        description="why there is no estimate (no successful refresh of the source yet, or "
+        "the refresh is not running its steps); null when there is one"
+    )
+
+
 class RefreshDetailOut(RefreshOut):
     capacity_url: str = Field(description="its capacity and goodput (paused time, gated time)")
+    eta: EtaOut = Field(description="its estimated end while it runs its steps")
     workers: list[PlannedWorkerOut]
     steps: list[StepOut]
     journal: list[JournalOut]
@@ -273,11 +291,17 @@ def serialize_refresh(refresh) -> dict[str, Any]:
     }
 
 
+def eta_out(refresh) -> dict[str, Any]:
+    """The estimate in the API's JSON form (times as ISO 8601), for the API and the CLI."""
+    return EtaOut.model_validate(eta_json(refresh)).model_dump(mode="json")
+
+
 def serialize_detail(refresh) -> dict[str, Any]:
     journal = refresh.journal.select_related("planned_worker").order_by("id")[:JOURNAL_LIMIT]
     return {
         **serialize_refresh(refresh),
         "capacity_url": reverse("intake:api-v1:get_refresh_capacity", args=[refresh.pk]),
+        "eta": eta_out(refresh),
         "workers": [
             {f: getattr(w, f) for f in PlannedWorkerOut.model_fields} for w in refresh.workers.all()
         ],

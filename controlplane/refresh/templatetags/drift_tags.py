@@ -5,10 +5,14 @@ are quarantined. `{% worker_drift worker %}`: the worker's drift entry and lates
 the quarantine's exits (retry, release, drop) for people who may operate refreshes.
 """
 
+from collections.abc import Iterable
+
 from django import template
+from django.db.models import Count
 
 from controlplane.accounts.roles import Perm
 from controlplane.fleet.models import WorkerState
+from controlplane.refresh import listed
 from controlplane.refresh.models import (
     HELD_QUARANTINE_STATES,
     Gate,
@@ -20,15 +24,38 @@ from controlplane.refresh.quarantine import stalled
 register = template.Library()
 
 
-@register.inclusion_tag("refresh/drift_badge.html")
-def drift_badge(source):
-    entries = [
-        entry
-        for drift in Gate.objects.filter(source=source).values_list("drift", flat=True)
-        for entry in drift
-    ]
-    held = Quarantine.objects.filter(source=source, state__in=HELD_QUARANTINE_STATES).count()
-    return {"drift_count": len(entries), "quarantined": held, "entries": entries[:5]}
+#: The render-context key of the drift badges read once per page render.
+_DRIFT = object()
+
+
+def drift_by_source(source_ids: Iterable[int]) -> dict[int, dict]:
+    """Per source id, its drift entries and held quarantines: two queries however many."""
+    ids = set(source_ids)
+    entries: dict[int, list] = {pk: [] for pk in ids}
+    for source_id, drift in Gate.objects.filter(source_id__in=ids).values_list(
+        "source_id", "drift"
+    ):
+        entries[source_id] += drift or []
+    held = dict(
+        Quarantine.objects.filter(source_id__in=ids, state__in=HELD_QUARANTINE_STATES)
+        .values_list("source_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {
+        pk: {
+            "drift_count": len(entries[pk]),
+            "quarantined": held.get(pk, 0),
+            "entries": entries[pk][:5],
+        }
+        for pk in ids
+    }
+
+
+@register.inclusion_tag("refresh/drift_badge.html", takes_context=True)
+def drift_badge(context, source):
+    """Read for every source the page lists at once (`refresh.listed`)."""
+    return listed.for_source(context, _DRIFT, source, drift_by_source)
 
 
 @register.inclusion_tag("refresh/worker_drift.html", takes_context=True)

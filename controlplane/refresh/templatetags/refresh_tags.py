@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from django import template
 from django.core.exceptions import ValidationError
 
-from controlplane.refresh import presenters
+from controlplane.refresh import listed, presenters
 from controlplane.refresh.strategy import parse_strategy
 
 register = template.Library()
@@ -28,10 +28,16 @@ def refresh_banner(context, source=None):
     }
 
 
-@register.inclusion_tag("refresh/gate_badges.html")
-def gate_badges(source):
-    """Compact gate and refresh badges for one source, without a socket of its own."""
-    return presenters.banner_context(source) | {"banner_gates": presenters.gates_of(source)}
+#: The render-context key of the gate badges read once per page render.
+_GATE_BADGES = object()
+
+
+@register.inclusion_tag("refresh/gate_badges.html", takes_context=True)
+def gate_badges(context, source):
+    """Compact gate and refresh badges for one source, without a socket of its own (read for
+    every source the page lists at once: `refresh.listed`)."""
+    badges = listed.for_source(context, _GATE_BADGES, source, presenters.gate_badges_by_source)
+    return {"banner_source": source, **badges}
 
 
 @register.filter

@@ -35,6 +35,7 @@ STATUS_KEYS = {
     "steps",
     "workers",
     "namespaces",
+    "eta",
 }
 #: The API's keys for one refresh (`RefreshOut`), which the CLI prints as they are.
 REFRESH_KEYS = {

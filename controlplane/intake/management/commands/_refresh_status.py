@@ -20,7 +20,7 @@ from typing import Any
 from django.utils import timezone
 
 from controlplane.accounts.management.commands._cli import Exit, shown
-from controlplane.intake.api.refreshes import RefreshOut, serialize_refresh
+from controlplane.intake.api.refreshes import RefreshOut, eta_out, serialize_refresh
 from controlplane.refresh.models import (
     TERMINAL_STATES,
     PlannedWorker,
@@ -125,6 +125,7 @@ def status_of(refresh_id: int) -> dict[str, Any]:
         ],
         "workers": {"total": len(workers), "by_step": by_step},
         "namespaces": namespaces,
+        "eta": eta_out(refresh),
     }
 
 
@@ -178,6 +179,14 @@ def status_text(status: dict[str, Any]) -> str:
             + (f", finished {r['finished_at']}" if r["finished_at"] else "")
             + f", elapsed {status['elapsed_seconds']} s"
         )
+    eta = status["eta"]
+    if eta["estimated_end"]:
+        lines.append(
+            f"estimated end: {eta['estimated_end']} (about {eta['remaining_seconds']} s left; "
+            f"{eta['basis']})"
+        )
+    elif not status["stopped"]:
+        lines.append(f"estimated end: unknown ({eta['reason']})")
     for label, key in (("held", "held_reason"), ("ended", "end_reason")):
         if r[key]:
             lines.append(f"{label}: {shown(r[key])}")

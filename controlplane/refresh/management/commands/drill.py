@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 from django.core.management.base import CommandParser
 
@@ -32,32 +31,9 @@ from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
 from controlplane.refresh.drills.actions import start_drill
+from controlplane.refresh.drills.public import drill_json
 from controlplane.refresh.management.commands._refusals import REFUSALS, refusal
 from controlplane.refresh.models import DrillOutcome, DrillRun
-
-
-def drill_json(drill: DrillRun) -> dict[str, Any]:
-    """The drill's stable keys (README "Rollback drills")."""
-    return {
-        "id": drill.pk,
-        "source": drill.source.name,
-        "namespaces": drill.namespaces,
-        "instances": drill.instances,
-        "from_version": drill.current_version,
-        "to_version": drill.previous_version,
-        "phase": drill.phase,
-        "outcome": drill.outcome,
-        "reason": drill.reason,
-        "next_step": drill.next_step,
-        "forward_refresh_id": drill.forward_refresh_id,
-        "back_refresh_id": drill.back_refresh_id,
-        "forward_seconds": drill.forward_seconds,
-        "back_seconds": drill.back_seconds,
-        "started_at": drill.started_at,
-        "finished_at": drill.finished_at,
-        "requested_by": drill.requested_by_label,
-        "scheduled": drill.scheduled,
-    }
 
 
 class Command(OperatorCommand):

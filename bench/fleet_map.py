@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _servers import (  # noqa: E402  (the module configures the process before Django)
+# _servers configures the bench process on import: DEBUG off, a Redis prefix of its own.
+from _servers import (
     server_database_url,
     session_cookie,
     start_uvicorn,
@@ -61,7 +62,8 @@ def _fill(workers: int) -> int:
 # is measured from the navigation's time origin).
 _WAIT_FOR_CELLS = """
 (count) => new Promise((resolve) => {
-  const done = () => document.querySelectorAll('#fleet-map-cells svg rect.chart-cell').length >= count;
+  const cells = () => document.querySelectorAll('#fleet-map-cells svg rect.chart-cell');
+  const done = () => cells().length >= count;
   if (done()) { resolve(performance.now()); return; }
   new MutationObserver((_, observer) => {
     if (done()) { observer.disconnect(); resolve(performance.now()); }

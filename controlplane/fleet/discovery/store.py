@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from controlplane.bulk import insert_objects, insert_values
+from controlplane.bulk import insert_values
 from controlplane.dynamo.discovery import worker_key
 from controlplane.fleet.discovery.diff import MembershipDiff, Snapshot, diff_membership
 from controlplane.fleet.discovery.observe import Observation
@@ -127,21 +127,35 @@ def _refreshed(o: Observation, weight_version, declared: bool) -> tuple:
     )
 
 
-def _new_row(source: Source, o: Observation, now: datetime) -> Worker:
-    values = dict(zip(REFRESHED_FIELDS, _refreshed(o, None, False), strict=True))
-    values["static_worker_id"] = values.pop("static_worker")
-    return Worker(
-        source=source,
-        namespace=o.namespace,
-        component=o.component,
-        endpoint=o.endpoint,
-        instance_id=o.instance_id,
-        first_seen_at=now,
-        last_seen_at=now,
-        last_probed_at=now,
-        # Existing rows get it from the stamping UPDATE in `store_observation`.
-        version_probed_at=now if o.version_ok else None,
-        **values,
+#: Columns of a row inserted by a refresh, before REFRESHED_FIELDS (every column: plain
+#: inserts apply no model defaults).
+NEW_ROW_HEAD = (
+    "source",
+    "namespace",
+    "component",
+    "endpoint",
+    "instance_id",
+    "first_seen_at",
+    "last_seen_at",
+    "last_probed_at",
+    "version_probed_at",
+)
+
+
+def _new_row(source: Source, o: Observation, now: datetime) -> tuple:
+    """A joining worker's row, in NEW_ROW_HEAD + REFRESHED_FIELDS order. Existing rows get
+    `version_probed_at` from the stamping UPDATE in `store_observation`."""
+    return (
+        source.pk,
+        o.namespace,
+        o.component,
+        o.endpoint,
+        o.instance_id,
+        now,
+        now,
+        now,
+        now if o.version_ok else None,
+        *_refreshed(o, None, False),
     )
 
 
@@ -152,10 +166,10 @@ def _changed_row(pk: int, values: tuple) -> Worker:
     return Worker(pk=pk, **fields)
 
 
-def _read_back_pks(source: Source, created: list[Worker], pks: dict[str, int]) -> None:
-    """Give workers inserted by `insert_objects` their primary keys (one SELECT of identity
+def _read_back_pks(source: Source, created: list[str], pks: dict[str, int]) -> None:
+    """Give the workers just inserted (by key) their primary keys (one SELECT of identity
     columns, so the query count stays constant)."""
-    wanted = {w.key for w in created}
+    wanted = set(created)
     rows = Worker.objects.filter(source=source).values_list(
         "pk", "namespace", "component", "endpoint", "instance_id"
     )
@@ -163,7 +177,7 @@ def _read_back_pks(source: Source, created: list[Worker], pks: dict[str, int]) -
         key = worker_key(namespace, component, endpoint, instance_id)
         if key in wanted:
             pks[key] = pk
-    missing = [k for k in wanted if k not in pks]
+    missing = [k for k in created if k not in pks]
     if missing:  # the unique identity constraint makes this impossible; never guess a pk
         raise RuntimeError(f"inserted workers not found: {missing[:5]}")
 
@@ -207,13 +221,15 @@ def store_observation(
     )
 
     pks: dict[str, int] = {key: row[0] for key, row in existing.items()}
-    created: list[Worker] = []
+    created: list[str] = []
+    new_rows: list[tuple] = []
     updated: list[Worker] = []
     version_at, declared_at = _F["weight_version"], _F["weight_version_declared"]
     for key, o in by_key.items():
         row = existing.get(key)
         if row is None:
-            created.append(_new_row(source, o, now))
+            created.append(key)
+            new_rows.append(_new_row(source, o, now))
             continue
         values = _refreshed(o, row[version_at], row[declared_at])
         if values != row[_HEAD:]:
@@ -226,7 +242,7 @@ def store_observation(
         updated.append(_changed_row(row[0], tuple(values)))
 
     if created:
-        insert_objects(Worker, created)
+        insert_values(Worker, (*NEW_ROW_HEAD, *REFRESHED_FIELDS), new_rows)
         _read_back_pks(source, created, pks)
     if updated:
         Worker.objects.bulk_update(updated, REFRESHED_FIELDS, batch_size=BATCH)

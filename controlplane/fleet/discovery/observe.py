@@ -80,11 +80,17 @@ class Observation:
         return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class ObservedFleet:
     result: DiscoveryResult
     workers: list[Observation]
     requests: int = 0
+
+    def __repr__(self) -> str:
+        # Short on purpose: `asyncio.run` in a main thread formats the finished task, result
+        # included, when it restores the SIGINT handler (signal.getsignal builds a ValueError
+        # text with its repr), and a full repr of 2,000 workers costs more than their parse.
+        return f"<ObservedFleet {len(self.workers)} workers, {self.requests} requests>"
 
 
 def static_instance_id(source_id: int, name: str) -> str:

@@ -99,9 +99,15 @@ def _obs_snapshot(o: Observation) -> Snapshot:
     )
 
 
-def _refreshed(o: Observation, weight_version, declared: bool) -> tuple:
+def _refreshed(o: Observation, weight_version, declared: bool, lists: dict) -> tuple:
     """REFRESHED_FIELDS of a row after this observation (`weight_version` and `declared`: the
-    row's own, which survive a failed probe). A row that is not gone leaves `gone`."""
+    row's own, which survive a failed probe). A row that is not gone leaves `gone`.
+
+    `lists` holds one list per distinct route set for the refresh: rows with the same routes
+    share it, so the bulk insert serialises it once (`bulk` remembers JSON by identity)."""
+    routes = lists.get(o.routes)
+    if routes is None:
+        routes = lists[o.routes] = list(o.routes)
     if o.version_ok:
         weight_version, declared, version_error = o.weight_version, o.weight_version_declared, ""
     else:
@@ -113,7 +119,7 @@ def _refreshed(o: Observation, weight_version, declared: bool) -> tuple:
         o.system_url,
         o.admin_base_url,
         o.model,
-        list(o.routes),
+        routes,
         o.world_size,
         o.error,
         WorkerState.ERRORING if o.error else WorkerState.LIVE,
@@ -142,7 +148,7 @@ NEW_ROW_HEAD = (
 )
 
 
-def _new_row(source: Source, o: Observation, now: datetime) -> tuple:
+def _new_row(source: Source, o: Observation, now: datetime, lists: dict) -> tuple:
     """A joining worker's row, in NEW_ROW_HEAD + REFRESHED_FIELDS order. Existing rows get
     `version_probed_at` from the stamping UPDATE in `store_observation`."""
     return (
@@ -155,7 +161,7 @@ def _new_row(source: Source, o: Observation, now: datetime) -> tuple:
         now,
         now,
         now if o.version_ok else None,
-        *_refreshed(o, None, False),
+        *_refreshed(o, None, False, lists),
     )
 
 
@@ -225,13 +231,14 @@ def store_observation(
     new_rows: list[tuple] = []
     updated: list[Worker] = []
     version_at, declared_at = _F["weight_version"], _F["weight_version_declared"]
+    lists: dict[tuple[str, ...], list[str]] = {}
     for key, o in by_key.items():
         row = existing.get(key)
         if row is None:
             created.append(key)
-            new_rows.append(_new_row(source, o, now))
+            new_rows.append(_new_row(source, o, now, lists))
             continue
-        values = _refreshed(o, row[version_at], row[declared_at])
+        values = _refreshed(o, row[version_at], row[declared_at], lists)
         if values != row[_HEAD:]:
             updated.append(_changed_row(row[0], values))
     for key in diff.left:

@@ -99,15 +99,19 @@ def static_instance_id(source_id: int, name: str) -> str:
     return str(int.from_bytes(digest, "big"))
 
 
-def _from_discovered(worker: DiscoveredWorker) -> Observation:
+def _from_discovered(worker: DiscoveredWorker, families: dict[tuple[str, ...], str]) -> Observation:
+    """`families`: the family name per distinct route set, detected once per refresh."""
     ident = worker.identity
-    family = detect_family(worker.routes)
+    family = families.get(worker.routes)
+    if family is None:
+        detected = detect_family(worker.routes)
+        family = families[worker.routes] = detected.name if detected else ""
     return Observation(
         namespace=ident.namespace,
         component=ident.component,
         endpoint=ident.endpoint,
         instance_id=str(ident.instance_id),
-        family=family.name if family else "",
+        family=family,
         transport=worker.transport,
         request_plane_url=worker.request_plane_url,
         system_url=worker.system_url or "",
@@ -301,7 +305,8 @@ async def observe(
         timeout=max(listener_timeout, probe_timeout), max_connections=concurrency
     ) as client:
         result = await fetch_discovery(client, policy, listener_url, timeout=listener_timeout)
-        workers = [_from_discovered(w) for w in result.workers]
+        families: dict[tuple[str, ...], str] = {}
+        workers = [_from_discovered(w, families) for w in result.workers]
         workers += [_from_static(source_id, s) for s in statics]
         prober = Prober(client, policy, timeout=probe_timeout, concurrency=concurrency)
         await asyncio.gather(*(prober.probe(obs) for obs in workers))

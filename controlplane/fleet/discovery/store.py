@@ -59,6 +59,9 @@ ROW_COLUMNS = [
 ]
 _HEAD = 6  # columns before the refreshed ones
 _LIVENESS = frozenset(Liveness.values)
+#: The details of an event that has none, one object for every such row so the COPY
+#: serialises it once (never mutated).
+_NO_DETAILS: dict = {}
 _F = {name: _HEAD + i for i, name in enumerate(REFRESHED_FIELDS)}
 
 
@@ -192,8 +195,13 @@ def _stamp(source: Source, observed: list[Observation], pks: dict[str, int], now
     """Stamp every worker still present as seen and probed, and as version-read where its
     version probe answered: one UPDATE when every version was read (the usual refresh), two
     when few were not, else one per `BATCH` read rows. Rows inserted by this refresh already
-    carry `version_probed_at` (see `_new_row`); setting it again writes the same value."""
-    present = Worker.objects.filter(source=source).exclude(state=WorkerState.GONE)
+    carry all three stamps (see `_new_row`) and are left alone: they hold `now` exactly, so
+    a refresh where every worker joins rewrites none of its rows a second time."""
+    present = (
+        Worker.objects.filter(source=source)
+        .exclude(state=WorkerState.GONE)
+        .exclude(last_seen_at=now)
+    )
     unread = [pks[o.key] for o in observed if not o.version_ok]
     if len(unread) <= BATCH:
         if unread:
@@ -259,7 +267,10 @@ def store_observation(
     insert_values(
         WorkerEvent,
         ("source", "worker", "run", "occurred_at", "kind", "details"),
-        ((source.pk, pks[c.key], run.pk, now, c.kind, c.details) for c in diff.changes()),
+        (
+            (source.pk, pks[c.key], run.pk, now, c.kind, c.details or _NO_DETAILS)
+            for c in diff.changes()
+        ),
     )
     erroring = sum(1 for o in observed if o.error)
     return StoredRefresh(diff, pks, len(observed), len(observed) - erroring, erroring)

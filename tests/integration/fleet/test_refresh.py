@@ -87,6 +87,12 @@ def test_churn_produces_the_right_diff_and_audit(simfleet, make_source):
     assert audit.details["left"]["count"] == 1 and audit.details["joined"]["count"] == 1
     assert audit.details["run_id"] == run.pk
     assert new_key
+    # Staying and joining workers alike carry this refresh's stamps; the one that left keeps
+    # the time it was last seen.
+    present = Worker.objects.filter(source=source).exclude(state=WorkerState.GONE)
+    stamps = {(w.last_seen_at, w.last_probed_at, w.version_probed_at) for w in present}
+    assert len(stamps) == 1 and len(set(next(iter(stamps)))) == 1, stamps
+    assert gone.last_seen_at < next(iter(stamps))[0]
 
 
 def test_unchanged_fleet_writes_no_events_and_no_audit(simfleet, make_source):

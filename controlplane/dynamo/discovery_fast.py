@@ -15,7 +15,7 @@ Payload-wide rules without the decoder's hooks:
   a backslash every `"` delimits a string, so the body's string count is `count('"') / 2`; the
   decoded document accounts for every key and string value it kept, and a repeated key loses a
   key (and its value) — the counts agree exactly when no key was repeated. A body with a
-  backslash is decoded with the hook instead.
+  backslash, or bytes not in UTF-8, is decoded with the hook instead.
 - *NaN, Infinity, huge numbers, depth.* Only the shapes above are accepted, so any float (NaN,
   Infinity and 1e400 decode as floats) gives up, every integer is range-checked (so none has
   over 40 digits), and nothing nests deeper than four levels.
@@ -200,8 +200,12 @@ def parse_well_formed(body: bytes | str) -> DiscoveryResult | None:
     size = len(body) if isinstance(body, bytes) else 4 * len(body)
     if size > discovery.MAX_DISCOVERY_BYTES:  # read at call time (tests lower it)
         return None
-    backslash = b"\\" if isinstance(body, bytes) else "\\"
-    counted = backslash not in body
+    if isinstance(body, bytes):
+        # Counting quote bytes is counting quotes only in UTF-8 (in UTF-16 or UTF-32, which
+        # json.loads also reads, other characters contain the byte 0x22).
+        counted = b"\\" not in body and json.detect_encoding(body) in ("utf-8", "utf-8-sig")
+    else:
+        counted = "\\" not in body
     try:
         payload = json.loads(body) if counted else json.loads(body, object_pairs_hook=_object)
     except (ValueError, TypeError, RecursionError):

@@ -176,3 +176,16 @@ def test_system_url_verdicts_are_shared_per_origin_only_for_plain_urls(monkeypat
     monkeypatch.setattr(discovery_fast, "_system_url_problem", counting)
     assert parse_well_formed(json.dumps(_listing(40)).encode()) is not None
     assert judged == ["http://127.0.0.1:9000"]  # 40 workers, one origin
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_a_repeated_key_in_a_utf16_or_utf32_body_leaves_the_fast_path(encoding):
+    # Quote bytes are only quotes in UTF-8: U+2200 is 0x00 0x22 in UTF-16-LE.
+    text = json.dumps(_listing(2), separators=(",", ":"), ensure_ascii=False)
+    text = text.replace('"model":"sim-model"', '"model":"\u2200\u2200","model":"other"', 1)
+    body = text.encode(encoding)
+    assert parse_well_formed(body) is None
+    assert len(parse_discovery(body).rejected) == 1
+    # Without the repeat, the same encoding is still parsed (by the hook path).
+    plain = json.dumps(_listing(2), separators=(",", ":")).encode(encoding)
+    assert parse_well_formed(plain) == _parse_detailed(plain)

@@ -203,9 +203,11 @@ def parse_well_formed(body: bytes | str) -> DiscoveryResult | None:
     if isinstance(body, bytes):
         # Counting quote bytes is counting quotes only in UTF-8 (in UTF-16 or UTF-32, which
         # json.loads also reads, other characters contain the byte 0x22).
-        counted = b"\\" not in body and json.detect_encoding(body) in ("utf-8", "utf-8-sig")
+        utf8 = json.detect_encoding(body) in ("utf-8", "utf-8-sig")
+        quotes = body.count(b'"') if utf8 and b"\\" not in body else None
     else:
-        counted = "\\" not in body
+        quotes = body.count('"') if "\\" not in body else None
+    counted = quotes is not None
     try:
         payload = json.loads(body) if counted else json.loads(body, object_pairs_hook=_object)
     except (ValueError, TypeError, RecursionError):
@@ -214,10 +216,8 @@ def parse_well_formed(body: bytes | str) -> DiscoveryResult | None:
         result, listing = _payload(payload)
     except _GiveUp:
         return None
-    if counted:
-        quote = b'"' if isinstance(body, bytes) else '"'
-        if body.count(quote) != 2 * (listing.keys + listing.strings):
-            return None  # a repeated key somewhere
+    if quotes is not None and quotes != 2 * (listing.keys + listing.strings):
+        return None  # a repeated key somewhere
     return result
 
 

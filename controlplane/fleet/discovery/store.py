@@ -251,10 +251,10 @@ def store_observation(
             updated.append(_changed_row(row[0], values))
     for key in diff.left:
         row = existing[key]
-        values = list(row[_HEAD:])
-        values[_F["state"] - _HEAD] = WorkerState.GONE
-        values[_F["gone_at"] - _HEAD] = now
-        updated.append(_changed_row(row[0], tuple(values)))
+        gone = list(row[_HEAD:])
+        gone[_F["state"] - _HEAD] = WorkerState.GONE
+        gone[_F["gone_at"] - _HEAD] = now
+        updated.append(_changed_row(row[0], tuple(gone)))
 
     if created:
         insert_values(Worker, (*NEW_ROW_HEAD, *REFRESHED_FIELDS), new_rows)

@@ -57,6 +57,9 @@ class JsonText(str):
     __slots__ = ()
 
 
+#: Column types whose database value of a str is the str itself (exact types: a subclass
+#: may prepare differently).
+_PLAIN_TEXT = (CharField, TextField)
 #: Distinct JSON values per column whose text a COPY remembers (by identity) within one call.
 JSON_MEMO = 256
 
@@ -92,6 +95,10 @@ def _native_types(field: Field, connection, *, copy: bool) -> tuple[type, ...]:
 
 def _preparer(field: Field, connection, *, copy: bool) -> Callable[[Any], Any]:
     prep = field.get_db_prep_save
+    if type(field) in _PLAIN_TEXT:
+        # A str is its own database value in a plain text column (their get_prep_value is
+        # to_python, which returns a str unchanged); anything else takes the field's path.
+        return lambda value: value if type(value) is str else prep(value, connection)
     if not isinstance(field, JSONField):
         native = _native_types(field, connection, copy=copy)
         if not native:

@@ -108,6 +108,18 @@ def decode_body(raw: bytes) -> Any:
         return raw.decode("utf-8", "replace")
 
 
+def transport_failure(exc: TransportError, timeout: float) -> str:
+    """What an admin call that failed on the wire reports (one wording for every caller)."""
+    if isinstance(exc, CallTimeout):
+        return f"timed out after {timeout:g}s"
+    if isinstance(exc, ConnectFailed):
+        return f"connection failed: {exc.reason}"
+    if isinstance(exc, ConnectionDropped):
+        # A worker that hits EngineDeadError or an init watchdog exits mid-request.
+        return f"connection dropped (worker may have exited): {exc.reason}"
+    return f"request failed: {exc.reason}"
+
+
 async def call_admin(
     client: DynamoClient,
     policy: OutboundPolicy,
@@ -153,17 +165,8 @@ async def call_admin(
         reply = await client.send(
             call.method, url, json_body=prepared.wire, timeout=timeout, limit=MAX_RESPONSE_BYTES
         )
-    except CallTimeout:
-        return result(False, None, None, f"timed out after {timeout:g}s")
-    except ConnectFailed as exc:
-        return result(False, None, None, f"connection failed: {exc.reason}")
-    except ConnectionDropped as exc:
-        # A worker that hits EngineDeadError or an init watchdog exits mid-request.
-        return result(
-            False, None, None, f"connection dropped (worker may have exited): {exc.reason}"
-        )
     except TransportError as exc:
-        return result(False, None, None, f"request failed: {exc.reason}")
+        return result(False, None, None, transport_failure(exc, timeout))
 
     status, raw = reply.status, reply.raw
     if raw is None:

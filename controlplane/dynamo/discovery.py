@@ -355,7 +355,20 @@ def _load_json(body: bytes | str) -> object:
 
 
 def parse_discovery(body: bytes | str) -> DiscoveryResult:
-    """Parse a `/v1/rl/workers` body. Raises DiscoveryError / ProtocolVersionError only."""
+    """Parse a `/v1/rl/workers` body. Raises DiscoveryError / ProtocolVersionError only.
+
+    A plainly well-formed listing takes the fast path (`discovery_fast`); anything else,
+    including every payload or entry that is refused, is parsed here with its reasons.
+    """
+    from .discovery_fast import parse_well_formed  # it builds on this module's types
+
+    well_formed = parse_well_formed(body)
+    if well_formed is not None:
+        return well_formed
+    return _parse_detailed(body)
+
+
+def _parse_detailed(body: bytes | str) -> DiscoveryResult:
     payload = _load_json(body)
     if not isinstance(payload, dict):
         raise DiscoveryError(

@@ -30,6 +30,8 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str], list[str]]
 
 ALLOWED_SCHEMES = frozenset({"http", "https"})
+#: Scheme and authority of a plain http(s) URL (see `OutboundPolicy._memo_key`).
+_PLAIN_ORIGIN = re.compile(r"(https?)://([^/?#]*)")
 
 
 def system_resolver(host: str) -> list[str]:
@@ -173,6 +175,13 @@ class OutboundPolicy:
         return None
 
     def _memo_key(self, url: str) -> tuple[str, str] | None:
+        # A printable ASCII URL with a lowercase http(s) scheme splits exactly as urlsplit
+        # splits it (nothing to strip, the authority ends at the first `/`, `?` or `#`):
+        # thousands of distinct worker URLs a run, each split once, cost more than the check.
+        if url.isascii() and url.isprintable() and " " not in url:
+            plain = _PLAIN_ORIGIN.match(url)
+            if plain is not None:
+                return plain.group(1), plain.group(2)
         try:
             parts = urlsplit(url)
         except ValueError:

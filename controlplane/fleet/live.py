@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.models import Source, Worker, WorkerEvent
-from controlplane.fleet.presenters import summarise, summarise_all, version_label
+from controlplane.fleet.presenters import SourceSummary, summarise, summarise_all, version_label
 from controlplane.fleet.rows import render_row, render_rows, render_timeline
 from controlplane.realtime import publish
 
@@ -55,10 +55,10 @@ def timeline(source: Source):
     )
 
 
-def card_html(source: Source) -> str:
+def card_html(source: Source, summary: SourceSummary | None = None) -> str:
     return render_to_string(
         "fleet/overview.html#source-card",
-        {"summary": summarise(source), "card_oob": True},
+        {"summary": summary if summary is not None else summarise(source), "card_oob": True},
     )
 
 
@@ -87,10 +87,10 @@ def source_charts_html(source: Source, *, with_map: bool = True) -> str:
     return html
 
 
-def summary_html(source: Source, *, oob: bool = True) -> str:
+def summary_html(source: Source, *, oob: bool = True, summary: SourceSummary | None = None) -> str:
     return render_to_string(
         "fleet/source.html#summary",
-        {"summary": summarise(source), "oob": oob},
+        {"summary": summary if summary is not None else summarise(source), "oob": oob},
     )
 
 
@@ -151,10 +151,13 @@ def publish_refresh(source_id: int, worker_ids: list[int]) -> None:
         source = Source.objects.filter(pk=source_id).first()
         if source is None:
             return
+        summary = summarise(source)  # the card and the header show the same summary
         publish(
-            FLEET_GROUP, EVENT_SOURCE_REFRESHED, {"source_id": source_id, "html": card_html(source)}
+            FLEET_GROUP,
+            EVENT_SOURCE_REFRESHED,
+            {"source_id": source_id, "html": card_html(source, summary)},
         )
-        payload: dict = {"summary_html": summary_html(source)}
+        payload: dict = {"summary_html": summary_html(source, summary=summary)}
         if worker_ids:
             payload["timeline_html"] = timeline_html(source)
             # Versions and states moved: the charts that count them follow.

@@ -12,15 +12,22 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.dynamo.admin import PreparedCall, ReplyCache, call_admin
+from controlplane.dynamo.admin import (
+    CACHED_REPLY_BYTES,
+    PreparedCall,
+    ReplyCache,
+    admin_url,
+    transport_failure,
+)
 from controlplane.dynamo.discovery import (
     DiscoveredWorker,
     DiscoveryResult,
     fetch_discovery,
     worker_key,
 )
+from controlplane.dynamo.errors import TransportError, one_line
 from controlplane.dynamo.families import FAMILIES, AdminFamily, Operation, detect_family
-from controlplane.dynamo.http import DynamoClient, make_client
+from controlplane.dynamo.http import MAX_RESPONSE_BYTES, DynamoClient, make_client
 from controlplane.dynamo.limits import storable_text, weight_version_problem
 from controlplane.dynamo.policy import OutboundPolicy
 
@@ -73,11 +80,17 @@ class Observation:
         return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class ObservedFleet:
     result: DiscoveryResult
     workers: list[Observation]
     requests: int = 0
+
+    def __repr__(self) -> str:
+        # Short on purpose: `asyncio.run` in a main thread formats the finished task, result
+        # included, when it restores the SIGINT handler (signal.getsignal builds a ValueError
+        # text with its repr), and a full repr of 2,000 workers costs more than their parse.
+        return f"<ObservedFleet {len(self.workers)} workers, {self.requests} requests>"
 
 
 def static_instance_id(source_id: int, name: str) -> str:
@@ -86,15 +99,19 @@ def static_instance_id(source_id: int, name: str) -> str:
     return str(int.from_bytes(digest, "big"))
 
 
-def _from_discovered(worker: DiscoveredWorker) -> Observation:
+def _from_discovered(worker: DiscoveredWorker, families: dict[tuple[str, ...], str]) -> Observation:
+    """`families`: the family name per distinct route set, detected once per refresh."""
     ident = worker.identity
-    family = detect_family(worker.routes)
+    family = families.get(worker.routes)
+    if family is None:
+        detected = detect_family(worker.routes)
+        family = families[worker.routes] = detected.name if detected else ""
     return Observation(
         namespace=ident.namespace,
         component=ident.component,
         endpoint=ident.endpoint,
         instance_id=str(ident.instance_id),
-        family=family.name if family else "",
+        family=family,
         transport=worker.transport,
         request_plane_url=worker.request_plane_url,
         system_url=worker.system_url or "",
@@ -120,15 +137,26 @@ def _from_static(source_id: int, spec: StaticSpec) -> Observation:
     )
 
 
+#: What one probe reply means for a worker: `(version_ok, version, declared, version_error)`
+#: for the version probe, `(liveness, liveness_error)` for the liveness probe.
+Reading = tuple[Any, ...]
+#: Distinct (family, operation, status, body) readings one refresh remembers.
+READINGS_LIMIT = 1024
+
+
 class Prober:
     """Version and liveness probes for many workers, bounded and timed out per call.
 
     One client (one aiohttp connection pool) and one semaphore: at most `concurrency` calls
-    are in flight, whatever the number of workers. What does not depend on the worker is done
-    once per refresh: each family's probe calls are built and encoded once, the outbound
-    policy judges each worker's `system_url` once (the probe's own check and both calls share
-    the verdict, see `OutboundPolicy.admin_violation`; `policy` should be made `for_run`), and
-    identical replies (`{"status": "ok"}` two thousand times) are decoded once.
+    are in flight, whatever the number of workers; every call has its own deadline. What does
+    not depend on the worker is done once per refresh: each family's probe calls are built and
+    encoded once, the outbound policy judges each worker's `system_url` once (both calls
+    share the verdict, see `OutboundPolicy.admin_violation`; `policy` should be made
+    `for_run`), which probes a set of advertised routes allows is decided once per distinct
+    set, and what a reply means is worked out once per distinct reply: a fleet answers
+    `{"status":"ok","alive":true}` two thousand times, and decoding, the family's judgement
+    (`AdminFamily.interpret`, as `call_admin` applies it) and the storability check of the
+    version are pure functions of the family, the operation, the status and the body bytes.
     """
 
     def __init__(
@@ -141,6 +169,8 @@ class Prober:
         self.requests = 0
         self.replies = ReplyCache()
         self._calls: dict[tuple[str, Operation], PreparedCall] = {}
+        self._ops: dict[tuple[str, tuple[str, ...]], tuple[Operation, ...]] = {}
+        self._readings: dict[tuple[str, Operation, int, bytes], Reading] = {}
 
     def _prepared(self, family: AdminFamily, op: Operation) -> PreparedCall:
         prepared = self._calls.get((family.name, op))
@@ -149,19 +179,51 @@ class Prober:
             prepared = self._calls[family.name, op] = PreparedCall.of(call)
         return prepared
 
-    async def _call(self, obs: Observation, family: AdminFamily, op: Operation):
-        call = self._prepared(family, op)
+    def _probes(self, family: AdminFamily, routes: tuple[str, ...]) -> tuple[Operation, ...]:
+        key = (family.name, routes)
+        ops = self._ops.get(key)
+        if ops is None:
+            ops = self._ops[key] = tuple(
+                op
+                for op in (Operation.GET_WEIGHT_VERSION, Operation.LIVENESS)
+                if family.supports(op, routes)
+            )
+        return ops
+
+    async def _call(self, obs: Observation, family: AdminFamily, op: Operation) -> Reading:
+        """One probe call; the caller has judged `obs.system_url` against the policy."""
+        prepared = self._prepared(family, op)
+        call = prepared.call
+        url = admin_url(obs.system_url, call)
         async with self.permits:
             self.requests += 1
-            return await call_admin(
-                self.client,
-                self.policy,
-                obs.system_url,
-                family,
-                call,
-                timeout=self.timeout,
-                replies=self.replies,
-            )
+            try:
+                reply = await self.client.send(
+                    call.method,
+                    url,
+                    json_body=prepared.wire,
+                    timeout=self.timeout,
+                    limit=MAX_RESPONSE_BYTES,
+                )
+            except TransportError as exc:
+                return _reading(op, False, None, one_line(transport_failure(exc, self.timeout)))
+        status, raw = reply.status, reply.raw
+        if raw is None:
+            return _reading(op, False, None, f"response body over {MAX_RESPONSE_BYTES} bytes")
+        if 300 <= status < 400:  # the error quotes this reply's Location: never shared
+            location = reply.headers.get("location", "")
+            error = one_line(f"HTTP {status} redirect to {location!r} not followed")
+            return _reading(op, False, None, error)
+        if len(raw) > CACHED_REPLY_BYTES:
+            return _judge(family, prepared, op, status, self.replies.decode(raw))
+        key = (family.name, op, status, raw)
+        reading = self._readings.get(key)
+        if reading is None:
+            if len(self._readings) >= READINGS_LIMIT:
+                self._readings.clear()
+            body = self.replies.decode(raw)
+            reading = self._readings[key] = _judge(family, prepared, op, status, body)
+        return reading
 
     async def probe(self, obs: Observation) -> None:
         if obs.error or not obs.system_url:
@@ -175,11 +237,7 @@ class Prober:
         family = FAMILIES.get(obs.family)
         if family is None:
             return
-        ops = [
-            op
-            for op in (Operation.GET_WEIGHT_VERSION, Operation.LIVENESS)
-            if family.supports(op, obs.routes)
-        ]
+        ops = self._probes(family, obs.routes)
         if len(ops) == 2:
             # Both probes in flight at once, with one extra task rather than gather's two
             # (plus its bookkeeping): at 2,000 workers the task overhead is measurable.
@@ -189,34 +247,46 @@ class Prober:
             except BaseException:
                 first.cancel()
                 raise
-            results = [await first, second]
+            readings = [await first, second]
         else:
-            results = [await self._call(obs, family, op) for op in ops]
-        for op, result in zip(ops, results, strict=True):
+            readings = [await self._call(obs, family, op) for op in ops]
+        for op, reading in zip(ops, readings, strict=True):
             if op == Operation.GET_WEIGHT_VERSION:
-                _record_version(obs, result.ok, result.data, result.error)
+                obs.version_probed = True
+                obs.version_ok = reading[0]
+                if reading[0]:
+                    obs.weight_version, obs.weight_version_declared = reading[1], reading[2]
+                else:
+                    obs.version_error = reading[3]
             else:
-                obs.liveness = "alive" if result.ok else "dead"
-                obs.liveness_error = (
-                    "" if result.ok else storable_text(result.error or "liveness failed")
-                )
+                obs.liveness, obs.liveness_error = reading
 
 
-def _record_version(obs: Observation, ok: bool, data: dict[str, Any] | None, error: str | None):
-    """A version reply flows into the database: one we cannot store (NUL, NaN, too long) is a
-    probe error for this worker, like an unreadable reply, never a failed refresh."""
-    obs.version_probed = True
+def _judge(
+    family: AdminFamily, prepared: PreparedCall, op: Operation, status: int, body: Any
+) -> Reading:
+    """A decoded reply judged as `call_admin` judges it, as a reading for `op`."""
+    outcome = family.interpret(prepared.call, status, body)
+    error = one_line(outcome.error) if outcome.error is not None else None
+    return _reading(op, outcome.ok, outcome.data, error)
+
+
+def _reading(op: Operation, ok: bool, data: dict[str, Any] | None, error: str | None) -> Reading:
+    """What a probe's outcome means for the worker's row. A version we cannot store (NUL,
+    NaN, too long) is a probe error for this worker, like an unreadable reply, never a failed
+    refresh."""
+    if op != Operation.GET_WEIGHT_VERSION:
+        if ok:
+            return ("alive", "")
+        return ("dead", storable_text(error or "liveness failed"))
     if ok:
         data = data or {}
         version = data.get("version")
         if problem := weight_version_problem(version):
             ok, error = False, problem
         else:
-            obs.weight_version = version
-            obs.weight_version_declared = bool(data.get("version_declared"))
-    obs.version_ok = ok
-    if not ok:
-        obs.version_error = storable_text(error or "version probe failed")
+            return (True, version, bool(data.get("version_declared")), "")
+    return (False, None, False, storable_text(error or "version probe failed"))
 
 
 async def observe(
@@ -235,7 +305,8 @@ async def observe(
         timeout=max(listener_timeout, probe_timeout), max_connections=concurrency
     ) as client:
         result = await fetch_discovery(client, policy, listener_url, timeout=listener_timeout)
-        workers = [_from_discovered(w) for w in result.workers]
+        families: dict[tuple[str, ...], str] = {}
+        workers = [_from_discovered(w, families) for w in result.workers]
         workers += [_from_static(source_id, s) for s in statics]
         prober = Prober(client, policy, timeout=probe_timeout, concurrency=concurrency)
         await asyncio.gather(*(prober.probe(obs) for obs in workers))

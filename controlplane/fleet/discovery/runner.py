@@ -206,7 +206,7 @@ def _refresh_claimed(source: Source, trigger: str) -> DiscoveryRun:
                 )
             if was_stale:
                 audits.append((AuditAction.SOURCE_RECOVERED, {"run_id": run.pk}))
-            touched = [stored.workers_by_key[k].pk for k in diff.touched]
+            touched = [stored.pks[k] for k in diff.touched]
         else:
             source.stale, source.stale_reason = True, error
             if not was_stale:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from controlplane.bulk import insert_objects, insert_values
+from controlplane.bulk import insert_values
 from controlplane.dynamo.discovery import worker_key
 from controlplane.fleet.discovery.diff import MembershipDiff, Snapshot, diff_membership
 from controlplane.fleet.discovery.observe import Observation
@@ -47,26 +47,45 @@ REFRESHED_FIELDS = [
 BATCH = 500
 
 
+#: A row as read for the refresh: pk, identity, `version_probed_at`, then REFRESHED_FIELDS.
+ROW_COLUMNS = [
+    "pk",
+    "namespace",
+    "component",
+    "endpoint",
+    "instance_id",
+    "version_probed_at",
+    *(f if f != "static_worker" else "static_worker_id" for f in REFRESHED_FIELDS),
+]
+_HEAD = 6  # columns before the refreshed ones
+_LIVENESS = frozenset(Liveness.values)
+#: The details of an event that has none, one object for every such row so the COPY
+#: serialises it once (never mutated).
+_NO_DETAILS: dict = {}
+_F = {name: _HEAD + i for i, name in enumerate(REFRESHED_FIELDS)}
+
+
 @dataclass
 class StoredRefresh:
     diff: MembershipDiff
-    workers_by_key: dict[str, Worker]
+    #: Primary key of every worker row the refresh knows (present and gone), by worker key.
+    pks: dict[str, int]
     total: int
     live: int
     erroring: int
 
 
-def _row_snapshot(w: Worker) -> Snapshot:
+def _row_snapshot(row: tuple) -> Snapshot:
     return Snapshot(
-        routes=tuple(w.routes or ()),
-        system_url=w.system_url,
-        model=w.model,
-        world_size=w.world_size,
-        error=w.error,
-        gone=w.state == WorkerState.GONE,
-        weight_version=w.weight_version,
-        version_known=w.version_probed_at is not None and not w.version_error,
-        liveness=w.liveness,
+        routes=tuple(row[_F["routes"]] or ()),
+        system_url=row[_F["system_url"]],
+        model=row[_F["model"]],
+        world_size=row[_F["world_size"]],
+        error=row[_F["error"]],
+        gone=row[_F["state"]] == WorkerState.GONE,
+        weight_version=row[_F["weight_version"]],
+        version_known=row[5] is not None and not row[_F["version_error"]],
+        liveness=row[_F["liveness"]],
     )
 
 
@@ -83,125 +102,175 @@ def _obs_snapshot(o: Observation) -> Snapshot:
     )
 
 
-def _row_values(w: Worker) -> tuple:
-    return tuple(
-        getattr(w, f if f != "static_worker" else "static_worker_id") for f in REFRESHED_FIELDS
+def _refreshed(o: Observation, weight_version, declared: bool, lists: dict) -> tuple:
+    """REFRESHED_FIELDS of a row after this observation (`weight_version` and `declared`: the
+    row's own, which survive a failed probe). A row that is not gone leaves `gone`.
+
+    `lists` holds one list per distinct route set for the refresh: rows with the same routes
+    share it, so the bulk insert serialises it once (`bulk` remembers JSON by identity)."""
+    routes = lists.get(o.routes)
+    if routes is None:
+        routes = lists[o.routes] = list(o.routes)
+    if o.version_ok:
+        weight_version, declared, version_error = o.weight_version, o.weight_version_declared, ""
+    else:
+        version_error = o.version_error if o.version_probed else ""
+    return (
+        o.family,
+        o.transport,
+        o.request_plane_url,
+        o.system_url,
+        o.admin_base_url,
+        o.model,
+        routes,
+        o.world_size,
+        o.error,
+        WorkerState.ERRORING if o.error else WorkerState.LIVE,
+        weight_version,
+        declared,
+        version_error,
+        o.liveness if o.liveness in _LIVENESS else Liveness.UNKNOWN,
+        o.liveness_error,
+        None,
+        o.static_worker_id,
     )
 
 
-def _apply(w: Worker, o: Observation, now: datetime) -> None:
-    """Write an observation onto a row (new or existing). Versions survive a failed probe.
-
-    `version_probed_at` is set here only for new rows; existing rows get it from one UPDATE in
-    `store_observation`, so an unchanged fleet does not rewrite every row each refresh.
-    """
-    w.family = o.family
-    w.transport = o.transport
-    w.request_plane_url = o.request_plane_url
-    w.system_url = o.system_url
-    w.admin_base_url = o.admin_base_url
-    w.model = o.model
-    w.routes = list(o.routes)
-    w.world_size = o.world_size
-    w.error = o.error
-    w.state = WorkerState.ERRORING if o.error else WorkerState.LIVE
-    w.gone_at = None
-    w.static_worker_id = o.static_worker_id
-    if o.version_ok:
-        w.weight_version = o.weight_version
-        w.weight_version_declared = o.weight_version_declared
-        w.version_error = ""
-        if w.pk is None:
-            w.version_probed_at = now
-    elif o.version_probed:
-        w.version_error = o.version_error
-    else:
-        w.version_error = ""
-    w.liveness = o.liveness if o.liveness in Liveness.values else Liveness.UNKNOWN
-    w.liveness_error = o.liveness_error
+#: Columns of a row inserted by a refresh, before REFRESHED_FIELDS (every column: plain
+#: inserts apply no model defaults).
+NEW_ROW_HEAD = (
+    "source",
+    "namespace",
+    "component",
+    "endpoint",
+    "instance_id",
+    "first_seen_at",
+    "last_seen_at",
+    "last_probed_at",
+    "version_probed_at",
+)
 
 
-def _read_back_pks(source: Source, created: list[Worker]) -> None:
-    """Give workers inserted by `insert_objects` their primary keys (one SELECT of identity
+def _new_row(source: Source, o: Observation, now: datetime, lists: dict) -> tuple:
+    """A joining worker's row, in NEW_ROW_HEAD + REFRESHED_FIELDS order. Existing rows get
+    `version_probed_at` from the stamping UPDATE in `store_observation`."""
+    return (
+        source.pk,
+        o.namespace,
+        o.component,
+        o.endpoint,
+        o.instance_id,
+        now,
+        now,
+        now,
+        now if o.version_ok else None,
+        *_refreshed(o, None, False, lists),
+    )
+
+
+def _changed_row(pk: int, values: tuple) -> Worker:
+    """A row to rewrite with `bulk_update` (only REFRESHED_FIELDS are written)."""
+    fields = dict(zip(REFRESHED_FIELDS, values, strict=True))
+    fields["static_worker_id"] = fields.pop("static_worker")
+    return Worker(pk=pk, **fields)
+
+
+def _read_back_pks(source: Source, created: list[str], pks: dict[str, int]) -> None:
+    """Give the workers just inserted (by key) their primary keys (one SELECT of identity
     columns, so the query count stays constant)."""
-    wanted = {w.key: w for w in created}
+    wanted = set(created)
     rows = Worker.objects.filter(source=source).values_list(
         "pk", "namespace", "component", "endpoint", "instance_id"
     )
     for pk, namespace, component, endpoint, instance_id in rows:
-        row = wanted.get(worker_key(namespace, component, endpoint, instance_id))
-        if row is not None:
-            row.pk = pk
-    missing = [k for k, w in wanted.items() if w.pk is None]
+        key = worker_key(namespace, component, endpoint, instance_id)
+        if key in wanted:
+            pks[key] = pk
+    missing = [k for k in created if k not in pks]
     if missing:  # the unique identity constraint makes this impossible; never guess a pk
         raise RuntimeError(f"inserted workers not found: {missing[:5]}")
+
+
+def _stamp(source: Source, observed: list[Observation], pks: dict[str, int], now) -> None:
+    """Stamp every worker still present as seen and probed, and as version-read where its
+    version probe answered: one UPDATE when every version was read (the usual refresh), two
+    when few were not, else one per `BATCH` read rows. Rows inserted by this refresh already
+    carry all three stamps (see `_new_row`) and are left alone: they hold `now` exactly, so
+    a refresh where every worker joins rewrites none of its rows a second time."""
+    present = (
+        Worker.objects.filter(source=source)
+        .exclude(state=WorkerState.GONE)
+        .exclude(last_seen_at=now)
+    )
+    unread = [pks[o.key] for o in observed if not o.version_ok]
+    if len(unread) <= BATCH:
+        if unread:
+            present.filter(pk__in=unread).update(last_seen_at=now, last_probed_at=now)
+            present = present.exclude(pk__in=unread)
+        present.update(last_seen_at=now, last_probed_at=now, version_probed_at=now)
+        return
+    present.update(last_seen_at=now, last_probed_at=now)
+    read = [pks[o.key] for o in observed if o.version_ok]
+    for start in range(0, len(read), BATCH):
+        Worker.objects.filter(pk__in=read[start : start + BATCH]).update(version_probed_at=now)
 
 
 def store_observation(
     source: Source, observed: list[Observation], run: DiscoveryRun, now: datetime
 ) -> StoredRefresh:
-    """Upsert workers, mark the missing ones gone, and record the diff as events."""
-    existing = {w.key: w for w in Worker.objects.filter(source=source)}
+    """Upsert workers, mark the missing ones gone, and record the diff as events.
+
+    Existing rows are read as plain tuples, not model instances (a steady refresh of 2,000
+    workers compares 2,000 rows and writes none of them), and only rows whose refreshed
+    columns differ become instances for `bulk_update`.
+    """
+    existing = {
+        worker_key(row[1], row[2], row[3], row[4]): row
+        for row in Worker.objects.filter(source=source).values_list(*ROW_COLUMNS)
+    }
     by_key = {o.key: o for o in observed}
     diff = diff_membership(
-        {k: _row_snapshot(w) for k, w in existing.items()},
+        {k: _row_snapshot(row) for k, row in existing.items()},
         {k: _obs_snapshot(o) for k, o in by_key.items()},
     )
 
-    created: list[Worker] = []
+    pks: dict[str, int] = {key: row[0] for key, row in existing.items()}
+    created: list[str] = []
+    new_rows: list[tuple] = []
     updated: list[Worker] = []
+    version_at, declared_at = _F["weight_version"], _F["weight_version_declared"]
+    lists: dict[tuple[str, ...], list[str]] = {}
     for key, o in by_key.items():
         row = existing.get(key)
         if row is None:
-            row = Worker(
-                source=source,
-                namespace=o.namespace,
-                component=o.component,
-                endpoint=o.endpoint,
-                instance_id=o.instance_id,
-                first_seen_at=now,
-                last_seen_at=now,
-                last_probed_at=now,
-            )
-            _apply(row, o, now)
-            created.append(row)
-            existing[key] = row
+            created.append(key)
+            new_rows.append(_new_row(source, o, now, lists))
             continue
-        before = _row_values(row)
-        _apply(row, o, now)
-        if _row_values(row) != before:
-            updated.append(row)
+        values = _refreshed(o, row[version_at], row[declared_at], lists)
+        if values != row[_HEAD:]:
+            updated.append(_changed_row(row[0], values))
     for key in diff.left:
         row = existing[key]
-        row.state = WorkerState.GONE
-        row.gone_at = now
-        updated.append(row)
+        gone = list(row[_HEAD:])
+        gone[_F["state"] - _HEAD] = WorkerState.GONE
+        gone[_F["gone_at"] - _HEAD] = now
+        updated.append(_changed_row(row[0], tuple(gone)))
 
     if created:
-        insert_objects(Worker, created)
-        _read_back_pks(source, created)
+        insert_values(Worker, (*NEW_ROW_HEAD, *REFRESHED_FIELDS), new_rows)
+        _read_back_pks(source, created, pks)
     if updated:
         Worker.objects.bulk_update(updated, REFRESHED_FIELDS, batch_size=BATCH)
-    # One statement stamps everyone still present instead of rewriting 2,000 rows.
-    Worker.objects.filter(source=source).exclude(state=WorkerState.GONE).update(
-        last_seen_at=now, last_probed_at=now
-    )
-    # New rows were inserted with `version_probed_at` already set (see `_apply`).
-    new_keys = {w.key for w in created}
-    version_read = [existing[o.key].pk for o in observed if o.version_ok and o.key not in new_keys]
-    for start in range(0, len(version_read), BATCH):
-        Worker.objects.filter(pk__in=version_read[start : start + BATCH]).update(
-            version_probed_at=now
-        )
-    for row in existing.values():
-        if row.key in by_key and by_key[row.key].version_ok:
-            row.version_probed_at = now
+    _stamp(source, observed, pks, now)
     # Plain rows: a cold refresh records one event per joining worker, and nothing reads
     # the event instances back.
     insert_values(
         WorkerEvent,
         ("source", "worker", "run", "occurred_at", "kind", "details"),
-        ((source.pk, existing[c.key].pk, run.pk, now, c.kind, c.details) for c in diff.changes()),
+        (
+            (source.pk, pks[c.key], run.pk, now, c.kind, c.details or _NO_DETAILS)
+            for c in diff.changes()
+        ),
     )
     erroring = sum(1 for o in observed if o.error)
-    return StoredRefresh(diff, existing, len(observed), len(observed) - erroring, erroring)
+    return StoredRefresh(diff, pks, len(observed), len(observed) - erroring, erroring)

@@ -87,6 +87,12 @@ def test_churn_produces_the_right_diff_and_audit(simfleet, make_source):
     assert audit.details["left"]["count"] == 1 and audit.details["joined"]["count"] == 1
     assert audit.details["run_id"] == run.pk
     assert new_key
+    # Staying and joining workers alike carry this refresh's stamps; the one that left keeps
+    # the time it was last seen.
+    present = Worker.objects.filter(source=source).exclude(state=WorkerState.GONE)
+    stamps = {(w.last_seen_at, w.last_probed_at, w.version_probed_at) for w in present}
+    assert len(stamps) == 1 and len(set(next(iter(stamps)))) == 1, stamps
+    assert gone.last_seen_at < next(iter(stamps))[0]
 
 
 def test_unchanged_fleet_writes_no_events_and_no_audit(simfleet, make_source):
@@ -124,12 +130,23 @@ def test_failing_version_probe_is_shown_and_keeps_last_known_version(simfleet, m
     victim = simfleet.workers()[0]["instance_id"]
     simfleet.set_version(victim, "v1")
     refresh_source(source.pk, trigger=MANUAL)
+    read_at = Worker.objects.get(source=source, instance_id=str(victim)).version_probed_at
     simfleet.inject(victim, "get_weight_version", Fault(kind="http_error", status=500))
 
     refresh_source(source.pk, trigger=MANUAL)
     worker = Worker.objects.get(source=source, instance_id=str(victim))
     assert worker.version_error.startswith("HTTP 500")
     assert worker.weight_version == "v1"
+    # The last time the version was read stays; the worker was still seen and probed now.
+    assert worker.version_probed_at == read_at
+    assert worker.last_seen_at > read_at and worker.last_probed_at > read_at
+    others = Worker.objects.filter(source=source).exclude(pk=worker.pk)
+    assert all(w.version_probed_at > read_at for w in others)
+
+    simfleet.clear_faults(victim)
+    refresh_source(source.pk, trigger=MANUAL)
+    worker.refresh_from_db()
+    assert worker.version_error == "" and worker.version_probed_at > read_at
 
 
 def test_system_url_outside_allowed_networks_is_erroring_and_never_called(simfleet, make_source):

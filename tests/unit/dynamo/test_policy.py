@@ -1,6 +1,9 @@
 import ipaddress
+from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controlplane.dynamo.errors import OutboundPolicyError
 from controlplane.dynamo.policy import OutboundPolicy
@@ -158,3 +161,24 @@ async def test_a_run_policy_resolves_each_worker_name_once_a_plain_policy_every_
         assert "outside" in await run.admin_violation("http://evil:9090")
         assert await run.aviolation("http://w1:9090/engine/pause_generation") is None
     assert sorted(lookups) == ["evil", "w1"]
+
+
+@settings(max_examples=3_000, deadline=None, database=None)
+@given(
+    st.sampled_from(["http://", "https://", "HTTP://", "http:/", "ftp://", ""]),
+    st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=40),
+)
+def test_memo_key_of_a_plain_url_is_what_urlsplit_reads(prefix, rest):
+    # The memo key skips urlsplit for plain URLs; it must name the same origin it would.
+    url = prefix + rest
+    policy = OutboundPolicy.from_cidrs(["10.0.0.0/8"])
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    key = policy._memo_key(url)
+    if parts is not None:
+        assert key == (parts.scheme, parts.netloc)
+    elif key is not None:  # urlsplit refuses it: every URL of that origin gets one verdict
+        assert policy.violation(url) == policy.violation(f"{key[0]}://{key[1]}/other")
+        assert policy.violation(url).startswith("invalid URL")

@@ -8,6 +8,8 @@ from controlplane.refresh.models import Gate, JournalEntry, PolicyRefresh
 from controlplane.simfleet import FleetConfig
 
 FOUR_NAMESPACES = ("rl-a", "rl-b", "rl-c", "rl-d")
+#: Two workers of each namespace at a time.
+WAVES_OF_TWO = {"kind": "waves", "max_unavailable": 2}
 
 
 def config(workers: int, namespaces=FOUR_NAMESPACES, seed: int = 5) -> FleetConfig:
@@ -59,3 +61,7 @@ def most_paused_at_once(refresh: PolicyRefresh) -> int:
 
 def gates_of(source) -> dict[str, Gate]:
     return {g.namespace: g for g in Gate.objects.filter(source=source)}
+
+
+def keys_in(fleet, namespace: str) -> list[str]:
+    return sorted(w["key"] for w in fleet.workers() if w["namespace"] == namespace)

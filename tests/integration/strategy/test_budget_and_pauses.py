@@ -17,36 +17,13 @@ from controlplane.refresh.models import (
 from controlplane.simfleet import Fault
 from tests.integration.refresh.helpers import (
     actor_for,
-    fleet_config,
     fleet_versions,
-    make_source,
     paused_workers,
     run_inline,
 )
-from tests.integration.strategy.helpers import gates_of, most_paused_at_once
+from tests.integration.strategy.helpers import WAVES_OF_TWO, gates_of, keys_in, most_paused_at_once
 
 pytestmark = pytest.mark.django_db
-
-WAVES_OF_TWO = {"kind": "waves", "max_unavailable": 2}
-
-
-@pytest.fixture
-def fleet(simfleet_factory):
-    # Twelve vLLM workers, four in each of rl-a, rl-b, rl-c.
-    return simfleet_factory(fleet_config(12))
-
-
-@pytest.fixture
-def source(fleet, operator):
-    source = make_source(fleet)
-    # The scope starts verified at v1, so the gates have an old set to keep serving.
-    first = run_inline(source, operator, "v1")
-    assert first.state == RefreshState.SUCCEEDED, first.held_reason
-    return source
-
-
-def keys_in(fleet, namespace: str) -> list[str]:
-    return sorted(w["key"] for w in fleet.workers() if w["namespace"] == namespace)
 
 
 def instance_of(fleet, key: str) -> str:
@@ -185,7 +162,7 @@ def test_rolling_back_from_a_pause_point_returns_the_scope_in_waves(fleet, sourc
     rollback.refresh_from_db()
     refresh.refresh_from_db()
 
-    assert refresh.state == RefreshState.FAILED
+    assert refresh.state == RefreshState.ROLLED_BACK
     assert rollback.target["weight_version"] == "v1"
     assert rollback.strategy["kind"] == "waves"
     assert rollback.state == RefreshState.SUCCEEDED, rollback.held_reason

@@ -19,35 +19,12 @@ from controlplane.refresh.models import (
 from controlplane.simfleet import Fault, WorkerSpec
 from tests.integration.refresh.helpers import (
     actor_for,
-    fleet_config,
-    make_source,
     plan,
-    run_inline,
     sync_workers,
 )
-from tests.integration.strategy.helpers import gates_of
+from tests.integration.strategy.helpers import WAVES_OF_TWO, gates_of, keys_in
 
 pytestmark = pytest.mark.django_db
-
-WAVES_OF_TWO = {"kind": "waves", "max_unavailable": 2}
-
-
-@pytest.fixture
-def fleet(simfleet_factory):
-    # Twelve vLLM workers, four in each of rl-a, rl-b, rl-c: two waves of two per namespace.
-    return simfleet_factory(fleet_config(12))
-
-
-@pytest.fixture
-def source(fleet, operator):
-    source = make_source(fleet)
-    first = run_inline(source, operator, "v1")
-    assert first.state == RefreshState.SUCCEEDED, first.held_reason
-    return source
-
-
-def keys_in(fleet, namespace: str) -> list[str]:
-    return sorted(w["key"] for w in fleet.workers() if w["namespace"] == namespace)
 
 
 def identity_of(fleet, token: str) -> str:

@@ -17,9 +17,7 @@ from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshStat
 from controlplane.simfleet.tokens import expected_completion_ids
 from tests.integration.refresh.helpers import (
     actor_for,
-    fleet_config,
     fleet_versions,
-    make_source,
     paused_workers,
     run_inline,
 )
@@ -29,19 +27,6 @@ pytestmark = pytest.mark.django_db
 
 PROMPT = [5, 6, 7, 8]
 TRAINER = Actor.system("trainer rl-run-7")
-
-
-@pytest.fixture
-def fleet(simfleet_factory):
-    return simfleet_factory(fleet_config(12))
-
-
-@pytest.fixture
-def source(fleet, operator):
-    source = make_source(fleet)
-    first = run_inline(source, operator, "v1")
-    assert first.state == RefreshState.SUCCEEDED, first.held_reason
-    return source
 
 
 def canary_strategy(evaluation="none", **extra):

@@ -12,33 +12,16 @@ from controlplane.refresh.models import PolicyRefresh, RefreshState, StepRun
 from controlplane.simfleet import Fault
 from tests.integration.refresh.helpers import (
     actor_for,
-    fleet_config,
     fleet_versions,
-    make_source,
     paused_workers,
     plan,
-    run_inline,
     wait_for,
 )
-from tests.integration.strategy.helpers import gates_of
+from tests.integration.strategy.helpers import WAVES_OF_TWO, gates_of
 
-WAVES_OF_TWO = {"kind": "waves", "max_unavailable": 2}
 #: The first wave's update is slowed by this much: the window in which the pause is asked for.
 #: The test waits on real conditions, never on this figure.
 SLOW_UPDATE_SECONDS = 6.0
-
-
-@pytest.fixture
-def fleet(simfleet_factory):
-    return simfleet_factory(fleet_config(12))
-
-
-@pytest.fixture
-def source(fleet, operator):
-    source = make_source(fleet)
-    first = run_inline(source, operator, "v1")
-    assert first.state == RefreshState.SUCCEEDED, first.held_reason
-    return source
 
 
 def token_of(fleet, identity: str) -> str:

@@ -86,6 +86,9 @@ def discovery_payloads(w: World) -> None:
         WorkerSpec(namespace="rl-d", model="m"),
         WorkerSpec(namespace="rl-d", model="m"),
         WorkerSpec(namespace="rl-d", model="m"),
+        # Two healthy workers of their own for the canary channel.
+        WorkerSpec(namespace="rl-e", model="m"),
+        WorkerSpec(namespace="rl-e", model="m"),
         WorkerSpec(namespace=f"rl-{h('discovery namespace')}", model="m"),
     ]
     config = FleetConfig(
@@ -392,6 +395,44 @@ def quarantine_exits(w: World) -> None:
     w.client.post(f"/refreshes/quarantines/{q.pk}/drop/", {"confirm": "1"})
 
 
+def canary_verdict_from_the_trainer(w: World) -> None:
+    """A canary in rl-e waiting for the trainer's verdict, answered over the API with hostile
+    metric names, values and reason (the refresh page's canary panel and the audit history
+    show them); the failed verdict rolls the canary back and holds the refresh."""
+    h = w.hostile
+    actor = Actor.for_user(w.admin)
+
+    refresh = actions.plan_policy_refresh(
+        source=w.sim,
+        actor=actor,
+        target={"weight_version": "canary-v", "method": "disk", "model_path": "/ckpt/canary"},
+        namespaces=["rl-e"],
+        strategy={"kind": "canary", "canary": {"size": 1, "evaluation": "trainer"}},
+    )
+    assert not refresh.plan_blockers, refresh.plan_blockers
+    actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
+    execute_refresh(refresh.pk)
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.CANARY_REVIEW, (refresh.state, refresh.held_reason)
+    answer = w.client.post(
+        f"/api/v1/refreshes/{refresh.pk}/canary_verdict",
+        json.dumps(
+            {
+                "weight_version": "canary-v",
+                "passed": False,
+                "metrics": {h("canary metric name"): h("canary metric value")},
+                "reason": h("canary verdict reason"),
+            }
+        ),
+        content_type="application/json",
+    )
+    assert answer.status_code == 200, answer.content
+    execute_refresh(refresh.pk)
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.HELD, refresh.state
+    w.refreshes.append(refresh)
+
+
 def drill_records(w: World) -> None:
     """Rollback drills as the overview and the source page show them: the policies come from
     trainers (hostile versions), the reason and next step quote refreshes and workers."""
@@ -427,6 +468,7 @@ CHANNELS: list[Callable[[World], None]] = [
     cli_policy_refresh_with_failing_workers,
     gate_force_reopen_reason,
     quarantine_exits,
+    canary_verdict_from_the_trainer,
     drill_records,
 ]
 

@@ -142,17 +142,9 @@ def receive(
         answer = Answer(status, answer_body)
         if done is None:
             return reject(answer)
-        stored = _store(
-            endpoint,
-            webhook_id,
-            event_type,
-            envelope,
-            digest,
-            done=(Outcome.BROADCAST_DONE, answer.body, done),
-            audit={"webhook_id": webhook_id, "type": BROADCAST_DONE, "detail": done},
-            source_ip=source_ip,
+        return _acted(
+            endpoint, webhook_id, envelope, digest, source_ip, Outcome.BROADCAST_DONE, answer, done
         )
-        return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
     if event_type == CANARY_VERDICT:
         # A repeat is answered from the stored delivery before anything acts, so a replayed
         # verdict never meets a canary that has already moved on.
@@ -164,18 +156,17 @@ def receive(
         answer = Answer(status, answer_body)
         if judged is None:
             return reject(answer)
-        stored = _store(
+        return _acted(
             endpoint,
             webhook_id,
-            event_type,
             envelope,
             digest,
-            done=(Outcome.CANARY_VERDICT, answer.body, judged),
-            audit={"webhook_id": webhook_id, "type": CANARY_VERDICT, "detail": judged},
-            source_ip=source_ip,
+            source_ip,
+            Outcome.CANARY_VERDICT,
+            answer,
+            judged,
             refresh_id=refresh_id,
         )
-        return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
     event = None
     if event_type == CHECKPOINT_READY:
         try:
@@ -240,6 +231,35 @@ def receive(
     if received is None:
         return _repeat(endpoint, webhook_id, digest, source_ip)
     return Answer(202, {"status": "accepted", **_progress(received)})
+
+
+def _acted(
+    endpoint,
+    webhook_id,
+    envelope,
+    digest,
+    source_ip,
+    outcome: str,
+    answer: Answer,
+    detail,
+    *,
+    refresh_id: int | None = None,
+) -> Answer:
+    """An event acted on at once (`broadcast.done`, `canary.verdict`): stored as done with its
+    answer, audited with what it did; a repeat of the same webhook id is answered as stored."""
+    event_type = envelope.get("type")
+    stored = _store(
+        endpoint,
+        webhook_id,
+        event_type,
+        envelope,
+        digest,
+        done=(outcome, answer.body, detail),
+        audit={"webhook_id": webhook_id, "type": event_type, "detail": detail},
+        source_ip=source_ip,
+        refresh_id=refresh_id,
+    )
+    return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
 
 
 def _store(

@@ -68,7 +68,7 @@ def test_a_source_default_strategy_is_set_on_its_page_and_used_by_plans(page, fl
 
     page.goto(f"/sources/{fleet_source.pk}/")
     assert page.locator("#source-strategy").inner_text().startswith("all at once")
-    page.click("#source-strategy a")
+    page.click("#change-source-strategy")
     page.select_option("#id_strategy_kind", "waves")
     page.fill("#id_max_unavailable", "50%")
     page.fill("#id_max_failed", "1")

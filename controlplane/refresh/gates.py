@@ -7,7 +7,7 @@ source and change, listing its gates; `gate.force_reopened` is sent by the actio
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
@@ -573,25 +573,69 @@ def begin_staged(refresh, *, actor: Actor, reason: str, waves: int) -> None:
     )
 
 
+def _move_instances(
+    refresh,
+    instances: Mapping[str, Sequence[str]],
+    change: Callable[[Gate, set[str], dict[str, Any]], dict[str, Any]],
+    *,
+    action: AuditAction | None = None,
+) -> None:
+    """Move instance ids between a staged refresh's sets, one namespace per gate.
+
+    `change(gate, ids, sets)` edits `sets` (the gate's `instance_sets`, lists copied) and
+    returns the other columns to write. The gates are read with their rows locked and written
+    in the same transaction, so a concurrent writer of the same gate (a quarantine admitting
+    a worker, say) is never overwritten with what was read before it.
+    """
+    with transaction.atomic():
+        for namespace in instances:
+            gate_for(refresh.source, namespace)  # the gate exists before its row is locked
+        lockorder.domain_lock("gates")
+        gates = list(
+            Gate.objects.select_for_update(no_key=True, of=("self",))
+            .filter(source=refresh.source, namespace__in=list(instances))
+            .order_by("pk")
+        )
+        ids = [g.pk for g in gates]
+        _update(ids)
+        for g in gates:
+            sets = _sets_of(g)
+            values = change(g, set(instances[g.namespace]), sets)
+            Gate.objects.filter(pk=g.pk).update(instance_sets=sets, **values)
+        fresh = list(Gate.objects.filter(pk__in=ids).select_related("source"))
+        if action is not None:
+            for gate in fresh:
+                record(
+                    action,
+                    actor=Actor.system("policy-refresh executor"),
+                    target=gate,
+                    details={
+                        "namespace": gate.namespace,
+                        "state": gate.state,
+                        "refresh_id": gate.active_refresh_id,
+                        "verified_version": gate.verified_version,
+                        "instance_sets": gate.instance_sets,
+                    },
+                )
+    _announce(fresh)
+
+
 def stage_wave(refresh, wave: int, instances: Mapping[str, Sequence[str]], *, reason: str) -> None:
     """Wave `wave` is about to be paused: its instances leave the verified set (trainers stop
     sending them rollouts before they stop serving) and are listed in flight."""
-    gates = [gate_for(refresh.source, ns) for ns in sorted(instances)]
-    changes: dict[int, dict[str, Any]] = {}
-    for g in gates:
-        ids = set(instances[g.namespace])
-        sets = _sets_of(g)
+
+    def change(g: Gate, ids: set[str], sets: dict[str, Any]) -> dict[str, Any]:
         sets["wave"] = wave
         sets["serving_old"] = _ids(set(sets["serving_old"]) - ids)
         sets["in_flight"] = _ids(set(sets["in_flight"]) | ids)
         verified = [i for i in g.verified_instances if i not in ids]
-        changes[g.pk] = {
-            "instance_sets": sets,
+        return {
             "verified_instances": verified,
             "unverified_count": g.unverified_count + len(g.verified_instances) - len(verified),
             "reason": reason,
         }
-    _write_sets(gates, changes)
+
+    _move_instances(refresh, instances, change)
 
 
 def wave_verified(
@@ -600,87 +644,51 @@ def wave_verified(
     """A wave passed verify: its instances move from in flight to the new version's set. With
     `admit` (the strategy's `admit_as_verified`) the gate moves to the new version at once for
     every instance verified so far; otherwise it keeps admitting the old set until the end."""
-    gates = [gate_for(refresh.source, ns) for ns in sorted(verified)]
-    changes: dict[int, dict[str, Any]] = {}
-    for g in gates:
-        ids = set(verified[g.namespace])
-        sets = _sets_of(g)
+
+    def change(g: Gate, ids: set[str], sets: dict[str, Any]) -> dict[str, Any]:
         sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
         sets["verified_new"] = _ids(set(sets["verified_new"]) | ids)
-        change: dict[str, Any] = {"instance_sets": sets, "reason": reason}
-        if admit:
-            change.update(
-                verified_version=refresh.weight_version,
-                verified_policy=refresh.target,
-                verified_instances=sets["verified_new"],
-                confirmed_at=timezone.now(),
-            )
-        changes[g.pk] = change
-    _write_sets(gates, changes, action=AuditAction.GATE_WAVE_VERIFIED)
+        if not admit:
+            return {"reason": reason}
+        return {
+            "reason": reason,
+            "verified_version": refresh.weight_version,
+            "verified_policy": refresh.target,
+            "verified_instances": sets["verified_new"],
+            "confirmed_at": timezone.now(),
+        }
+
+    _move_instances(refresh, verified, change, action=AuditAction.GATE_WAVE_VERIFIED)
 
 
 def wave_left_out(refresh, left_out: Mapping[str, Sequence[str]], *, reason: str) -> None:
     """Workers the failure budget leaves out: no longer in flight, listed as left out."""
-    gates = [gate_for(refresh.source, ns) for ns in sorted(left_out)]
-    changes: dict[int, dict[str, Any]] = {}
-    for g in gates:
-        ids = set(left_out[g.namespace])
-        sets = _sets_of(g)
+
+    def change(g: Gate, ids: set[str], sets: dict[str, Any]) -> dict[str, Any]:
         sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
         sets["serving_old"] = _ids(set(sets["serving_old"]) - ids)
         sets["left_out"] = _ids(set(sets["left_out"]) | ids)
-        changes[g.pk] = {
-            "instance_sets": sets,
+        return {
             "verified_instances": [i for i in g.verified_instances if i not in ids],
             "reason": reason,
         }
-    _write_sets(gates, changes)
+
+    _move_instances(refresh, left_out, change)
 
 
 def canary_rolled_back(refresh, back: Mapping[str, Sequence[str]], *, reason: str) -> None:
     """Canary workers verified back at the old version rejoin the old set (and the verified
     set, where the gate still stands for the old version)."""
-    gates = [gate_for(refresh.source, ns) for ns in sorted(back)]
-    changes: dict[int, dict[str, Any]] = {}
-    for g in gates:
-        ids = set(back[g.namespace])
-        sets = _sets_of(g)
+
+    def change(g: Gate, ids: set[str], sets: dict[str, Any]) -> dict[str, Any]:
         sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
         sets["verified_new"] = _ids(set(sets["verified_new"]) - ids)
         sets["serving_old"] = _ids(set(sets["serving_old"]) | ids)
-        change: dict[str, Any] = {"instance_sets": sets, "reason": reason}
-        if g.verified_version == sets.get("from_version"):
-            change["verified_instances"] = _ids(set(g.verified_instances) | ids)
-        changes[g.pk] = change
-    _write_sets(gates, changes)
+        if g.verified_version != sets.get("from_version"):
+            return {"reason": reason}
+        return {"reason": reason, "verified_instances": _ids(set(g.verified_instances) | ids)}
 
-
-def _write_sets(
-    gates: list[Gate],
-    changes: Mapping[int, Mapping[str, Any]],
-    *,
-    action: AuditAction | None = None,
-) -> None:
-    ids = [g.pk for g in gates]
-    _update(ids)
-    for gate_id, values in changes.items():
-        Gate.objects.filter(pk=gate_id).update(**values)
-    fresh = list(Gate.objects.filter(pk__in=ids).select_related("source"))
-    if action is not None:
-        for gate in fresh:
-            record(
-                action,
-                actor=Actor.system("policy-refresh executor"),
-                target=gate,
-                details={
-                    "namespace": gate.namespace,
-                    "state": gate.state,
-                    "refresh_id": gate.active_refresh_id,
-                    "verified_version": gate.verified_version,
-                    "instance_sets": gate.instance_sets,
-                },
-            )
-    _announce(fresh)
+    _move_instances(refresh, back, change)
 
 
 def left_out_entries(gate: Gate) -> list[dict[str, Any]]:

@@ -101,6 +101,10 @@ def test_abort_asks_first_and_cancel_changes_nothing(page, simfleet, operator, t
     with page.expect_navigation():
         page.click("#refresh-actions button.danger")
     assert PolicyRefresh.objects.get(pk=refresh.pk).state == RefreshState.ABORTED
+    # Leave the page before the database is flushed: its htmx loads and live sockets would
+    # otherwise still be reading tables the flush truncates (a deadlock at teardown).
+    page.wait_for_load_state("networkidle")
+    page.goto("about:blank")
 
 
 def test_403_for_a_viewer_renders_inside_the_layout(page, viewer, transactional_db):

@@ -52,9 +52,17 @@ def test_the_capacity_chart_appears_and_fills_in_live(page, simfleet_factory, op
     # The succeeded head carries the finished chart, swapped in over the websocket.
     page.wait_for_selector(f"#refresh-capacity[data-peak-unavailable='{WORKERS}']")
     assert page.evaluate("window.__sameDocument") is True
+    # Measured inside the page in one go: a later push may swap the section between a locator
+    # resolving and measuring it (a detached element has no box).
+    page.wait_for_function(
+        """() => {
+            const svg = document.querySelector('#refresh-capacity svg.chart-steps');
+            if (!svg) return false;
+            const box = svg.getBoundingClientRect();
+            return box.width > 300 && box.height > 100;
+        }"""
+    )
     chart = page.locator("#refresh-capacity svg.chart-steps")
-    box = chart.bounding_box()
-    assert box is not None and box["width"] > 300 and box["height"] > 100
     assert chart.locator("path.chart-area.chart-paused").count() == 1
     assert chart.locator("path.chart-step.chart-admitted").count() == 1
     legend = chart.locator("g.chart-legend text").all_text_contents()

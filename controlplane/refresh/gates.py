@@ -530,11 +530,29 @@ def forget_drift(gate_id: int, instance_id: str) -> None:
 # version. The executor calls these inside its fenced transaction.
 
 
+#: A staged refresh's instance sets (`Gate.instance_sets`).
+_STAGED_SETS = ("serving_old", "in_flight", "verified_new", "left_out")
+
+
 def _sets_of(gate: Gate) -> dict[str, Any]:
     sets = dict(gate.instance_sets or {})
-    for name in ("serving_old", "in_flight", "verified_new", "left_out"):
+    for name in _STAGED_SETS:
         sets[name] = list(sets.get(name, []))
     return sets
+
+
+def _unverified_after(
+    gate: Gate, before: dict[str, Any], after: dict[str, Any], values: dict[str, Any]
+) -> int:
+    """`unverified_count` once a move is written, derived rather than adjusted by each move:
+    the staged instances outside the verified set, plus the gate's unverified workers outside
+    the staged sets (whatever the row counted before the move; nothing else writes a staged
+    gate's count, the drift reconciler leaves gates with an active refresh alone)."""
+    staged_before = set().union(*(before[name] for name in _STAGED_SETS))
+    outside = max(0, gate.unverified_count - len(staged_before - set(gate.verified_instances)))
+    staged_after = set().union(*(after[name] for name in _STAGED_SETS))
+    verified_after = set(values.get("verified_instances", gate.verified_instances))
+    return outside + len(staged_after - verified_after)
 
 
 def _ids(values) -> list[str]:
@@ -599,8 +617,10 @@ def _move_instances(
         ids = [g.pk for g in gates]
         _update(ids)
         for g in gates:
+            before = _sets_of(g)
             sets = _sets_of(g)
             values = change(g, set(instances[g.namespace]), sets)
+            values["unverified_count"] = _unverified_after(g, before, sets, values)
             Gate.objects.filter(pk=g.pk).update(instance_sets=sets, **values)
         fresh = list(Gate.objects.filter(pk__in=ids).select_related("source"))
         if action is not None:
@@ -628,10 +648,8 @@ def stage_wave(refresh, wave: int, instances: Mapping[str, Sequence[str]], *, re
         sets["wave"] = wave
         sets["serving_old"] = _ids(set(sets["serving_old"]) - ids)
         sets["in_flight"] = _ids(set(sets["in_flight"]) | ids)
-        verified = [i for i in g.verified_instances if i not in ids]
         return {
-            "verified_instances": verified,
-            "unverified_count": g.unverified_count + len(g.verified_instances) - len(verified),
+            "verified_instances": [i for i in g.verified_instances if i not in ids],
             "reason": reason,
         }
 

@@ -221,9 +221,48 @@ def ok_worker_ids(refresh_id: int, step: str) -> set[int]:
     )
 
 
-def done_earlier(ctx: StepContext, step: str, pending: list[PlannedWorker]) -> int:
-    """Workers that finished this step (ok or skipped) before this run, and are not run again."""
-    return len(ok_worker_ids(ctx.refresh.pk, step) - {w.pk for w in pending})
+@dataclass(frozen=True, slots=True)
+class DoneBefore:
+    """Where a worker step's run stands among its runs: the wave being run (of how many) and
+    the workers that finished the step (ok or skipped) before this run and are not run again,
+    in this wave (a retry, a takeover) and in the earlier waves of a staged refresh."""
+
+    wave: int = 1
+    waves: int = 1
+    this_wave: int = 0
+    earlier_waves: int = 0
+
+    def summary(self, ran: str) -> str:
+        """`ran` ("3 workers ok, 1 skipped") placed among the step's runs, so a retry's "1
+        worker ok" or a later wave's "2 workers ok" never reads as the step's whole work."""
+        detail = f"wave {self.wave} of {self.waves}: {ran}" if self.waves > 1 else ran
+        if self.this_wave:
+            where = " in this wave" if self.waves > 1 else ""
+            detail += f" this attempt; {self.this_wave} already done earlier{where}"
+        if self.earlier_waves:
+            detail += f"; {self.earlier_waves} done in earlier waves"
+        return detail
+
+
+def done_before(ctx: StepContext, step: str, pending: list[PlannedWorker]) -> DoneBefore:
+    refresh = ctx.refresh
+    running = {w.pk for w in pending}
+    this_wave = earlier_waves = 0
+    rows = (
+        WorkerStepResult.objects.filter(
+            refresh_id=refresh.pk, step=step, status__in=("ok", "skipped")
+        )
+        .values_list("planned_worker_id", "planned_worker__wave")
+        .distinct()
+    )
+    for worker_id, wave in rows:
+        if worker_id in running:
+            continue
+        if wave is not None and wave < refresh.wave:
+            earlier_waves += 1
+        else:
+            this_wave += 1
+    return DoneBefore(refresh.wave, refresh.waves, this_wave, earlier_waves)
 
 
 def summarize_failures(step: str, outcomes, total: int) -> str:
@@ -289,10 +328,12 @@ class WorkerStep(Step):
             self.run_jobs(ctx, jobs),
             len(jobs),
             skipped=len(skipped),
-            earlier=done_earlier(ctx, self.name, pending),
+            before=done_before(ctx, self.name, pending),
         )
 
-    def judge(self, journal, total: int, *, skipped: int = 0, earlier: int = 0) -> StepResult:
+    def judge(
+        self, journal, total: int, *, skipped: int = 0, before: DoneBefore | None = None
+    ) -> StepResult:
         if any(o.status == "unreached" for o in journal.outcomes) and journal.aborted:
             return StepResult(False, "aborted", aborted=True)
         if any(o.status != "ok" for o in journal.outcomes):
@@ -302,11 +343,7 @@ class WorkerStep(Step):
         detail = f"{total} worker{'' if total == 1 else 's'} ok"
         if skipped:
             detail += f", {skipped} skipped"
-        if earlier:
-            # A retry (or a takeover) calls only the workers still pending: without this, its
-            # "1 worker ok" reads as if one worker was updated.
-            detail += f" this attempt; {earlier} already done earlier"
-        return StepResult(True, detail=detail)
+        return StepResult(True, detail=(before or DoneBefore()).summary(detail))
 
 
 class Pause(WorkerStep):
@@ -352,8 +389,8 @@ class Update(WorkerStep):
                     + summarize_failures(StepName.PAUSE, repause.outcomes, len(pending)),
                 )
         jobs = [self.job(ctx, w) for w in pending]
-        earlier = done_earlier(ctx, self.name, pending)
-        return self.judge(self.run_jobs(ctx, jobs), len(jobs), earlier=earlier)
+        before = done_before(ctx, self.name, pending)
+        return self.judge(self.run_jobs(ctx, jobs), len(jobs), before=before)
 
     def run_distributed(self, ctx: StepContext) -> StepResult:
         """A collective group needs every rank: unless every worker in play already applied,

@@ -137,6 +137,51 @@ def test_a_retry_calls_only_workers_without_an_ok_or_skipped_result(refresh, mon
     assert result == StepResult(True, detail="1 worker ok this attempt; 2 already done earlier")
 
 
+def test_a_later_waves_summary_says_which_wave_and_counts_the_earlier_ones(refresh, monkeypatch):
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(wave=2, waves=3)
+    refresh.refresh_from_db()
+    first = [planned(refresh, "1"), planned(refresh, "2")]
+    PlannedWorker.objects.filter(pk__in=[w.pk for w in first]).update(wave=1)
+    second = [planned(refresh, "3"), planned(refresh, "4")]
+    PlannedWorker.objects.filter(pk__in=[w.pk for w in second]).update(wave=2)
+    done = [*first, second[0]]  # wave 1 done; one of wave 2 done before a retry
+    for worker in done:
+        WorkerStepResult.objects.create(
+            refresh=refresh,
+            planned_worker=worker,
+            step="update",
+            status="ok",
+            finished_at=timezone.now(),
+        )
+    fan_out = FanOut()
+    result = install(monkeypatch, Update(), fan_out).run(context(refresh))
+    ((_, jobs),) = fan_out.batches
+    assert [j.key for j in jobs] == [second[1].key]
+    assert result == StepResult(
+        True,
+        detail="wave 2 of 3: 1 worker ok this attempt; 1 already done earlier in this wave; "
+        "2 done in earlier waves",
+    )
+
+
+def test_a_first_run_of_a_later_wave_reads_as_that_waves_work(refresh, monkeypatch):
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(wave=2, waves=2)
+    refresh.refresh_from_db()
+    earlier = planned(refresh, "1")
+    PlannedWorker.objects.filter(pk=earlier.pk).update(wave=1)
+    WorkerStepResult.objects.create(
+        refresh=refresh,
+        planned_worker=earlier,
+        step="update",
+        status="ok",
+        finished_at=timezone.now(),
+    )
+    current = planned(refresh, "2")
+    PlannedWorker.objects.filter(pk=current.pk).update(wave=2)
+    result = install(monkeypatch, Update(), FanOut()).run(context(refresh))
+    assert result == StepResult(True, detail="wave 2 of 2: 1 worker ok; 1 done in earlier waves")
+
+
 def test_a_failed_worker_fails_the_step_and_is_named(refresh, monkeypatch):
     planned(refresh, "1")
     bad = planned(refresh, "2")

@@ -132,8 +132,12 @@ async def test_a_page_drawn_just_now_gets_only_the_head_on_connect(source, viewe
     c = communicator(f"/ws/refreshes/{refresh.pk}/?{query}", viewer)
     assert (await c.connect())[0]
     head = await c.receive_from(timeout=10)
-    assert 'id="refresh-live" hx-swap-oob="true"' in head and len(head) < 20_000
+    assert 'id="refresh-live" hx-swap-oob="true"' in head
     assert 'id="grid-rows"' not in head and "worker-row" not in head
+    # A guard against anything table-sized riding along (50 worker rows of this fixture are
+    # ~65 KB): the head's own size moves with its capacity chart, whose steps follow the
+    # fixture's journal times (20.3 KB seen once in CI).
+    assert len(head) < 32_000
     assert await c.receive_nothing(timeout=0.5)
     await c.disconnect()
 

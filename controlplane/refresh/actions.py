@@ -22,7 +22,7 @@ from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
 from controlplane.notify.emit import notify
-from controlplane.refresh import gates
+from controlplane.refresh import abort_signal, gates
 from controlplane.refresh.compat import compat_at_plan, normalize_versions
 from controlplane.refresh.errors import (
     ApprovalNotAllowed,
@@ -421,6 +421,8 @@ def abort_policy_refresh(
             refresh.end_reason = reason
             refresh.end_state = RefreshState.ABORTED if resume_engines else ""
             refresh.save(update_fields=["abort_requested", "end_reason", "end_state"])
+            # The running step hears it through Redis, without a query per heartbeat.
+            abort_signal.send_on_commit(refresh.pk)
         elif (state == RefreshState.HELD and resume_engines) or state in WAITING_STATES:
             # Waiting between waves, nothing it paused is left but the workers its failure
             # budget handed to quarantine (which stay paused): the release ends it cleanly.

@@ -7,11 +7,22 @@ queue. This thread collects them and writes them in one transaction per flush: t
 progress event (`refresh.live`).
 
 How often: a flush is due when a step's share of outcomes has arrived (the step's workers
-divided into `FLUSHES_PER_STEP` batches), when `HEARTBEAT_SECONDS` passed since the last one,
-and when the calls are over. So a step issues the same statements for 100 workers as for
-2,000, and only a step longer than a heartbeat adds any (one transaction per heartbeat: it
-renews the lease, so a long call never lets it lapse while the executor is alive, and reads
-the abort flag, so an abort reaches the runner within a heartbeat).
+divided into `FLUSHES_PER_STEP` batches), at a heartbeat (every `HEARTBEAT_SECONDS`) that finds
+outcomes waiting, and when the calls are over. So a step issues the same statements for 100
+workers as for 2,000. A heartbeat with nothing to write issues none, unless:
+
+- the lease is due for renewal (`LEASE_RENEWAL_FRACTION` of it has passed since this process
+  last renewed it), so a long call never lets it lapse while the executor is alive;
+- the abort signal in Redis is set (`refresh.abort_signal`): the flush's fence reads the
+  database flag, which decides, so an abort reaches the runner within a heartbeat;
+- Redis cannot be read: then every heartbeat flushes, as all did before the signal, so an
+  abort is never missed because Redis is away.
+
+Each of those is one statement, `Lease.guard_reading_abort` on its own (no rows to fence, so
+no transaction around it): while no call finishes, a slow step costs a statement per renewal,
+not one per heartbeat. A lease taken over meanwhile is found
+at the next renewal or flush, whichever comes first (a flush's rows are fenced as ever). An
+abort whose signal could not be written (Redis away when it was asked) is found the same way.
 
 Nothing here weakens what the journal promises: every outcome is written, fenced, before
 `run_step_calls` returns (the step is only judged after that), a stale executor's flush
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import math
 import queue
 import threading
@@ -30,9 +42,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.db import transaction
 
 from controlplane.bulk import insert_values
+from controlplane.refresh import abort_signal
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerOutcome, run_jobs
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.live import publish_progress, publish_step_running
@@ -40,9 +54,14 @@ from controlplane.refresh.models import JournalEntry, WorkerStepResult
 
 #: Count-based flushes per step, whatever the number of workers.
 FLUSHES_PER_STEP = 4
-#: Longest a step goes without a flush (lease renewal, abort check, rows so far).
+#: How often a step looks for outcomes to write and for an abort (Redis, not SQL).
 HEARTBEAT_SECONDS = 1.0
+#: Share of the lease after which an idle heartbeat renews it: two thirds of the lease are left
+#: to absorb a slow database or a stalled beat before a reconciler may take the refresh over.
+LEASE_RENEWAL_FRACTION = 1 / 3
 _DONE = object()
+
+logger = logging.getLogger(__name__)
 
 
 JOURNAL_FIELDS = (
@@ -131,46 +150,78 @@ class StepJournal:
         self.done = 0
         self.aborted = False
         self.outcomes: list[WorkerOutcome] = []
+        #: Redis failed this step: heartbeats flush (and warn once) until it answers again.
+        self.signal_unreadable = False
 
     def flush(self, batch: list[WorkerOutcome]) -> None:
+        if not batch:
+            # Nothing to fence: the renewal and the flag read are one statement on its own,
+            # without a transaction's BEGIN and COMMIT round trips.
+            self.aborted = self.lease.guard_reading_abort() or self.aborted
+            return
         refresh_id, token = self.lease.refresh_id, self.lease.token
         with transaction.atomic():
             # The fence first (a stale executor's rows must not land), reading the abort flag
             # in the same statement.
             abort = self.lease.guard_reading_abort()
-            if batch:
-                rows: list[tuple] = []
-                for outcome in batch:
-                    rows += journal_rows(refresh_id, token, self.step, self.attempt, outcome)
-                insert_values(JournalEntry, JOURNAL_FIELDS, rows)
-                insert_values(
-                    WorkerStepResult,
-                    RESULT_FIELDS,
+            rows: list[tuple] = []
+            for outcome in batch:
+                rows += journal_rows(refresh_id, token, self.step, self.attempt, outcome)
+            insert_values(JournalEntry, JOURNAL_FIELDS, rows)
+            insert_values(
+                WorkerStepResult,
+                RESULT_FIELDS,
+                (
                     (
-                        (
-                            refresh_id,
-                            o.planned_worker_id,
-                            self.step,
-                            self.attempt,
-                            o.status,
-                            o.error[:2000],
-                            o.duration_ms,
-                            o.finished_at,
-                        )
-                        for o in batch
-                    ),
-                )
-        self.aborted = self.aborted or abort
-        if batch:
-            self.done += len(batch)
-            self.outcomes += batch
-            publish_progress(
-                refresh_id,
-                self.step,
-                self.done,
-                self.total,
-                [cell_payload(o, self.step) for o in batch],
+                        refresh_id,
+                        o.planned_worker_id,
+                        self.step,
+                        self.attempt,
+                        o.status,
+                        o.error[:2000],
+                        o.duration_ms,
+                        o.finished_at,
+                    )
+                    for o in batch
+                ),
             )
+        self.aborted = self.aborted or abort
+        self.done += len(batch)
+        self.outcomes += batch
+        publish_progress(
+            refresh_id,
+            self.step,
+            self.done,
+            self.total,
+            [cell_payload(o, self.step) for o in batch],
+        )
+
+    def heartbeat(self) -> None:
+        """A beat with nothing to write: flush (renew, read the flag) only when needed."""
+        lease = self.lease
+        if lease.renewal_due(LEASE_RENEWAL_FRACTION):
+            self.flush([])
+            return
+        try:
+            signal = abort_signal.read(lease.refresh_id)
+        except redis.RedisError:
+            if not self.signal_unreadable:
+                logger.warning(
+                    "policy refresh #%s: abort signal unreadable; reading the flag from the "
+                    "database at every heartbeat",
+                    lease.refresh_id,
+                    exc_info=True,
+                )
+            self.signal_unreadable = True
+            self.flush([])
+            return
+        self.signal_unreadable = False
+        if signal is None:
+            return
+        self.flush([])
+        if not self.aborted:
+            # Left by an abort that a retry or the runner since reset: the flag decides.
+            abort_signal.withdraw(lease.refresh_id, signal)
 
 
 def _start_calls(
@@ -243,12 +294,16 @@ def run_step_calls(
                     break
             elif item is not None:
                 batch.append(item)
-            if finished or len(batch) >= batch_size or time.monotonic() >= next_heartbeat:
+            beat = time.monotonic() >= next_heartbeat
+            if finished or len(batch) >= batch_size or (beat and batch):
                 journal.flush(batch)
                 batch = []
                 next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
-                if journal.aborted:
-                    stop.set()
+            elif beat:
+                journal.heartbeat()
+                next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+            if journal.aborted:
+                stop.set()
     except BaseException:
         stop.set()  # a lost lease or a database error: stop calling workers at once
         raise

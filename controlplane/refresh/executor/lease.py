@@ -4,6 +4,11 @@ Claiming bumps `lease_token` with a conditional UPDATE that only matches when no
 live lease. Every later write runs `guard()` first, in the same transaction: an UPDATE that
 matches only while the token is still ours. A stale executor (one whose lease expired and was
 taken over) matches nothing and its whole transaction — journal rows included — is rolled back.
+
+The lease remembers when this process last renewed it (`renewed_at`: the monotonic clock read
+before the statement, so it never flatters the lease, and recorded once the renewal commits, so
+a rolled-back one does not count): the journal's heartbeat renews only when `renewal_due()`,
+not at every beat.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -38,10 +44,13 @@ class Lease:
     seconds: float
     #: The previous holder never released: this claim is a takeover after a crash.
     takeover: bool = False
+    #: `time.monotonic()` when this process last renewed the lease (claim or guard).
+    renewed_at: float = field(default_factory=time.monotonic)
 
     @classmethod
     def claim(cls, refresh_id: int, owner: str | None = None) -> Lease | None:
         owner = owner or default_owner()
+        renewed_at = time.monotonic()
         seconds = settings.REFRESH_LEASE_SECONDS
         now = timezone.now()
         previous = (
@@ -61,13 +70,16 @@ class Lease:
         if not claimed:
             return None
         token = PolicyRefresh.objects.values_list("lease_token", flat=True).get(pk=refresh_id)
-        return cls(refresh_id, token, owner, seconds, takeover=bool(previous))
+        return cls(
+            refresh_id, token, owner, seconds, takeover=bool(previous), renewed_at=renewed_at
+        )
 
     def guard(self, **fields) -> None:
         """Renew the lease and apply `fields`, only if the token is still ours.
 
         Call inside `transaction.atomic()` before the writes it protects.
         """
+        renewed_at = time.monotonic()
         fields.setdefault("lease_expires_at", timezone.now() + timedelta(seconds=self.seconds))
         matched = PolicyRefresh.objects.filter(pk=self.refresh_id, lease_token=self.token).update(
             **fields
@@ -76,6 +88,8 @@ class Lease:
             raise LeaseLost(
                 f"policy refresh #{self.refresh_id}: fencing token {self.token} is stale"
             )
+        if fields["lease_expires_at"] is not None:  # a release gives the lease up
+            self._renewed(renewed_at)
 
     def guard_reading_abort(self) -> bool:
         """`guard()` that also returns the refresh's abort flag, read by the same statement
@@ -83,6 +97,7 @@ class Lease:
         opts = PolicyRefresh._meta
         connection = connections[router.db_for_write(PolicyRefresh)]
         qn = connection.ops.quote_name
+        renewed_at = time.monotonic()
         expires = timezone.now() + timedelta(seconds=self.seconds)
         with connection.cursor() as cursor:
             cursor.execute(
@@ -96,7 +111,16 @@ class Lease:
             raise LeaseLost(
                 f"policy refresh #{self.refresh_id}: fencing token {self.token} is stale"
             )
+        self._renewed(renewed_at)
         return bool(row[0])
+
+    def _renewed(self, at: float) -> None:
+        # Run at once outside a transaction; dropped if the transaction rolls back.
+        transaction.on_commit(lambda: setattr(self, "renewed_at", max(self.renewed_at, at)))
+
+    def renewal_due(self, fraction: float) -> bool:
+        """True once `fraction` of the lease has passed since this process last renewed it."""
+        return time.monotonic() - self.renewed_at >= self.seconds * fraction
 
     def release(self, **fields) -> None:
         """Give the refresh up cleanly (held, finished): the reconciler will leave it alone."""

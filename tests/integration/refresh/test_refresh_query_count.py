@@ -2,9 +2,9 @@
 
 The journal is written in a fixed number of flushes per step (each one COPY on PostgreSQL),
 and every other read or write of a refresh is per step or per refresh, never per worker. So a
-refresh of 2,000 workers issues exactly the statements of one of 100. Only the time-based
-heartbeat of a step whose quarter of workers takes longer than a second adds any (switched
-off here: they depend on the machine's speed, not on the fleet, and have a test of their own).
+refresh of 2,000 workers issues exactly the statements of one of 100. Only time adds any: a
+heartbeat that finds rows waiting writes them, and a slow step renews its lease (switched off
+here: they depend on the machine's speed, not on the fleet; `test_heartbeat.py` counts them).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -70,8 +71,10 @@ def test_a_slow_worker_does_not_hold_back_the_journal_of_the_others(
     simfleet_factory, operator, monkeypatch
 ):
     """Count-based flushes wait for a share of the step's workers; the heartbeat writes what
-    has finished (and renews the lease) while one slow call is still in flight."""
+    has finished, and renews the lease when due, while one slow call is still in flight."""
     monkeypatch.setattr(journal, "HEARTBEAT_SECONDS", 0.2)
+    # A renewal due every 0.5 s rather than every third of the lease.
+    monkeypatch.setattr(journal, "LEASE_RENEWAL_FRACTION", 0.5 / settings.REFRESH_LEASE_SECONDS)
     fleet = simfleet_factory(fleet_config(12))
     source = make_source(fleet)
     slow = fleet.workers()[0]["key"]

@@ -65,15 +65,24 @@ CACHED_REPLY_BYTES = 2048
 REPLY_CACHE_LIMIT = 1024
 
 
-class ReplyCache:
-    """Decoded reply bodies by their bytes, for one run. Decoding is a pure function of the
-    bytes; the decoded values are shared between results and must not be mutated (nothing
-    does: families read them, the journal serialises them)."""
+#: A judged reply: (ok, decoded body, one-line error or None, the family's data or None).
+Judged = tuple[bool, Any, str | None, dict[str, Any] | None]
 
-    __slots__ = ("_decoded",)
+
+class ReplyCache:
+    """Decoded reply bodies by their bytes, and the verdicts on them, for one run.
+
+    Decoding is a pure function of the bytes and a family's verdict a pure function of the
+    call's operation and path, the status and the decoded body, so both are kept per distinct
+    reply (a fleet answers `{"status": "ok"}` two thousand times). The decoded values and the
+    verdicts' data are shared between results and must not be mutated (nothing does: families
+    and the executor read them, the journal serialises them)."""
+
+    __slots__ = ("_decoded", "_verdicts")
 
     def __init__(self) -> None:
         self._decoded: dict[bytes, Any] = {}
+        self._verdicts: dict[tuple[Any, ...], Judged] = {}
 
     def decode(self, raw: bytes) -> Any:
         if len(raw) > CACHED_REPLY_BYTES:
@@ -86,6 +95,26 @@ class ReplyCache:
             self._decoded.clear()
         body = self._decoded[raw] = decode_body(raw)
         return body
+
+    def judge(self, family: AdminFamily, call: AdminCall, status: int, raw: bytes) -> Judged:
+        """`judge_reply` of a reply, once per distinct family, operation, path, status and
+        body."""
+        if len(raw) > CACHED_REPLY_BYTES:
+            return judge_reply(family, call, status, decode_body(raw))
+        key = (family, call.operation, call.path, status, raw)
+        judged = self._verdicts.get(key)
+        if judged is None:
+            if len(self._verdicts) >= REPLY_CACHE_LIMIT:
+                self._verdicts.clear()
+            judged = self._verdicts[key] = judge_reply(family, call, status, self.decode(raw))
+        return judged
+
+
+def judge_reply(family: AdminFamily, call: AdminCall, status: int, body: Any) -> Judged:
+    """A decoded (non-redirect) reply judged by `family`."""
+    outcome = family.interpret(call, status, body)
+    error = outcome.error
+    return outcome.ok, body, one_line(error) if error is not None else None, outcome.data
 
 
 def admin_url(system_url: str, call: AdminCall) -> str:
@@ -132,48 +161,60 @@ async def call_admin(
 ) -> AdminCallResult:
     """Check `system_url` against `policy`, send `call`, judge the reply by `family`."""
     prepared = call if isinstance(call, PreparedCall) else PreparedCall.of(call)
-    call = prepared.call
-    url = admin_url(system_url, call)
+    url = admin_url(system_url, prepared.call)
     started_at = datetime.now(UTC)
     t0 = time.perf_counter()
+    status, (ok, body, error, data) = await exchange(
+        client, policy, system_url, url, family, prepared, timeout=timeout, replies=replies
+    )
+    duration_ms = (time.perf_counter() - t0) * 1000.0
+    return AdminCallResult(
+        call=prepared.call,
+        url=url,
+        ok=ok,
+        http_status=status,
+        body=body,
+        error=error,
+        duration_ms=duration_ms,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+        data=data,
+    )
 
-    def result(
-        ok: bool,
-        status: int | None,
-        body: Any,
-        error: str | None,
-        data: dict[str, Any] | None = None,
-    ) -> AdminCallResult:
-        return AdminCallResult(
-            call=call,
-            url=url,
-            ok=ok,
-            http_status=status,
-            body=body,
-            error=one_line(error) if error is not None else None,
-            duration_ms=(time.perf_counter() - t0) * 1000.0,
-            started_at=started_at,
-            finished_at=datetime.now(UTC),
-            data=data,
-        )
 
+async def exchange(
+    client: DynamoClient,
+    policy: OutboundPolicy,
+    system_url: str,
+    url: str,
+    family: AdminFamily,
+    prepared: PreparedCall,
+    *,
+    timeout: float,
+    replies: ReplyCache | None = None,
+) -> tuple[int | None, Judged]:
+    """`call_admin` without the result: the status (None when there was no reply) and the
+    judged reply, for a caller that records the call in a shape of its own (the refresh
+    executor's journal). `url` is `admin_url(system_url, prepared.call)`; never raises for
+    network or policy problems."""
     problem = await policy.admin_violation(system_url)
     if problem is not None:
-        return result(False, None, None, f"outbound policy: {problem}")
-
+        return None, (False, None, one_line(f"outbound policy: {problem}"), None)
+    call = prepared.call
     try:
         reply = await client.send(
             call.method, url, json_body=prepared.wire, timeout=timeout, limit=MAX_RESPONSE_BYTES
         )
     except TransportError as exc:
-        return result(False, None, None, transport_failure(exc, timeout))
-
+        return None, (False, None, one_line(transport_failure(exc, timeout)), None)
     status, raw = reply.status, reply.raw
     if raw is None:
-        return result(False, status, None, f"response body over {MAX_RESPONSE_BYTES} bytes")
-    body = replies.decode(raw) if replies is not None else decode_body(raw)
-    if 300 <= status < 400:
+        return status, (False, None, f"response body over {MAX_RESPONSE_BYTES} bytes", None)
+    if 300 <= status < 400:  # the error quotes this reply's Location: never shared
+        body = replies.decode(raw) if replies is not None else decode_body(raw)
         location = reply.headers.get("location", "")
-        return result(False, status, body, f"HTTP {status} redirect to {location!r} not followed")
-    outcome = family.interpret(call, status, body)
-    return result(outcome.ok, status, body, outcome.error, outcome.data)
+        error = one_line(f"HTTP {status} redirect to {location!r} not followed")
+        return status, (False, body, error, None)
+    if replies is not None:
+        return status, replies.judge(family, call, status, raw)
+    return status, judge_reply(family, call, status, decode_body(raw))

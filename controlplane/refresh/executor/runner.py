@@ -128,8 +128,12 @@ class Runner:
                     details={"state": refresh.state, "fencing_token": self.lease.token},
                     correlation_id=refresh.correlation_id,
                 )
+        #: The refresh as read right after the last step ended (and published): nothing happens
+        #: between that read and the next turn of the loop, so it is not read a second time.
+        ended: PolicyRefresh | None = None
         while True:
-            refresh = self.load()
+            refresh = ended if ended is not None else self.load()
+            ended = None
             if refresh.state not in EXECUTING_STATES:
                 with transaction.atomic():
                     self.lease.release()
@@ -150,11 +154,10 @@ class Runner:
                 if outcome:
                     return outcome
                 continue
-            self._advance(refresh, step, step_run, result)
+            refresh = self._advance(refresh, step, step_run, result)
             if stop_after == step:
                 # Test seam: behave like an executor that died here (lease left to expire).
                 return "stopped"
-            refresh = self.load()
             if refresh.state in (
                 RefreshState.SUCCEEDED,
                 RefreshState.ABORTED,
@@ -163,6 +166,7 @@ class Runner:
                 *WAITING_STATES,
             ):
                 return refresh.state
+            ended = refresh
 
     def _after_failure(
         self, refresh, step: StepName, step_run: StepRun, result: StepResult, ctx: StepContext
@@ -238,6 +242,12 @@ class Runner:
                 telemetry.mark_failed(span, result.reason)
         return result, step_run, ctx
 
+    def _published(self) -> PolicyRefresh:
+        """The refresh read after a change of state, published to its pages."""
+        refresh = self.load()
+        publish_state(refresh)
+        return refresh
+
     def _finish_step_run(self, step_run: StepRun, status: str, detail: str) -> None:
         now = timezone.now()
         StepRun.objects.filter(pk=step_run.pk).update(
@@ -248,18 +258,19 @@ class Runner:
         )
         publish_step(step_run.refresh_id, step_run.name, status, detail)
 
-    def _advance(self, refresh, step: StepName, step_run: StepRun, result: StepResult) -> None:
+    def _advance(
+        self, refresh, step: StepName, step_run: StepRun, result: StepResult
+    ) -> PolicyRefresh:
+        """Move on after a successful step; returns the refresh as read (and published) after
+        the move."""
         if step == StepName.RELEASE:
-            self._end_after_release(refresh, step_run, result)
-            return
+            return self._end_after_release(refresh, step_run, result)
         if step == StepName.CANARY_ROLLBACK:
             # Rolled back: hold with the canary's failure (there is no failed step to retry).
             reason = f"{refresh.held_reason}; {result.detail}"
-            self._hold(refresh, step, reason, step_run, failed_step="")
-            return
+            return self._hold(refresh, step, reason, step_run, failed_step="")
         if step == StepName.VERIFY and refresh.wave < refresh.waves:
-            self._next_wave(refresh, step_run, result)
-            return
+            return self._next_wave(refresh, step_run, result)
         following = next_step(step)
         with transaction.atomic():
             if following is None:
@@ -286,15 +297,15 @@ class Runner:
                     correlation_id=refresh.correlation_id,
                 )
                 notify("refresh.succeeded", refresh=refresh)
-        publish_state(self.load())
+        return self._published()
 
-    def _next_wave(self, refresh, step_run: StepRun, result: StepResult) -> None:
+    def _next_wave(self, refresh, step_run: StepRun, result: StepResult) -> PolicyRefresh:
         """A wave (not the last) verified: the next wave, a canary verdict or a pause point."""
         with transaction.atomic():
             self.lease.guard()
             self._finish_step_run(step_run, "ok", result.detail)
             waves.finish_wave(self.lease, refresh, EXECUTOR)
-        publish_state(self.load())
+        return self._published()
 
     def _hold(
         self,
@@ -304,7 +315,7 @@ class Runner:
         step_run: StepRun | None,
         *,
         failed_step: str | None = None,
-    ) -> None:
+    ) -> PolicyRefresh:
         failing = list(
             WorkerStepResult.objects.filter(refresh=refresh, step=step)
             .exclude(status__in=("ok", "skipped"))
@@ -340,7 +351,7 @@ class Runner:
                 correlation_id=refresh.correlation_id,
             )
             notify("refresh.held", refresh=refresh, reason=reason)
-        publish_state(self.load())
+        return self._published()
 
     def _abort(self, refresh: PolicyRefresh) -> None:
         step = STATE_STEP[RefreshState(refresh.state)]
@@ -356,7 +367,7 @@ class Runner:
             return
         self._hold(refresh, step, reason, None)
 
-    def _end_after_release(self, refresh, step_run: StepRun, result: StepResult) -> None:
+    def _end_after_release(self, refresh, step_run: StepRun, result: StepResult) -> PolicyRefresh:
         """End as the person chose, even where a listed worker could not be resumed.
 
         Holding again would hand the decision back to the same failing worker (and used to
@@ -366,8 +377,7 @@ class Runner:
         after a force-reopen); the next refresh of the scope pauses and resumes them anyway.
         """
         if refresh.end_state == RefreshState.HELD:
-            self._back_to_held(refresh, step_run, result)
-            return
+            return self._back_to_held(refresh, step_run, result)
         end_state = refresh.end_state or RefreshState.ABORTED
         unresumed = list(
             WorkerStepResult.objects.filter(
@@ -407,9 +417,9 @@ class Runner:
                 },
                 correlation_id=refresh.correlation_id,
             )
-        publish_state(self.load())
+        return self._published()
 
-    def _back_to_held(self, refresh, step_run: StepRun, result: StepResult) -> None:
+    def _back_to_held(self, refresh, step_run: StepRun, result: StepResult) -> PolicyRefresh:
         """A namespace was closed out on its own and its engines resumed: the refresh is held
         again for the namespaces left, at the step it was held at, with its reason."""
         unresumed = list(
@@ -439,7 +449,7 @@ class Runner:
                 },
                 correlation_id=refresh.correlation_id,
             )
-        publish_state(self.load())
+        return self._published()
 
     def _hold_after_error(self, exc: Exception) -> str:
         """An unexpected executor error holds the refresh instead of crashing it in a loop.

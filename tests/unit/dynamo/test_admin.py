@@ -10,6 +10,8 @@ from controlplane.dynamo.admin import (
     ReplyCache,
     admin_url,
     call_admin,
+    decode_body,
+    judge_reply,
 )
 from controlplane.dynamo.families import SGLANG, VLLM_SIDECAR, VLLM_WORKER, AdminCall, Operation
 from controlplane.dynamo.http import NO_BODY
@@ -192,6 +194,33 @@ def test_reply_cache_decodes_each_distinct_small_body_once():
     big = b'{"pad":"' + b"x" * CACHED_REPLY_BYTES + b'"}'
     assert replies.decode(big) is not replies.decode(big)  # large bodies are not kept
     assert replies.decode(b"not json") == "not json"
+
+
+def test_reply_cache_judges_each_distinct_reply_once_as_the_family_would():
+    replies = ReplyCache()
+    (pause,) = VLLM_WORKER.build(Operation.PAUSE)
+    (version,) = VLLM_WORKER.build(Operation.GET_WEIGHT_VERSION)
+    ok_body = b'{"status":"ok"}'
+    first = replies.judge(VLLM_WORKER, pause, 200, ok_body)
+    assert first == (True, {"status": "ok"}, None, {"status": "ok"})
+    assert replies.judge(VLLM_WORKER, pause, 200, ok_body) is first
+    # The operation, the status and the family are part of what is judged.
+    assert replies.judge(VLLM_WORKER, version, 200, ok_body)[:3] == (
+        False,
+        {"status": "ok"},
+        "get_weight_version reply lacks 'version'/'version_declared'",
+    )
+    assert replies.judge(VLLM_WORKER, pause, 500, ok_body)[0] is False
+    assert replies.judge(SGLANG, pause, 200, ok_body) == judge_reply(
+        SGLANG, pause, 200, {"status": "ok"}
+    )
+    # Errors come back in one line, as call_admin reports them.
+    multiline = b'{"status":"error","message":"bad\\n  news"}'
+    assert replies.judge(VLLM_WORKER, pause, 200, multiline)[2] == "bad news"
+    big = b'{"status":"ok","pad":"' + b"x" * CACHED_REPLY_BYTES + b'"}'
+    judged = replies.judge(VLLM_WORKER, pause, 200, big)
+    assert judged[0] and judged == judge_reply(VLLM_WORKER, pause, 200, decode_body(big))
+    assert replies.judge(VLLM_WORKER, pause, 200, big) is not judged  # large bodies not kept
 
 
 def test_prepared_call_encodes_its_body_once_as_call_admin_sent_it():

@@ -146,7 +146,10 @@ class AdminFamily:
         return self._build(op, params)
 
     def interpret(self, call: AdminCall, http_status: int, body: Any) -> AdminOutcome:
-        """Success needs a 2xx status, no error markers, and the family's success body."""
+        """Success needs a 2xx status, no error markers, and the family's success body.
+
+        A verdict reads the call's operation and route, never its request body: `ReplyCache`
+        keeps one verdict per (family, operation, path, status, reply) for a whole run."""
         problem = generic_failure(http_status, body)
         if problem is not None:
             return AdminOutcome(False, problem, body if isinstance(body, dict) else {})

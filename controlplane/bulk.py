@@ -14,10 +14,12 @@ the server, ~1 ms a row at 500 workers on a busy machine). So:
 Both run inside the caller's transaction: a COPY is one statement like any other, so a failing
 fence (`Lease.guard`) or error rolls the rows back with everything else. Each value is still
 prepared by its field (`get_db_prep_save`: JSON, time zones, foreign keys), so the stored rows
-are identical either way. No primary keys come back. A JSON value the caller has already
-serialised is passed as `JsonText` and stored as is (the journal serialises each distinct
-body once per run, not once per row). A COPY counts as one query for Django's query capture
-and execute wrappers, so query-count tests and instrumentation see it.
+are identical either way. No primary keys come back (on PostgreSQL a caller that needs them
+reserves them first with `reserve_ids` and inserts them as a column). A JSON value the
+caller has already serialised is passed as `JsonText` and stored as is (the journal
+serialises each distinct body once per run, not once per row). A COPY counts as one query
+for Django's query capture and execute wrappers, so query-count tests and instrumentation
+see it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any, cast
 
 from django.db import connections, router
 from django.db.models import (
+    AutoField,
+    BigAutoField,
     BigIntegerField,
     BooleanField,
     CharField,
@@ -42,6 +46,7 @@ from django.db.models import (
     PositiveBigIntegerField,
     PositiveIntegerField,
     PositiveSmallIntegerField,
+    SmallAutoField,
     SmallIntegerField,
     TextField,
 )
@@ -79,6 +84,9 @@ _NATIVE: dict[type[Field], tuple[type, ...]] = {
     PositiveIntegerField: (int,),
     PositiveSmallIntegerField: (int,),
     PositiveBigIntegerField: (int,),
+    AutoField: (int,),
+    BigAutoField: (int,),
+    SmallAutoField: (int,),
 }
 
 
@@ -214,6 +222,29 @@ def insert_values(
                 pending = []
         if pending:
             cursor.executemany(sql, pending)
+
+
+def reserve_ids(model: type[Model], count: int) -> list[int] | None:
+    """`count` primary keys taken from the table's own sequence, for rows the caller will
+    insert with their ids given (so it knows each row's id without reading the rows back).
+    None where the database has no sequence to draw from (SQLite): insert without ids there.
+
+    `nextval` hands every caller distinct values, whatever transaction it runs in, so ids
+    reserved here never collide with another insert's; an id whose insert rolls back is
+    skipped, as with any sequence."""
+    db = router.db_for_write(model)
+    connection = connections[db]
+    if connection.vendor != "postgresql":
+        return None
+    if count <= 0:
+        return []
+    opts = model._meta
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
+            [connection.ops.quote_name(opts.db_table), opts.pk.column, count],
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def _chain(first, rest):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+
+from django.db import connection
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery
@@ -95,3 +98,19 @@ def force_reopen_each(refresh, user, reason="force-reopened namespace by namespa
         execute_refresh(refresh.pk)
     refresh.refresh_from_db()
     return refresh
+
+
+def execute_in_thread(refresh) -> tuple[threading.Thread, list]:
+    """Run the executor on `refresh` in a thread of its own (closing its database connection
+    at the end); the list receives the executor's result."""
+    done: list = []
+
+    def run() -> None:
+        try:
+            done.append(execute_refresh(refresh.pk))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, done

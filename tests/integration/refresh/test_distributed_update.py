@@ -9,10 +9,8 @@ workers apply before the trainer's broadcast, or if the group is not torn down.
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from controlplane.accounts.tokens import create_token
@@ -21,11 +19,11 @@ from controlplane.audit.recorder import Actor
 from controlplane.intake.models import WebhookEndpoint
 from controlplane.notify.models import NotificationDelivery, NotificationDestination
 from controlplane.refresh import actions
-from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import JournalEntry, RefreshState
 from tests.integration.intake.conftest import SECRET, post_webhook
 from tests.integration.refresh.helpers import (
     actor_for,
+    execute_in_thread,
     fleet_config,
     fleet_versions,
     make_source,
@@ -61,20 +59,6 @@ def big_fleet(simfleet_factory, workers=64):
 def small_fanout(settings):
     # Far below the worker count: a join bounded by it could never let the group form.
     settings.REFRESH_CONCURRENCY = 8
-
-
-def start_in_thread(refresh) -> tuple[threading.Thread, list]:
-    done: list = []
-
-    def run():
-        try:
-            done.append(execute_refresh(refresh.pk))
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, done
 
 
 def plan_and_start(source, user, target):
@@ -141,7 +125,7 @@ def test_64_workers_join_concurrently_and_apply_after_the_trainer_reports_over_t
     )
     refresh = plan_and_start(source, operator, distributed())
     client, auth = api_client(operator)
-    thread, done = start_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
 
     group = wait_until_ready(client, auth, refresh.pk)
     refresh.refresh_from_db()
@@ -190,7 +174,7 @@ def test_the_trainer_reports_over_a_signed_webhook(simfleet_factory, transaction
     WebhookEndpoint.objects.create(name="trainer-a", source=source, secrets=[SECRET])
     refresh = plan_and_start(source, operator, distributed("v10"))
     client, auth = api_client(operator)
-    thread, done = start_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
     wait_until_ready(client, auth, refresh.pk)
 
     fleet.broadcast("v10")
@@ -224,7 +208,7 @@ def test_a_broadcast_done_for_another_version_or_too_early_is_refused(
     assert early.status_code == 409
     assert "not waiting for a broadcast" in early.json()["error"]["message"]
 
-    thread, done = start_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
     wait_until_ready(client, auth, refresh.pk)
     wrong = client.post(
         f"/api/v1/refreshes/{refresh.pk}/broadcast_done",
@@ -248,7 +232,7 @@ def test_a_trainer_that_never_reports_holds_the_refresh_with_the_group_torn_down
     fleet = big_fleet(simfleet_factory, workers=8)
     source = make_source(fleet)
     refresh = plan_and_start(source, operator, distributed("v12", broadcast_timeout_s=1.5))
-    thread, done = start_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
     thread.join(60)
 
     refresh.refresh_from_db()
@@ -277,7 +261,7 @@ def test_a_mixed_vllm_and_sidecar_fleet_gets_the_right_body_per_family(
     target = distributed("v13", update={**UPDATE, "update_infos": [{"names": ["lm_head.weight"]}]})
     refresh = plan_and_start(source, operator, target)
     client, auth = api_client(operator)
-    thread, done = start_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
     wait_until_ready(client, auth, refresh.pk)
     fleet.broadcast("v13")
     client.post(f"/api/v1/refreshes/{refresh.pk}/broadcast_done", "{}", "application/json", **auth)
@@ -314,7 +298,7 @@ def test_a_retry_after_a_silent_trainer_re_forms_the_group_and_succeeds(
     fleet = big_fleet(simfleet_factory, workers=4)
     source = make_source(fleet)
     refresh = plan_and_start(source, operator, distributed("v14", broadcast_timeout_s=1.0))
-    thread, done = start_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
     thread.join(60)
     assert done == [RefreshState.HELD]
 
@@ -322,7 +306,7 @@ def test_a_retry_after_a_silent_trainer_re_forms_the_group_and_succeeds(
     refresh.refresh_from_db()
     actions.retry_policy_refresh(refresh, actor=actor_for(operator))
     client, auth = api_client(operator)
-    thread, done = start_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
     group = wait_until_ready(client, auth, refresh.pk)
     assert group["broadcast_done_at"] is None  # the new group's handshake starts afresh
     fleet.broadcast("v14")

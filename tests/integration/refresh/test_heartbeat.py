@@ -9,8 +9,6 @@ and pin the renewal interval, so what they count does not depend on the machine'
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import redis
 from django.db import connection
@@ -23,7 +21,14 @@ from controlplane.refresh.executor import execute_refresh, journal
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import PolicyRefresh, RefreshState, WorkerStepResult
 from controlplane.simfleet import Fault
-from tests.integration.refresh.helpers import actor_for, fleet_config, make_source, plan, wait_for
+from tests.integration.refresh.helpers import (
+    actor_for,
+    execute_in_thread,
+    fleet_config,
+    make_source,
+    plan,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -128,20 +133,6 @@ def test_a_stale_abort_signal_costs_one_statement_and_aborts_nothing(
     assert abort_signal.read(refresh.pk) is None
 
 
-def run_in_thread(refresh) -> tuple[threading.Thread, list]:
-    done: list = []
-
-    def run() -> None:
-        try:
-            done.append(execute_refresh(refresh.pk))
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, done
-
-
 def first_update_in_flight(fleet) -> None:
     """Every update is slowed once; with one call at a time, a consumed fault marks the worker
     whose update is in flight. Waits for it, so what follows happens during the step."""
@@ -167,7 +158,7 @@ def abort_mid_update(simfleet_factory, operator, settings) -> tuple[PolicyRefres
     fleet = simfleet_factory(fleet_config(WORKERS))
     slow_updates(fleet, 3.0)
     refresh = started(fleet, operator, "abort")
-    thread, done = run_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
     try:
         first_update_in_flight(fleet)
         actions.abort_policy_refresh(refresh, actor=actor_for(operator))
@@ -233,7 +224,7 @@ def test_a_lease_taken_over_mid_step_is_found_at_the_next_renewal(
     fleet = simfleet_factory(fleet_config(WORKERS))
     slow_updates(fleet, 3.0)
     refresh = started(fleet, operator, "takeover")
-    thread, done = run_in_thread(refresh)
+    thread, done = execute_in_thread(refresh)
     try:
         first_update_in_flight(fleet)
         # Another executor claims it (the fencing token moves on).

@@ -56,6 +56,9 @@ if not os.environ.get("REDIS_URL"):
 # Tests never touch the developer's ./var: a throwaway directory holds the secret key etc.
 os.environ.setdefault("CONTROLPLANE_VAR_DIR", tempfile.mkdtemp(prefix="cp-test-var-"))
 
+# Personas are created with a cheap hasher (settings.py says why); live servers inherit it.
+os.environ.setdefault("CONTROLPLANE_TEST_FAST_HASHER", "1")
+
 # Always a fresh one: a prefix inherited from the environment (say, from a parent test run that
 # started this one) would be shared.
 RUN_KEY_PREFIX = f"cp-test-{uuid.uuid4().hex[:16]}:"

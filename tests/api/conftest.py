@@ -11,12 +11,6 @@ from controlplane.fleet.models import DiscoveryRun, Source, Worker
 U64 = "18446744073709551615"
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """Personas are created per test; the production hasher would dominate the run time."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def fleet(db):
     now = timezone.now()

@@ -123,3 +123,32 @@ def test_create_user_command_rejects_weak_password_and_changes_nothing(monkeypat
         call_command("create_user", "bob", "--role", "viewer", "--password-stdin")
     assert not get_user_model().objects.filter(username="bob").exists()
     assert not AuditEvent.objects.exists()
+
+
+def test_a_process_without_the_test_flag_hashes_with_pbkdf2():
+    """The test runs' cheap hasher is opt-in by environment; the product default stays PBKDF2,
+    and production refuses the flag."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(settings.PASSWORD_HASHERS[0])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CONTROLPLANE_TEST_FAST_HASHER"}
+    env["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "django.contrib.auth.hashers.PBKDF2PasswordHasher"
+    env["CONTROLPLANE_TEST_FAST_HASHER"] = "1"
+    env["CONTROLPLANE_ENV"] = "production"
+    env["SECRET_KEY"] = "a-production-secret-" + "x7Q!" * 12
+    env["ALLOWED_HOSTS"] = "cp.example"
+    env.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+    refused = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False
+    )
+    assert refused.returncode != 0
+    assert "CONTROLPLANE_TEST_FAST_HASHER" in refused.stderr

@@ -144,8 +144,6 @@ def summary(request):
 @pytest.fixture(autouse=True)
 def fast(settings):
     settings.REFRESH_CALL_TIMEOUT_SECONDS = 0.5
-    # Personas are created per case; the production hasher would dominate the run time.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ fail closed, not open to the cloud metadata service.
 
 Known limit: the check resolves the name, then aiohttp resolves it again when connecting, so a
 hostile DNS server could rebind between the two. Sources should use IP literals or names served
-by a trusted resolver; see the note in docs/dynamo-client-api.md.
+by a trusted resolver; see the note in docs/reference/dynamo-client-api.md.
 """
 
 from __future__ import annotations

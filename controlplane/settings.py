@@ -364,11 +364,10 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # Test runs only: a cheap hasher first, so every persona costs microseconds instead of PBKDF2's
 # 1.5 M rounds (~0.6 s each here). Set by controlplane/embedded/pytest_plugin.py, inherited by
-# the live servers and demos a test starts; refused in production. The default hashers stay in
-# the list, so existing hashes verify, and tests about hashing set PASSWORD_HASHERS themselves.
-if env_bool("CONTROLPLANE_TEST_FAST_HASHER", False):
-    if PRODUCTION:
-        raise ImproperlyConfigured("CONTROLPLANE_TEST_FAST_HASHER is for test runs only")
+# the live servers and demos a test starts; ignored in production (a production process a test
+# starts inherits it, and must hash as production does). PBKDF2 stays in the list, so existing
+# hashes verify, and tests about hashing set PASSWORD_HASHERS themselves.
+if env_bool("CONTROLPLANE_TEST_FAST_HASHER", False) and not PRODUCTION:
     PASSWORD_HASHERS = [
         "django.contrib.auth.hashers.MD5PasswordHasher",
         "django.contrib.auth.hashers.PBKDF2PasswordHasher",

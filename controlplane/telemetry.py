@@ -1,4 +1,4 @@
-"""OpenTelemetry traces, joined to Dynamo's: off unless configured (README "Telemetry").
+"""OpenTelemetry traces, joined to Dynamo's: off unless configured (docs/operate/telemetry.md).
 
 On when `OTEL_TRACES_ENABLED` is true, which it is by default as soon as an OTLP endpoint is
 set (`OTEL_EXPORTER_OTLP_ENDPOINT` or `..._TRACES_ENDPOINT`; the exporter reads the standard

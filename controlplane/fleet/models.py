@@ -28,7 +28,8 @@ class AgreementRule(models.TextChoices):
 
 
 class DriftPolicy(models.TextChoices):
-    """What a worker that no longer matches its gate's verified policy does (README: "Drift")."""
+    """What a worker that no longer matches its gate's verified policy does
+    (docs/concepts/drift.md)."""
 
     #: Pause it at once, keep it out of the verified set, catch it up alone and admit it back.
     QUARANTINE = "quarantine", "quarantine and catch up"
@@ -76,7 +77,7 @@ class Source(models.Model):
     #: The refresh strategy a plan gets unless it names its own (`refresh.strategy` JSON form;
     #: empty = all at once).
     default_strategy = models.JSONField(default=dict, blank=True)
-    #: Hours between scheduled rollback drills (refresh.drills; README "Rollback drills");
+    #: Hours between scheduled rollback drills (refresh.drills; docs/operate/drills.md);
     #: 0 = never. A due drill is skipped while a refresh is active on the source.
     drill_every = models.PositiveIntegerField(
         default=0, help_text="hours between scheduled rollback drills; 0 = never"

@@ -29,7 +29,7 @@ _AMOUNT = {
 STRATEGY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "title": "Strategy",
-    "description": "How the refresh walks its scope (README: Refresh strategies). Omitted: the "
+    "description": "How the refresh walks its scope (docs/operate/strategies.md). Omitted: the "
     "source's default strategy (for a webhook: the endpoint's, then the source's).",
     "additionalProperties": False,
     "properties": {

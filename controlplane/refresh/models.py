@@ -110,7 +110,7 @@ class FlushPolicy(models.TextChoices):
 
 
 class GateState(models.TextChoices):
-    """What a gate tells trainers about one namespace (README: "Gates")."""
+    """What a gate tells trainers about one namespace (docs/integrate/gates.md)."""
 
     #: Every serving worker reported and was verified at `verified_version`.
     OPEN = "open", "open"
@@ -454,7 +454,7 @@ class JournalEntry(models.Model):
 
 
 class QuarantineState(models.TextChoices):
-    """Where one drifted worker's catch-up stands (README: "Drift and quarantine")."""
+    """Where one drifted worker's catch-up stands (docs/concepts/drift.md)."""
 
     #: Paused and out of the verified set; its catch-up is queued.
     QUARANTINED = "quarantined"

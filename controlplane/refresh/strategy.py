@@ -1,5 +1,5 @@
-"""How a refresh walks its scope: all at once, in waves, or a canary first (README: "Refresh
-strategies").
+"""How a refresh walks its scope: all at once, in waves, or a canary first
+(docs/operate/strategies.md).
 
 A strategy is data: `parse_strategy(dict)` validates what a person, a source default or an API
 gave and raises `ValidationError` with a message naming the field; `Strategy.to_dict()` is the

@@ -15,7 +15,8 @@ from controlplane.dynamo.families import FAMILIES, AdminFamily, LoraAction, Oper
 RANK_KEYS = ("rank_offset", "world_size", "rank")
 #: Sidecar-only update keys (`update/update_weights` bodies); the other families never see them.
 SIDECAR_UPDATE_KEYS = ("update_infos", "update_info")
-#: The pause method that frees SGLang's KV cache memory instead of only pausing (see README).
+#: The pause method that frees SGLang's KV cache memory instead of only pausing
+#: (docs/concepts/update-methods.md).
 RELEASE_MEMORY = "release_memory"
 AUTO = "auto"
 

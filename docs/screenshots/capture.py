@@ -1,4 +1,4 @@
-"""Take the README's screenshots from a running `manage.py demo` in headless Chromium.
+"""Take the README's and the docs' screenshots from a running `manage.py demo` in headless Chromium.
 
     python manage.py demo --port 8000            # in one terminal; run one policy refresh, e.g.
     python manage.py policy_refresh sim --weight-version step-200 \\

@@ -46,7 +46,8 @@ class WebhookEndpoint(models.Model):
 
 
 class DeliveryState(models.TextChoices):
-    """Where a received webhook is on its way to an outcome (see the README's outcomes table)."""
+    """Where a received webhook is on its way to an outcome (the outcomes table in
+    docs/integrate/trainer.md)."""
 
     QUEUED = "queued"  # stored and audited; the Celery task will plan it
     PROCESSING = "processing"  # a task is planning/starting it now

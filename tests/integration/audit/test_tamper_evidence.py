@@ -69,7 +69,8 @@ def test_figure_tamperings_detected(chain, capsys):
 
 def test_rows_after_the_newest_checkpoint_rest_on_the_key(chain):
     """The window between checkpoints: rewriting the newer rows without the key is caught;
-    deleting only rows no checkpoint names yet is the one change that passes (README)."""
+    deleting only rows no checkpoint names yet is the one change that passes
+    (docs/concepts/security.md)."""
     events = rows()
     events[-1].actor_label = "mallory"
     rehash_from(events, len(events) - 1, sha256_as_legacy)

@@ -23,7 +23,7 @@ from tests.integration.refresh.helpers import (
     sync_workers,
 )
 
-#: Every key `status --json` answers with (README "Operating it").
+#: Every key `status --json` answers with (docs/operate/refresh-cli.md).
 STATUS_KEYS = {
     "ok",
     "refresh",

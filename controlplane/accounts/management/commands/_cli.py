@@ -18,7 +18,7 @@ from controlplane.accounts.roles import Perm
 
 
 class Exit(IntEnum):
-    """The exit codes of every operator command (README "Operating it")."""
+    """The exit codes of every operator command (docs/operate/refresh-cli.md)."""
 
     OK = 0
     #: The refresh ended held, failed, aborted or rejected; the plan has blockers; discovery
@@ -102,8 +102,8 @@ def add_json_argument(parser) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print JSON (stable keys, README); on a refusal {ok: false, error: {code, exit, "
-        "message}}",
+        help="print JSON (stable keys, docs/operate/refresh-cli.md); on a refusal "
+        "{ok: false, error: {code, exit, message}}",
     )
 
 

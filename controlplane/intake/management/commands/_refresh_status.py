@@ -59,7 +59,8 @@ def _latest_results(refresh: PolicyRefresh) -> dict[tuple[int, str], str]:
 
 
 def status_of(refresh_id: int) -> dict[str, Any]:
-    """Everything `status` prints, from the database (the `--json` answer; keys in README)."""
+    """Everything `status` prints, from the database (the `--json` answer; its keys are in
+    docs/operate/refresh-cli.md)."""
     refresh = PolicyRefresh.objects.select_related("source", "approved_by").get(pk=refresh_id)
     workers = dict(PlannedWorker.objects.filter(refresh=refresh).values_list("pk", "namespace"))
     latest = _latest_results(refresh)

@@ -9,7 +9,7 @@ commit. `plan` calls `actions.plan_policy_refresh` like the plan form and the AP
 writes a refresh model itself.
 
 It lives in intake, next to the API, so `--json` prints the API's own keys for a refresh
-(`RefreshOut`); the other keys are listed in README "Operating it".
+(`RefreshOut`); the other keys are listed in docs/operate/refresh-cli.md.
 """
 
 from __future__ import annotations

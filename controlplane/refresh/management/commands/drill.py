@@ -1,5 +1,5 @@
 """`manage.py drill SOURCE [--namespace NS]... [--count N | --instance ID...] --as USER [--json]
-[--wait [--timeout S]]` — start a rollback drill (README "Rollback drills").
+[--wait [--timeout S]]` — start a rollback drill (docs/operate/drills.md).
 
 The drill refreshes a small subset of the source's scope to the policy verified before the
 current one and back, verifying both. It runs on the Celery workers like a drill from the

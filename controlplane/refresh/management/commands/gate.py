@@ -4,7 +4,7 @@
 `list` and `show` print what the gate API serves (`refresh.gates.serialize_gate`; `--json`
 prints exactly its keys). `reopen` force-reopens through the action table's FORCE_REOPEN row,
 as the named user: the same permission check, audit and notification as the Gates page and the
-API. Exit codes as every operator command (README "Operating it"): 0 done, 2 bad input (no
+API. Exit codes as every operator command (docs/operate/refresh-cli.md): 0 done, 2 bad input (no
 reason), 3 not permitted (unknown user, no permission), 4 not found (source or gate), 5 the gate
 is already open or its refresh is running.
 

@@ -3,7 +3,7 @@ drop ID`, the exits acting `--as USER`, each with `--json`.
 
 The exits run through the same action-table rows as the worker page and the API: the named
 user's permissions are checked, and the action is audited as that user. Exit codes as every
-operator command (README "Operating it"): 0 done, 2 bad input, 3 not permitted (no such
+operator command (docs/operate/refresh-cli.md): 0 done, 2 bad input, 3 not permitted (no such
 active user, or no permission), 4 no such quarantine, 5 the quarantine's state does not allow
 it. Nothing changes on a refusal.
 """

@@ -519,7 +519,9 @@ def record_canary_verdict(
     `refresh.canary_review` notification, which names the canary's verified instances): passed,
     the rest of the scope follows; failed, the canary is rolled back and the refresh holds.
     The same verdict again changes nothing; 409 when no canary waits, the other verdict was
-    already given, or `weight_version` is not the refresh's."""
+    already given, or `weight_version` is not the refresh's, and 409
+    `canary_not_trainer_judged` (audited, nothing changes) when the canary's strategy does not
+    say `evaluation: trainer`: a `manual` canary is approved or rejected by a person."""
     given = ActionInput(
         passed=payload.passed,
         metrics=payload.metrics,

@@ -4,7 +4,10 @@ thread."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection
 
 from controlplane.audit.models import AuditEvent
 from controlplane.refresh import actions
@@ -96,3 +99,57 @@ def test_a_scheduled_drill_skips_a_held_scope_and_runs_on_a_later_tick(fleet, so
     drill = DrillRun.objects.get(pk=started)
     assert drill.scheduled and drill.outcome == DrillOutcome.RUNNING
     assert not DrillRun.objects.filter(outcome=DrillOutcome.FAILED).exists()
+
+
+def test_a_drill_start_waits_for_a_refresh_start_on_the_same_source_to_commit(
+    simfleet_factory, transactional_db, operator, monkeypatch
+):
+    """The hold is checked under one per-source lock: a drill starting while a refresh's
+    start has taken the scope but not yet committed waits for it, then sees it and refuses
+    (rather than both starting, each blind to the other's uncommitted row)."""
+    source = verified_twice(simfleet_factory(fleet_config(6)), operator)
+    refresh = plan(source, operator, "v3")
+    inside, release = threading.Event(), threading.Event()
+    audit = actions._audit
+
+    def paused_audit(action, *args, **kwargs):
+        if action == "policy_refresh.requested":
+            inside.set()  # the scope locks are inserted, the transaction is still open
+            release.wait(30)
+        return audit(action, *args, **kwargs)
+
+    monkeypatch.setattr(actions, "_audit", paused_audit)
+    outcome: dict[str, object] = {}
+
+    def run(name, call):
+        try:
+            outcome[name] = call()
+        except Exception as exc:  # the test reads what each start did
+            outcome[name] = exc
+        finally:
+            connection.close()
+
+    start = threading.Thread(
+        target=run,
+        args=(
+            "refresh",
+            lambda: actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False),
+        ),
+    )
+    start.start()
+    assert inside.wait(30)
+    drill = threading.Thread(
+        target=run,
+        args=("drill", lambda: start_drill(source, actor=actor_for(operator), enqueue=False)),
+    )
+    drill.start()
+    drill.join(2)
+    assert drill.is_alive(), f"the drill start did not wait: {outcome.get('drill')!r}"
+    release.set()
+    start.join(30)
+    drill.join(30)
+
+    assert not isinstance(outcome["refresh"], Exception), outcome["refresh"]
+    assert isinstance(outcome["drill"], RefreshConflict), outcome["drill"]
+    assert f"policy refresh #{refresh.pk}" in outcome["drill"].message
+    assert not DrillRun.objects.exists()

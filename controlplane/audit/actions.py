@@ -73,14 +73,19 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_CANARY_REVIEW = "policy_refresh.canary_review"
     POLICY_REFRESH_CANARY_PASSED = "policy_refresh.canary_passed"
     POLICY_REFRESH_CANARY_FAILED = "policy_refresh.canary_failed"
+    # a trainer's verdict on a canary its strategy leaves to a person (or to no one)
+    POLICY_REFRESH_CANARY_VERDICT_REFUSED = "policy_refresh.canary_verdict_refused"
     # rollback drills (refresh/drills): a subset to the previous policy and back
     DRILL_STARTED = "drill.started"
     DRILL_SUCCEEDED = "drill.succeeded"
     DRILL_FAILED = "drill.failed"
     DRILL_RESUMED = "drill.resumed"
+    DRILL_SKIPPED = "drill.skipped"
     # distributed updates: the collective group and the trainer handshake (refresh/group.py)
     POLICY_REFRESH_GROUP_READY = "policy_refresh.group_ready"
     POLICY_REFRESH_BROADCAST_DONE = "policy_refresh.broadcast_done"
+    # a broadcast_done for an earlier handshake attempt, or without the one waiting
+    POLICY_REFRESH_BROADCAST_REFUSED = "policy_refresh.broadcast_refused"
     POLICY_REFRESH_GROUP_DESTROYED = "policy_refresh.group_destroyed"
     # trainer integration
     WEBHOOK_ENDPOINT_CREATED = "webhook_endpoint.created"

@@ -28,6 +28,8 @@ class ActionInput:
     #: The version a trainer says it broadcast (`broadcast_done`) or judged (`canary_verdict`);
     #: checked when given.
     weight_version: str | int | None = None
+    #: The handshake attempt a `broadcast_done` is about (`group.attempt`); checked when given.
+    attempt: int | None = None
     #: A canary verdict (`canary_verdict`): passed or not, and what the evaluation measured.
     passed: bool = False
     metrics: dict[str, Any] | None = None
@@ -128,7 +130,7 @@ BROADCAST_DONE = Action[PolicyRefresh](
     "broadcast_done",
     Perm.OPERATE_REFRESH,
     lambda refresh, actor, given: group.report_broadcast_done(
-        refresh, actor=actor, weight_version=given.weight_version
+        refresh, actor=actor, weight_version=given.weight_version, attempt=given.attempt
     ),
     "Broadcast recorded; the workers apply the new weights.",
 )

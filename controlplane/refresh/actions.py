@@ -24,6 +24,7 @@ from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Wo
 from controlplane.notify.emit import notify
 from controlplane.refresh import abort_signal, gates
 from controlplane.refresh.compat import compat_at_plan, normalize_versions
+from controlplane.refresh.drills.hold import held_by_drill_message, holding_drill, serialize_scope
 from controlplane.refresh.errors import (
     ApprovalNotAllowed,
     InvalidTransition,
@@ -347,6 +348,11 @@ def start_policy_refresh(
             raise PlanBlocked("the plan has blockers: " + "; ".join(refresh.plan_blockers))
         # Lock order: refresh row, then scope locks (sorted namespaces), audit chain head last.
         lockorder.domain_lock("scope locks")
+        # A running drill holds its namespaces between its legs too (only its legs may start).
+        serialize_scope(refresh.source_id)
+        drill = holding_drill(refresh.source_id, refresh.namespaces, refresh_id=refresh.pk)
+        if drill is not None:
+            raise RefreshConflict(held_by_drill_message(drill, refresh.namespaces))
         try:
             with transaction.atomic():
                 ScopeLock.objects.bulk_create(

@@ -6,10 +6,14 @@ was given, cross-worker agreement), a canary whose strategy asks for a verdict w
 `canary_review`: the `refresh.canary_review` notification carries its verified instance set
 (`progress.canary.instances`) and deadline. Then:
 
-- `record_canary_verdict(refresh, passed=..., metrics=..., actor=...)` records the answer.
-  Trainer-facing surfaces (a verdict webhook, the JSON API) call it with the trainer's actor;
-  the refresh page's approve/reject buttons call it through the action table. Idempotent: the
-  same verdict again returns the refresh unchanged; a different one after the first is refused.
+- `record_canary_verdict(refresh, passed=..., metrics=..., actor=...)` records the trainer's
+  answer (the verdict webhook and `POST …/canary_verdict` call it). Only a canary whose
+  strategy says `evaluation: trainer` takes one: a `manual` canary is judged by a person (the
+  refresh page's approve/reject buttons and the CLI, `approve_canary`/`reject_canary`), and a
+  `none` canary is judged by the checks alone and never waits for a verdict; a trainer's
+  verdict on either is refused (`TrainerVerdictRefused`, audited) and changes nothing.
+  Idempotent: the same verdict again returns the refresh unchanged; a different one after the
+  first is refused.
 - Passed: the refresh goes on with wave 2 (or waits at a pause point after the canary).
 - Failed, or no verdict before the deadline (`expire_canary_reviews`, a beat task): the canary
   workers are rolled back to the gate's old policy (`executor/canary.py`), then it holds.
@@ -43,7 +47,7 @@ from controlplane.refresh.executor.waves import (
 )
 from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import PolicyRefresh, RefreshState
-from controlplane.refresh.strategy import EVAL_MANUAL, stored
+from controlplane.refresh.strategy import EVAL_MANUAL, EVAL_NONE, EVAL_TRAINER, stored
 
 #: The most metrics a verdict may carry (their JSON text), so a verdict stays a small record.
 MAX_METRICS_BYTES = 16_384
@@ -77,6 +81,21 @@ def same_version(given: Any, planned: Any) -> bool:
     return given == planned or str(given) == str(planned)
 
 
+class TrainerVerdictRefused(InvalidTransition):
+    """A trainer's verdict on a canary whose strategy does not ask the trainer (409)."""
+
+    code = "canary_not_trainer_judged"
+
+
+#: Why a canary with each non-trainer evaluation takes no trainer verdict.
+_NOT_THE_TRAINERS = {
+    EVAL_MANUAL: "is judged by a person (evaluation manual): approve or reject it on the "
+    "refresh page or with `manage.py refresh approve-canary|reject-canary`",
+    EVAL_NONE: "is judged by the generation and fingerprint checks alone (evaluation none) "
+    "and never waits for a verdict",
+}
+
+
 def record_canary_verdict(
     refresh: PolicyRefresh,
     *,
@@ -87,7 +106,9 @@ def record_canary_verdict(
     enqueue: bool = True,
     weight_version: Any = None,
 ) -> PolicyRefresh:
-    """Record the verdict on a canary waiting in `canary_review`; go on or roll it back.
+    """Record the trainer's verdict on a canary waiting in `canary_review`; go on or roll it
+    back. Refused (`TrainerVerdictRefused`, audited, nothing changes) unless the canary's
+    strategy says `evaluation: trainer`.
 
     `metrics` is what the evaluator measured (kept on the refresh and in the audit event).
     `weight_version`, when given (the trainer's surfaces always give it), must be the version
@@ -96,31 +117,83 @@ def record_canary_verdict(
     source, or a person with `operate_refresh`); a user actor is checked here too. `enqueue`
     False leaves execution to the caller (tests, the management command).
     """
+    return _record(
+        refresh,
+        passed=passed,
+        metrics=metrics,
+        actor=actor,
+        reason=reason,
+        enqueue=enqueue,
+        weight_version=weight_version,
+        by_trainer=True,
+    )
+
+
+def _record(
+    refresh: PolicyRefresh,
+    *,
+    passed: bool,
+    metrics: dict[str, Any] | None,
+    actor: Actor,
+    reason: str,
+    enqueue: bool,
+    weight_version: Any,
+    by_trainer: bool,
+) -> PolicyRefresh:
+    """A verdict from the trainer (`by_trainer`) or from a person (approve/reject)."""
     if actor.user is not None and not actor.user.has_perm(Perm.OPERATE_REFRESH.value):
         raise PermissionDenied(f"{actor.label} may not judge a canary")
     metrics = _check_metrics(metrics)
     reason = (reason or "").strip()
     with transaction.atomic():
         refresh = _locked(refresh)
-        canary = dict((refresh.progress or {}).get("canary") or {})
-        verdict = CANARY_PASSED if passed else CANARY_FAILED
-        if weight_version is not None and not same_version(weight_version, refresh.weight_version):
-            raise InvalidTransition(
-                f"policy refresh #{refresh.pk} is to {refresh.weight_version!r}, "
-                f"not {weight_version!r}: the verdict is about another checkpoint"
-            )
-        if canary.get("verdict") == verdict:
-            return refresh  # the same answer again (a retried webhook): nothing to do
-        if refresh.state != RefreshState.CANARY_REVIEW or canary.get("state") != CANARY_AWAITING:
-            raise InvalidTransition(
-                f"policy refresh #{refresh.pk} is {refresh.state}; a canary verdict is taken "
-                "only while its canary waits for one"
-            )
-        _decide(refresh, passed=passed, metrics=metrics, actor=actor, reason=reason)
-        if enqueue:
-            _enqueue(refresh.pk)
+        refused = _why_not_the_trainers(refresh) if by_trainer else ""
+        if not refused:
+            if not _needs_deciding(refresh, passed=passed, weight_version=weight_version):
+                return refresh  # the same answer again (a retried webhook): nothing to do
+            _decide(refresh, passed=passed, metrics=metrics, actor=actor, reason=reason)
+            if enqueue:
+                _enqueue(refresh.pk)
+    # Audited after the refusal's own transaction ended, so raising does not roll it back.
+    if refused:
+        _audit(
+            AuditAction.POLICY_REFRESH_CANARY_VERDICT_REFUSED,
+            refresh,
+            actor,
+            passed=passed,
+            weight_version=weight_version,
+            reason=refused,
+        )
+        raise TrainerVerdictRefused(refused)
     transaction.on_commit(lambda: publish_state(refresh))
     return refresh
+
+
+def _needs_deciding(refresh: PolicyRefresh, *, passed: bool, weight_version: Any) -> bool:
+    """False for the same verdict again; raises when no canary waits or for another version."""
+    canary = dict((refresh.progress or {}).get("canary") or {})
+    if weight_version is not None and not same_version(weight_version, refresh.weight_version):
+        raise InvalidTransition(
+            f"policy refresh #{refresh.pk} is to {refresh.weight_version!r}, "
+            f"not {weight_version!r}: the verdict is about another checkpoint"
+        )
+    if canary.get("verdict") == (CANARY_PASSED if passed else CANARY_FAILED):
+        return False
+    if refresh.state != RefreshState.CANARY_REVIEW or canary.get("state") != CANARY_AWAITING:
+        raise InvalidTransition(
+            f"policy refresh #{refresh.pk} is {refresh.state}; a canary verdict is taken "
+            "only while its canary waits for one"
+        )
+    return True
+
+
+def _why_not_the_trainers(refresh: PolicyRefresh) -> str:
+    """Empty when the refresh's canary takes a trainer's verdict, else why it does not."""
+    strategy = stored(refresh)
+    if strategy.canary is None or strategy.canary.evaluation == EVAL_TRAINER:
+        return ""  # no canary at all: the state check says nothing waits for a verdict
+    why = _NOT_THE_TRAINERS.get(strategy.canary.evaluation, "is not judged by the trainer")
+    return f"policy refresh #{refresh.pk}'s canary {why}; a trainer's verdict is refused"
 
 
 def _decide(
@@ -159,14 +232,27 @@ def _decide(
 def approve_canary(refresh: PolicyRefresh, *, actor: Actor, reason: str = "") -> PolicyRefresh:
     """A person passes a canary whose strategy asked for manual approval."""
     _require_manual(refresh)
-    return record_canary_verdict(refresh, passed=True, actor=actor, reason=reason)
+    return _by_person(refresh, passed=True, actor=actor, reason=reason)
 
 
 def reject_canary(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> PolicyRefresh:
     """A person fails the canary: its workers are rolled back, then the refresh holds."""
     if not reason or not reason.strip():
         raise ValidationError("rejecting a canary needs a reason")
-    return record_canary_verdict(refresh, passed=False, actor=actor, reason=reason)
+    return _by_person(refresh, passed=False, actor=actor, reason=reason)
+
+
+def _by_person(refresh: PolicyRefresh, *, passed: bool, actor: Actor, reason: str):
+    return _record(
+        refresh,
+        passed=passed,
+        metrics=None,
+        actor=actor,
+        reason=reason,
+        enqueue=True,
+        weight_version=None,
+        by_trainer=False,
+    )
 
 
 def _require_manual(refresh: PolicyRefresh) -> None:

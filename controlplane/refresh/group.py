@@ -10,6 +10,13 @@ the group is destroyed. Any timeout tears the group down and holds the refresh.
 
 `PolicyRefresh.group` holds the rank map (from the plan) and the handshake's state:
 `joining → ready → broadcast_done → applying → destroyed`, or `torn_down` with a reason.
+
+Each formation of the group is one handshake **attempt** (`group.attempt`: 1, then one more
+each time a retry or a resumed step forms the group again). `refresh.group_ready` carries it
+and `broadcast_done` names it: a report for an earlier attempt (a delayed or replayed one,
+after a hold and a retry) is refused and audited, so the workers never apply weights that
+were broadcast to a group that no longer exists. A report that names no attempt is taken
+only on the first attempt, where it cannot mean an earlier one.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ def public_view(refresh: PolicyRefresh) -> dict[str, Any]:
         "refresh_id": refresh.pk,
         "refresh_state": refresh.state,
         "state": group.get("state", ""),
+        "attempt": group.get("attempt"),
         "world_size": group.get("world_size"),
         "trainer_ranks": group.get("trainer_ranks"),
         "ranks": group.get("ranks", {}),
@@ -92,6 +100,27 @@ def move(lease, refresh_id: int, state: str, **fields: Any) -> PolicyRefresh:
     return refresh
 
 
+def begin_attempt(lease, refresh_id: int) -> PolicyRefresh:
+    """A new formation of the group (`joining`): the next handshake attempt, and none of the
+    previous attempt's handshake times."""
+    with transaction.atomic():
+        refresh = _locked(refresh_id)
+        group = dict(refresh.group or {})
+        refresh.group = {
+            **group,
+            "state": JOINING,
+            "attempt": int(group.get("attempt") or 0) + 1,
+            "reason": "",
+            "ready_at": None,
+            "broadcast_done_at": None,
+            "broadcast_done_by": None,
+            "destroyed_at": None,
+        }
+        lease.guard(group=refresh.group)
+        transaction.on_commit(lambda: _publish(refresh))
+    return refresh
+
+
 def announce_ready(lease, refresh_id: int, joined: int) -> PolicyRefresh:
     """Every rank joined: record it, audit it, notify the trainer (all in one transaction)."""
     with transaction.atomic():
@@ -102,7 +131,11 @@ def announce_ready(lease, refresh_id: int, joined: int) -> PolicyRefresh:
             AuditAction.POLICY_REFRESH_GROUP_READY,
             actor=Actor.system("policy-refresh executor"),
             target=refresh,
-            details={"workers": joined, "world_size": refresh.group.get("world_size")},
+            details={
+                "workers": joined,
+                "world_size": refresh.group.get("world_size"),
+                "attempt": refresh.group.get("attempt"),
+            },
             correlation_id=refresh.correlation_id,
         )
         notify("refresh.group_ready", refresh=refresh, reason=f"{joined} workers joined")
@@ -110,11 +143,18 @@ def announce_ready(lease, refresh_id: int, joined: int) -> PolicyRefresh:
     return refresh
 
 
+class StaleBroadcast(InvalidTransition):
+    """A `broadcast_done` for another handshake attempt than the one waiting (409)."""
+
+    code = "broadcast_attempt_mismatch"
+
+
 def report_broadcast_done(
-    refresh: PolicyRefresh, *, actor: Actor, weight_version: Any = None
+    refresh: PolicyRefresh, *, actor: Actor, weight_version: Any = None, attempt: Any = None
 ) -> PolicyRefresh:
-    """The trainer broadcast the new weights to the group. Idempotent: a repeat answers the
-    refresh as it is. Refused (409) unless the group is ready, and for another version."""
+    """The trainer broadcast the new weights to the group of handshake `attempt`. Idempotent:
+    a repeat answers the refresh as it is. Refused (409) unless the group is ready, for another
+    version, and (audited) for another attempt, or without one once the group was re-formed."""
     with transaction.atomic():
         locked = _locked(refresh.pk)
         group = dict(locked.group or {})
@@ -124,31 +164,69 @@ def report_broadcast_done(
                 f"policy refresh #{locked.pk} is to {locked.weight_version!r}, "
                 f"not {weight_version!r}"
             )
-        if state in (BROADCAST_DONE, APPLYING, DESTROYED) and locked.state not in (
-            RefreshState.HELD,
-        ):
-            return locked
-        if locked.state != RefreshState.UPDATING or state != READY:
-            raise InvalidTransition(
-                f"policy refresh #{locked.pk} is not waiting for a broadcast "
-                f"(state {locked.state}, group {state or 'none'})"
+        stale = _stale_attempt(locked, group, attempt)
+        if not stale:
+            if state in (BROADCAST_DONE, APPLYING, DESTROYED) and locked.state not in (
+                RefreshState.HELD,
+            ):
+                return locked
+            if locked.state != RefreshState.UPDATING or state != READY:
+                raise InvalidTransition(
+                    f"policy refresh #{locked.pk} is not waiting for a broadcast "
+                    f"(state {locked.state}, group {state or 'none'})"
+                )
+            locked.group = {
+                **group,
+                "state": BROADCAST_DONE,
+                "broadcast_done_at": now_iso(),
+                "broadcast_done_by": actor.label[:200],
+            }
+            locked.save(update_fields=["group"])
+            record(
+                AuditAction.POLICY_REFRESH_BROADCAST_DONE,
+                actor=actor,
+                target=locked,
+                details={
+                    "refresh_id": locked.pk,
+                    "weight_version": locked.weight_version,
+                    "attempt": group.get("attempt"),
+                },
+                correlation_id=locked.correlation_id,
             )
-        locked.group = {
-            **group,
-            "state": BROADCAST_DONE,
-            "broadcast_done_at": now_iso(),
-            "broadcast_done_by": actor.label[:200],
-        }
-        locked.save(update_fields=["group"])
-        record(
-            AuditAction.POLICY_REFRESH_BROADCAST_DONE,
-            actor=actor,
-            target=locked,
-            details={"refresh_id": locked.pk, "weight_version": locked.weight_version},
-            correlation_id=locked.correlation_id,
+            transaction.on_commit(lambda: _publish(locked))
+            return locked
+    # Audited outside the refusal's transaction, which raising rolls back.
+    record(
+        AuditAction.POLICY_REFRESH_BROADCAST_REFUSED,
+        actor=actor,
+        target=locked,
+        details={
+            "refresh_id": locked.pk,
+            "attempt": attempt,
+            "current_attempt": group.get("attempt"),
+            "reason": stale,
+        },
+        correlation_id=locked.correlation_id,
+    )
+    raise StaleBroadcast(stale)
+
+
+def _stale_attempt(refresh: PolicyRefresh, group: dict[str, Any], attempt: Any) -> str:
+    """Why a report naming `attempt` is not about the group waiting now (empty: it is)."""
+    current = int(group.get("attempt") or 1)  # a group formed before attempts were counted
+    if attempt is None:
+        if current == 1:
+            return ""  # nothing earlier it could be about
+        return (
+            f"policy refresh #{refresh.pk}'s group was formed again (attempt {current}): "
+            f"name the attempt from refresh.group_ready or GET …/group"
         )
-        transaction.on_commit(lambda: _publish(locked))
-    return locked
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt != current:
+        return (
+            f"policy refresh #{refresh.pk} waits for the broadcast of attempt {current}, "
+            f"not {attempt!r}: that group no longer exists"
+        )
+    return ""
 
 
 def wait_for_broadcast(lease, refresh_id: int, timeout: float, poll: float = 0.1) -> str:

@@ -11,15 +11,15 @@ from tests.api.conftest import bearer
 pytestmark = pytest.mark.django_db
 
 
-def awaiting(source) -> PolicyRefresh:
+def awaiting(source, evaluation="trainer") -> PolicyRefresh:
     return PolicyRefresh.objects.create(
         source=source,
         namespaces=["rl-a"],
         target={"weight_version": "v7", "method": "disk", "model_path": "/m"},
         state=RefreshState.CANARY_REVIEW,
-        strategy={"kind": "canary", "canary": {"size": 1, "evaluation": "trainer"}},
+        strategy={"kind": "canary", "canary": {"size": 1, "evaluation": evaluation}},
         waves=2,
-        progress={"canary": {"state": "awaiting", "evaluation": "trainer", "instances": {}}},
+        progress={"canary": {"state": "awaiting", "evaluation": evaluation, "instances": {}}},
     )
 
 
@@ -61,6 +61,37 @@ def test_a_verdict_on_another_version_is_a_conflict(client, fleet, operator, tok
     assert answer.json()["error"]["code"] == "invalid_transition"
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.CANARY_REVIEW
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "why"), [("manual", "judged by a person"), ("none", "checks alone")]
+)
+def test_only_a_trainer_judged_canary_takes_a_trainers_verdict(
+    client, fleet, operator, token_factory, evaluation, why
+):
+    token = token_factory(operator, label="trainer", sources=[fleet["a"]])
+    refresh = awaiting(fleet["a"], evaluation)
+    for passed in (True, False):
+        answer = post_verdict(client, refresh, token, passed=passed)
+        assert answer.status_code == 409, answer.content
+        error = answer.json()["error"]
+        assert error["code"] == "canary_not_trainer_judged"
+        assert why in error["message"] and f"#{refresh.pk}" in error["message"]
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.CANARY_REVIEW
+    assert refresh.progress["canary"] == {
+        "state": "awaiting",
+        "evaluation": evaluation,
+        "instances": {},
+    }
+    refused = AuditEvent.objects.filter(action="policy_refresh.canary_verdict_refused")
+    assert refused.count() == 2
+    assert all(e.details["refresh_id"] == refresh.pk for e in refused)
+    assert (
+        not AuditEvent.objects.filter(action__startswith="policy_refresh.canary_")
+        .exclude(action="policy_refresh.canary_verdict_refused")
+        .exists()
+    )
 
 
 def test_a_viewer_token_may_not_judge_a_canary(client, fleet, viewer, token_factory):

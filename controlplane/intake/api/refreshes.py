@@ -101,12 +101,21 @@ class BroadcastDoneIn(Schema):
     weight_version: str | int | None = Field(
         None, description="the version the trainer broadcast; refused if not the refresh's"
     )
+    attempt: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="the handshake attempt broadcast to (`group.attempt` from "
+        "`refresh.group_ready` or GET …/group); 409 for an earlier attempt. Needed once the "
+        "group was formed again (attempt 2 on)",
+    )
 
 
 class GroupOut(Schema):
     refresh_id: int
     refresh_state: str
     state: str
+    attempt: int | None = Field(None, description="which formation of the group this is")
     world_size: int | None = None
     trainer_ranks: int | None = None
     ranks: dict[str, list[int]]
@@ -492,8 +501,13 @@ def report_broadcast_done(
     payload: BroadcastDoneIn | None = None,
 ):
     """The trainer broadcast the new weights to the group (after `refresh.group_ready`): the
-    workers now apply them. 409 unless the refresh is waiting for exactly this."""
-    given = ActionInput(weight_version=payload.weight_version if payload else None)
+    workers now apply them. 409 unless the refresh is waiting for exactly this: the group is
+    ready, the version is the refresh's, and `attempt` is the group's (a report for an earlier
+    formation of the group is refused and audited)."""
+    given = ActionInput(
+        weight_version=payload.weight_version if payload else None,
+        attempt=payload.attempt if payload else None,
+    )
     return _action(request, response, refresh_id, action_table.BROADCAST_DONE, given)
 
 
@@ -505,7 +519,9 @@ def record_canary_verdict(
     `refresh.canary_review` notification, which names the canary's verified instances): passed,
     the rest of the scope follows; failed, the canary is rolled back and the refresh holds.
     The same verdict again changes nothing; 409 when no canary waits, the other verdict was
-    already given, or `weight_version` is not the refresh's."""
+    already given, or `weight_version` is not the refresh's, and 409
+    `canary_not_trainer_judged` (audited, nothing changes) when the canary's strategy does not
+    say `evaluation: trainer`: a `manual` canary is approved or rejected by a person."""
     given = ActionInput(
         passed=payload.passed,
         metrics=payload.metrics,

@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 
+from controlplane import lockorder
 from controlplane.accounts.roles import Perm
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source
 from controlplane.refresh.drills.history import pick_subset, previous_policy
+from controlplane.refresh.drills.hold import serialize_scope
 from controlplane.refresh.errors import InvalidTransition, RefreshConflict
 from controlplane.refresh.models import DrillRun, Gate, GateState, ScopeLock
 
@@ -111,19 +113,22 @@ def start_drill(
     enqueue: bool = True,
 ) -> DrillRun:
     """Begin a rollback drill of `source` (default: every verified namespace, one worker
-    each). Refuses — changing nothing — when a refresh or another drill is active on the
-    source (RefreshConflict), a gate is not open and verified or has no earlier verified policy
-    (InvalidTransition), or the subset is bad (ValidationError)."""
+    each). Refuses — changing nothing — when a refresh (running, waiting or held) or another
+    drill is active on the source (RefreshConflict, checked first), a gate is not open and
+    verified or has no earlier verified policy (InvalidTransition), or the subset is bad
+    (ValidationError)."""
     _require(actor)
     if count is not None and instances:
         raise ValidationError("give a count or named instances, not both")
     gates = _gates(source, namespaces)
     if not gates:
         raise InvalidTransition(f"{source.name} has no verified namespace to drill")
+    names = [g.namespace for g in gates]
+    # Before the gates: a held refresh closes its gates, and a scope a refresh holds is a
+    # reason to wait (the schedule skips it), not a reason the drill cannot run at all.
+    _conflicts(source, names)
     for gate in gates:
         _check_gate(gate)
-    names = [g.namespace for g in gates]
-    _conflicts(source, names)
     current = {g.namespace: g.verified_policy for g in gates}
     if len({repr(sorted(p.items())) for p in current.values() if p}) > 1:
         raise InvalidTransition(
@@ -147,6 +152,11 @@ def start_drill(
 
     try:
         with transaction.atomic():
+            # Exclusive with a refresh start of this source: whichever commits first, the
+            # other sees it (`drills/hold.py`); so the check is repeated under the lock.
+            lockorder.domain_lock("scope locks")
+            serialize_scope(source.pk)
+            _conflicts(source, names)
             drill = DrillRun.objects.create(
                 source=source,
                 namespaces=names,

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
+from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source, Worker, WorkerState
 from controlplane.refresh import actions
@@ -387,10 +388,11 @@ def due_sources(now=None) -> list[Source]:
 
 
 def start_due_drills() -> list[int]:
-    """Start every due scheduled drill. A source with an active refresh (or drill) is skipped
-    and tried again next tick; any other refusal is recorded as a failed drill, so the
-    overview says why the schedule is not proving anything (and the next try waits a full
-    interval)."""
+    """Start every due scheduled drill. A source whose scope a refresh holds (running, waiting
+    or held) or another drill runs on is skipped — nothing is recorded against the schedule,
+    so it stays due and a later tick starts it once the scope is free; any other refusal is
+    recorded as a failed drill, so the overview says why the schedule is not proving anything
+    (and the next try waits a full interval)."""
     from controlplane.refresh.drills.actions import start_drill
 
     started: list[int] = []
@@ -398,7 +400,7 @@ def start_due_drills() -> list[int]:
         try:
             drill = start_drill(source, actor=SCHEDULE, scheduled=True)
         except RefreshConflict as exc:
-            logger.info("drill schedule: %s skipped: %s", source.name, exc.message)
+            record_skipped(source, exc.message)
             continue
         except (RefreshError, ValidationError) as exc:
             message = exc.message if isinstance(exc, RefreshError) else "; ".join(exc.messages)
@@ -406,6 +408,29 @@ def start_due_drills() -> list[int]:
             continue
         started.append(drill.pk)
     return started
+
+
+def record_skipped(source: Source, message: str) -> None:
+    """A due drill the schedule skipped this tick: logged every tick, audited once for each
+    reason in a row (a scope held for a day must not write an audit row every tick)."""
+    logger.info("drill schedule: %s skipped: %s", source.name, message)
+    skips = AuditEvent.objects.filter(
+        action=AuditAction.DRILL_SKIPPED,
+        target_type=source._meta.label_lower,
+        target_id=str(source.pk),
+    )
+    last_drill = source.drills.order_by("-started_at").values_list("started_at", flat=True).first()
+    if last_drill is not None:
+        skips = skips.filter(occurred_at__gt=last_drill)
+    last = skips.order_by("-sequence").values_list("details", flat=True).first()
+    if last is not None and last.get("reason") == message:
+        return
+    record(
+        AuditAction.DRILL_SKIPPED,
+        actor=SCHEDULE,
+        target=source,
+        details={"source": source.name, "reason": message, "scheduled": True},
+    )
 
 
 def record_refused(source: Source, message: str) -> DrillRun:

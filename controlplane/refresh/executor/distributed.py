@@ -69,17 +69,8 @@ def run_distributed_update(step: WorkerStep, ctx: StepContext, workers: list[Pla
     broadcast_timeout = float(target.get("broadcast_timeout_s", 600.0))
 
     # 1. Join: all ranks at once, each answer awaited just past the workers' watchdog.
-    # A retry forms a new group: the previous attempt's handshake times no longer apply.
-    handshake.move(
-        ctx.lease,
-        refresh.pk,
-        handshake.JOINING,
-        reason="",
-        ready_at=None,
-        broadcast_done_at=None,
-        broadcast_done_by=None,
-        destroyed_at=None,
-    )
+    # Each formation is a new handshake attempt: a broadcast_done for an earlier one is refused.
+    handshake.begin_attempt(ctx.lease, refresh.pk)
     joins = [step.job(ctx, w, GROUP_INIT) for w in workers]
     cfg = replace(
         ctx.cfg, concurrency=max(1, len(joins)), timeout=init_timeout + WATCHDOG_MARGIN_SECONDS

@@ -309,8 +309,14 @@ def test_a_retry_after_a_silent_trainer_re_forms_the_group_and_succeeds(
     thread, done = execute_in_thread(refresh)
     group = wait_until_ready(client, auth, refresh.pk)
     assert group["broadcast_done_at"] is None  # the new group's handshake starts afresh
+    assert group["attempt"] == 2  # a re-formed group: the report must name its attempt
     fleet.broadcast("v14")
-    client.post(f"/api/v1/refreshes/{refresh.pk}/broadcast_done", "{}", "application/json", **auth)
+    client.post(
+        f"/api/v1/refreshes/{refresh.pk}/broadcast_done",
+        json.dumps({"attempt": group["attempt"]}),
+        "application/json",
+        **auth,
+    )
     thread.join(60)
     refresh.refresh_from_db()
     assert done == [RefreshState.SUCCEEDED], refresh.held_reason

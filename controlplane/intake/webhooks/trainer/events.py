@@ -26,6 +26,14 @@ class BroadcastDone(BaseModel):
     weight_version: str | int | None = Field(
         None, description="the version broadcast; refused when it is not the refresh's"
     )
+    attempt: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="the handshake attempt broadcast to (`group.attempt` in "
+        "`refresh.group_ready`); a report for an earlier attempt is refused (409). Needed "
+        "once the group was formed again (attempt 2 on)",
+    )
 
 
 class CanaryVerdict(BaseModel):

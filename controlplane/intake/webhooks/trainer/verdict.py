@@ -5,7 +5,9 @@ The signed-webhook form of `POST /api/v1/refreshes/<id>/canary_verdict`, answeri
 the new policy outside the gate — and idempotent: a repeat of the same webhook id is answered
 from the stored delivery, and the same verdict again changes nothing. Refused (409) when no
 canary waits or the version is not the refresh's; a trainer may only judge refreshes of its
-endpoint's source and namespaces.
+endpoint's source and namespaces. Only a canary with `evaluation: trainer` takes the trainer's
+verdict: on a `manual` one (a person approves it) the delivery is stored with its refusal as
+the detail, answered 409 `canary_not_trainer_judged`, audited, and nothing moves.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ def canary_verdict(
             weight_version=event.weight_version,
             actor=Actor.for_webhook(endpoint.name),
         )
+    except canary.TrainerVerdictRefused as exc:
+        # Not a sender's mistake to reject unrecorded but a verdict this canary never takes
+        # (a person judges it): stored as done with the refusal, so a repeat of the webhook id
+        # is answered from the delivery and the trainer can read why. Nothing moved.
+        return _error(409, exc.code, exc.message), f"refused: {exc.message}", refresh.pk
     except RefreshError as exc:
         return _error(409, exc.code, exc.message), None, None
     except ValidationError as exc:

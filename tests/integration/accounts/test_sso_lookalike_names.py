@@ -1,4 +1,4 @@
-# ruff: noqa: RUF001 (look-alike letters are what these tests are about)
+# ruff: noqa: RUF001, RUF002, RUF003 (look-alike letters are what these tests are about)
 """No account can be added whose name reads like an existing one's.
 
 `RT_ADMIN` and `rt_admіn` (a Cyrillic і) from the provider, next to a local `rt_admin`, are

@@ -55,7 +55,14 @@ class Provider:
 
 
 @pytest.fixture(scope="module")
-def provider(tmp_path_factory) -> Iterator[Provider]:
+def provider_env() -> dict[str, str]:
+    """Extra settings for the test provider (tests/sso_idp/settings.py); a module overrides
+    this fixture to run a provider configured otherwise."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def provider(tmp_path_factory, provider_env) -> Iterator[Provider]:
     workdir = tmp_path_factory.mktemp("idp")
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = key.private_bytes(
@@ -75,6 +82,7 @@ def provider(tmp_path_factory) -> Iterator[Provider]:
         IDP_RSA_PRIVATE_KEY=pem,
         IDP_ISSUER=f"{url}/o",
         PYTHONPATH=str(ROOT),
+        **provider_env,
     )
     idp = Provider(url, env)
     idp.manage("migrate", "--noinput", "-v", "0")
@@ -171,12 +179,33 @@ def callback_url_with_code(app: str, username: str) -> tuple[httpx.Client, str]:
     """A browser stopped just before the callback: the provider's redirect back, with a fresh
     authorization code and the state this browser's session expects, not yet followed."""
     browser, at_provider = at_provider_login(app)
-    url = str(at_provider.url)
     response = submit_provider_login(browser, at_provider, username, follow_redirects=False)
+    return browser, _redirect_to_callback(browser, response, app)
+
+
+def code_from_provider(idp: Provider, app: str, username: str) -> str:
+    """An authorization code got straight from the provider's authorize endpoint, as anyone
+    who can sign in there can: no state of ours, no nonce, no PKCE challenge."""
+    params = {
+        "response_type": "code",
+        "client_id": CLIENT_ID,
+        "redirect_uri": f"{app}/accounts/sso/callback/",
+        "scope": "openid profile email",
+        "state": "made-up",
+    }
+    browser = httpx.Client(follow_redirects=True, timeout=30)
+    at_provider = browser.get(f"{idp.url}/o/authorize/", params=params)
+    assert "/accounts/login/" in at_provider.url.path, at_provider.url
+    response = submit_provider_login(browser, at_provider, username, follow_redirects=False)
+    callback = _redirect_to_callback(browser, response, app)
+    return httpx.URL(callback).params["code"]
+
+
+def _redirect_to_callback(browser: httpx.Client, response: httpx.Response, app: str) -> str:
     while response.is_redirect:  # through the provider's own hops, up to the control plane's
         url = str(response.url.join(response.headers["location"]))
         if url.startswith(f"{app}/accounts/sso/callback/"):
-            return browser, url
+            return url
         response = browser.get(url, follow_redirects=False)
     raise AssertionError(f"the provider did not send the browser back: {response.status_code}")
 

@@ -115,11 +115,17 @@ class SsoBackend(OIDCAuthenticationBackend):
             algorithms=[alg],
             leeway=settings.OIDC_CLOCK_SKEW_SECONDS,
             # The audience is checked in verify_token, with azp.
-            options={"verify_aud": False, "require": ["exp", "iat", "sub"]},
+            options={"verify_aud": False, "require": self._required_claims},
         )
+
+    #: An ID token must carry these (OpenID Connect Core 2); a signed userinfo answer only sub.
+    _required_claims = ["sub"]
 
     def verify_token(self, token, **kwargs):
         request = getattr(self, "request", None)
+        # mozilla-django-oidc verifies the ID token with its nonce, a signed userinfo answer
+        # without one. Backends are made afresh for each authenticate(), so this is per sign-in.
+        self._required_claims = ["exp", "iat", "sub"] if "nonce" in kwargs else ["sub"]
         try:
             payload = super().verify_token(token, **kwargs)
         except (jwt.InvalidTokenError, jwt.PyJWKError) as exc:

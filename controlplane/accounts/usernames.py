@@ -16,6 +16,7 @@ from __future__ import annotations
 import unicodedata
 
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 _LOOK_ALIKES = {
     # Cyrillic capitals and small letters drawn like Latin ones.
@@ -47,7 +48,12 @@ def confusable_account(name: str):
     """The existing user whose name looks like `name` (the same name included), or None.
 
     Reads every name: a control plane has tens of accounts, and a skeleton is derived, not kept.
+    Call it in the transaction that creates the account: it holds a lock until that commits, so
+    two look-alikes created at once cannot both find the other absent.
     """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext('accounts.new_username'))")
     wanted = skeleton(name)
     for user in get_user_model().objects.only("pk", "username").iterator():
         if skeleton(user.get_username()) == wanted:

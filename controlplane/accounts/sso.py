@@ -92,9 +92,7 @@ def _token_refusal(exc: Exception) -> str:
 class SsoBackend(OIDCAuthenticationBackend):
     """Authenticates the OIDC callback only; local passwords stay with ModelBackend."""
 
-    def authenticate(  # type: ignore[override]
-        self, request, *, nonce: str | None = None, code_verifier: str | None = None
-    ):
+    def authenticate(self, request, *, nonce: str | None = None, code_verifier: str | None = None):
         # No **kwargs: Django's authenticate() skips a backend whose signature does not take
         # the credentials it is given, so a username and password never get here. And only the
         # callback view, having matched the state, passes the nonce and PKCE verifier it kept.

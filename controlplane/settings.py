@@ -387,6 +387,10 @@ OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "") or ""
 SSO_ENABLED = bool(OIDC_RP_CLIENT_ID)
 LOCAL_LOGIN_ENABLED = env_bool("LOCAL_LOGIN_ENABLED", True)
 AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+# A single sign-on session, and any API token of a single sign-on user, lasts this long: then
+# the person signs in again and their groups are read afresh. How long a role outlives its
+# removal at the provider (controlplane/accounts/tokens.py).
+SSO_SESSION_SECONDS = env_int("OIDC_SESSION_SECONDS", 8 * 3600, minimum=60)
 if SSO_ENABLED:
     from controlplane.accounts.rolemap import parse_role_map
 
@@ -409,9 +413,8 @@ if SSO_ENABLED:
     SSO_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
     SSO_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
     SSO_ROLE_MAP = parse_role_map(env_list("OIDC_ROLE_MAP"), "OIDC_ROLE_MAP")
-    # A single sign-on session lasts this long, then the person signs in again and their
-    # groups are read afresh: how long a role outlives its removal at the provider.
-    SSO_SESSION_SECONDS = env_int("OIDC_SESSION_SECONDS", 8 * 3600, minimum=60)
+    # How far the provider's clock may be off ours when its ID token's exp and iat are checked.
+    OIDC_CLOCK_SKEW_SECONDS = env_int("OIDC_CLOCK_SKEW_SECONDS", 10, minimum=0)
     AUTHENTICATION_BACKENDS.append("controlplane.accounts.sso.SsoBackend")
 elif not LOCAL_LOGIN_ENABLED:
     raise ImproperlyConfigured("LOCAL_LOGIN_ENABLED=false needs single sign-on (OIDC_RP_CLIENT_ID)")

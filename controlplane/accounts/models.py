@@ -2,6 +2,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from controlplane.accounts.roles import Role
+
 
 class Capability(models.Model):
     """Anchor for the control plane's permissions; it has no table and holds no rows.
@@ -36,6 +38,11 @@ class ApiToken(models.Model):
     is 256 random bits, so a plain hash is enough (no slow KDF needed: nothing to brute-force).
     `key_id` is the public part of the secret used to find the row before comparing hashes.
     An empty `sources` set means every source; otherwise objects of other sources are invisible.
+
+    A token acting as a single sign-on user carries `role`, their role when it was minted: it
+    never does more than that role allows (nor more than the user may do now), and it expires
+    within `SSO_SESSION_SECONDS` of minting, as their session does, so a role taken away at the
+    provider outlives its removal no longer through a token than through a browser.
     """
 
     label = models.SlugField(max_length=64, unique=True)
@@ -50,6 +57,8 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    #: Empty for a local user's token, which acts with its user's role of the moment.
+    role = models.CharField(max_length=16, blank=True, choices=[(r.value, r.value) for r in Role])
 
     class Meta:
         ordering = ["label"]

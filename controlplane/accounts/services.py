@@ -3,9 +3,11 @@
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from controlplane.accounts.roles import Role
+from controlplane.accounts.usernames import confusable_account, normalise
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 
@@ -13,11 +15,22 @@ from controlplane.audit.recorder import Actor, record
 def create_user_with_role(
     username: str, role: Role, password: str, *, actor: Actor | None = None, validate: bool = True
 ):
-    """Create a user in exactly one role group. Raises ValidationError on a weak password."""
+    """Create a user in exactly one role group. Raises ValidationError on a weak password, or
+    on a name that is, or looks like, an existing account's (`accounts/usernames.py`)."""
     User = get_user_model()
+    username = normalise(username)
     if validate:
         validate_password(password, User(username=username))
     with transaction.atomic():
+        existing = confusable_account(username)
+        if existing is not None:
+            taken = existing.get_username()
+            message = (
+                f"user {username!r} already exists"
+                if taken == username
+                else f"{username!r} looks like the existing account {taken!r}"
+            )
+            raise ValidationError({"username": message})
         user = User.objects.create_user(username=username, password=password)
         user.groups.set([Group.objects.get(name=role.value)])
         record(

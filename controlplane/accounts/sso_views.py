@@ -19,6 +19,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
+from controlplane.accounts.sso import CALLBACK_VERIFIED
 from controlplane.audit.actions import ActorType, AuditAction
 from controlplane.audit.recorder import Actor, record
 
@@ -67,6 +68,9 @@ class _Callback(OIDCAuthenticationCallbackView):
         return HttpResponseRedirect(resolve_url(settings.LOGIN_URL))
 
     def get(self, request):
+        # The backend authenticates only for this view, which passes it the nonce and PKCE
+        # verifier kept in the session under the state the provider sent back.
+        setattr(request, CALLBACK_VERIFIED, True)
         try:
             return super().get(request)
         except (SuspiciousOperation, requests.RequestException, ValueError) as exc:

@@ -12,6 +12,12 @@ the database just before the revoke cannot put it back, so a revoked token stops
 once. What changes outside the token (its user's role or active flag) reaches a cached grant
 within `GRANT_SECONDS`: short enough to be what a person expects of "now", long enough that a
 poller hits the database once per few seconds instead of several times per poll.
+
+A token acting as a single sign-on user keeps the role that user had when it was minted
+(`ApiToken.role`) and expires at most `SSO_SESSION_SECONDS` after minting: the provider's groups
+are read only at sign-in, so a token must not outlive what a session may. A later sign-in that
+maps to a role that cannot do everything the token's role can (or to none) revokes the token
+(`withdraw_tokens_above`).
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import redis
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from controlplane import redis_client
-from controlplane.accounts.models import ApiToken
+from controlplane.accounts.models import ApiToken, SsoIdentity
+from controlplane.accounts.roles import ROLE_PERMISSIONS, Role, role_of
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 
@@ -72,6 +80,9 @@ def create_token(
     key_id = secrets.token_hex(6)
     secret = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
     expires_at = timezone.now() + timedelta(days=expires_days) if expires_days else None
+    role = ""
+    if SsoIdentity.objects.filter(user=user).exists():
+        role, expires_at = _sso_bound(user, expires_at)
     token = ApiToken(
         label=label,
         user=user,
@@ -79,6 +90,7 @@ def create_token(
         secret_hash=_hash(secret),
         expires_at=expires_at,
         created_by=actor.label,
+        role=role,
     )
     token.full_clean(exclude=["secret_hash", "key_id"])
     sources = list(sources)
@@ -94,12 +106,39 @@ def create_token(
                 "user": user.get_username(),
                 "sources": sorted(s.name for s in sources),
                 "expires_at": expires_at.isoformat() if expires_at else None,
+                **({"role": role} if role else {}),
             },
         )
     return token, secret
 
 
-def revoke_token(token: ApiToken, *, actor: Actor) -> ApiToken:
+def _sso_bound(user, expires_at):
+    """(role, expiry) of a new token for a single sign-on user: their role now, and at most
+    one session's length (their groups are reread only at their next sign-in)."""
+    role = role_of(user)
+    if role is None:
+        raise ValidationError({"user": f"{user.get_username()} has no role to give a token"})
+    ceiling = timezone.now() + timedelta(seconds=settings.SSO_SESSION_SECONDS)
+    return role.value, min(expires_at or ceiling, ceiling)
+
+
+def withdraw_tokens_above(user, role: Role | None, *, actor: Actor) -> int:
+    """Revoke `user`'s live tokens whose role can do anything `role` cannot (all for None).
+
+    Called when single sign-on maps the user to `role`; audited per token. Returns how many."""
+    allowed = ROLE_PERMISSIONS[role] if role is not None else frozenset()
+    live = ApiToken.objects.filter(user=user, revoked_at__isnull=True).exclude(role="")
+    withdrawn = 0
+    for token in live.select_related("user"):
+        if ROLE_PERMISSIONS[Role(token.role)] <= allowed:
+            continue
+        why = f"single sign-on now gives {user.get_username()} {role.value if role else 'no role'}"
+        revoke_token(token, actor=actor, reason=why)
+        withdrawn += 1
+    return withdrawn
+
+
+def revoke_token(token: ApiToken, *, actor: Actor, reason: str = "") -> ApiToken:
     # Before the row changes: from now on every request with this token asks the database,
     # which says revoked as soon as this commits. Again at commit, in case a request cached a
     # grant in between (its SET NX lost to the first marker, but belt and braces).
@@ -115,7 +154,11 @@ def revoke_token(token: ApiToken, *, actor: Actor) -> ApiToken:
                 AuditAction.TOKEN_REVOKED,
                 actor=actor,
                 target=token,
-                details={"label": token.label, "user": token.user.get_username()},
+                details={
+                    "label": token.label,
+                    "user": token.user.get_username(),
+                    **({"reason": reason} if reason else {}),
+                },
             )
     return token
 
@@ -311,14 +354,19 @@ def _load_grant(secret: str, key_id: str, *, replace: bool) -> Grant | None:
 def _grant_of(token: ApiToken) -> Grant:
     user = token.user
     sources = allowed_source_ids(token)
+    superuser, perms = user.is_superuser, frozenset(user.get_all_permissions())
+    if token.role:
+        # Never above the role it was minted with, nor above what the user may do now.
+        superuser = False
+        perms &= {perm.value for perm in ROLE_PERMISSIONS[Role(token.role)]}
     return Grant(
         token_id=token.pk,
         key_id=token.key_id,
         label=token.label,
         user_id=user.pk,
         secret_hash=token.secret_hash,
-        superuser=user.is_superuser,
-        perms=frozenset(user.get_all_permissions()),
+        superuser=superuser,
+        perms=perms,
         source_ids=None if sources is None else frozenset(sources),
         expires_at=token.expires_at.timestamp() if token.expires_at else None,
         refresh_at=time.time() + GRANT_SECONDS - GRANT_REFRESH_AHEAD_SECONDS,

@@ -1,7 +1,6 @@
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.decorators import login_not_required
-from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render, resolve_url
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -11,6 +10,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.accounts import throttle
+from controlplane.accounts.forms import LocalLoginForm
 from controlplane.accounts.sso_views import SSO_ERROR_KEY
 from controlplane.audit.actions import ActorType, AuditAction
 from controlplane.audit.recorder import Actor, client_ip, record
@@ -33,13 +33,13 @@ def _next_url(request: HttpRequest) -> str:
 def login(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated and request.method == "GET":
         return redirect(_next_url(request))
-    form = AuthenticationForm(request, data=request.POST or None)
+    form = LocalLoginForm(request, data=request.POST or None)
     status = 200
     # A refused single sign-on comes back here with its reason (accounts/sso_views.py).
     error = request.session.pop(SSO_ERROR_KEY, None) if request.method == "GET" else None
     if request.method == "POST" and not settings.LOCAL_LOGIN_ENABLED:
         username = request.POST.get("username", "")[:150]
-        form = AuthenticationForm(request)
+        form = LocalLoginForm(request)
         error = "Sign-in with a local account is turned off here."
         record(
             AuditAction.LOGIN_FAILED,
@@ -52,7 +52,7 @@ def login(request: HttpRequest) -> HttpResponse:
         username = request.POST.get("username", "")[:150]
         ip = client_ip(request)
         if throttle.is_throttled(username, ip):
-            form = AuthenticationForm(request)
+            form = LocalLoginForm(request)
             error = "Too many failed sign-in attempts. Wait a few minutes and try again."
             record(
                 AuditAction.LOGIN_THROTTLED,

@@ -44,7 +44,8 @@ OAUTH2_PROVIDER = {
     "OIDC_ENABLED": True,
     "OIDC_RSA_PRIVATE_KEY": os.environ.get("IDP_RSA_PRIVATE_KEY", ""),
     "OIDC_ISS_ENDPOINT": os.environ.get("IDP_ISSUER", ""),
-    "PKCE_REQUIRED": True,
+    # As most providers are by default; a test turns it off to stand for those that are not.
+    "PKCE_REQUIRED": os.environ.get("IDP_PKCE_REQUIRED", "true") == "true",
     "SCOPES": {"openid": "OpenID Connect", "profile": "Profile", "email": "Email"},
     "OAUTH2_VALIDATOR_CLASS": "tests.sso_idp.validator.GroupsValidator",
 }

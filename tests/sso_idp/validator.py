@@ -1,5 +1,7 @@
 from oauth2_provider.oauth2_validators import OAuth2Validator
 
+from tests.sso_idp import tweaks
+
 
 class GroupsValidator(OAuth2Validator):
     """Adds the person's name, email and groups (the claim the control plane maps to roles)."""
@@ -13,3 +15,8 @@ class GroupsValidator(OAuth2Validator):
             "email": user.email,
             "groups": sorted(user.groups.values_list("name", flat=True)),
         }
+
+    def get_id_token_dictionary(self, token, token_handler, request):
+        # These claims are laid over oauthlib's own (aud, iat), so a tweak replaces those too.
+        claims, expiration_time = super().get_id_token_dictionary(token, token_handler, request)
+        return tweaks.apply(request.user.username, claims), expiration_time

@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from kombu import Connection, Producer, pidbox
+from psycopg_pool import PoolTimeout
 
 from controlplane.celery import app as celery_app
 
@@ -73,14 +74,46 @@ def _ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
-def check_database() -> CheckResult:
-    def run() -> None:
+def check_database(timeout: float | None = None) -> CheckResult:
+    """PostgreSQL answers `SELECT 1`, or this process's pool is merely busy.
+
+    Readiness must say whether *this process* can serve, so a pool whose connections are all
+    lent out to requests is not a failure: those connections are to a database that answered,
+    and the next request queues for one (`DATABASE_POOL_TIMEOUT_SECONDS`). Taking a pool
+    connection the way a request does (waiting that long) made `/readyz` fail whenever long
+    requests filled the pool, and a load balancer then took every web pod out at once.
+
+    So the probe waits at most `timeout` for a pooled connection. If none comes in time: with
+    the pool at its size limit, every connection is in use (`busy`, ready); below it, the pool
+    could not open one, and that is the database unreachable (a failure). A database that
+    died under connections held by hung requests shows as busy until those requests fail
+    and give their connections back; then it shows as unreachable.
+    """
+    timeout = timeout if timeout is not None else settings.READINESS_TIMEOUT_SECONDS
+    pool = getattr(connection, "pool", None)  # None: SQLite, or a Celery process (no pool)
+
+    def run_unpooled() -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             if cursor.fetchone() != (1,):
                 raise CheckFailed("SELECT 1 returned something else")
 
-    return _timed(run)
+    def run_pooled() -> dict[str, Any]:
+        try:
+            with pool.connection(timeout=timeout) as conn:
+                found = conn.execute("SELECT 1").fetchone()
+        except PoolTimeout:
+            stats = pool.get_stats()
+            if stats.get("pool_size", 0) >= pool.max_size and not stats.get("pool_available"):
+                return {"pool": "busy", "in_use": stats.get("pool_size", 0)}
+            raise CheckFailed(
+                f"no database connection within {timeout:g}s (the pool could not open one)"
+            ) from None
+        if found != (1,):
+            raise CheckFailed("SELECT 1 returned something else")
+        return {}
+
+    return _timed(run_unpooled if pool is None else run_pooled)
 
 
 def check_redis(url: str | None = None, timeout: float | None = None) -> CheckResult:

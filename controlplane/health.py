@@ -2,10 +2,12 @@
 
 - `/healthz` says the process answers. It touches nothing else, so a database outage never
   makes an orchestrator restart every web process (which would not fix the database).
-- `/readyz` says this process can do its job: PostgreSQL answers, Redis answers, and at least
-  one Celery worker answers a broadcast ping through the broker. 503 with a JSON body that
-  names what failed otherwise. The result is kept for READINESS_CACHE_SECONDS in this process,
-  and only one check runs at a time, so probes from several sources stay cheap.
+- `/readyz` says this process can serve: PostgreSQL answers (a pool busy with other requests
+  is not a failure), and Redis answers. 503 with a JSON body that names what failed
+  otherwise. It also reports whether a Celery worker answers a broadcast ping, under
+  `degraded` when none does, without failing: see `readiness_checks` for why each check
+  counts or not. The result is kept for READINESS_CACHE_SECONDS in this process, and only
+  one check runs at a time, so probes from several sources stay cheap.
 
 Both are answered by a middleware placed first, before SecurityMiddleware: a probe reaches the
 pod by its IP over plain HTTP, so host validation (ALLOWED_HOSTS), the HTTPS redirect and the
@@ -213,6 +215,24 @@ def check_celery(timeout: float | None = None, *, count_all: bool = False) -> Ch
     return _timed(run)
 
 
+#: The checks whose failure makes this process unable to serve, and so fails readiness.
+#:
+#: - database: nearly every request reads or writes PostgreSQL. Only "unreachable" counts;
+#:   a pool busy with other requests does not (`check_database`).
+#: - redis: sessions, the cache (gate copies, token grants, throttles), the channel layer
+#:   and the broker all live there; without it requests fail or fall back to the database
+#:   with no bound. The check uses a connection of its own with a short timeout, never a
+#:   connection a request is waiting for.
+#:
+#: Not counted: celery. No worker answering says nothing about this process: it still serves
+#: gate reads, lists and pages, and queues actions on the broker for the workers to run when
+#: they are back. Failing readiness for it took every web pod out of the load balancer at
+#: once during a worker outage (or under load, a ping answered late), turning "refreshes
+#: wait" into "the whole API is down". It is reported under `degraded` for dashboards;
+#: `manage.py doctor` counts the workers.
+REQUIRED_CHECKS = ("database", "redis")
+
+
 def readiness_checks() -> dict[str, CheckResult]:
     results = {"database": check_database(), "redis": check_redis()}
     if results["redis"].ok:
@@ -249,10 +269,14 @@ readiness_cache = _ReadinessCache()
 
 
 def readiness_body(results: dict[str, CheckResult]) -> dict[str, Any]:
-    failed = [name for name, result in results.items() if not result.ok]
+    failed = [name for name in REQUIRED_CHECKS if name in results and not results[name].ok]
+    degraded = [
+        name for name, result in results.items() if name not in REQUIRED_CHECKS and not result.ok
+    ]
     return {
         "status": "unavailable" if failed else "ok",
         "failed": failed,
+        "degraded": degraded,
         "checks": {name: asdict(result) for name, result in results.items()},
     }
 

@@ -45,9 +45,7 @@ def server(celery_worker, tmp_path):
         yield url
 
 
-def test_100_long_polls_from_one_viewer_leave_the_api_and_readiness_answering(
-    server, fault_report
-):
+def test_100_long_polls_from_one_viewer_leave_the_api_and_readiness_answering(server, fault_report):
     scene = make_scene()
     params = {"wait": 45, "after": group.READY}
 
@@ -65,7 +63,7 @@ def test_100_long_polls_from_one_viewer_leave_the_api_and_readiness_answering(
             refused: list[httpx.Response] = []
             deadline = time.monotonic() + 30
             while len(refused) < POLLS - PER_TOKEN and time.monotonic() < deadline:
-                done, _ = await asyncio.wait(
+                await asyncio.wait(
                     [p for p in polls if not p.done()],
                     timeout=deadline - time.monotonic(),
                     return_when=asyncio.FIRST_COMPLETED,

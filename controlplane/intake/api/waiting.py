@@ -19,6 +19,26 @@ Now the wait is async and costs no connection:
   `LONG_POLL_MAX_WAITS_PER_TOKEN` per token (or signed-in user) in a process; past either a
   poll is answered 429 with `Retry-After` at once, before any query. A poll without `wait`
   is a plain read and is never refused.
+
+Django still runs a request in a thread of its own while sync-only middleware (WhiteNoise,
+the correlation id, the probes) wraps the chain; a waiting poll parks that thread, holding no
+connection, and the per-process cap bounds those threads as well.
+
+The other places a request could wait, and why they are safe as they are:
+
+- the gate API (`gates.get_gate`, ETag and `If-None-Match`): no long poll, a 304 at once. A
+  request may wait for another one rebuilding the same gate's copy (`_priming_lock`): one
+  short database read, once per gate. Polls answered in front of Django (`fast_gate`) wait
+  on asyncio for one grant or copy load per process, in a worker thread.
+- token grants (`accounts.tokens.grant_for`): a lapsed grant is loaded by one request per
+  token and process while the others wait on a lock: one short read.
+- planning a refresh (`POST /refreshes`, operators only): waits at most 0.2 s for another
+  discovery's claim on the source (`fleet.discovery.runner.refresh_source`).
+- websockets (`realtime.streams.LiveStream`): no polling; events come through the fan-out
+  and the resyncs run in one shared database thread (`dbhop.orm_hop`), which gives its
+  connection back after each batch.
+- pages that poll (the delivery log's htmx refresh): the browser polls; each poll is a
+  short request.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from kombu import Connection, Producer, pidbox
-from psycopg_pool import PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from controlplane.celery import app as celery_app
 
@@ -114,7 +114,7 @@ def check_database(timeout: float | None = None) -> CheckResult:
             if cursor.fetchone() != (1,):
                 raise CheckFailed("SELECT 1 returned something else")
 
-    def run_pooled() -> dict[str, Any]:
+    def run_pooled(pool: ConnectionPool) -> dict[str, Any]:
         try:
             with pool.connection(timeout=min(POOL_WAIT_SECONDS, timeout)) as conn:
                 select_one(conn)
@@ -130,7 +130,9 @@ def check_database(timeout: float | None = None) -> CheckResult:
         stats = pool.get_stats()
         return {"pool": "busy", "pool_size": stats.get("pool_size"), "max": pool.max_size}
 
-    return _timed(run_unpooled if pool is None else run_pooled)
+    if pool is None:
+        return _timed(run_unpooled)
+    return _timed(lambda: run_pooled(pool))
 
 
 def check_redis(url: str | None = None, timeout: float | None = None) -> CheckResult:

@@ -55,14 +55,20 @@ class _GroupFeed:
         self.channel: str | None = None
         self.reader: asyncio.Task[None] | None = None
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: Its subscription failed: the next watch of the group starts a new one.
+        self.dead = False
 
     async def start(self, layer) -> None:
         try:
             self.channel = await layer.new_channel("wakeup.")
             await layer.group_add(self.group, self.channel)
         except BaseException as exc:
-            self.ready.set_exception(exc)
-            self.ready.exception()  # retrieved: the waiters that awaited it saw it
+            self.dead = True
+            if isinstance(exc, asyncio.CancelledError):
+                self.ready.cancel()
+            else:
+                self.ready.set_exception(exc)
+                self.ready.exception()  # retrieved: the waiters that awaited it saw it
             raise
         self.reader = asyncio.get_running_loop().create_task(self._read(layer, self.channel))
         self.ready.set_result(None)
@@ -85,6 +91,7 @@ class _GroupFeed:
                 raise
             except Exception:  # Redis went away: waiters fall back to their own re-reads
                 logger.warning("wake-ups for %s stopped", self.group, exc_info=True)
+                self.dead = True
                 return
             event = str(message.get("event", ""))
             for watch in list(self.watches):
@@ -107,7 +114,7 @@ class Wakeups:
         seen). `events` empty: every event wakes it."""
         watch = Watch(events)
         feed = self.feeds.get(group)
-        if feed is None:
+        if feed is None or feed.dead:
             feed = self.feeds[group] = _GroupFeed(group)
             feed.watches.add(watch)
             try:
@@ -121,6 +128,13 @@ class Wakeups:
             feed.watches.add(watch)
             try:
                 await asyncio.shield(feed.ready)
+            except asyncio.CancelledError:
+                feed.watches.discard(watch)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                # The watch that was subscribing was cancelled, not this one: no wake-ups.
+                raise ConnectionError(f"the subscription to {group} was abandoned") from None
             except BaseException:
                 feed.watches.discard(watch)
                 raise
@@ -128,8 +142,9 @@ class Wakeups:
             yield watch
         finally:
             feed.watches.discard(watch)
-            if not feed.watches and self.feeds.get(group) is feed:
-                del self.feeds[group]
+            if not feed.watches:
+                if self.feeds.get(group) is feed:
+                    del self.feeds[group]
                 await feed.stop(self.layer)
 
 

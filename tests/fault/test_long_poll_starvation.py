@@ -21,7 +21,7 @@ import pytest
 
 from controlplane.refresh import group
 from tests.fixtures.live_server import asgi_server
-from tests.fixtures.long_poll import broadcast_done, make_scene, timed_reads
+from tests.fixtures.long_poll import broadcast_done, first_answer, make_scene, timed_reads
 
 POLLS = 110
 PER_TOKEN = 100
@@ -100,3 +100,46 @@ def test_100_long_polls_from_one_viewer_leave_the_api_and_readiness_answering(se
     assert {a.status_code for a in answers} == {200}
     assert {a.json()["state"] for a in answers} == {group.BROADCAST_DONE}
     assert woken_in < 15, woken_in
+
+
+def test_with_redis_unreachable_a_long_poll_still_sees_the_change_on_its_recheck(
+    transactional_db, tmp_path, fault_report
+):
+    """No wake-ups without Redis: the poll re-reads every LONG_POLL_RECHECK_SECONDS instead,
+    and answers the change then (not at its deadline)."""
+    from controlplane.embedded.redis import free_port
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    env = {
+        "REDIS_URL": dead,
+        "LONG_POLL_RECHECK_SECONDS": "1",
+        "LONG_POLL_MAX_WAITS_PER_TOKEN": "1",
+    }
+    scene = make_scene()
+    with asgi_server(tmp_path / "uvicorn.log", server="uvicorn", **env) as url:
+
+        async def scenario():
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+                def start() -> asyncio.Task[httpx.Response]:
+                    params = {"wait": 30, "after": group.READY}
+                    return asyncio.ensure_future(
+                        client.get(scene.group_url, params=params, headers=scene.auth())
+                    )
+
+                # One slot per token: of two polls, one is refused at once, and only while
+                # the other holds the slot, waiting.
+                polls = [start(), start()]
+                refused = await first_answer(polls, within=20)
+                assert refused.status_code == 429, refused.text
+                (poll,) = [p for p in polls if not p.done()]
+                changed_at = time.monotonic()
+                await asyncio.to_thread(broadcast_done, scene.refresh.pk)
+                answer = await poll
+                return answer, time.monotonic() - changed_at
+
+        answer, answered_in = asyncio.run(scenario())
+    fault_report(answered_in_s=round(answered_in, 2))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["state"] == group.BROADCAST_DONE
+    assert answered_in < 15, answered_in

@@ -1,8 +1,8 @@
 """The group long poll (`GET /api/v1/refreshes/<id>/group?wait=`) against a live uvicorn.
 
-The server gets a pool of 3 connections (2 s to get one): a poll that held its connection
-while waiting, as the sync view did, would take the pool with 3 polls and make every other
-request of the process fail. The caps are small (8 waits per token, 12 per process) so the
+The server gets a pool of one connection (2 s to get it): a single poll holding its
+connection while it waits, as the sync view did, would take the whole pool and make every
+other request of the process fail. The caps are small (8 waits per token, 12 per process) so the
 tests reach them, and the recheck is long (30 s) so an answer within seconds of a change is a
 wake-up, not a timer.
 """
@@ -27,7 +27,7 @@ PER_TOKEN = 8
 PER_PROCESS = 12
 SERVER_ENV = {
     "DATABASE_POOL_MIN_SIZE": "1",
-    "DATABASE_POOL_MAX_SIZE": "3",
+    "DATABASE_POOL_MAX_SIZE": "1",
     "DATABASE_POOL_TIMEOUT_SECONDS": "2",
     "LONG_POLL_MAX_WAITS_PER_TOKEN": str(PER_TOKEN),
     "LONG_POLL_MAX_WAITS_PER_PROCESS": str(PER_PROCESS),

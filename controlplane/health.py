@@ -2,10 +2,12 @@
 
 - `/healthz` says the process answers. It touches nothing else, so a database outage never
   makes an orchestrator restart every web process (which would not fix the database).
-- `/readyz` says this process can do its job: PostgreSQL answers, Redis answers, and at least
-  one Celery worker answers a broadcast ping through the broker. 503 with a JSON body that
-  names what failed otherwise. The result is kept for READINESS_CACHE_SECONDS in this process,
-  and only one check runs at a time, so probes from several sources stay cheap.
+- `/readyz` says this process can serve: PostgreSQL answers (a pool busy with other requests
+  is not a failure), and Redis answers. 503 with a JSON body that names what failed
+  otherwise. It also reports whether a Celery worker answers a broadcast ping, under
+  `degraded` when none does, without failing: see `readiness_checks` for why each check
+  counts or not. The result is kept for READINESS_CACHE_SECONDS in this process, and only
+  one check runs at a time, so probes from several sources stay cheap.
 
 Both are answered by a middleware placed first, before SecurityMiddleware: a probe reaches the
 pod by its IP over plain HTTP, so host validation (ALLOWED_HOSTS), the HTTPS redirect and the
@@ -18,6 +20,7 @@ sign-in requirement must not apply to them. They reveal nothing but which depend
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,11 +28,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import psycopg
 import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from kombu import Connection, Producer, pidbox
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from controlplane.celery import app as celery_app
 
@@ -73,14 +78,61 @@ def _ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
-def check_database() -> CheckResult:
-    def run() -> None:
+#: How long the readiness probe waits for a pooled connection before it asks the database
+#: directly: short, since a pool this busy is answered "busy", not waited for.
+POOL_WAIT_SECONDS = 0.5
+
+
+def check_database(timeout: float | None = None) -> CheckResult:
+    """PostgreSQL answers `SELECT 1`; a busy connection pool is not a failure.
+
+    Readiness says whether *this process* can serve. A pool whose connections are all lent
+    out to requests says nothing of the kind: the next request queues for a connection
+    (`DATABASE_POOL_TIMEOUT_SECONDS`) and gets one. Taking a pool connection the way a request
+    does, as this check did, waited out that timeout whenever long requests filled the pool,
+    and answered 503: a load balancer then took every web pod out at once.
+
+    So the probe waits `POOL_WAIT_SECONDS` at most for a pooled connection. If none comes, it
+    tells "pool busy" from "database unreachable" with one connection of its own, outside the
+    pool, bounded by `timeout`: it connects, the database is there (ready, reported `busy`);
+    it does not, the database is unreachable (503). The pool's own figures cannot tell: a
+    pool retrying connections to a dead database counts them as its own, like lent ones. The
+    extra connection is opened only while the pool is exhausted, once per
+    READINESS_CACHE_SECONDS per process at most (one check at a time, see `_ReadinessCache`):
+    keep one connection per web process spare in the budget (settings, DATABASE_POOL_*).
+    """
+    timeout = timeout if timeout is not None else settings.READINESS_TIMEOUT_SECONDS
+    pool = getattr(connection, "pool", None)  # None: SQLite, or a Celery process (no pool)
+
+    def select_one(conn: Any) -> None:
+        if conn.execute("SELECT 1").fetchone() != (1,):
+            raise CheckFailed("SELECT 1 returned something else")
+
+    def run_unpooled() -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             if cursor.fetchone() != (1,):
                 raise CheckFailed("SELECT 1 returned something else")
 
-    return _timed(run)
+    def run_pooled(pool: ConnectionPool) -> dict[str, Any]:
+        try:
+            with pool.connection(timeout=min(POOL_WAIT_SECONDS, timeout)) as conn:
+                select_one(conn)
+            return {}
+        except PoolTimeout:
+            pass
+        kwargs = pool.kwargs() if callable(pool.kwargs) else dict(pool.kwargs or {})
+        # libpq counts whole seconds and treats less than 2 as 2.
+        kwargs["connect_timeout"] = max(2, math.ceil(timeout))
+        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        with psycopg.connect(conninfo or "", **kwargs) as conn:
+            select_one(conn)
+        stats = pool.get_stats()
+        return {"pool": "busy", "pool_size": stats.get("pool_size"), "max": pool.max_size}
+
+    if pool is None:
+        return _timed(run_unpooled)
+    return _timed(lambda: run_pooled(pool))
 
 
 def check_redis(url: str | None = None, timeout: float | None = None) -> CheckResult:
@@ -165,6 +217,24 @@ def check_celery(timeout: float | None = None, *, count_all: bool = False) -> Ch
     return _timed(run)
 
 
+#: The checks whose failure makes this process unable to serve, and so fails readiness.
+#:
+#: - database: nearly every request reads or writes PostgreSQL. Only "unreachable" counts;
+#:   a pool busy with other requests does not (`check_database`).
+#: - redis: sessions, the cache (gate copies, token grants, throttles), the channel layer
+#:   and the broker all live there; without it requests fail or fall back to the database
+#:   with no bound. The check uses a connection of its own with a short timeout, never a
+#:   connection a request is waiting for.
+#:
+#: Not counted: celery. No worker answering says nothing about this process: it still serves
+#: gate reads, lists and pages, and queues actions on the broker for the workers to run when
+#: they are back. Failing readiness for it took every web pod out of the load balancer at
+#: once during a worker outage (or under load, a ping answered late), turning "refreshes
+#: wait" into "the whole API is down". It is reported under `degraded` for dashboards;
+#: `manage.py doctor` counts the workers.
+REQUIRED_CHECKS = ("database", "redis")
+
+
 def readiness_checks() -> dict[str, CheckResult]:
     results = {"database": check_database(), "redis": check_redis()}
     if results["redis"].ok:
@@ -201,10 +271,14 @@ readiness_cache = _ReadinessCache()
 
 
 def readiness_body(results: dict[str, CheckResult]) -> dict[str, Any]:
-    failed = [name for name, result in results.items() if not result.ok]
+    failed = [name for name in REQUIRED_CHECKS if name in results and not results[name].ok]
+    degraded = [
+        name for name, result in results.items() if name not in REQUIRED_CHECKS and not result.ok
+    ]
     return {
         "status": "unavailable" if failed else "ok",
         "failed": failed,
+        "degraded": degraded,
         "checks": {name: asdict(result) for name, result in results.items()},
     }
 

@@ -452,6 +452,15 @@ CELERY_BEAT_SCHEDULE["audit-checkpoint"] = {
 # /readyz keeps its verdict this long per process, and bounds each dependency's answer.
 READINESS_CACHE_SECONDS = env_float("READINESS_CACHE_SECONDS", 3.0, minimum=0.0)
 READINESS_TIMEOUT_SECONDS = env_float("READINESS_TIMEOUT_SECONDS", 2.0, minimum=0.1)
+# Long polls (`GET /api/v1/refreshes/<id>/group?wait=`, controlplane/intake/api/waiting.py) hold
+# no database connection while they wait, but each is a socket, a task and a parked request
+# thread (sync middleware wraps the chain): at most this many wait at once per web process,
+# and per token (or signed-in user) in a process; past either a poll is answered 429 with
+# Retry-After. A wait re-reads its state on every change published
+# and at least every LONG_POLL_RECHECK_SECONDS (a live event may be dropped).
+LONG_POLL_MAX_WAITS_PER_PROCESS = env_int("LONG_POLL_MAX_WAITS_PER_PROCESS", 500, minimum=1)
+LONG_POLL_MAX_WAITS_PER_TOKEN = env_int("LONG_POLL_MAX_WAITS_PER_TOKEN", 50, minimum=1)
+LONG_POLL_RECHECK_SECONDS = env_float("LONG_POLL_RECHECK_SECONDS", 5.0, minimum=0.1)
 # Days kept before `manage.py purge` (and its hourly beat run) deletes; 0 keeps forever.
 # Observations: discovery runs and worker events. Journal: admin-call rows of finished policy
 # refreshes (the refreshes themselves and every audit row stay). Webhook deliveries: received

@@ -4,6 +4,7 @@ runs, and unsafe calls made with a token leave an `api.request` row."""
 
 from __future__ import annotations
 
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
@@ -36,25 +37,46 @@ def _refuse_unsafe_json(request: HttpRequest) -> JsonResponse | None:
     return None
 
 
+def _audit_change(request: HttpRequest, response) -> None:
+    token = getattr(request, "api_token", None)
+    # Reads are not audited: gate polls every second would drown the log. Changes made by
+    # a token are, whatever their outcome, so a refused attempt is on record too.
+    if token is not None and request.method not in SAFE_METHODS:
+        record(
+            AuditAction.API_REQUEST,
+            request=request,
+            target=token,
+            details={
+                "method": request.method,
+                "path": request.path[:300],
+                "status": response.status_code,
+            },
+        )
+
+
 def machine_view(view):
+    if iscoroutinefunction(view):
+        # An async view (a long poll) stays async: wrapping it in a sync function would make
+        # Django run the whole wait in a thread of its own.
+        async def awaited(request: HttpRequest, *args, **kwargs):
+            if request.method in SAFE_METHODS:  # neither a body to check nor an audit row
+                return await view(request, *args, **kwargs)
+            refusal = await sync_to_async(_refuse_unsafe_json)(request)
+            response = refusal or await view(request, *args, **kwargs)
+            await sync_to_async(_audit_change)(request, response)
+            return response
+
+        return _as_machine_view(awaited, view)
+
     def wrapped(request: HttpRequest, *args, **kwargs):
         response = _refuse_unsafe_json(request) or view(request, *args, **kwargs)
-        token = getattr(request, "api_token", None)
-        # Reads are not audited: gate polls every second would drown the log. Changes made by
-        # a token are, whatever their outcome, so a refused attempt is on record too.
-        if token is not None and request.method not in SAFE_METHODS:
-            record(
-                AuditAction.API_REQUEST,
-                request=request,
-                target=token,
-                details={
-                    "method": request.method,
-                    "path": request.path[:300],
-                    "status": response.status_code,
-                },
-            )
+        _audit_change(request, response)
         return response
 
+    return _as_machine_view(wrapped, view)
+
+
+def _as_machine_view(wrapped, view):
     wrapped.csrf_exempt = True
     wrapped.login_required = False
     wrapped.__name__ = getattr(view, "__name__", "api_view")

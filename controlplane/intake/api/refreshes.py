@@ -13,13 +13,13 @@ from ninja import Path, Query, Router, Schema
 from pydantic import Field, StrictBool, WithJsonSchema
 
 from controlplane.accounts.roles import Perm
-from controlplane.intake.api import idempotency
+from controlplane.intake.api import idempotency, waiting
 from controlplane.intake.api.auth import actor, limit_to_sources, require, source_or_404
 from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.intake.fingerprint import FingerprintIn
 from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
-from controlplane.refresh import action_table, actions, group
+from controlplane.refresh import action_table, actions
 from controlplane.refresh.action_table import Action, ActionInput
 from controlplane.refresh.eta import eta_json
 from controlplane.refresh.models import PolicyRefresh
@@ -531,13 +531,13 @@ def record_canary_verdict(
     return _action(request, response, refresh_id, action_table.CANARY_VERDICT, given)
 
 
-@router.get("/refreshes/{refresh_id}/group", response={200: GroupOut, **COMMON_ERRORS})
-def get_refresh_group(request: HttpRequest, refresh_id: Id, params: Query[GroupWait]):
+@router.get(
+    "/refreshes/{refresh_id}/group", response={200: GroupOut, 429: ErrorOut, **COMMON_ERRORS}
+)
+async def get_refresh_group(request: HttpRequest, refresh_id: Id, params: Query[GroupWait]):
     """A distributed refresh's group: its rank map and where the trainer handshake stands
     (`joining`, `ready`, `broadcast_done`, `applying`, `destroyed`, `torn_down`). With `wait`,
-    a long poll: answers once the state is no longer `after` (or when `wait` runs out)."""
-    require(request, Perm.VIEW)
-    refresh = _refresh_or_404(request, refresh_id)
-    if params.wait:
-        refresh = group.wait_for_change(refresh.pk, params.after, params.wait)
-    return group.public_view(refresh)
+    a long poll: answers once the state is no longer `after` (or when `wait` runs out). A long
+    poll holds no database connection while it waits; past the server's bound on concurrent
+    waits (per token and per process) it is answered 429 with `Retry-After`."""
+    return await waiting.group_long_poll(request, refresh_id, params.wait, params.after)

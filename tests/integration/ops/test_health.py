@@ -46,11 +46,11 @@ def _readyz(client: Client) -> tuple[int, dict]:
     return response.status_code, response.json()
 
 
-def _wait_for(client: Client, status: int, timeout: float = 60.0) -> dict:
+def _wait_for(client: Client, status: int, timeout: float = 60.0, until=None) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         code, body = _readyz(client)
-        if code == status:
+        if code == status and (until is None or until(body)):
             return body
         if time.monotonic() > deadline:
             raise AssertionError(f"/readyz stayed {code}: {body}")
@@ -83,7 +83,8 @@ def test_readyz_names_every_failed_dependency(settings, caplog):
     code, body = _readyz(Client())
     assert code == 503
     assert body["status"] == "unavailable"
-    assert body["failed"] == ["redis", "celery"]
+    assert body["failed"] == ["redis"]
+    assert body["degraded"] == ["celery"]  # reported, but no reason to take the pod out
     assert body["checks"]["database"]["ok"] is True
     assert body["checks"]["redis"]["detail"] == "ConnectionError"
     assert "127.0.0.1" not in str(body)  # exception messages (addresses) stay in the logs
@@ -104,6 +105,18 @@ def test_readyz_is_cached_for_a_few_seconds(settings, throwaway_redis):
     readiness_cache.clear()
     _, fresh = _readyz(client)
     assert fresh["checks"]["redis"]["ok"] is False
+
+
+def test_readyz_stays_ready_without_a_celery_worker(settings, throwaway_redis):
+    """No worker answering says nothing about this process: it still serves, so the load
+    balancer must keep it; the body says what is degraded."""
+    settings.REDIS_URL = settings.CELERY_BROKER_URL = throwaway_redis["url"]
+    settings.READINESS_TIMEOUT_SECONDS = 0.5
+    code, body = _readyz(Client())
+    assert code == 200, body
+    assert body["status"] == "ok" and body["failed"] == []
+    assert body["degraded"] == ["celery"]
+    assert body["checks"]["celery"]["detail"] == "no Celery worker answered within 0.5s"
 
 
 @pytest.fixture
@@ -153,17 +166,17 @@ def test_readyz_fails_while_redis_is_down_and_recovers(settings, throwaway_redis
     settings.READINESS_CACHE_SECONDS = 0
     settings.READINESS_TIMEOUT_SECONDS = 1.0
     client = Client()
-    up = _wait_for(client, 200)
+    up = _wait_for(client, 200, until=lambda body: body["checks"]["celery"]["ok"])
     assert up["failed"] == [] and up["checks"]["celery"]["extra"]["workers"] == 1
 
     throwaway_redis["server"].stop()
     code, down = _readyz(client)
     assert code == 503
-    assert down["failed"] == ["redis", "celery"]
+    assert down["failed"] == ["redis"] and down["degraded"] == ["celery"]
 
     throwaway_redis["server"] = start_embedded_redis(
         throwaway_redis["dir"], port=throwaway_redis["port"]
     )
     # The worker reconnects to the broker on its own; readiness follows once it answers.
-    back = _wait_for(client, 200)
-    assert back["checks"]["redis"]["ok"] and back["checks"]["celery"]["ok"]
+    back = _wait_for(client, 200, until=lambda body: body["checks"]["celery"]["ok"])
+    assert back["checks"]["redis"]["ok"] and back["degraded"] == []

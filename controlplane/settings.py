@@ -87,6 +87,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "controlplane.audit.middleware.CorrelationIdMiddleware",
+    # NUL in the path, query, headers or form fields: a 400 before any view (controlplane/nul.py).
+    "controlplane.nul.RefuseNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -1,0 +1,77 @@
+"""NUL (U+0000) in outside text is refused where it enters, with a 400 that says where.
+
+PostgreSQL cannot store NUL in `text`, `varchar` or `jsonb`, and refuses it even as a query
+parameter, so a NUL that reaches the ORM is a 500 (`/search/?q=%00`, a version path with
+`%00`). Refuse, not escape: a request is written by someone who can read the answer and send
+it again, and a value silently changed (NUL to U+FFFD) would be stored, audited and compared as
+something the sender never wrote.
+
+One mechanism for everything a request carries as text:
+
+- `RefuseNulMiddleware` (early in MIDDLEWARE): the path, the query string, header values and
+  form fields (urlencoded and multipart), before any view, form or URL converter sees them.
+  Django's form `CharField`s already refuse NUL (`ProhibitNullCharactersValidator`), but URL
+  converters, `request.GET` and hand-read POST fields are not forms.
+- JSON bodies (the API, trainer webhooks, JSON form fields): `dynamo.jsonsafe.loads_bounded`
+  refuses a string or key with `\\u0000`, so each caller answers in its own error shape.
+
+Data a Dynamo deployment sends (discovery payloads, worker replies) is checked by the Dynamo
+client instead (`dynamo.limits`): an entry holding NUL is refused as that entry's problem,
+and messages quoting outside text replace NUL with U+FFFD (`storable_text`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from urllib.parse import unquote_plus
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+NUL = "\x00"
+#: The JSON API answers in its own error shape (`intake/api/errors.py`).
+API_PREFIX = "/api/"
+_FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _any_nul(values: Iterable[str]) -> bool:
+    return any(NUL in value for value in values)
+
+
+def nul_in_request(request: HttpRequest) -> str | None:
+    """Which part of `request` holds a NUL ("path", "query string", "header", "form field"),
+    or None. The form is read only for form content types (never a JSON or raw body)."""
+    if NUL in request.path_info or NUL in request.path:
+        return "path"
+    query = request.META.get("QUERY_STRING", "")
+    if NUL in query or ("%00" in query and NUL in unquote_plus(query)):
+        return "query string"
+    if _any_nul(v for k, v in request.META.items() if k.startswith("HTTP_") and isinstance(v, str)):
+        return "header"
+    if request.method == "POST" and request.content_type in _FORM_TYPES:
+        for key, values in request.POST.lists():
+            if NUL in key or _any_nul(values):
+                return "form field"
+        if _any_nul(f.name or "" for f in request.FILES.values()) or _any_nul(request.FILES):
+            return "form field"
+    return None
+
+
+def refusal(request: HttpRequest, where: str) -> HttpResponse:
+    message = f"the request's {where} contains a NUL character (U+0000), which is not accepted"
+    if request.path.startswith(API_PREFIX):
+        error = {"code": "nul_character", "message": message, "details": {"where": where}}
+        return JsonResponse({"error": error}, status=400)
+    response = HttpResponse(message + "\n", status=400, content_type="text/plain; charset=utf-8")
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+class RefuseNulMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        where = nul_in_request(request)
+        if where is not None:
+            return refusal(request, where)
+        return self.get_response(request)

@@ -68,8 +68,11 @@ def loads_bounded(
     *,
     max_depth: int = DEFAULT_MAX_DEPTH,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    allow_nul: bool = False,
 ) -> Any:
-    """Parse `data` as JSON within `max_bytes` and `max_depth`; no NaN or Infinity.
+    """Parse `data` as JSON within `max_bytes` and `max_depth`; no NaN or Infinity, and no
+    NUL in strings unless `allow_nul` (for callers that check each value themselves and say
+    which one held it: the Dynamo client's `limits`).
 
     Raises `UnsafeJSON` (a `ValueError`) for every problem, including invalid UTF-8.
     """
@@ -83,7 +86,7 @@ def loads_bounded(
     else:
         text = data
     check_depth(text, max_depth)
-    if "u0000" in text and _ESCAPED_NUL.search(text):
+    if not allow_nul and "u0000" in text and _ESCAPED_NUL.search(text):
         # PostgreSQL stores NUL in no text or jsonb column: refused here, where every caller
         # answers the sender, rather than as a database error after it (controlplane/nul.py).
         raise UnsafeJSON("nul_character", "JSON strings may not contain NUL (\\u0000)")

@@ -12,6 +12,9 @@ One mechanism for everything a request carries as text:
   form fields (urlencoded and multipart), before any view, form or URL converter sees them.
   Django's form `CharField`s already refuse NUL (`ProhibitNullCharactersValidator`), but URL
   converters, `request.GET` and hand-read POST fields are not forms.
+- `refuse_nul_in_scope` (outermost in `controlplane/asgi.py`): the path and query string of
+  what Django's middleware never sees — websocket handshakes (a stream's filters reach the
+  ORM) and the gate polls `intake.api.fast_gate` answers in front of Django.
 - JSON bodies (the API, trainer webhooks, JSON form fields): `dynamo.jsonsafe.loads_bounded`
   refuses a string or key with `\\u0000`, so each caller answers in its own error shape.
 
@@ -22,7 +25,8 @@ and messages quoting outside text replace NUL with U+FFFD (`storable_text`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
 from urllib.parse import unquote_plus
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -37,13 +41,16 @@ def _any_nul(values: Iterable[str]) -> bool:
     return any(NUL in value for value in values)
 
 
+def _nul_in_query(query: str) -> bool:
+    return NUL in query or ("%00" in query and NUL in unquote_plus(query))
+
+
 def nul_in_request(request: HttpRequest) -> str | None:
     """Which part of `request` holds a NUL ("path", "query string", "header", "form field"),
     or None. The form is read only for form content types (never a JSON or raw body)."""
     if NUL in request.path_info or NUL in request.path:
         return "path"
-    query = request.META.get("QUERY_STRING", "")
-    if NUL in query or ("%00" in query and NUL in unquote_plus(query)):
+    if _nul_in_query(request.META.get("QUERY_STRING", "")):
         return "query string"
     if _any_nul(v for k, v in request.META.items() if k.startswith("HTTP_") and isinstance(v, str)):
         return "header"
@@ -56,12 +63,17 @@ def nul_in_request(request: HttpRequest) -> str | None:
     return None
 
 
-def refusal(request: HttpRequest, where: str) -> HttpResponse:
-    message = f"the request's {where} contains a NUL character (U+0000), which is not accepted"
-    if request.path.startswith(API_PREFIX):
-        error = {"code": "nul_character", "message": message, "details": {"where": where}}
+def _message(where: str) -> str:
+    return f"the request's {where} contains a NUL character (U+0000), which is not accepted"
+
+
+def refusal(path: str, where: str) -> HttpResponse:
+    """The 400: the API's error shape under /api/, plain text elsewhere."""
+    if path.startswith(API_PREFIX):
+        error = {"code": "nul_character", "message": _message(where), "details": {"where": where}}
         return JsonResponse({"error": error}, status=400)
-    response = HttpResponse(message + "\n", status=400, content_type="text/plain; charset=utf-8")
+    body = _message(where) + "\n"
+    response = HttpResponse(body, status=400, content_type="text/plain; charset=utf-8")
     response["X-Content-Type-Options"] = "nosniff"
     return response
 
@@ -73,5 +85,40 @@ class RefuseNulMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         where = nul_in_request(request)
         if where is not None:
-            return refusal(request, where)
+            return refusal(request.path, where)
         return self.get_response(request)
+
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+#: A websocket refused before it opens: the handshake answers 403 (the ASGI spec's close
+#: before accept); the code is for servers that pass it on.
+WEBSOCKET_REFUSED = 4400
+
+
+def nul_in_scope(scope: Scope) -> str | None:
+    if NUL in scope.get("path", ""):
+        return "path"
+    if _nul_in_query(scope.get("query_string", b"").decode("latin-1")):
+        return "query string"
+    return None
+
+
+def refuse_nul_in_scope(app: ASGIApp) -> ASGIApp:
+    """The ASGI guard: an HTTP request answers as `refusal` would, a websocket is closed
+    before it opens; everything else goes to `app` untouched."""
+
+    async def guarded(scope: Scope, receive, send) -> None:
+        where = nul_in_scope(scope) if scope["type"] in ("http", "websocket") else None
+        if where is None:
+            await app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": WEBSOCKET_REFUSED})
+        else:
+            response = refusal(scope["path"], where)
+            headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+            await send({"type": "http.response.start", "status": 400, "headers": headers})
+            await send({"type": "http.response.body", "body": response.content})
+
+    return guarded

@@ -10,19 +10,22 @@ refusal at the door (`controlplane/nul.py`, `dynamo.jsonsafe`), `/search/?q=%00`
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.apps import apps
 from django.test import Client
 
+from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
 from controlplane.refresh import actions
 from controlplane.refresh.executor import execute_refresh
-from controlplane.refresh.models import RefreshState
+from controlplane.refresh.models import Gate, RefreshState
 from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
 from tests.integration.intake.conftest import SECRET, post_webhook
 from tests.security.test_hostile_strings import named_routes
@@ -251,3 +254,64 @@ def test_nul_in_a_worker_reply_during_a_refresh_is_journaled_not_a_crash(
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.HELD, (refresh.state, refresh.held_reason)
     assert admin_client.get(f"/refreshes/{refresh.pk}/").status_code == 200
+
+
+# -- in front of Django: the ASGI application as served ------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nul_in_a_gate_poll_answered_in_front_of_django(world, viewer):
+    """The fast gate reads the path before Django's middleware would: a poll with a good token
+    looked the gate up by the path's names (a database error, logged) before Django answered.
+    Now refused in front of both, in the API's shape; the token still polls a real gate."""
+    from controlplane.asgi import application
+    from tests.api.test_fast_gate import _call
+
+    _, secret = create_token(user=viewer, label="poller", actor=Actor.system(), sources=())
+    headers = {"Host": "127.0.0.1", "Authorization": f"Bearer {secret}"}
+    errors: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: errors.append(record.getMessage())  # type: ignore[method-assign]
+    project = logging.getLogger("controlplane")  # its own handlers: root's caplog misses it
+    project.addHandler(handler)
+    before = counts()
+    try:
+        status, answered, body = _call(application, "/api/v1/gates/src\x00a/rl-a", headers)
+    finally:
+        project.removeHandler(handler)
+    assert status == 400, body
+    assert answered["content-type"].startswith("application/json")
+    assert json.loads(body)["error"]["code"] == "nul_character"
+    # Nothing looked the names up: no database error logged on the way.
+    assert errors == []
+    assert counts() == before
+    Gate.objects.create(source=Source.objects.get(name="src-a"), namespace="rl-a")
+    status, _, body = _call(application, "/api/v1/gates/src-a/rl-a", headers)
+    assert status == 200, body
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/ws/gates/?source=a%00b",
+        "/ws/gate-table/?source=a%00b",
+        "/ws/fleet/sources/1/?version=a%00b",
+        "/ws/refreshes/1/?state=a%00b",
+    ],
+)
+def test_nul_in_a_websocket_query_closes_it_before_it_opens(path, admin_user):
+    from channels.testing import WebsocketCommunicator
+
+    from controlplane.asgi import application
+
+    async def connect():
+        communicator = WebsocketCommunicator(application, path)
+        communicator.scope["user"] = admin_user
+        connected, code = await communicator.connect(timeout=10)
+        await communicator.disconnect()
+        return connected, code
+
+    before = counts()
+    assert async_to_sync(connect)() == (False, 4400)
+    assert counts() == before

@@ -58,8 +58,9 @@ def nul_in_request(request: HttpRequest) -> str | None:
         for key, values in request.POST.lists():
             if NUL in key or _any_nul(values):
                 return "form field"
-        if _any_nul(f.name or "" for f in request.FILES.values()) or _any_nul(request.FILES):
-            return "form field"
+        for field, files in request.FILES.lists():
+            if NUL in field or _any_nul(f.name or "" for f in files):
+                return "form field"
     return None
 
 

@@ -185,9 +185,11 @@ def compose_problems(doc: dict) -> list[str]:
     allowed = (web.get("environment") or {}).get("FORWARDED_ALLOW_IPS")
     problems += forwarded_problems("service web", web_command, allowed)
     caddy_networks = services.get("caddy", {}).get("networks") or {}
-    caddy_addresses = [
-        (n or {}).get("ipv4_address") for n in caddy_networks.values()
-    ] if isinstance(caddy_networks, dict) else []
+    caddy_addresses = (
+        [(n or {}).get("ipv4_address") for n in caddy_networks.values()]
+        if isinstance(caddy_networks, dict)
+        else []
+    )
     if allowed and allowed not in caddy_addresses:
         problems.append(
             f"service web: FORWARDED_ALLOW_IPS {allowed!r} is not caddy's fixed address"

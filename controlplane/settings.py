@@ -283,7 +283,7 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "") or (
 # Peers whose X-Forwarded-For is believed (addresses or networks; `*` trusts every peer). The
 # one list for uvicorn (it reads FORWARDED_ALLOW_IPS itself) and the app's client address:
 # audit source_ip, login throttle, /metrics (controlplane/requests.py `client_address`).
-TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", env_list("FORWARDED_ALLOW_IPS", ["127.0.0.1"]))
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", env_list("FORWARDED_ALLOW_IPS", ["127.0.0.1", "::1"]))
 OBSERVATION_RETENTION_DAYS = env_int("OBSERVATION_RETENTION_DAYS", 14, minimum=1)
 
 # A source's gates say `unknown` (do not assume open) once its last successful discovery is

@@ -70,11 +70,14 @@ def _message(where: str) -> str:
 
 def refusal(path: str, where: str) -> HttpResponse:
     """The 400: the API's error shape under /api/, plain text elsewhere."""
+    response: HttpResponse
     if path.startswith(API_PREFIX):
         error = {"code": "nul_character", "message": _message(where), "details": {"where": where}}
-        return JsonResponse({"error": error}, status=400)
-    body = _message(where) + "\n"
-    response = HttpResponse(body, status=400, content_type="text/plain; charset=utf-8")
+        response = JsonResponse({"error": error}, status=400)
+    else:
+        body = _message(where) + "\n"
+        response = HttpResponse(body, status=400, content_type="text/plain; charset=utf-8")
+    # Also sent from the ASGI guard, in front of SecurityMiddleware: never sniffed as markup.
     response["X-Content-Type-Options"] = "nosniff"
     return response
 

@@ -33,6 +33,8 @@ RUN useradd --system --uid 10001 --home-dir /app controlplane \
 USER 10001
 
 EXPOSE 8000
-# uvicorn: several worker processes, X-Forwarded-* trusted from the proxy in front
-# (the web port is never published; see docker-compose.yml and deploy/kubernetes).
-CMD ["sh", "-c", "exec uvicorn controlplane.asgi:application --host 0.0.0.0 --port 8000 --workers ${WEB_CONCURRENCY:-4} --proxy-headers --forwarded-allow-ips=* --no-server-header --lifespan off"]
+# uvicorn: several worker processes, X-Forwarded-* trusted only from the proxy in front:
+# uvicorn reads FORWARDED_ALLOW_IPS (its address or network; loopback unless set), and so does
+# the app's own client address (TRUSTED_PROXIES defaults to it). Never `*`: whoever reaches the
+# port could then claim any address, loopback included (/metrics, audit, login throttle).
+CMD ["sh", "-c", "exec uvicorn controlplane.asgi:application --host 0.0.0.0 --port 8000 --workers ${WEB_CONCURRENCY:-4} --proxy-headers --no-server-header --lifespan off"]

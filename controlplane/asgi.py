@@ -13,6 +13,7 @@ from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from controlplane.intake.api import fast_gate  # noqa: E402
+from controlplane.nul import refuse_nul_in_scope  # noqa: E402
 from controlplane.realtime.fanout import with_socket_writers  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 
@@ -37,15 +38,19 @@ def _allowed_origins() -> list[str]:
     return list(settings.ALLOWED_HOSTS)
 
 
-application = ProtocolTypeRouter(
-    {
-        # Gate polls with a cached token and gate are answered before Django (see there).
-        "http": fast_gate.wrap(django_asgi_app),
-        # Outermost, to see the server's own send: live streams write frames to the socket.
-        "websocket": with_socket_writers(
-            BrowserOriginValidator(
-                AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), _allowed_origins()
-            )
-        ),
-    }
+# NUL in a path or query string is refused before anything reads it: the fast gate and the
+# websocket streams come before Django's middleware (controlplane/nul.py).
+application = refuse_nul_in_scope(
+    ProtocolTypeRouter(
+        {
+            # Gate polls with a cached token and gate are answered before Django (see there).
+            "http": fast_gate.wrap(django_asgi_app),
+            # Outermost, to see the server's own send: live streams write frames to the socket.
+            "websocket": with_socket_writers(
+                BrowserOriginValidator(
+                    AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), _allowed_origins()
+                )
+            ),
+        }
+    )
 )

@@ -2,12 +2,19 @@
 
 Views annotate their request with one of these so the attributes are checked by mypy instead
 of being set and read on a bare `HttpRequest` by convention.
+
+`client_address` is who sent a request, for everything that acts on it (audit source_ip,
+the login throttle, /metrics' allowed networks).
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 from typing import TYPE_CHECKING
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django_htmx.middleware import HtmxDetails
 
@@ -36,3 +43,61 @@ class ApiRequest(HttpRequest):
     grant: Grant | None
     audit_actor: Actor
     token_source_ids: set[int] | None
+
+
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@functools.lru_cache(maxsize=8)
+def _networks(entries: tuple[str, ...]) -> tuple[_Network, ...]:
+    networks: list[_Network] = []
+    for entry in entries:
+        if entry == "*":
+            networks += [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"TRUSTED_PROXIES: {entry!r} is not an IP address or network"
+            ) from None
+    return tuple(networks)
+
+
+def _address(text: str) -> _Address | None:
+    try:
+        return ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+
+
+def trusted_proxy(address: _Address) -> bool:
+    return any(address in network for network in _networks(tuple(settings.TRUSTED_PROXIES)))
+
+
+def client_address(request: HttpRequest) -> str | None:
+    """The address of whoever sent `request`.
+
+    The peer (REMOTE_ADDR), unless the peer is one of `TRUSTED_PROXIES`: then X-Forwarded-For
+    is read from the right, each trusted proxy having appended the address it saw, and the
+    first address that is not a trusted proxy is the client. Anything left of it was written by
+    the client and is ignored, so a forged `X-Forwarded-For: 127.0.0.1` from anywhere else
+    changes nothing. The same rule as uvicorn's `--forwarded-allow-ips`, so it holds whether or
+    not uvicorn already rewrote the peer (it reads the same list, FORWARDED_ALLOW_IPS).
+    """
+    peer = _address(request.META.get("REMOTE_ADDR") or "")
+    if peer is None:
+        return None
+    if not trusted_proxy(peer):
+        return str(peer)
+    hops = [hop for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if hop.strip()]
+    client = peer
+    for hop in reversed(hops):
+        address = _address(hop)
+        if address is None:  # not an address a proxy wrote: believe nothing further left
+            break
+        client = address
+        if not trusted_proxy(address):
+            break
+    return str(client)

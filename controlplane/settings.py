@@ -87,6 +87,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "controlplane.audit.middleware.CorrelationIdMiddleware",
+    # NUL in the path, query, headers or form fields: a 400 before any view (controlplane/nul.py).
+    "controlplane.nul.RefuseNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -273,6 +275,15 @@ DISCOVERY_PROBE_TIMEOUT_SECONDS = env_float("DISCOVERY_PROBE_TIMEOUT_SECONDS", 5
 DISCOVERY_PROBE_CONCURRENCY = env_int("DISCOVERY_PROBE_CONCURRENCY", 64, minimum=1)
 # Who may scrape /metrics without signing in (Prometheus); loopback unless configured.
 METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
+# When set, /metrics wants `Authorization: Bearer <token>` from every address instead (the
+# file form suits a mounted Secret); the allowed networks then no longer apply.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "") or (
+    Path(_token_file).read_text().strip() if (_token_file := env_str("METRICS_TOKEN_FILE")) else ""
+)
+# Peers whose X-Forwarded-For is believed (addresses or networks; `*` trusts every peer). The
+# one list for uvicorn (it reads FORWARDED_ALLOW_IPS itself) and the app's client address:
+# audit source_ip, login throttle, /metrics (controlplane/requests.py `client_address`).
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", env_list("FORWARDED_ALLOW_IPS", ["127.0.0.1", "::1"]))
 OBSERVATION_RETENTION_DAYS = env_int("OBSERVATION_RETENTION_DAYS", 14, minimum=1)
 
 # A source's gates say `unknown` (do not assume open) once its last successful discovery is

@@ -61,6 +61,30 @@ class InterpolationError(ValueError):
     pass
 
 
+#: uvicorn believing X-Forwarded-For from every peer: whoever reaches the web port could claim
+#: any client address, loopback included (/metrics, audit source_ip, login throttle).
+_TRUST_EVERY_PEER = re.compile(r"""--forwarded-allow-ips(?:=|\s+)["']?\*""")
+
+
+def forwarded_problems(where: str, command: str, allowed: str | None) -> list[str]:
+    """Forwarded headers trusted from the proxy only: never `*` on the command line, and
+    FORWARDED_ALLOW_IPS (which uvicorn and the app's TRUSTED_PROXIES read) set and not `*`."""
+    problems = []
+    if _TRUST_EVERY_PEER.search(command):
+        problems.append(f"{where}: uvicorn trusts forwarded headers from every peer (`*`)")
+    if not allowed or "*" in allowed:
+        problems.append(f"{where}: FORWARDED_ALLOW_IPS must name the proxy, got {allowed!r}")
+    return problems
+
+
+def dockerfile_problems(text: str) -> list[str]:
+    return [
+        f"Dockerfile: {line.strip()[:60]}…: trusts forwarded headers from every peer"
+        for line in text.splitlines()
+        if _TRUST_EVERY_PEER.search(line)
+    ]
+
+
 def interpolate(value: Any, env: Mapping[str, str]) -> Any:
     """Compose's `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?error}`, `$$`."""
     if isinstance(value, dict):
@@ -158,6 +182,18 @@ def compose_problems(doc: dict) -> list[str]:
             problems.append(f"service web: command lacks {needed}")
     if web.get("ports"):
         problems.append("service web: publishes a port; only the TLS proxy may")
+    allowed = (web.get("environment") or {}).get("FORWARDED_ALLOW_IPS")
+    problems += forwarded_problems("service web", web_command, allowed)
+    caddy_networks = services.get("caddy", {}).get("networks") or {}
+    caddy_addresses = (
+        [(n or {}).get("ipv4_address") for n in caddy_networks.values()]
+        if isinstance(caddy_networks, dict)
+        else []
+    )
+    if allowed and allowed not in caddy_addresses:
+        problems.append(
+            f"service web: FORWARDED_ALLOW_IPS {allowed!r} is not caddy's fixed address"
+        )
     published = [name for name, s in services.items() if s.get("ports")]
     if published != ["caddy"]:
         problems.append(f"only caddy may publish ports, found {published}")
@@ -299,6 +335,9 @@ def kubernetes_problems(docs: list[dict], *, overlay: str) -> list[str]:
             problems.append("web: livenessProbe is not /healthz")
         if _probe_path(container, "readinessProbe") != "/readyz":
             problems.append("web: readinessProbe is not /readyz")
+        config = by_name.get("ConfigMap/controlplane-config", {}).get("data") or {}
+        command = " ".join(map(str, container.get("command", []) + container.get("args", [])))
+        problems += forwarded_problems("web", command, config.get("FORWARDED_ALLOW_IPS"))
     beat = by_name.get("Deployment/controlplane-beat")
     if beat is None or beat["spec"].get("replicas") != 1:
         problems.append("beat: must be a Deployment with replicas 1")
@@ -350,6 +389,9 @@ def main() -> int:
         print(f"docker compose config: skipped ({output}); schema check instead")
     problems = compose_problems(load_compose())
     print(f"docker-compose.yml: {len(problems)} problem(s) (schema + rules)")
+    failures += problems
+    problems = dockerfile_problems((ROOT / "Dockerfile").read_text())
+    print(f"Dockerfile: {len(problems)} problem(s)")
     failures += problems
     for overlay in overlays():
         docs = render_overlay(overlay)

@@ -17,6 +17,7 @@ from controlplane.audit.chain import sign_entry
 from controlplane.audit.keys import hmac_keyring
 from controlplane.audit.models import AuditChainHead, AuditEvent
 from controlplane.correlation import current_correlation_id
+from controlplane.requests import client_address
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def actor_from_request(request) -> Actor:
 
 
 def client_ip(request) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
+    # Forwarded headers count only from TRUSTED_PROXIES (one rule for audit, throttle, metrics).
+    return client_address(request)
 
 
 def _describe_target(target) -> tuple[str, str, str]:

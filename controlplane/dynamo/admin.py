@@ -132,7 +132,8 @@ def decode_body(raw: bytes) -> Any:
     if not raw:
         return None
     try:
-        return loads_bounded(raw, max_bytes=max(len(raw), 1))
+        # NUL is allowed here: the checks of the reply's fields (limits) name the one holding it.
+        return loads_bounded(raw, max_bytes=max(len(raw), 1), allow_nul=True)
     except ValueError:
         return raw.decode("utf-8", "replace")
 

@@ -4,7 +4,8 @@
 a parse error), and a few hundred levels that do parse blow up later code that walks the value
 (hashing, rendering, PostgreSQL's jsonb). It also accepts `NaN` and `Infinity`, which are not
 JSON and which PostgreSQL refuses to store. `loads_bounded` checks size and depth *before*
-parsing, without recursion, and refuses those constants, so every caller gets one
+parsing, without recursion, and refuses those constants and NUL in strings (`\\u0000`, which
+no PostgreSQL text or jsonb column holds), so every caller gets one
 `ValueError` subclass with a message fit to show the sender.
 
 Plain Python, no Django: the Dynamo client and the web intake share it.
@@ -24,6 +25,9 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 # A JSON string (with escapes) or one bracket. Strings are matched whole so brackets inside them
 # are not counted; everything else is skipped by `finditer`.
 _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+# `\u0000` as an escape: preceded by an odd number of backslashes (`\\u0000` is a backslash
+# followed by the text "u0000"). A raw NUL byte is invalid JSON already (a control character).
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class UnsafeJSON(ValueError):
@@ -64,8 +68,11 @@ def loads_bounded(
     *,
     max_depth: int = DEFAULT_MAX_DEPTH,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    allow_nul: bool = False,
 ) -> Any:
-    """Parse `data` as JSON within `max_bytes` and `max_depth`; no NaN or Infinity.
+    """Parse `data` as JSON within `max_bytes` and `max_depth`; no NaN or Infinity, and no
+    NUL in strings unless `allow_nul` (for callers that check each value themselves and say
+    which one held it: the Dynamo client's `limits`).
 
     Raises `UnsafeJSON` (a `ValueError`) for every problem, including invalid UTF-8.
     """
@@ -79,6 +86,10 @@ def loads_bounded(
     else:
         text = data
     check_depth(text, max_depth)
+    if not allow_nul and "u0000" in text and _ESCAPED_NUL.search(text):
+        # PostgreSQL stores NUL in no text or jsonb column: refused here, where every caller
+        # answers the sender, rather than as a database error after it (controlplane/nul.py).
+        raise UnsafeJSON("nul_character", "JSON strings may not contain NUL (\\u0000)")
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except UnsafeJSON:

@@ -10,8 +10,11 @@ table is pruned (then a purge shows up as a counter reset, which `rate()` tolera
 discovery latency is quantiles over the last few minutes of runs, since runs are pruned.
 
 Labels stay low-cardinality: source, namespace, state, step, action, destination or endpoint
-names — never worker ids, instance ids or versions. Access is limited to
-`METRICS_ALLOWED_NETWORKS` (default: loopback), since scrapers do not sign in.
+names — never worker ids, instance ids or versions. Scrapers do not sign in, so access is
+either a bearer token (`METRICS_TOKEN`: then required from every address, compared in constant
+time) or, without one, the client address within `METRICS_ALLOWED_NETWORKS` (default:
+loopback) — the address `controlplane.requests.client_address` derives, which believes
+X-Forwarded-For only from `TRUSTED_PROXIES`, so a forged header does not make a client local.
 
 Gate gauges read the refresh app's gates by model label (`apps.get_model`): fleet never imports
 the apps built on it; those register their own collectors (`EXTRA_COLLECTORS`).
@@ -20,6 +23,7 @@ Panels built on these families: deploy/grafana/controlplane.json.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 from collections.abc import Iterator
 from datetime import timedelta
@@ -39,6 +43,7 @@ from prometheus_client.registry import Collector
 from controlplane.audit.metrics import AuditCollector
 from controlplane.fleet.models import DiscoveryRun, Source, Worker
 from controlplane.notify.metrics import NotifyCollector
+from controlplane.requests import client_address
 
 DEFAULT_ALLOWED = ("127.0.0.1/32", "::1/128")
 #: Discovery latency quantiles are taken over the runs of this many recent seconds.
@@ -51,9 +56,15 @@ EXTRA_COLLECTORS: list[Collector] = []
 
 
 def _allowed(request: HttpRequest) -> bool:
+    token = settings.METRICS_TOKEN
+    if token:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        )
     networks = getattr(settings, "METRICS_ALLOWED_NETWORKS", DEFAULT_ALLOWED)
     try:
-        addr = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+        addr = ipaddress.ip_address(client_address(request) or "")
     except ValueError:
         return False
     return any(addr in ipaddress.ip_network(n) for n in networks)
@@ -172,7 +183,8 @@ def gate_state_gauge(names: dict[int, str]) -> GaugeMetricFamily:
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     if not _allowed(request):
-        return HttpResponseForbidden("metrics are not served to this address\n")
+        refused = "a valid bearer token" if settings.METRICS_TOKEN else "an allowed address"
+        return HttpResponseForbidden(f"metrics are served only to {refused}\n")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector())
     registry.register(NotifyCollector())

@@ -106,3 +106,60 @@ def test_egress_policy_limits_destinations_and_ports():
     policy["spec"]["egress"].append({"ports": [{"protocol": "TCP", "port": 443}]})
     problems = validate.kubernetes_problems(docs, overlay="dev")
     assert problems == ["egress policy: a rule without `to` allows every destination"]
+
+
+#: Everything that ships a web command or documents one.
+SHIPPED_FILES = [
+    "Dockerfile",
+    "docker-compose.yml",
+    *(str(p.relative_to(validate.ROOT)) for p in (validate.ROOT / "deploy").rglob("*.y*ml")),
+    *(
+        str(p.relative_to(validate.ROOT))
+        for p in (validate.ROOT / "controlplane/embedded").rglob("*.py")
+    ),
+    *(str(p.relative_to(validate.ROOT)) for p in (validate.ROOT / "docs").rglob("*.md")),
+]
+
+
+@pytest.mark.parametrize("path", SHIPPED_FILES)
+def test_no_shipped_file_trusts_forwarded_headers_from_every_peer(path):
+    text = (validate.ROOT / path).read_text()
+    assert "--forwarded-allow-ips=*" not in text
+    assert not validate._TRUST_EVERY_PEER.search(text)
+
+
+def test_compose_trusts_forwarded_headers_from_caddys_fixed_address_only():
+    doc = validate.load_compose(env={**validate.SAMPLE_ENV, "CADDY_ADDRESS": "172.28.241.9"})
+    assert doc["services"]["web"]["environment"]["FORWARDED_ALLOW_IPS"] == "172.28.241.9"
+    assert doc["services"]["caddy"]["networks"]["edge"]["ipv4_address"] == "172.28.241.9"
+    assert "edge" in doc["services"]["web"]["networks"]
+    doc["services"]["web"]["command"][2] += " --forwarded-allow-ips=*"
+    doc["services"]["web"]["environment"]["FORWARDED_ALLOW_IPS"] = "172.28.241.3"
+    problems = validate.compose_problems(doc)
+    assert "service web: uvicorn trusts forwarded headers from every peer (`*`)" in problems
+    assert (
+        "service web: FORWARDED_ALLOW_IPS '172.28.241.3' is not caddy's fixed address" in problems
+    )
+    doc["services"]["web"]["environment"]["FORWARDED_ALLOW_IPS"] = "*"
+    assert "service web: FORWARDED_ALLOW_IPS must name the proxy, got '*'" in (
+        validate.compose_problems(doc)
+    )
+
+
+def test_dockerfile_check_catches_trust_in_every_peer():
+    assert validate.dockerfile_problems((validate.ROOT / "Dockerfile").read_text()) == []
+    broken = 'CMD ["sh", "-c", "exec uvicorn app --proxy-headers --forwarded-allow-ips=\'*\'"]'
+    assert len(validate.dockerfile_problems(broken)) == 1
+
+
+@needs_kubectl
+def test_kubernetes_web_trusts_forwarded_headers_from_the_configured_proxies_only():
+    docs = validate.render_overlay(validate.OVERLAYS / "production")
+    by_name = {validate._name(d): d for d in docs}
+    assert by_name["ConfigMap/controlplane-config"]["data"]["FORWARDED_ALLOW_IPS"]
+    container = by_name["Deployment/controlplane-web"]["spec"]["template"]["spec"]["containers"][0]
+    container["command"][2] += " --forwarded-allow-ips=*"
+    del by_name["ConfigMap/controlplane-config"]["data"]["FORWARDED_ALLOW_IPS"]
+    problems = validate.kubernetes_problems(docs, overlay="production")
+    assert "web: uvicorn trusts forwarded headers from every peer (`*`)" in problems
+    assert "web: FORWARDED_ALLOW_IPS must name the proxy, got None" in problems

@@ -81,3 +81,16 @@ pytest_plugins = [
     "tests.fixtures.live_server",
     "tests.fixtures.channels",
 ]
+
+
+#: Suites that run one at a time under pytest-xdist (`--dist loadgroup`), each on one worker:
+#: real Dynamo processes and fault scenarios load the whole machine, and their timing bounds
+#: assume nothing else of theirs runs beside them. Everything else spreads over the workers.
+_SERIAL_SUITES = ("tests/interop/", "tests/fault/")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for suite in _SERIAL_SUITES:
+            if item.nodeid.startswith(suite):
+                item.add_marker(pytest.mark.xdist_group(suite.strip("/").replace("/", "-")))

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from . import limits
+from .discovery_fast import parse_well_formed
 from .errors import (
     CallTimeout,
     DiscoveryError,
@@ -32,83 +31,49 @@ from .errors import (
     one_line,
 )
 from .http import DynamoClient
+from .listing import (
+    SUPPORTED_PROTOCOL_VERSIONS,
+    U32_MAX,
+    U64_MAX,
+    DiscoveredWorker,
+    DiscoveryResult,
+    RejectedEntry,
+    RepeatedKeys,
+    WorkerIdentity,
+    admin_base_url_problem,
+    object_pairs,
+    system_url_problem,
+    worker_key,
+)
 from .policy import OutboundPolicy
-from .urls import url_problem
 
-SUPPORTED_PROTOCOL_VERSIONS = frozenset({1})
+# The listing's types live in `listing` (shared with the fast path); this module stays the face
+# callers import them from.
+__all__ = [
+    "DISCOVERY_PATH",
+    "MAX_DISCOVERY_BYTES",
+    "MAX_ERROR_BODY_BYTES",
+    "SUPPORTED_PROTOCOL_VERSIONS",
+    "U32_MAX",
+    "U64_MAX",
+    "DiscoveredWorker",
+    "DiscoveryResult",
+    "RejectedEntry",
+    "WorkerIdentity",
+    "admin_base_url_problem",
+    "discovery_url",
+    "fetch_discovery",
+    "parse_discovery",
+    "parse_instance_id",
+    "parse_worker",
+    "worker_key",
+]
+
 #: A listener reporting thousands of workers is ~1 MB; anything near this cap is not a listener.
 MAX_DISCOVERY_BYTES = 16 * 1024 * 1024
 #: Error bodies (e.g. `discovery_failed`) are small; don't read megabytes to show one message.
 MAX_ERROR_BODY_BYTES = 64 * 1024
 DISCOVERY_PATH = "/v1/rl/workers"
-
-U64_MAX = 2**64 - 1
-U32_MAX = 2**32 - 1
-
-
-def worker_key(namespace: str, component: str, endpoint: str, instance_id: int | str) -> str:
-    """A worker's one text key, `namespace/component/endpoint/instance_id`, used everywhere.
-
-    `instance_id` is a u64 that may exceed 2^63, so it is kept as decimal text (an int or the
-    text a database column holds give the same key).
-    """
-    return f"{namespace}/{component}/{endpoint}/{instance_id}"
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerIdentity:
-    """A worker is (namespace, component, endpoint, instance_id) — never a list position."""
-
-    namespace: str
-    component: str
-    endpoint: str
-    instance_id: int
-
-    @property
-    def key(self) -> str:
-        return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
-
-
-@dataclass(frozen=True, slots=True)
-class DiscoveredWorker:
-    """One validated entry. Optional fields are None exactly when the listener omitted them."""
-
-    identity: WorkerIdentity
-    transport: dict[str, Any]
-    request_plane_url: str
-    routes: tuple[str, ...]
-    system_url: str | None = None
-    admin_base_url: str | None = None
-    model: str | None = None
-    world_size: int | None = None
-    error: str | None = None
-
-    @property
-    def key(self) -> str:
-        return self.identity.key
-
-    @property
-    def available(self) -> bool:
-        """False for probe-error entries: listed, but not usable for admin calls."""
-        return self.error is None
-
-
-@dataclass(frozen=True, slots=True)
-class RejectedEntry:
-    """An entry we could not validate. `raw` is the JSON value as received when it is small and
-    storable, else a truncated JSON text of it (`limits.raw_preview`), for display."""
-
-    index: int
-    reason: str
-    raw: Any
-
-
-@dataclass(frozen=True, slots=True)
-class DiscoveryResult:
-    protocol_version: int
-    namespace: str
-    workers: tuple[DiscoveredWorker, ...]
-    rejected: tuple[RejectedEntry, ...] = ()
 
 
 class _EntryError(ValueError):
@@ -117,23 +82,6 @@ class _EntryError(ValueError):
 
 class _PayloadError(ValueError):
     """Internal: raised from inside the JSON decoder's hooks; becomes a DiscoveryError."""
-
-
-class _RepeatedKeys(dict[str, Any]):
-    """A JSON object that gave a key more than once (the dict holds the last value)."""
-
-    __slots__ = ("repeated",)
-    repeated: list[str]
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) == len(pairs):
-        return obj
-    marked = _RepeatedKeys(obj)
-    counts = Counter(key for key, _ in pairs)
-    marked.repeated = sorted(key for key, n in counts.items() if n > 1)
-    return marked
 
 
 def _float(text: str) -> float:
@@ -186,7 +134,7 @@ def _repeated_keys_problem(value: object) -> str | None:
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, _RepeatedKeys):
+        if isinstance(item, RepeatedKeys):
             return f"repeats the key {one_line(repr(item.repeated[0]), 60)}"
         if isinstance(item, dict):
             stack.extend(item.values())
@@ -238,24 +186,6 @@ def parse_instance_id(value: object) -> int:
     return value
 
 
-def admin_base_url_problem(url: str) -> str | None:
-    """The listener's admin base URL rules (§1.5), with its wording. None when valid."""
-    return url_problem(url, "RL admin base URL", allow_padding=True)
-
-
-def _system_url_problem(url: str) -> str | None:
-    # The listener copies system_url without validating it; we need an http(s) base to call.
-    # Anything else in it (userinfo, query) is the outbound policy's to refuse at call time.
-    return url_problem(
-        url,
-        "system_url",
-        allow_padding=True,
-        allow_userinfo=True,
-        allow_query=True,
-        allow_fragment=True,
-    )
-
-
 def _parse_routes(value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise _EntryError("'routes' must be an array of strings")
@@ -283,7 +213,7 @@ def parse_worker(entry: object) -> DiscoveredWorker:
     """Validate one worker entry (contract §1.3). Raises ValueError with the reason."""
     if not isinstance(entry, dict):
         raise _EntryError(f"entry must be an object, got {type(entry).__name__}")
-    if isinstance(entry, _RepeatedKeys):
+    if isinstance(entry, RepeatedKeys):
         raise _EntryError(f"entry repeats the key {one_line(repr(entry.repeated[0]), 60)}")
     if "instance_id" not in entry:
         raise _EntryError("missing 'instance_id'")
@@ -302,7 +232,7 @@ def parse_worker(entry: object) -> DiscoveredWorker:
     routes = _parse_routes(entry["routes"])
 
     system_url = _optional_str(entry, "system_url", limits.URL_MAX)
-    if system_url is not None and (problem := _system_url_problem(system_url)):
+    if system_url is not None and (problem := system_url_problem(system_url)):
         raise _EntryError(problem)
     admin_base_url = _optional_str(entry, "admin_base_url", limits.URL_MAX)
     if admin_base_url is not None and (problem := admin_base_url_problem(admin_base_url)):
@@ -336,7 +266,7 @@ def _load_json(body: bytes | str) -> object:
     try:
         payload = json.loads(
             body,
-            object_pairs_hook=_object,
+            object_pairs_hook=object_pairs,
             parse_float=_float,
             parse_int=_int,
             parse_constant=_constant,
@@ -360,9 +290,7 @@ def parse_discovery(body: bytes | str) -> DiscoveryResult:
     A plainly well-formed listing takes the fast path (`discovery_fast`); anything else,
     including every payload or entry that is refused, is parsed here with its reasons.
     """
-    from .discovery_fast import parse_well_formed  # it builds on this module's types
-
-    well_formed = parse_well_formed(body)
+    well_formed = parse_well_formed(body, max_bytes=MAX_DISCOVERY_BYTES)
     if well_formed is not None:
         return well_formed
     return _parse_detailed(body)
@@ -374,7 +302,7 @@ def _parse_detailed(body: bytes | str) -> DiscoveryResult:
         raise DiscoveryError(
             f"discovery payload must be a JSON object, got {type(payload).__name__}"
         )
-    if isinstance(payload, _RepeatedKeys):
+    if isinstance(payload, RepeatedKeys):
         raise DiscoveryError(
             f"discovery payload repeats the key {one_line(repr(payload.repeated[0]), 60)}"
         )

@@ -27,17 +27,17 @@ import json
 import re
 from typing import Any
 
-from . import discovery, limits
-from .discovery import (
+from . import limits
+from .listing import (
     SUPPORTED_PROTOCOL_VERSIONS,
     U32_MAX,
     U64_MAX,
     DiscoveredWorker,
     DiscoveryResult,
     WorkerIdentity,
-    _object,
-    _system_url_problem,
     admin_base_url_problem,
+    object_pairs,
+    system_url_problem,
 )
 
 _TOP_KEYS = frozenset({"protocol_version", "namespace", "workers"})
@@ -65,7 +65,7 @@ _OPTIONAL_TEXT = (
 )
 #: Worst case of compact JSON per character (`\u001f`), for the transport size bound.
 _JSON_CHAR_MAX = 6
-#: The scheme and authority of a plain http(s) URL (what decides `_system_url_problem`).
+#: The scheme and authority of a plain http(s) URL (what decides `system_url_problem`).
 _ORIGIN = re.compile(r"https?://[^/?#]*")
 
 
@@ -120,7 +120,7 @@ class _Listing:
         return known
 
     def system_url_ok(self, url: str) -> bool:
-        """`_system_url_problem(url) is None`. For a printable ASCII URL starting with an http
+        """`system_url_problem(url) is None`. For a printable ASCII URL starting with an http
         scheme its verdict depends only on the scheme and authority (query, fragment and
         userinfo are allowed), so it is judged once per origin."""
         if url.isascii() and url.isprintable() and " " not in url:
@@ -129,9 +129,9 @@ class _Listing:
                 key = origin.group()
                 verdict = self.origins.get(key)
                 if verdict is None:
-                    verdict = self.origins[key] = _system_url_problem(key) is None
+                    verdict = self.origins[key] = system_url_problem(key) is None
                 return verdict
-        return _system_url_problem(url) is None
+        return system_url_problem(url) is None
 
     def transport_of(self, value: object) -> dict[str, Any]:
         if type(value) is not dict or not value:
@@ -193,12 +193,13 @@ class _Listing:
         )
 
 
-def parse_well_formed(body: bytes | str) -> DiscoveryResult | None:
+def parse_well_formed(body: bytes | str, *, max_bytes: int) -> DiscoveryResult | None:
     """The listing in `body` when it is plainly well-formed (every entry accepted), else None
-    (anything else, including any entry the detailed validator would reject)."""
+    (anything else, including any entry the detailed validator would reject, or a body over
+    `max_bytes`, which the detailed validator refuses with its reason)."""
     # Every character is at most 4 bytes of UTF-8: a str under this is under the byte limit.
     size = len(body) if isinstance(body, bytes) else 4 * len(body)
-    if size > discovery.MAX_DISCOVERY_BYTES:  # read at call time (tests lower it)
+    if size > max_bytes:
         return None
     if isinstance(body, bytes):
         # Counting quote bytes is counting quotes only in UTF-8 (in UTF-16 or UTF-32, which
@@ -209,7 +210,7 @@ def parse_well_formed(body: bytes | str) -> DiscoveryResult | None:
         quotes = body.count('"') if "\\" not in body else None
     counted = quotes is not None
     try:
-        payload = json.loads(body) if counted else json.loads(body, object_pairs_hook=_object)
+        payload = json.loads(body) if counted else json.loads(body, object_pairs_hook=object_pairs)
     except (ValueError, TypeError, RecursionError):
         return None
     try:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.dynamo import discovery_fast
-from controlplane.dynamo.discovery import _parse_detailed, parse_discovery
+from controlplane.dynamo.discovery import MAX_DISCOVERY_BYTES, _parse_detailed, parse_discovery
 from controlplane.dynamo.discovery_fast import parse_well_formed
 from controlplane.dynamo.errors import DiscoveryError
 from tests.unit.dynamo.test_discovery_hostile import hostile_body, to_json, valid_entries
@@ -33,7 +33,7 @@ def _detailed(body):
 def _agrees(body) -> bool:
     """True when the fast path took `body`; fails when it took it and the detailed validator
     refused it, rejected an entry, or read it differently."""
-    fast = parse_well_formed(body)
+    fast = parse_well_formed(body, max_bytes=MAX_DISCOVERY_BYTES)
     if fast is None:
         return False
     detailed = _detailed(body)
@@ -105,7 +105,7 @@ def _listing(workers: int = 50) -> dict:
 def test_a_listener_listing_takes_the_fast_path_with_exact_u64_ids():
     doc = _listing()
     body = json.dumps(doc, separators=(",", ":")).encode()
-    result = parse_well_formed(body)
+    result = parse_well_formed(body, max_bytes=MAX_DISCOVERY_BYTES)
     assert result is not None and result == _parse_detailed(body)
     assert result.workers[0].identity.instance_id == 2**64 - 1  # exact, past 2^63 and 2^53
     assert parse_discovery(body) == result
@@ -150,7 +150,7 @@ def test_a_listener_listing_takes_the_fast_path_with_exact_u64_ids():
 def test_anything_unusual_leaves_the_fast_path(edit):
     body = edit(json.dumps(_listing(3), separators=(",", ":"))).encode()
     assert body != json.dumps(_listing(3), separators=(",", ":")).encode()
-    assert parse_well_formed(body) is None
+    assert parse_well_formed(body, max_bytes=MAX_DISCOVERY_BYTES) is None
     # The detailed validator decides (refusal, rejected entry, or a shape only it reads).
     detailed = _detailed(body)
     if not isinstance(detailed, DiscoveryError):
@@ -161,20 +161,23 @@ def test_a_repeated_worker_leaves_the_fast_path():
     doc = _listing(3)
     doc["workers"].append(dict(doc["workers"][0]))
     body = json.dumps(doc).encode()
-    assert parse_well_formed(body) is None
+    assert parse_well_formed(body, max_bytes=MAX_DISCOVERY_BYTES) is None
     assert len(parse_discovery(body).rejected) == 1
 
 
 def test_system_url_verdicts_are_shared_per_origin_only_for_plain_urls(monkeypatch):
     judged: list[str] = []
-    real = discovery_fast._system_url_problem
+    real = discovery_fast.system_url_problem
 
     def counting(url):
         judged.append(url)
         return real(url)
 
-    monkeypatch.setattr(discovery_fast, "_system_url_problem", counting)
-    assert parse_well_formed(json.dumps(_listing(40)).encode()) is not None
+    monkeypatch.setattr(discovery_fast, "system_url_problem", counting)
+    assert (
+        parse_well_formed(json.dumps(_listing(40)).encode(), max_bytes=MAX_DISCOVERY_BYTES)
+        is not None
+    )
     assert judged == ["http://127.0.0.1:9000"]  # 40 workers, one origin
 
 
@@ -184,8 +187,8 @@ def test_a_repeated_key_in_a_utf16_or_utf32_body_leaves_the_fast_path(encoding):
     text = json.dumps(_listing(2), separators=(",", ":"), ensure_ascii=False)
     text = text.replace('"model":"sim-model"', '"model":"\u2200\u2200","model":"other"', 1)
     body = text.encode(encoding)
-    assert parse_well_formed(body) is None
+    assert parse_well_formed(body, max_bytes=MAX_DISCOVERY_BYTES) is None
     assert len(parse_discovery(body).rejected) == 1
     # Without the repeat, the same encoding is still parsed (by the hook path).
     plain = json.dumps(_listing(2), separators=(",", ":")).encode(encoding)
-    assert parse_well_formed(plain) == _parse_detailed(plain)
+    assert parse_well_formed(plain, max_bytes=MAX_DISCOVERY_BYTES) == _parse_detailed(plain)

@@ -164,7 +164,7 @@ else:
     # `?application_name=` wins), so an operator can see who holds the server's connections.
     _db_options.setdefault("application_name", f"controlplane-{PROCESS_KIND}")
     if PROCESS_KIND == "web":
-        from psycopg_pool import ConnectionPool
+        from controlplane import dbpool
 
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses a pool with persistent ones
         _db_options["pool"] = {
@@ -173,7 +173,7 @@ else:
             "timeout": DATABASE_POOL_TIMEOUT_SECONDS,
             # Test each connection before handing it out: one whose backend was terminated
             # (restart, failover, idle timeout) is discarded instead of failing the request.
-            "check": ConnectionPool.check_connection,
+            "check": dbpool.check_connection,
         }
     else:
         DATABASES["default"]["CONN_MAX_AGE"] = DATABASE_CONN_MAX_AGE

@@ -1,0 +1,303 @@
+"""PostgreSQL backends terminated under running policy refreshes and web requests.
+
+The backends of the test database are killed from a connection of their own
+(`pg_terminate_backend`, as a failover or a restart would), at chosen points — inside a
+journal write, right before a lease renewal — and at random, while three refreshes run on
+simulated fleets. A transient failure must never need a person: every refresh ends
+`succeeded`, none holds, no worker stays paused, and no admin call is made twice because a
+write of its record failed. Only an outage longer than `REFRESH_DB_OUTAGE_SECONDS` holds, and
+its reason says the database was unreachable. The web pool hands out no dead connection.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.test import Client
+
+from controlplane import dbpool
+from controlplane.refresh import actions
+from controlplane.refresh.executor import journal, runner
+from controlplane.refresh.executor.lease import Lease
+from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshState
+from controlplane.simfleet import Fault
+from tests.integration.refresh.helpers import (
+    actor_for,
+    execute_in_thread,
+    fleet_config,
+    make_source,
+    paused_workers,
+    plan,
+    wait_for,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UPDATE_ROUTE = "update_weights_from_disk"
+
+
+def _admin_connection() -> psycopg.Connection:
+    """A connection to the server's `postgres` database: it survives the terminations."""
+    params = connection.settings_dict
+    return psycopg.connect(
+        host=params["HOST"] or "127.0.0.1",
+        port=int(params["PORT"] or 5432),
+        user=params["USER"] or "postgres",
+        password=params["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+    )
+
+
+class Terminator:
+    """Kills every backend of this run's test database (never another database's)."""
+
+    def __init__(self) -> None:
+        self.database = connection.settings_dict["NAME"]
+        assert self.database.startswith("test_"), self.database
+        self._admin = _admin_connection()
+        self._lock = threading.Lock()
+        self.rounds = 0
+        self.killed = 0
+
+    def __call__(self) -> int:
+        with self._lock:
+            rows = self._admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                [self.database],
+            ).fetchall()
+            self.rounds += 1
+            self.killed += sum(1 for (ok,) in rows if ok)
+            return len(rows)
+
+    def allow_connections(self, allowed: bool) -> None:
+        with self._lock:
+            self._admin.execute(
+                f'ALTER DATABASE "{self.database}" WITH ALLOW_CONNECTIONS {str(allowed).lower()}'
+            )
+
+    def close(self) -> None:
+        self._admin.close()
+
+
+@pytest.fixture
+def terminate() -> Iterator[Terminator]:
+    terminator = Terminator()
+    try:
+        yield terminator
+    finally:
+        terminator.allow_connections(True)
+        terminator.close()
+        # This thread's connection was killed as well: the next test starts on a fresh one.
+        connection.close()
+
+
+def started_refresh(simfleet_factory, operator, name: str, workers: int = 4):
+    fleet = simfleet_factory(fleet_config(workers, seed=hash(name) % 1000))
+    refresh = plan(make_source(fleet, name=name), operator, "v2")
+    assert not refresh.plan_blockers, refresh.plan_blockers
+    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    return refresh, fleet
+
+
+def calls_per_attempt(refresh) -> collections.Counter:
+    """Journal rows per (worker, step, attempt, operation): each admin call of an attempt is
+    written once."""
+    return collections.Counter(
+        JournalEntry.objects.filter(refresh=refresh).values_list(
+            "planned_worker_id", "step", "attempt", "operation"
+        )
+    )
+
+
+def test_refreshes_ride_out_terminated_backends(
+    simfleet_factory, operator, monkeypatch, settings, terminate, fault_report
+):
+    settings.REFRESH_DB_OUTAGE_SECONDS = 20.0
+    # Beats and renewals every few tens of milliseconds, so renewals happen during the steps.
+    monkeypatch.setattr(journal, "HEARTBEAT_SECONDS", 0.02)
+    monkeypatch.setattr(journal, "LEASE_RENEWAL_FRACTION", 0.05 / settings.REFRESH_LEASE_SECONDS)
+    # One flush per outcome: more journal writes to cut.
+    monkeypatch.setattr(journal, "FLUSHES_PER_STEP", 10_000)
+    runs = [started_refresh(simfleet_factory, operator, f"pg-{i}") for i in range(3)]
+    for _, fleet in runs:
+        for worker in fleet.workers():
+            fleet.inject(worker["key"], UPDATE_ROUTE, Fault.latency(0.3, once=True))
+
+    cuts = collections.Counter()
+    lock = threading.Lock()
+
+    def cut(where: str, every: int) -> bool:
+        with lock:
+            cuts[f"seen:{where}"] += 1
+            due = cuts[f"seen:{where}"] % every == 1
+            if due:
+                cuts[where] += 1
+        return due
+
+    insert_values = journal.insert_values
+
+    def insert_cut(model, fields, rows):
+        # Inside the flush's transaction, after its fence: the write itself is cut.
+        if model is JournalEntry and cut("journal_write", 4):
+            terminate()
+        return insert_values(model, fields, rows)
+
+    guard_reading_abort = Lease.guard_reading_abort
+
+    def renewal_cut(self):
+        # A heartbeat's renewal runs on its own, outside a transaction.
+        if not connection.in_atomic_block and cut("lease_renewal", 5):
+            terminate()
+        return guard_reading_abort(self)
+
+    monkeypatch.setattr(journal, "insert_values", insert_cut)
+    monkeypatch.setattr(Lease, "guard_reading_abort", renewal_cut)
+
+    stop = threading.Event()
+
+    def at_random() -> None:
+        while not stop.wait(0.25):
+            terminate()
+
+    threads = [execute_in_thread(refresh) for refresh, _ in runs]
+    chaos = threading.Thread(target=at_random, daemon=True)
+    chaos.start()
+    try:
+        for thread, _ in threads:
+            thread.join(50)
+    finally:
+        stop.set()
+        chaos.join(5)
+    connection.close()
+    assert all(done for _, done in threads), "an executor did not finish"
+
+    held = 0
+    for (refresh, fleet), (_, done) in zip(runs, threads, strict=True):
+        refresh.refresh_from_db()
+        held += refresh.state == RefreshState.HELD
+        assert done == [RefreshState.SUCCEEDED], (done, refresh.state, refresh.held_reason)
+        assert paused_workers(fleet) == []
+        # No call made twice: the fleet saw one update per worker, the journal one row per
+        # call of each attempt.
+        assert [w["update_count"] for w in fleet.workers()] == [1] * len(fleet.workers())
+        repeated = {k: n for k, n in calls_per_attempt(refresh).items() if n > 1}
+        assert not repeated, repeated
+    assert cuts["journal_write"] >= 2 and cuts["lease_renewal"] >= 2, cuts
+    fault_report(
+        refreshes=len(runs),
+        held_by_transient=held,
+        unowned_paused=sum(len(paused_workers(fleet)) for _, fleet in runs),
+        terminations=terminate.rounds,
+        backends_killed=terminate.killed,
+        cut_journal_writes=cuts["journal_write"],
+        cut_lease_renewals=cuts["lease_renewal"],
+    )
+
+
+def test_an_outage_past_the_bound_holds_naming_the_database(
+    simfleet_factory, operator, monkeypatch, settings, terminate, fault_report
+):
+    settings.REFRESH_DB_OUTAGE_SECONDS = 1.5
+    # A refused connection would keep each attempt in the pool's queue for its whole timeout.
+    monkeypatch.setattr(connection.pool, "timeout", 0.3)
+    refresh, fleet = started_refresh(simfleet_factory, operator, "pg-long")
+    for worker in fleet.workers():
+        fleet.inject(worker["key"], UPDATE_ROUTE, Fault.latency(0.3, once=True))
+
+    gave_up = threading.Event()
+    hold_after_outage = runner.Runner._hold_after_outage
+
+    def holding(self, outage):
+        gave_up.set()
+        return hold_after_outage(self, outage)
+
+    monkeypatch.setattr(runner.Runner, "_hold_after_outage", holding)
+    insert_values = journal.insert_values
+    cut = threading.Event()
+
+    def outage_at_first_write(model, fields, rows):
+        # The first journal write meets a database that refuses every connection.
+        if model is JournalEntry and not cut.is_set():
+            cut.set()
+            terminate.allow_connections(False)
+            terminate()
+        return insert_values(model, fields, rows)
+
+    monkeypatch.setattr(journal, "insert_values", outage_at_first_write)
+    thread, done = execute_in_thread(refresh)
+    started = time.monotonic()
+    try:
+        wait_for(gave_up.is_set, timeout=30)
+        outage = time.monotonic() - started
+    finally:
+        terminate.allow_connections(True)
+        thread.join(40)
+    connection.close()
+    assert done == [RefreshState.HELD], done
+    refresh = PolicyRefresh.objects.get(pk=refresh.pk)
+    assert refresh.state == RefreshState.HELD
+    assert refresh.held_reason.startswith("database unreachable for "), refresh.held_reason
+    assert "REFRESH_DB_OUTAGE_SECONDS=1.5" in refresh.held_reason
+    assert "writing the update journal" in refresh.held_reason
+    # The calls made before and during the outage are in the journal, once each.
+    updated = {w["key"] for w in fleet.workers() if w["update_count"]}
+    journaled = set(
+        JournalEntry.objects.filter(refresh=refresh, step="update").values_list(
+            "planned_worker__key", flat=True
+        )
+    )
+    assert updated and updated == journaled, (updated, journaled)
+    repeated = {k: n for k, n in calls_per_attempt(refresh).items() if n > 1}
+    assert not repeated, repeated
+    fault_report(refreshes=1, held_by_outage=1, outage_seconds=round(outage, 1))
+
+
+def test_the_web_pool_checks_connections_before_use(settings):
+    assert settings.DATABASES["default"]["OPTIONS"]["pool"]["check"] is dbpool.check_connection
+    # Django hands the options to the pool it builds.
+    assert connection.pool._check is dbpool.check_connection
+
+
+@pytest.fixture
+def operator_cookies(operator) -> dict[str, str]:
+    client = Client()
+    client.force_login(operator)
+    name = django_settings.SESSION_COOKIE_NAME
+    return {name: client.cookies[name].value}
+
+
+def test_requests_after_terminated_backends_answer(
+    live_server_url, operator_cookies, terminate, fault_report
+):
+    """The live ASGI server is a web process: its connections come from the pool. Each round
+    fills the pool with idle connections, kills them, and asks again."""
+    statuses: collections.Counter = collections.Counter()
+
+    def get(client: httpx.Client) -> None:
+        statuses[client.get("/refreshes/").status_code] += 1
+
+    with httpx.Client(base_url=live_server_url, cookies=operator_cookies, timeout=30) as client:
+        for _ in range(3):
+            with concurrent.futures.ThreadPoolExecutor(8) as burst:
+                list(burst.map(lambda _: get(client), range(16)))
+            terminate()
+            for _ in range(20):
+                get(client)
+    assert statuses == {200: 108}, statuses
+    fault_report(
+        requests=statuses.total(),
+        server_errors=statuses.total() - statuses[200],
+        terminations=terminate.rounds,
+        backends_killed=terminate.killed,
+    )

@@ -227,8 +227,9 @@ def test_an_outage_past_the_bound_holds_naming_the_database(
     cut = threading.Event()
 
     def outage_at_first_write(model, fields, rows):
-        # The first journal write meets a database that refuses every connection.
-        if model is JournalEntry and not cut.is_set():
+        # The update's first journal write meets a database that refuses every connection
+        # (rows are tuples in `JOURNAL_FIELDS` order: the step is the third).
+        if model is JournalEntry and rows[0][2] == "update" and not cut.is_set():
             cut.set()
             terminate.allow_connections(False)
             terminate()
@@ -251,7 +252,7 @@ def test_an_outage_past_the_bound_holds_naming_the_database(
     assert "REFRESH_DB_OUTAGE_SECONDS=1.5" in refresh.held_reason
     assert "writing the update journal" in refresh.held_reason
     # The calls made before and during the outage are in the journal, once each.
-    updated = {w["key"] for w in fleet.workers() if w["update_count"]}
+    updated = {w["identity"] for w in fleet.workers() if w["update_count"]}
     journaled = set(
         JournalEntry.objects.filter(refresh=refresh, step="update").values_list(
             "planned_worker__key", flat=True

@@ -519,8 +519,10 @@ class Runner:
         """The database stayed unreachable past the bound: hold, with the outage as the reason,
         as soon as it answers again — after writing the journal of calls made meanwhile.
 
-        If it does not answer within another bound either, the lease is left to expire: the
-        reconciler resumes the refresh later, as after a crash (see `steps.Update`)."""
+        It keeps trying for as long as the lease would last (at least another bound): until
+        then nobody else may take the refresh. If the database still does not answer, the lease
+        is left to expire and the reconciler resumes the refresh later, as after a crash (see
+        `steps.Update`)."""
         logger.error("policy refresh #%s: %s", self.lease.refresh_id, outage)
         step_run = self._step_run
 
@@ -535,7 +537,11 @@ class Runner:
             return RefreshState.HELD
 
         try:
-            return dbretry.retry(hold, what="holding the refresh after a database outage")
+            return dbretry.retry(
+                hold,
+                what="holding the refresh after a database outage",
+                outage=dbretry.Outage(max(outage.bound, self.lease.seconds)),
+            )
         except LeaseLost:
             return "lease_lost"
         except dbretry.DatabaseOutage:

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -24,12 +29,19 @@ from django.conf import settings as django_settings
 from django.db import connection
 from django.test import Client
 
-from controlplane import dbpool
+from controlplane import dbpool, dbretry
 from controlplane.refresh import actions
 from controlplane.refresh.executor import journal
 from controlplane.refresh.executor.lease import Lease
-from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshState
+from controlplane.refresh.models import (
+    EXECUTING_STATES,
+    JournalEntry,
+    PolicyRefresh,
+    RefreshState,
+)
+from controlplane.refresh.tasks import execute_policy_refresh
 from controlplane.simfleet import Fault
+from tests.fixtures.live_server import _database_url as live_server_database_url
 from tests.integration.refresh.helpers import (
     actor_for,
     execute_in_thread,
@@ -293,6 +305,78 @@ def test_requests_after_terminated_backends_answer(
     fault_report(
         requests=statuses.total(),
         server_errors=statuses.total() - statuses[200],
+        terminations=terminate.rounds,
+        backends_killed=terminate.killed,
+    )
+
+
+@contextlib.contextmanager
+def celery_process(log_path, queue: str) -> Iterator[subprocess.Popen]:
+    """`celery -A controlplane worker` as production runs it: its own process, a Celery
+    process kind (persistent connections, health-checked), on the test database."""
+    env = dict(
+        os.environ,
+        DATABASE_URL=live_server_database_url(),
+        CONTROLPLANE_PROCESS="celery",
+    )
+    command = [
+        sys.executable,
+        *("-m", "celery", "-A", "controlplane", "worker", "-P", "threads", "-c", "2"),
+        *("-Q", queue, "-l", "INFO", "--without-mingle", "--without-gossip"),
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: b"ready." in log_path.read_bytes() or process.poll() is not None, 60)
+        assert process.poll() is None, log_path.read_text()
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def state_of(refresh) -> str:
+    # This thread's connection is killed with the others: reconnect as the executor does.
+    return dbretry.retry(
+        lambda: PolicyRefresh.objects.values_list("state", flat=True).get(pk=refresh.pk),
+        what="reading the refresh",
+    )
+
+
+def test_a_celery_worker_rides_out_terminated_backends(
+    simfleet_factory, operator, settings, terminate, fault_report, tmp_path
+):
+    """The executor in a real Celery worker: backends killed during its task, and again
+    between tasks (the worker's kept connection is dead when the next task starts)."""
+    settings.REFRESH_DB_OUTAGE_SECONDS = 20.0
+    queue = f"pgretry-{uuid.uuid4().hex[:12]}"
+    runs = [started_refresh(simfleet_factory, operator, f"celery-{i}") for i in range(2)]
+    for _, fleet in runs:
+        for worker in fleet.workers():
+            fleet.inject(worker["key"], UPDATE_ROUTE, Fault.latency(0.5, once=True))
+    log = tmp_path / "celery.log"
+    states = []
+    with celery_process(log, queue):
+        for refresh, _ in runs:
+            terminate()  # between tasks: the worker's connection from the last one is dead
+            execute_policy_refresh.apply_async(args=[refresh.pk], queue=queue)
+            deadline = time.monotonic() + 40
+            while state_of(refresh) in EXECUTING_STATES:
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                terminate()  # during the task
+                time.sleep(0.3)
+            states.append(state_of(refresh))
+    connection.close()
+    assert states == [RefreshState.SUCCEEDED] * len(runs), (states, log.read_text()[-3000:])
+    for _, fleet in runs:
+        assert paused_workers(fleet) == []
+        assert [w["update_count"] for w in fleet.workers()] == [1] * len(fleet.workers())
+    fault_report(
+        refreshes=len(runs),
+        held_by_transient=states.count(RefreshState.HELD),
         terminations=terminate.rounds,
         backends_killed=terminate.killed,
     )

@@ -31,7 +31,7 @@ from django.test import Client
 
 from controlplane import dbpool, dbretry
 from controlplane.refresh import actions
-from controlplane.refresh.executor import journal
+from controlplane.refresh.executor import journal, runner
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
     EXECUTING_STATES,
@@ -268,6 +268,61 @@ def test_an_outage_past_the_bound_holds_naming_the_database(
     repeated = {k: n for k, n in calls_per_attempt(refresh).items() if n > 1}
     assert not repeated, repeated
     fault_report(refreshes=1, held_by_outage=1, outage_seconds=round(outage, 1))
+
+
+def test_an_outage_longer_than_the_lease_stops_the_executor_at_its_fence(
+    simfleet_factory, operator, monkeypatch, settings, terminate, fault_report
+):
+    """The outage outlasts the lease and another executor takes the refresh over: when the
+    database answers, the first one's retried journal write meets the fence and it stops,
+    writing nothing; the new owner finishes the refresh."""
+    settings.REFRESH_DB_OUTAGE_SECONDS = 30.0
+    settings.REFRESH_LEASE_SECONDS = 1.0
+    monkeypatch.setattr(connection.pool, "timeout", 0.3)
+    refresh, fleet = started_refresh(simfleet_factory, operator, "pg-takeover")
+    failing, taken_over = threading.Event(), threading.Event()
+    insert_values = journal.insert_values
+
+    def outage_at_update_write(model, fields, rows):
+        if model is JournalEntry and rows[0][2] == "update" and not failing.is_set():
+            terminate.allow_connections(False)
+            terminate()
+        return insert_values(model, fields, rows)
+
+    failed = dbretry.Outage.failed
+
+    def failed_until_taken_over(self, exc, what):
+        # The first executor's retries wait out the takeover (the outage as it sees it).
+        failing.set()
+        taken_over.wait(30)
+        return failed(self, exc, what)
+
+    monkeypatch.setattr(journal, "insert_values", outage_at_update_write)
+    monkeypatch.setattr(dbretry.Outage, "failed", failed_until_taken_over)
+    thread, done = execute_in_thread(refresh)
+    try:
+        wait_for(failing.is_set, timeout=30)
+        terminate.allow_connections(True)
+        connection.close()
+        first_token = PolicyRefresh.objects.get(pk=refresh.pk).lease_token
+        # Another executor, once the first one's lease has lapsed.
+        takeover = wait_for(lambda: Lease.claim(refresh.pk, owner="takeover"), timeout=10)
+    finally:
+        terminate.allow_connections(True)
+        taken_over.set()
+        thread.join(30)
+    assert done == ["lease_lost"], done
+    # Nothing of the first executor's update landed: its flush was fenced out.
+    assert not JournalEntry.objects.filter(refresh=refresh, step="update").exists()
+    assert takeover.token == first_token + 1
+    monkeypatch.setattr(dbretry.Outage, "failed", failed)
+    assert runner.Runner(takeover).run() == RefreshState.SUCCEEDED
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
+    # The new owner repeated the (idempotent) disk update whose outcome it could not know.
+    assert JournalEntry.objects.filter(refresh=refresh, step="update", lease_token=first_token + 1)
+    assert paused_workers(fleet) == []
+    fault_report(refreshes=1, lease_lost=1, stale_rows_written=0)
 
 
 def test_the_web_pool_checks_connections_before_use(settings):

@@ -30,7 +30,7 @@ from django.db import connection
 from django.test import Client
 
 from controlplane import dbpool, dbretry
-from controlplane.refresh import actions
+from controlplane.refresh import abort_signal, actions
 from controlplane.refresh.executor import journal, runner
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
@@ -323,6 +323,48 @@ def test_an_outage_longer_than_the_lease_stops_the_executor_at_its_fence(
     assert JournalEntry.objects.filter(refresh=refresh, step="update", lease_token=first_token + 1)
     assert paused_workers(fleet) == []
     fault_report(refreshes=1, lease_lost=1, stale_rows_written=0)
+
+
+def test_an_abort_is_heard_through_a_renewal_cut_by_a_termination(
+    simfleet_factory, operator, monkeypatch, settings, terminate, fault_report
+):
+    """The abort signal's confirmation is the heartbeat's fenced read of the flag: its
+    connection killed, the read is retried and the abort still stops the step at once."""
+    settings.REFRESH_CONCURRENCY = 1
+    monkeypatch.setattr(journal, "HEARTBEAT_SECONDS", 0.02)
+    refresh, fleet = started_refresh(simfleet_factory, operator, "pg-abort", workers=4)
+    for worker in fleet.workers():
+        fleet.inject(worker["key"], UPDATE_ROUTE, Fault.latency(2.0, once=True))
+    guard_reading_abort = Lease.guard_reading_abort
+    cut = threading.Event()
+
+    def cut_once(self):
+        # The heartbeat's confirmation of a signalled abort (outside a transaction).
+        signalled = abort_signal.read(self.refresh_id)
+        if signalled and not connection.in_atomic_block and not cut.is_set():
+            cut.set()
+            terminate()
+        return guard_reading_abort(self)
+
+    monkeypatch.setattr(Lease, "guard_reading_abort", cut_once)
+    thread, done = execute_in_thread(refresh)
+    try:
+        keys = [w["key"] for w in fleet.workers()]
+        # The first update is in flight once its one-off latency has been consumed.
+        wait_for(
+            lambda: any(UPDATE_ROUTE not in fleet.state(k)["faults"] for k in keys), timeout=30
+        )
+        actions.abort_policy_refresh(refresh, actor=actor_for(operator))
+    finally:
+        thread.join(40)
+    connection.close()
+    assert cut.is_set()
+    assert done == [RefreshState.HELD], done
+    refresh.refresh_from_db()
+    assert "aborted by" in refresh.held_reason, refresh.held_reason
+    # Heard during the first update: no other worker was called.
+    assert sum(w["update_count"] for w in fleet.workers()) == 1
+    fault_report(refreshes=1, aborts_heard=1, terminations=terminate.rounds)
 
 
 def test_the_web_pool_checks_connections_before_use(settings):

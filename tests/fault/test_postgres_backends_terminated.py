@@ -367,6 +367,35 @@ def test_an_abort_is_heard_through_a_renewal_cut_by_a_termination(
     fault_report(refreshes=1, aborts_heard=1, terminations=terminate.rounds)
 
 
+def test_a_failed_step_whose_hold_is_cut_holds_without_calling_again(
+    simfleet_factory, operator, monkeypatch, terminate, fault_report
+):
+    """A worker's update fails; the hold's transaction loses its connection. The hold is
+    written on a new one — the failing worker is not called again without a person."""
+    refresh, fleet = started_refresh(simfleet_factory, operator, "pg-failed", workers=4)
+    failing = fleet.workers()[0]
+    fleet.inject(failing["key"], UPDATE_ROUTE, Fault.error("disk full"))
+    hold = runner.Runner._hold
+    cuts: list[str] = []
+
+    def cut_hold(self, refresh, step, reason, step_run, **kwargs):
+        if not cuts:
+            cuts.append(reason)
+            terminate()
+        return hold(self, refresh, step, reason, step_run, **kwargs)
+
+    monkeypatch.setattr(runner.Runner, "_hold", cut_hold)
+    thread, done = execute_in_thread(refresh)
+    thread.join(40)
+    connection.close()
+    assert cuts and done == [RefreshState.HELD], (cuts, done)
+    refresh.refresh_from_db()
+    assert refresh.failed_step == "update" and "disk full" in refresh.held_reason
+    update_calls = [c for c in fleet.state(failing["key"])["calls"] if c["route"] == UPDATE_ROUTE]
+    assert len(update_calls) == 1, update_calls
+    fault_report(refreshes=1, held_by_step_failure=1, repeated_calls=len(update_calls) - 1)
+
+
 def test_the_web_pool_checks_connections_before_use(settings):
     assert settings.DATABASES["default"]["OPTIONS"]["pool"]["check"] is dbpool.check_connection
     # Django hands the options to the pool it builds.

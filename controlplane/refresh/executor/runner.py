@@ -228,8 +228,24 @@ class Runner:
                 refresh, step, step_run, f"canary failed at {step.value}: {reason}"
             )
             return ""
-        self._hold(refresh, step, reason, step_run)
+        self._hold_failed_step(refresh, step, reason, step_run)
         return RefreshState.HELD
+
+    def _hold_failed_step(self, refresh, step: StepName, reason: str, step_run: StepRun) -> None:
+        """Hold after a failed step, retried on its own through a transient database failure:
+        left to the loop, the step would run again — calling the failing workers once more
+        without a person deciding to."""
+
+        first = True
+
+        def hold() -> None:
+            nonlocal first
+            current = refresh if first else self.load()
+            first = False
+            if current.state in EXECUTING_STATES:  # else the hold's commit landed
+                self._hold(current, step, reason, step_run)
+
+        dbretry.retry(hold, what="holding the refresh after a failed step")
 
     def _roll_back_canary(self, refresh, step: StepName, step_run: StepRun, reason: str) -> None:
         from controlplane.refresh.canary import failed_canary_progress

@@ -396,6 +396,43 @@ def test_a_failed_step_whose_hold_is_cut_holds_without_calling_again(
     fault_report(refreshes=1, held_by_step_failure=1, repeated_calls=len(update_calls) - 1)
 
 
+def test_a_failed_step_cut_before_its_judgement_holds_without_calling_again(
+    simfleet_factory, operator, monkeypatch, terminate, fault_report
+):
+    """A worker's update fails, and the runner's next read (before it acts on the failure)
+    loses its connection: the runner holds on the failure instead of running the step again."""
+    refresh, fleet = started_refresh(simfleet_factory, operator, "pg-unjudged", workers=4)
+    failing = fleet.workers()[0]
+    fleet.inject(failing["key"], UPDATE_ROUTE, Fault.error("disk full"))
+    run_step, load = runner.Runner._run_step, runner.Runner.load
+    armed, cuts = threading.Event(), []
+
+    def arming_run_step(self, refresh, step):
+        ran = run_step(self, refresh, step)
+        if not ran[0].ok and not cuts:  # (result, step run, context)
+            armed.set()
+        return ran
+
+    def cut_load(self):
+        if armed.is_set():
+            armed.clear()
+            cuts.append(1)
+            terminate()
+        return load(self)
+
+    monkeypatch.setattr(runner.Runner, "_run_step", arming_run_step)
+    monkeypatch.setattr(runner.Runner, "load", cut_load)
+    thread, done = execute_in_thread(refresh)
+    thread.join(40)
+    connection.close()
+    assert cuts and done == [RefreshState.HELD], (cuts, done)
+    refresh.refresh_from_db()
+    assert refresh.failed_step == "update" and "disk full" in refresh.held_reason
+    update_calls = [c for c in fleet.state(failing["key"])["calls"] if c["route"] == UPDATE_ROUTE]
+    assert len(update_calls) == 1, update_calls
+    fault_report(refreshes=1, held_by_step_failure=1, repeated_calls=len(update_calls) - 1)
+
+
 def test_the_web_pool_checks_connections_before_use(settings):
     assert settings.DATABASES["default"]["OPTIONS"]["pool"]["check"] is dbpool.check_connection
     # Django hands the options to the pool it builds.

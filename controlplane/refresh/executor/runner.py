@@ -81,6 +81,8 @@ class Runner:
         self._step_run: StepRun | None = None
         self._interrupted = ""
         self._recovery_recorded = False
+        #: A step's failure the runner has not acted on yet (see `_hold_unjudged`).
+        self._unjudged: tuple[StepName, StepRun, StepResult] | None = None
 
     def load(self) -> PolicyRefresh:
         return PolicyRefresh.objects.select_related("source").get(pk=self.lease.refresh_id)
@@ -142,6 +144,25 @@ class Runner:
                 except LeaseLost:
                     return "lease_lost"
 
+    def _hold_unjudged(self) -> str:
+        """A step failed and a database failure came before the runner acted on it: hold with
+        the step's reason rather than run it again (which would call the failing workers once
+        more without a person deciding to)."""
+        assert self._unjudged is not None
+        step, step_run, result = self._unjudged
+        self._interrupted = ""
+        refresh = self.load()
+        at_step = (
+            refresh.state in EXECUTING_STATES and STATE_STEP[RefreshState(refresh.state)] == step
+        )
+        if at_step and refresh.abort_requested:
+            self._finish_step_run(step_run, "failed", "aborted")
+            self._abort(refresh)  # as the person asked; the loop goes on from there
+        elif at_step:
+            self._hold_failed_step(refresh, step, result.reason, step_run)
+        self._unjudged = None
+        return RefreshState.HELD if at_step and not refresh.abort_requested else ""
+
     def _close_interrupted_step_run(self) -> None:
         """A database failure cut the last step run short: it ends failed, saying so, and the
         loop runs the step again (as a new attempt) from the database's state."""
@@ -158,6 +179,8 @@ class Runner:
         self._interrupted = ""
 
     def _loop(self, stop_after: str | None) -> str:
+        if self._unjudged is not None and (held := self._hold_unjudged()):
+            return held
         self._close_interrupted_step_run()
         if self.takeover_pending and not self._recovery_recorded:
             refresh = self.load()
@@ -188,13 +211,17 @@ class Runner:
             result, step_run, ctx = self._run_step(refresh, step)
             self._outage.clear()
             self.takeover_pending = False
+            if not result.ok:
+                self._unjudged = (step, step_run, result)
             refresh = self.load()
             if (result.aborted and not result.ok) or (refresh.abort_requested and not result.ok):
                 self._finish_step_run(step_run, "failed", "aborted")
                 self._abort(refresh)
+                self._unjudged = None
                 continue
             if not result.ok:
                 outcome = self._after_failure(refresh, step, step_run, result, ctx)
+                self._unjudged = None
                 if outcome:
                     return outcome
                 continue

@@ -24,6 +24,12 @@ not one per heartbeat. A lease taken over meanwhile is found
 at the next renewal or flush, whichever comes first (a flush's rows are fenced as ever). An
 abort whose signal could not be written (Redis away when it was asked) is found the same way.
 
+A transient database failure (a terminated backend, a failover) during a flush or a renewal
+runs that fenced transaction again on a new connection, with backoff, for up to
+`REFRESH_DB_OUTAGE_SECONDS` (`StepJournal.flush`): the rows of calls already made are written,
+the calls are never made again, and no new call starts until they land. Past the bound the
+step stops calling and `JournalOutage` carries the unwritten outcomes to the runner's hold.
+
 Nothing here weakens what the journal promises: every outcome is written, fenced, before
 `run_step_calls` returns (the step is only judged after that), a stale executor's flush
 matches no lease and rolls back whole, and a crash between flushes loses only rows of calls

@@ -76,7 +76,8 @@ def reconnect() -> None:
         try:
             connection.close()
         except DatabaseError:
-            # Closing a dead connection can fail as well; it is dropped either way.
+            # Closing a dead connection can fail as well (the pool refusing it back): drop it;
+            # the pool replaces a connection it never gets back once its max lifetime passes.
             connection.connection = None
 
 

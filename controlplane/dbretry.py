@@ -76,8 +76,9 @@ def reconnect() -> None:
         try:
             connection.close()
         except DatabaseError:
-            # Closing a dead connection can fail as well (the pool refusing it back): drop it;
-            # the pool replaces a connection it never gets back once its max lifetime passes.
+            # Defensive: psycopg closes a broken connection quietly and the pool takes one
+            # back whatever its state. Should closing fail anyway, forget the connection so
+            # the next statement opens a new one.
             connection.connection = None
 
 

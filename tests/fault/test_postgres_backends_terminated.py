@@ -169,7 +169,7 @@ def test_refreshes_ride_out_terminated_backends(
 
     def renewal_cut(self):
         # A heartbeat's renewal runs on its own, outside a transaction.
-        if not connection.in_atomic_block and cut("lease_renewal", 5):
+        if not connection.in_atomic_block and cut("lease_renewal", 3):
             terminate()
         return guard_reading_abort(self)
 
@@ -519,21 +519,25 @@ def test_a_celery_worker_rides_out_terminated_backends(
     runs = [started_refresh(simfleet_factory, operator, f"celery-{i}") for i in range(2)]
     for _, fleet in runs:
         for worker in fleet.workers():
-            fleet.inject(worker["key"], UPDATE_ROUTE, Fault.latency(0.5, once=True))
+            fleet.inject(worker["key"], UPDATE_ROUTE, Fault.latency(1.0, once=True))
     log = tmp_path / "celery.log"
-    states = []
+    states, during = [], []
     with celery_process(log, queue):
         for refresh, _ in runs:
             terminate()  # between tasks: the worker's connection from the last one is dead
             execute_policy_refresh.apply_async(args=[refresh.pk], queue=queue)
             deadline = time.monotonic() + 40
+            during.append(0)
             while state_of(refresh) in EXECUTING_STATES:
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
                 terminate()  # during the task
+                during[-1] += 1
                 time.sleep(0.3)
             states.append(state_of(refresh))
     connection.close()
     assert states == [RefreshState.SUCCEEDED] * len(runs), (states, log.read_text()[-3000:])
+    # A second of updates alone: every task met several terminations while it ran.
+    assert min(during) >= 3, during
     for _, fleet in runs:
         assert paused_workers(fleet) == []
         assert [w["update_count"] for w in fleet.workers()] == [1] * len(fleet.workers())
@@ -541,5 +545,6 @@ def test_a_celery_worker_rides_out_terminated_backends(
         refreshes=len(runs),
         held_by_transient=states.count(RefreshState.HELD),
         terminations=terminate.rounds,
+        terminations_during_tasks=sum(during),
         backends_killed=terminate.killed,
     )

@@ -54,10 +54,11 @@ class DatabaseOutage(Exception):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """A connection-level failure (here or as the cause of a wrapping error)."""
+    """A connection-level failure (here or as the cause of a wrapping error). A
+    `DatabaseOutage` is not: it is the verdict that retrying has lasted long enough."""
     seen: BaseException | None = exc
     for _ in range(5):
-        if seen is None:
+        if seen is None or isinstance(seen, DatabaseOutage):
             return False
         if isinstance(seen, TRANSIENT_ERRORS):
             return True

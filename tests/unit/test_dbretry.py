@@ -34,6 +34,10 @@ def test_connection_failures_are_transient_wrapped_or_not():
     assert dbretry.is_transient(psycopg.OperationalError("the connection is lost"))
     assert not dbretry.is_transient(IntegrityError("duplicate key"))
     assert not dbretry.is_transient(ValueError("bad input"))
+    # Given up already: an outer retry must not start over.
+    outage = dbretry.DatabaseOutage("testing", 30.0, 25.0, wrapped)
+    outage.__cause__ = wrapped
+    assert not dbretry.is_transient(outage)
 
 
 def test_a_unit_is_run_again_until_it_succeeds():

@@ -166,11 +166,16 @@ else:
     # `?application_name=` wins), so an operator can see who holds the server's connections.
     _db_options.setdefault("application_name", f"controlplane-{PROCESS_KIND}")
     if PROCESS_KIND == "web":
+        from controlplane import dbpool
+
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses a pool with persistent ones
         _db_options["pool"] = {
             "min_size": DATABASE_POOL_MIN_SIZE,
             "max_size": DATABASE_POOL_MAX_SIZE,
             "timeout": DATABASE_POOL_TIMEOUT_SECONDS,
+            # Test each connection before handing it out: one whose backend was terminated
+            # (restart, failover, idle timeout) is discarded instead of failing the request.
+            "check": dbpool.check_connection,
         }
     else:
         DATABASES["default"]["CONN_MAX_AGE"] = DATABASE_CONN_MAX_AGE
@@ -297,6 +302,11 @@ GATE_STALE_INTERVALS = env_float("GATE_STALE_INTERVALS", 3.0, minimum=1.0)
 REFRESH_CALL_TIMEOUT_SECONDS = env_float("REFRESH_CALL_TIMEOUT_SECONDS", 30.0, minimum=0.1)
 REFRESH_CONCURRENCY = env_int("REFRESH_CONCURRENCY", 32, minimum=1)
 REFRESH_LEASE_SECONDS = env_float("REFRESH_LEASE_SECONDS", 30.0, minimum=1.0)
+# How long the executor rides out a database it cannot reach (terminated backends, a failover,
+# a restart): it reconnects and runs the interrupted fenced transaction again, with backoff.
+# Past this the refresh holds, its reason naming the database. An outage longer than the lease
+# may let another executor take over: the fencing token then stops this one.
+REFRESH_DB_OUTAGE_SECONDS = env_float("REFRESH_DB_OUTAGE_SECONDS", 120.0, minimum=0.1)
 # Distributed updates: how long every rank may take to join the group (the workers' own
 # DYN_RL_INIT_WEIGHTS_TIMEOUT_S watchdog, 30 s by default, kills a worker whose join hangs
 # longer), and how long the trainer may take to broadcast and report `broadcast_done`.

@@ -19,7 +19,7 @@ _PRINT_DATABASE = (
     "import django, json; django.setup(); from django.conf import settings; "
     "d = settings.DATABASES['default']; "
     "print(json.dumps({'max_age': d['CONN_MAX_AGE'], 'options': d['OPTIONS'], "
-    "'health': d['CONN_HEALTH_CHECKS']}))"
+    "'health': d['CONN_HEALTH_CHECKS']}, default=lambda f: f'{f.__module__}.{f.__qualname__}'))"
 )
 
 
@@ -43,7 +43,13 @@ def _database_settings(**env: str) -> dict | str:
 def test_web_process_borrows_from_a_bounded_pool_and_keeps_nothing_per_thread():
     db = _database_settings(DATABASE_POOL_MAX_SIZE="7", DATABASE_POOL_TIMEOUT_SECONDS="3")
     assert db["max_age"] == 0
-    assert db["options"]["pool"] == {"min_size": 2, "max_size": 7, "timeout": 3.0}
+    assert db["options"]["pool"] == {
+        "min_size": 2,
+        "max_size": 7,
+        "timeout": 3.0,
+        # A connection is checked before use (a restart or failover leaves dead ones idle).
+        "check": "controlplane.dbpool.check_connection",
+    }
     assert db["options"]["application_name"] == "controlplane-web"
 
 

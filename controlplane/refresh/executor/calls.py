@@ -35,6 +35,8 @@ from controlplane.refresh.executor.heap import settle_long_lived_heap
 from controlplane.refresh.planning import GENERATION, generation_check_from_call
 
 _UNSET = object()
+#: How often a call held while the journal cannot be written looks again.
+PAUSED_POLL_SECONDS = 0.05
 
 
 @dataclass(slots=True)
@@ -254,17 +256,22 @@ async def run_jobs(
     *,
     emit: Callable[[WorkerOutcome], None],
     stop: threading.Event,
+    paused: threading.Event | None = None,
 ) -> None:
+    """`paused`, while set, holds every call not yet started (the journal cannot be written:
+    see `journal.StepJournal.flush`); `stop` still ends the wait."""
     runtime = cfg.runtime
     if runtime is not None and runtime.state is not None and cfg.concurrency <= runtime.concurrency:
-        await _run_jobs(runtime.state, jobs, cfg, emit=emit, stop=stop)
+        await _run_jobs(runtime.state, jobs, cfg, emit=emit, stop=stop, paused=paused)
         return
     # No run runtime (a step run on its own), or a step that needs more calls in flight than
     # the run's pool holds — a collective group's join, where every rank must be in flight at
     # once or none completes: a client for this step only, sized to its bound.
     # The generation checks go to the frontend, so allow a connection or two beyond the bound.
     async with make_client(timeout=cfg.timeout, max_connections=cfg.concurrency + 2) as client:
-        await _run_jobs(_RunState(client, cfg.policy.for_run()), jobs, cfg, emit=emit, stop=stop)
+        await _run_jobs(
+            _RunState(client, cfg.policy.for_run()), jobs, cfg, emit=emit, stop=stop, paused=paused
+        )
 
 
 async def _run_jobs(
@@ -274,6 +281,7 @@ async def _run_jobs(
     *,
     emit: Callable[[WorkerOutcome], None],
     stop: threading.Event,
+    paused: threading.Event | None = None,
 ) -> None:
     semaphore = asyncio.Semaphore(cfg.concurrency)
 
@@ -282,6 +290,8 @@ async def _run_jobs(
             t0 = time.perf_counter()
             outcome = WorkerOutcome(job.planned_worker_id, job.key, "ok")
             for spec in job.calls:
+                while paused is not None and paused.is_set() and not stop.is_set():
+                    await asyncio.sleep(PAUSED_POLL_SECONDS)
                 if stop.is_set():
                     outcome.status = "unreached"
                     outcome.error = "stopped before this call (abort requested)"

@@ -24,6 +24,12 @@ not one per heartbeat. A lease taken over meanwhile is found
 at the next renewal or flush, whichever comes first (a flush's rows are fenced as ever). An
 abort whose signal could not be written (Redis away when it was asked) is found the same way.
 
+A transient database failure (a terminated backend, a failover) during a flush or a renewal
+runs that fenced transaction again on a new connection, with backoff, for up to
+`REFRESH_DB_OUTAGE_SECONDS` (`StepJournal.flush`): the rows of calls already made are written,
+the calls are never made again, and no new call starts until they land. Past the bound the
+step stops calling and `JournalOutage` carries the unwritten outcomes to the runner's hold.
+
 Nothing here weakens what the journal promises: every outcome is written, fenced, before
 `run_step_calls` returns (the step is only judged after that), a stale executor's flush
 matches no lease and rolls back whole, and a crash between flushes loses only rows of calls
@@ -45,6 +51,7 @@ from typing import Any
 import redis
 from django.db import transaction
 
+from controlplane import dbretry
 from controlplane.bulk import insert_values
 from controlplane.refresh import abort_signal
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerOutcome, run_jobs
@@ -152,18 +159,58 @@ class StepJournal:
         self.outcomes: list[WorkerOutcome] = []
         #: Redis failed this step: heartbeats flush (and warn once) until it answers again.
         self.signal_unreadable = False
+        #: Set while a flush retries a failed write: no new call starts until it lands.
+        self.calls_paused = threading.Event()
 
-    def flush(self, batch: list[WorkerOutcome]) -> None:
+    def flush(self, batch: list[WorkerOutcome], *, maybe_landed: bool = False) -> None:
+        """Write `batch` (fenced) and renew the lease, reading the abort flag.
+
+        A transient database failure runs the whole fenced transaction again (`dbretry`): the
+        rows are the record of calls already made, so they are written, never the calls made
+        again. Meanwhile no new call starts (`calls_paused`), so an outage that outlasts
+        `REFRESH_DB_OUTAGE_SECONDS` leaves unwritten only the calls that were in flight.
+        `maybe_landed`: the batch was written before by a flush whose outcome is unknown."""
+        tries = 0
+
+        def write() -> bool:
+            nonlocal tries
+            tries += 1
+            try:
+                return self._write(batch, retried=maybe_landed or tries > 1)
+            except Exception:
+                self.calls_paused.set()
+                raise
+
+        try:
+            abort = dbretry.retry(write, what=f"writing the {self.step} journal")
+        finally:
+            self.calls_paused.clear()
+        self.aborted = self.aborted or abort
+        if not batch:
+            return
+        self.done += len(batch)
+        self.outcomes += batch
+        publish_progress(
+            self.lease.refresh_id,
+            self.step,
+            self.done,
+            self.total,
+            [cell_payload(o, self.step) for o in batch],
+        )
+
+    def _write(self, batch: list[WorkerOutcome], *, retried: bool) -> bool:
         if not batch:
             # Nothing to fence: the renewal and the flag read are one statement on its own,
             # without a transaction's BEGIN and COMMIT round trips.
-            self.aborted = self.lease.guard_reading_abort() or self.aborted
-            return
+            return self.lease.guard_reading_abort()
         refresh_id, token = self.lease.refresh_id, self.lease.token
         with transaction.atomic():
             # The fence first (a stale executor's rows must not land), reading the abort flag
             # in the same statement.
             abort = self.lease.guard_reading_abort()
+            if retried and self._landed(batch[0]):
+                # The connection died after COMMIT reached the server: the rows are there.
+                return abort
             rows: list[tuple] = []
             for outcome in batch:
                 rows += journal_rows(refresh_id, token, self.step, self.attempt, outcome)
@@ -185,16 +232,18 @@ class StepJournal:
                     for o in batch
                 ),
             )
-        self.aborted = self.aborted or abort
-        self.done += len(batch)
-        self.outcomes += batch
-        publish_progress(
-            refresh_id,
-            self.step,
-            self.done,
-            self.total,
-            [cell_payload(o, self.step) for o in batch],
-        )
+        return abort
+
+    def _landed(self, outcome: WorkerOutcome) -> bool:
+        """Whether a flush whose outcome was lost with its connection committed (a flush is one
+        transaction: its first result stands for all its rows)."""
+        return WorkerStepResult.objects.filter(
+            refresh_id=self.lease.refresh_id,
+            planned_worker_id=outcome.planned_worker_id,
+            step=self.step,
+            attempt=self.attempt,
+            finished_at=outcome.finished_at,
+        ).exists()
 
     def heartbeat(self) -> None:
         """A beat with nothing to write: flush (renew, read the flag) only when needed."""
@@ -225,11 +274,16 @@ class StepJournal:
 
 
 def _start_calls(
-    jobs: list[WorkerJob], cfg: CallSettings, emit: Callable, stop: threading.Event, name: str
+    jobs: list[WorkerJob],
+    cfg: CallSettings,
+    emit: Callable,
+    stop: threading.Event,
+    name: str,
+    paused: threading.Event | None = None,
 ) -> Callable[[], BaseException | None]:
     """Start the calls; `_DONE` is emitted when they are over. Returns a function that waits
     for them to be over and gives their failure, if any."""
-    coro = run_jobs(jobs, cfg, emit=emit, stop=stop)
+    coro = run_jobs(jobs, cfg, emit=emit, stop=stop, paused=paused)
     if cfg.runtime is not None:
         future = cfg.runtime.submit(coro)
         future.add_done_callback(lambda _f: emit(_DONE))
@@ -276,7 +330,9 @@ def run_step_calls(
         return journal
     outcomes: queue.SimpleQueue = queue.SimpleQueue()
     stop = threading.Event()
-    wait = _start_calls(jobs, cfg, outcomes.put, stop, f"refresh-{lease.refresh_id}-{step}")
+    wait = _start_calls(
+        jobs, cfg, outcomes.put, stop, f"refresh-{lease.refresh_id}-{step}", journal.calls_paused
+    )
     batch_size = max(1, math.ceil(len(jobs) / FLUSHES_PER_STEP))
     batch: list[WorkerOutcome] = []
     next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
@@ -304,6 +360,19 @@ def run_step_calls(
                 next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
             if journal.aborted:
                 stop.set()
+    except dbretry.DatabaseOutage as outage:
+        # The journal stayed unwritable: no further call, and the outcomes of those that were
+        # in flight go with the error, for the hold to write once the database answers.
+        stop.set()
+        wait()
+        arrived = []
+        while not outcomes.empty():
+            item = outcomes.get_nowait()
+            if item is not _DONE:
+                arrived.append(item)
+        # `batch` is the flush that failed (its last try may have committed); `arrived` came
+        # after it (a heartbeat's flush has no batch).
+        raise JournalOutage(outage, journal, [batch, arrived]) from outage
     except BaseException:
         stop.set()  # a lost lease or a database error: stop calling workers at once
         raise
@@ -312,3 +381,24 @@ def run_step_calls(
     if failure is not None:
         raise failure
     return journal
+
+
+class JournalOutage(dbretry.DatabaseOutage):
+    """A `DatabaseOutage` met while journaling a step: `unwritten` are batches of outcomes of
+    calls that were made, which `write_unwritten` records (fenced) once the database answers
+    again, each checked first for having landed with a commit whose reply was lost."""
+
+    def __init__(
+        self,
+        outage: dbretry.DatabaseOutage,
+        journal: StepJournal,
+        unwritten: list[list[WorkerOutcome]],
+    ) -> None:
+        super().__init__(outage.what, outage.seconds, outage.bound, outage.error)
+        self.journal = journal
+        self.unwritten = [batch for batch in unwritten if batch]
+
+    def write_unwritten(self) -> None:
+        while self.unwritten:
+            self.journal.flush(self.unwritten[0], maybe_landed=True)
+            self.unwritten.pop(0)

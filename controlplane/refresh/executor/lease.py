@@ -9,6 +9,11 @@ The lease remembers when this process last renewed it (`renewed_at`: the monoton
 before the statement, so it never flatters the lease, and recorded once the renewal commits, so
 a rolled-back one does not count): the journal's heartbeat renews only when `renewal_due()`,
 not at every beat.
+
+Through a database outage the renewals fail and are retried (`controlplane.dbretry`), so an
+outage longer than the lease may let another executor take the refresh over once the database
+answers. Nothing is lost silently: this executor's next guard then finds the token stale and
+raises `LeaseLost`, and the retried transaction it was in writes nothing.
 """
 
 from __future__ import annotations

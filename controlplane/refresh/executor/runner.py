@@ -3,6 +3,13 @@
 Where to start is read from the database (the state names the step, the worker results say
 which workers are done), so a fresh start, a retry and a takeover after a crash are the same
 loop. Any failure holds the refresh: gate closed, reason recorded, lease released.
+
+Except a transient database failure (a terminated backend, a failover): the journal's fenced
+transactions retry on their own (`journal.StepJournal.flush`, which writes the record of calls
+already made rather than making them again), and anything else that meets one runs the loop
+again from the database's state after reconnecting, with backoff (`controlplane.dbretry`).
+Only when `REFRESH_DB_OUTAGE_SECONDS` pass without a step ending does the refresh hold, with a
+reason naming the database.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from django.db import transaction
 from django.db.models import QuerySet, prefetch_related_objects
 from django.utils import timezone
 
-from controlplane import telemetry
+from controlplane import dbretry, telemetry
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
@@ -27,6 +34,7 @@ from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.calls import CallRuntime, CallSettings
 from controlplane.refresh.executor.canary import CanaryRollback
 from controlplane.refresh.executor.departures import DEPARTED, departed_keys
+from controlplane.refresh.executor.journal import JournalOutage
 from controlplane.refresh.executor.lease import Lease, LeaseLost
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
 from controlplane.refresh.executor.tracing import refresh_trace, step_span
@@ -67,6 +75,14 @@ class Runner:
         self._cfg: CallSettings | None = None
         self._resources = contextlib.ExitStack()
         self._planned: QuerySet[PlannedWorker] | None = None
+        #: Consecutive transient database failures since a step last ended.
+        self._outage = dbretry.Outage()
+        #: The step run in progress, and why it stopped when a database failure interrupted it.
+        self._step_run: StepRun | None = None
+        self._interrupted = ""
+        self._recovery_recorded = False
+        #: A step's failure the runner has not acted on yet (see `_hold_unjudged`).
+        self._unjudged: tuple[StepName, StepRun, StepResult] | None = None
 
     def load(self) -> PolicyRefresh:
         return PolicyRefresh.objects.select_related("source").get(pk=self.lease.refresh_id)
@@ -104,20 +120,69 @@ class Runner:
             return self._run(stop_after)
 
     def _run(self, stop_after: str | None) -> str:
-        try:
-            return self._loop(stop_after)
-        except LeaseLost:
-            logger.warning("policy refresh #%s: lease lost, stopping", self.lease.refresh_id)
-            return "lease_lost"
-        except Exception as exc:
-            logger.exception("policy refresh #%s: executor error", self.lease.refresh_id)
+        while True:
             try:
-                return self._hold_after_error(exc)
+                return self._loop(stop_after)
             except LeaseLost:
+                logger.warning("policy refresh #%s: lease lost, stopping", self.lease.refresh_id)
                 return "lease_lost"
+            except dbretry.DatabaseOutage as outage:
+                return self._hold_after_outage(outage)
+            except Exception as exc:
+                if dbretry.is_transient(exc) and not dbretry.in_transaction():
+                    try:
+                        # Reconnects and waits, or raises once the bound has passed.
+                        self._outage.failed(exc, "running the refresh")
+                    except dbretry.DatabaseOutage as outage:
+                        return self._hold_after_outage(outage)
+                    if self._step_run is not None:
+                        self._interrupted = f"{type(exc).__name__}: {str(exc).strip()}"
+                    continue
+                logger.exception("policy refresh #%s: executor error", self.lease.refresh_id)
+                try:
+                    return self._hold_after_error(exc)
+                except LeaseLost:
+                    return "lease_lost"
+
+    def _hold_unjudged(self) -> str:
+        """A step failed and a database failure came before the runner acted on it: hold with
+        the step's reason rather than run it again (which would call the failing workers once
+        more without a person deciding to)."""
+        assert self._unjudged is not None
+        step, step_run, result = self._unjudged
+        self._interrupted = ""
+        refresh = self.load()
+        at_step = (
+            refresh.state in EXECUTING_STATES and STATE_STEP[RefreshState(refresh.state)] == step
+        )
+        if at_step and refresh.abort_requested:
+            self._finish_step_run(step_run, "failed", "aborted")
+            self._abort(refresh)  # as the person asked; the loop goes on from there
+        elif at_step:
+            self._hold_failed_step(refresh, step, result.reason, step_run)
+        self._unjudged = None
+        return RefreshState.HELD if at_step and not refresh.abort_requested else ""
+
+    def _close_interrupted_step_run(self) -> None:
+        """A database failure cut the last step run short: it ends failed, saying so, and the
+        loop runs the step again (as a new attempt) from the database's state."""
+        step_run = self._step_run
+        if step_run is None or not self._interrupted:
+            return
+        with transaction.atomic():
+            self.lease.guard()
+            self._finish_step_run(
+                step_run,
+                "failed",
+                f"interrupted by a database error ({self._interrupted}); run again",
+            )
+        self._interrupted = ""
 
     def _loop(self, stop_after: str | None) -> str:
-        if self.takeover_pending:
+        if self._unjudged is not None and (held := self._hold_unjudged()):
+            return held
+        self._close_interrupted_step_run()
+        if self.takeover_pending and not self._recovery_recorded:
             refresh = self.load()
             with transaction.atomic():
                 self.lease.guard()
@@ -128,6 +193,7 @@ class Runner:
                     details={"state": refresh.state, "fencing_token": self.lease.token},
                     correlation_id=refresh.correlation_id,
                 )
+            self._recovery_recorded = True
         #: The refresh as read right after the last step ended (and published): nothing happens
         #: between that read and the next turn of the loop, so it is not read a second time.
         ended: PolicyRefresh | None = None
@@ -143,18 +209,24 @@ class Runner:
                 continue
             step = STATE_STEP[RefreshState(refresh.state)]
             result, step_run, ctx = self._run_step(refresh, step)
+            self._outage.clear()
             self.takeover_pending = False
+            if not result.ok:
+                self._unjudged = (step, step_run, result)
             refresh = self.load()
             if (result.aborted and not result.ok) or (refresh.abort_requested and not result.ok):
                 self._finish_step_run(step_run, "failed", "aborted")
                 self._abort(refresh)
+                self._unjudged = None
                 continue
             if not result.ok:
                 outcome = self._after_failure(refresh, step, step_run, result, ctx)
+                self._unjudged = None
                 if outcome:
                     return outcome
                 continue
             refresh = self._advance(refresh, step, step_run, result)
+            self._outage.clear()
             if stop_after == step:
                 # Test seam: behave like an executor that died here (lease left to expire).
                 return "stopped"
@@ -183,8 +255,24 @@ class Runner:
                 refresh, step, step_run, f"canary failed at {step.value}: {reason}"
             )
             return ""
-        self._hold(refresh, step, reason, step_run)
+        self._hold_failed_step(refresh, step, reason, step_run)
         return RefreshState.HELD
+
+    def _hold_failed_step(self, refresh, step: StepName, reason: str, step_run: StepRun) -> None:
+        """Hold after a failed step, retried on its own through a transient database failure:
+        left to the loop, the step would run again — calling the failing workers once more
+        without a person deciding to."""
+
+        first = True
+
+        def hold() -> None:
+            nonlocal first
+            current = refresh if first else self.load()
+            first = False
+            if current.state in EXECUTING_STATES:  # else the hold's commit landed
+                self._hold(current, step, reason, step_run)
+
+        dbretry.retry(hold, what="holding the refresh after a failed step")
 
     def _roll_back_canary(self, refresh, step: StepName, step_run: StepRun, reason: str) -> None:
         from controlplane.refresh.canary import failed_canary_progress
@@ -221,6 +309,7 @@ class Runner:
                 wave=refresh.wave,
                 started_at=timezone.now(),
             )
+            transaction.on_commit(lambda: setattr(self, "_step_run", step_run))
             record(
                 AuditAction.POLICY_REFRESH_STEP_STARTED,
                 actor=EXECUTOR,
@@ -249,6 +338,7 @@ class Runner:
         return refresh
 
     def _finish_step_run(self, step_run: StepRun, status: str, detail: str) -> None:
+        transaction.on_commit(lambda: self._step_run_ended(step_run))
         now = timezone.now()
         StepRun.objects.filter(pk=step_run.pk).update(
             status=status,
@@ -257,6 +347,10 @@ class Runner:
             duration_ms=(now - step_run.started_at).total_seconds() * 1000.0,
         )
         publish_step(step_run.refresh_id, step_run.name, status, detail)
+
+    def _step_run_ended(self, step_run: StepRun) -> None:
+        if self._step_run is not None and self._step_run.pk == step_run.pk:
+            self._step_run = None
 
     def _advance(
         self, refresh, step: StepName, step_run: StepRun, result: StepResult
@@ -464,12 +558,45 @@ class Runner:
         self._hold(refresh, step, f"executor error: {type(exc).__name__}: {exc}", None)
         return RefreshState.HELD
 
+    def _hold_after_outage(self, outage: dbretry.DatabaseOutage) -> str:
+        """The database stayed unreachable past the bound: hold, with the outage as the reason,
+        as soon as it answers again — after writing the journal of calls made meanwhile.
+
+        It keeps trying for as long as the lease would last (at least another bound): until
+        then nobody else may take the refresh. If the database still does not answer, the lease
+        is left to expire and the reconciler resumes the refresh later, as after a crash (see
+        `steps.Update`)."""
+        logger.error("policy refresh #%s: %s", self.lease.refresh_id, outage)
+        step_run = self._step_run
+
+        def hold() -> str:
+            if isinstance(outage, JournalOutage):
+                outage.write_unwritten()
+            refresh = self.load()
+            if refresh.state not in EXECUTING_STATES:
+                return refresh.state
+            step = STATE_STEP[RefreshState(refresh.state)]
+            self._hold(refresh, step, str(outage), step_run)
+            return RefreshState.HELD
+
+        try:
+            return dbretry.retry(
+                hold,
+                what="holding the refresh after a database outage",
+                outage=dbretry.Outage(max(outage.bound, self.lease.seconds)),
+            )
+        except LeaseLost:
+            return "lease_lost"
+        except dbretry.DatabaseOutage:
+            logger.exception("policy refresh #%s: could not hold", self.lease.refresh_id)
+            return "database_unreachable"
+
 
 def execute_refresh(
     refresh_id: int, *, owner: str | None = None, stop_after: str | None = None
 ) -> str:
     """Run a refresh from wherever its state says, if nobody else holds a live lease."""
-    lease = Lease.claim(refresh_id, owner)
+    lease = dbretry.retry(lambda: Lease.claim(refresh_id, owner), what="claiming the lease")
     if lease is None:
         return "not_claimed"
     with refresh_trace(refresh_id):

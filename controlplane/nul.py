@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import unquote_plus
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 NUL = "\x00"
@@ -55,6 +56,7 @@ def nul_in_request(request: HttpRequest) -> str | None:
     if _any_nul(v for k, v in request.META.items() if k.startswith("HTTP_") and isinstance(v, str)):
         return "header"
     if request.method == "POST" and request.content_type in _FORM_TYPES:
+        _keep_body_readable(request)
         for key, values in request.POST.lists():
             if NUL in key or _any_nul(values):
                 return "form field"
@@ -62,6 +64,20 @@ def nul_in_request(request: HttpRequest) -> str | None:
             if NUL in field or _any_nul(f.name or "" for f in files):
                 return "form field"
     return None
+
+
+def _keep_body_readable(request: HttpRequest) -> None:
+    """Read the raw body before the form, when Django would hold it in memory anyway.
+
+    Parsing `request.POST` consumes the stream, after which `request.body` raises; views that
+    read the raw bytes of a form-typed request (the API's idempotency fingerprint, a client
+    that posts an empty multipart body) must still find them. A body over
+    `DATA_UPLOAD_MAX_MEMORY_SIZE` is left streaming, as Django leaves it: only form parsing
+    reads those, and it reads them from the stream.
+    """
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is None or int(request.META.get("CONTENT_LENGTH") or 0) <= limit:
+        request.body  # noqa: B018 (cached on the request; the form then parses the copy)
 
 
 def _message(where: str) -> str:

@@ -3,7 +3,6 @@
 import os
 import sys
 from pathlib import Path
-
 from typing import Any
 
 from celery import Celery
@@ -27,6 +26,7 @@ def _started_by_celery_command(argv: list[str]) -> bool:
 if _started_by_celery_command(sys.argv):
     os.environ.setdefault("CONTROLPLANE_PROCESS", "celery")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
 
 class BrokerRestartSafeConsumer(Consumer):
     """The worker's consumer without the gossip and mingle steps (`worker_consumer` setting).

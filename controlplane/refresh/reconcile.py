@@ -43,6 +43,12 @@ from controlplane.refresh.models import (
 RECONCILER = Actor.system("policy-refresh reconciler")
 
 
+def resend_within_seconds() -> float:
+    """At most how long after the broker is back a started refresh whose executor task was
+    lost is enqueued again: the unclaimed period plus one reconciler tick."""
+    return settings.REFRESH_LEASE_SECONDS + settings.RECONCILE_TICK_SECONDS
+
+
 def orphaned_refresh_ids() -> list[int]:
     now = timezone.now()
     # Give a freshly enqueued refresh one lease period to be picked up before resending it.

@@ -10,12 +10,7 @@ import uuid
 import pytest
 
 from controlplane.celery import app
-from tests.fixtures.broker import (  # noqa: F401
-    killable_redis,
-    point_producer_at,
-    wait_until,
-    worker_process,
-)
+from tests.fixtures.broker import killable_redis, point_producer_at, wait_until, worker_process
 
 pytestmark = pytest.mark.celery
 
@@ -48,19 +43,23 @@ def _seconds_until_a_task_runs(log_path, *, timeout: float) -> float:
     return round(time.monotonic() - started, 1)
 
 
+@pytest.fixture
+def redis_server(tmp_path):
+    with killable_redis(tmp_path / "redis") as server:
+        yield server
+
+
 def test_worker_survives_three_redis_restarts(
-    transactional_db, killable_redis, tmp_path, fault_report
+    transactional_db, redis_server, tmp_path, fault_report
 ):
     log_path = tmp_path / "worker.log"
     recovered = []
-    with point_producer_at(killable_redis.url), worker_process(
-        killable_redis.url, log_path
-    ) as worker:
+    with point_producer_at(redis_server.url), worker_process(redis_server.url, log_path) as worker:
         _seconds_until_a_task_runs(log_path, timeout=20)
         for _ in range(RESTARTS):
-            killable_redis.kill()
+            redis_server.kill()
             time.sleep(OUTAGE_SECONDS)  # the outage itself: nothing to poll for
-            killable_redis.start()
+            redis_server.start()
             recovered.append(_seconds_until_a_task_runs(log_path, timeout=30))
             assert worker.poll() is None, log_path.read_text()[-4000:]
     log = log_path.read_text()

@@ -1,6 +1,5 @@
 """The Celery app. Tasks are thin adapters over services; see each app's tasks.py."""
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -8,8 +7,6 @@ from typing import Any
 
 from celery import Celery
 from celery.worker.consumer import Consumer
-
-logger = logging.getLogger(__name__)
 
 
 def _started_by_celery_command(argv: list[str]) -> bool:
@@ -32,37 +29,20 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 
 class BrokerRestartSafeConsumer(Consumer):
-    """The worker's consumer (`worker_consumer` setting), made to ride out broker restarts.
+    """The worker's consumer without the gossip and mingle steps (`worker_consumer` setting).
 
-    - On a lost connection Celery collects the connection, then closes it; when a task is
-      running at that moment (every task acks late here), closing its channel tries to restore
-      the unacked message through the client that collecting dropped, and kombu raises
-      "AttributeError: 'NoneType' object has no attribute 'hostname'": an "Unrecoverable
-      error", and the worker process exits (seen with Redis killed under a running refresh).
-      The connection is already given up on at that point, so the error is logged and the
-      consumer goes on reconnecting. The message stays in Redis's unacked set (restored after
-      the visibility timeout) or went with Redis; either way the row it acts on is the truth
-      and a duplicate is harmless (leases, claims).
-    - No gossip and mingle steps: worker-to-worker chatter this project never uses, whose
-      stop on the same path fails too ("Error on restarting Gossip: AttributeError: 'NoneType'
-      object has no attribute 'connection_errors'"). As `--without-gossip --without-mingle`,
-      for every way a worker is started.
+    Both exist for worker-to-worker chatter this project never uses (a worker takes tasks from
+    the queue and reads everything else from the database), and both fail when the broker
+    restarts: gossip's stop closes its channel through `kombu.common.ignore_errors(None, ...)`,
+    "Error on restarting Gossip: AttributeError: 'NoneType' object has no attribute
+    'connection_errors'" on every Redis restart. Same as `--without-gossip --without-mingle`,
+    for every way a worker is started. (The AttributeError that stopped the worker itself is
+    handled in the transport: controlplane/broker.py.)
     """
 
     def __init__(self, *args: Any, worker_options: dict[str, Any] | None = None, **kwargs: Any):
         options = {**(worker_options or {}), "without_gossip": True, "without_mingle": True}
         super().__init__(*args, worker_options=options, **kwargs)
-
-    def on_connection_error_after_connected(self, exc: Exception) -> None:
-        try:
-            super().on_connection_error_after_connected(exc)
-        except AttributeError:
-            logger.warning(
-                "broker connection lost with a task running; its message could not be "
-                "restored on close (it is redelivered or recovered from the database)",
-                exc_info=True,
-            )
-            self.connection = None
 
 
 app = Celery("controlplane")

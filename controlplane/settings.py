@@ -243,6 +243,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_RETRY = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_WORKER_CONSUMER = "controlplane.celery:BrokerRestartSafeConsumer"
+# kombu's Redis transport, with a channel that fails like a lost connection once its connection
+# is gone instead of an AttributeError that stopped the worker (see controlplane/broker.py).
+CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"
 # A running task is not cancelled when the broker connection drops: a policy refresh holds a
 # fenced lease and its journal, so a redelivered copy finds it running instead of repeating it.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False

@@ -1,6 +1,7 @@
 """The Celery worker process rides out broker restarts: Redis is killed (-9) and brought back
 three times under a running worker (started as deployed: mingle, gossip and heartbeats as the
-settings leave them), which must stay up, log no broken restart, and run a task after each."""
+settings leave them) while it runs a task, and the worker must stay up, log no broken restart,
+and run a task after each."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from controlplane.celery import app
 from tests.fixtures.broker import killable_redis, point_producer_at, wait_until, worker_process
+from tests.fixtures.broker_tasks import SLEEP_TASK
 
 pytestmark = pytest.mark.celery
 
@@ -54,9 +56,21 @@ def test_worker_survives_three_redis_restarts(
 ):
     log_path = tmp_path / "worker.log"
     recovered = []
-    with point_producer_at(redis_server.url), worker_process(redis_server.url, log_path) as worker:
+    with (
+        point_producer_at(redis_server.url),
+        worker_process(redis_server.url, log_path, include="tests.fixtures.broker_tasks") as worker,
+    ):
         _seconds_until_a_task_runs(log_path, timeout=20)
         for _ in range(RESTARTS):
+            # A task running when Redis dies (unacked: tasks ack late) is what used to stop
+            # the worker: "Unrecoverable error: AttributeError" from kombu's Redis channel.
+            running = uuid.uuid4().hex
+            app.send_task(SLEEP_TASK, args=(OUTAGE_SECONDS + 1,), task_id=running)
+            wait_until(
+                lambda task_id=running: f"[{task_id}] received".encode() in log_path.read_bytes(),
+                timeout=10,
+                what="the long task to start",
+            )
             redis_server.kill()
             time.sleep(OUTAGE_SECONDS)  # the outage itself: nothing to poll for
             redis_server.start()

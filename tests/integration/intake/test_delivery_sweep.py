@@ -99,3 +99,14 @@ def test_a_refused_send_is_counted_and_never_raised(settings):
     assert sends.failed == ["intake.sweep_lost_deliveries"]
     assert not sends.all_sent
     assert app.conf.broker_url == settings.CELERY_BROKER_URL
+
+
+def test_a_quarantine_catch_up_refused_by_the_broker_never_fails_its_caller():
+    from controlplane.embedded.redis import free_port
+    from controlplane.refresh import quarantine
+    from tests.fixtures.broker import point_producer_at
+
+    before = jobs.failed_sends()
+    with point_producer_at(f"redis://127.0.0.1:{free_port()}/0"):
+        quarantine.enqueue_catch_up(12345)  # raised ConnectionError before
+    assert jobs.failed_sends() == before + 1

@@ -94,9 +94,11 @@ def release_orphaned_locks() -> list[int]:
 
 
 def reconcile_policy_refreshes(*, resume: Callable[[int], object]) -> list[int]:
-    """Free orphaned scope locks, then `resume` every orphaned refresh: the beat task passes the
-    executor task's `delay`, tests and tools `execute_refresh` to run it here. (Taking it as an
-    argument keeps this module free of the Celery tasks that call it.)"""
+    """Free orphaned scope locks, then `resume` every orphaned refresh: the beat task passes a
+    send of the executor task (`jobs.send`, which never raises), tests and tools
+    `execute_refresh` to run it here. (Taking it as an argument keeps this module free of the
+    Celery tasks that call it.) A refresh started while the broker was down is found here: it
+    is executing with no lease once `REFRESH_LEASE_SECONDS` have passed."""
     release_orphaned_locks()
     ids = orphaned_refresh_ids()
     for refresh_id in ids:
@@ -106,7 +108,7 @@ def reconcile_policy_refreshes(*, resume: Callable[[int], object]) -> list[int]:
 
 def requeue_stalled_quarantines(*, resume: Callable[[int], object]) -> list[int]:
     """Hand every silent quarantine back to the catch-up queue (audited) and `resume` it after
-    commit: the beat passes the catch-up task's `delay`. Returns the ids queued again."""
+    commit: the beat passes a send of the catch-up task. Returns the ids queued again."""
     requeued = []
     for q in Quarantine.objects.filter(quarantine.stalled()).order_by("pk"):
         if quarantine.requeue_stalled(q):

@@ -86,7 +86,8 @@ def drill_tick() -> dict[str, list[int]]:
     """Beat: start due scheduled drills, and queue again drills whose task chain died."""
     from controlplane.refresh.drills import runner
 
+    resend = functools.partial(jobs.send, run_drill.name)  # refused: found stalled again later
     return {
         "started": runner.start_due_drills(),
-        "resumed": runner.resume_stalled_drills(resume=run_drill.delay),
+        "resumed": runner.resume_stalled_drills(resume=resend),
     }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 import uuid
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ from controlplane.intake.webhooks.trainer.process import PROCESS_TASK, sweep_wit
 from controlplane.intake.webhooks.trainer.verdict import canary_verdict
 from controlplane.notify.signing import VerificationError, sign_headers, verify
 
-logger = logging.getLogger(__name__)
 #: A trainer's repeat re-enqueues a delivery whose task looks lost after these.
 STALE = timedelta(minutes=10)
 STALE_RETRY = timedelta(seconds=60)

@@ -3,8 +3,10 @@
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
+from celery.worker.consumer import Consumer
 
 
 def _started_by_celery_command(argv: list[str]) -> bool:
@@ -24,6 +26,24 @@ def _started_by_celery_command(argv: list[str]) -> bool:
 if _started_by_celery_command(sys.argv):
     os.environ.setdefault("CONTROLPLANE_PROCESS", "celery")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+
+class BrokerRestartSafeConsumer(Consumer):
+    """The worker's consumer without the gossip and mingle steps (`worker_consumer` setting).
+
+    Both exist for worker-to-worker chatter this project never uses (a worker takes tasks from
+    the queue and reads everything else from the database), and both fail when the broker
+    restarts: gossip's stop closes its channel through `kombu.common.ignore_errors(None, ...)`,
+    "Error on restarting Gossip: AttributeError: 'NoneType' object has no attribute
+    'connection_errors'" on every Redis restart. Same as `--without-gossip --without-mingle`,
+    for every way a worker is started. (The AttributeError that stopped the worker itself is
+    handled in the transport: controlplane/broker.py.)
+    """
+
+    def __init__(self, *args: Any, worker_options: dict[str, Any] | None = None, **kwargs: Any):
+        options = {**(worker_options or {}), "without_gossip": True, "without_mingle": True}
+        super().__init__(*args, worker_options=options, **kwargs)
+
 
 app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -244,10 +244,38 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Broker restarts: a worker keeps reconnecting for as long as Redis is away (the default gives
+# up after 100 tries and exits), and runs without the gossip and mingle steps, whose restart
+# path fails on the dropped connection (see controlplane/celery.py).
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CONSUMER = "controlplane.celery:BrokerRestartSafeConsumer"
+# kombu's Redis transport, with a channel that fails like a lost connection once its connection
+# is gone instead of an AttributeError that stopped the worker (see controlplane/broker.py).
+CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"
+# A running task is not cancelled when the broker connection drops: a policy refresh holds a
+# fenced lease and its journal, so a redelivered copy finds it running instead of repeating it.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+# Publishing while Redis is away: a few quick retries, then the send fails and the caller's row
+# (the outbox) waits for its sweep; never a request held for long.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Sockets to Redis: a connect that cannot succeed fails fast, a connection that died silently
+# (no RST after a kill -9 or a network cut) is found by keepalive and the health check.
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": 5.0,
+    "socket_keepalive": True,
+    "health_check_interval": 10,
+    "retry_on_timeout": True,
+}
 if REDIS_KEY_PREFIX:
     # kombu prefixes every broker key (queues, bindings, unacked sets) with it.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": REDIS_KEY_PREFIX}
+    CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_KEY_PREFIX
 
 # Periodic work: one schedule, in one place. `expires` sits just under the interval so a tick
 # that was delivered late is dropped instead of piling up behind the next one.
@@ -329,6 +357,14 @@ WEBHOOK_TOLERANCE_SECONDS = env_int("WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
 WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 10, minimum=1)
 WEBHOOK_RETRY_BASE_SECONDS = env_float("WEBHOOK_RETRY_BASE_SECONDS", 5.0, minimum=0.0)
 WEBHOOK_RETRY_MAX_SECONDS = env_float("WEBHOOK_RETRY_MAX_SECONDS", 300.0, minimum=0.0)
+# A delivery accepted but not picked up this long (its task never reached the broker, or the
+# broker lost it) is enqueued again by the sweep, oldest first; also the sweep interval.
+WEBHOOK_SWEEP_SECONDS = env_float("WEBHOOK_SWEEP_SECONDS", 30.0, minimum=0.5)
+CELERY_BEAT_SCHEDULE["webhook-delivery-sweep"] = {
+    "task": "intake.sweep_lost_deliveries",
+    "schedule": timedelta(seconds=WEBHOOK_SWEEP_SECONDS),
+    "options": {"expires": WEBHOOK_SWEEP_SECONDS * 0.9},
+}
 # Lock sites check the global lock order (controlplane/lockorder.py): raise outside production.
 LOCK_ORDER_STRICT = not PRODUCTION
 # How deeply JSON from outside (webhooks, API bodies, worker replies) may nest.

@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane import lockorder
+from controlplane import jobs, lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.dynamo.policy import OutboundPolicy
@@ -70,11 +70,15 @@ from controlplane.refresh.strategy import (
     rollback_strategy,
     stored,
 )
-from controlplane.refresh.tasks import execute_policy_refresh
+
+#: By name (controlplane/jobs.py): this module stays free of the tasks module.
+EXECUTE_TASK = "refresh.execute_policy_refresh"
 
 
 def _enqueue(refresh_id: int) -> None:
-    transaction.on_commit(lambda: execute_policy_refresh.delay(refresh_id))
+    # Robust: the change is committed; a send the broker refuses is logged, and the reconciler
+    # resends a started refresh nobody claimed (refresh/reconcile.py `orphaned_refresh_ids`).
+    jobs.enqueue(EXECUTE_TASK, refresh_id)
 
 
 def _audit(action: AuditAction, refresh: PolicyRefresh, actor: Actor, **details: Any) -> None:

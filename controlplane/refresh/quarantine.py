@@ -41,14 +41,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from celery import current_app
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane import lockorder
+from controlplane import jobs, lockorder
 from controlplane.accounts.roles import Perm
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
@@ -658,8 +657,10 @@ def _drop(q: Quarantine, actor: Actor, reason: str) -> None:
 
 
 def enqueue_catch_up(quarantine_id: int) -> None:
-    # By task name: refresh/tasks.py imports this module to run the catch-up.
-    current_app.send_task(CATCH_UP_TASK, args=(quarantine_id,))
+    # By task name: refresh/tasks.py imports this module to run the catch-up. A send the
+    # broker refuses never fails the committed action: the quarantine stays queued, and the
+    # reconciler requeues it once stalled (`requeue_stalled_quarantines`).
+    jobs.send(CATCH_UP_TASK, quarantine_id)
 
 
 # -- presentation --------------------------------------------------------------------------------

@@ -43,6 +43,12 @@ from controlplane.refresh.models import (
 RECONCILER = Actor.system("policy-refresh reconciler")
 
 
+def resend_within_seconds() -> float:
+    """At most how long after the broker is back a started refresh whose executor task was
+    lost is enqueued again: the unclaimed period plus one reconciler tick."""
+    return settings.REFRESH_LEASE_SECONDS + settings.RECONCILE_TICK_SECONDS
+
+
 def orphaned_refresh_ids() -> list[int]:
     now = timezone.now()
     # Give a freshly enqueued refresh one lease period to be picked up before resending it.
@@ -88,9 +94,11 @@ def release_orphaned_locks() -> list[int]:
 
 
 def reconcile_policy_refreshes(*, resume: Callable[[int], object]) -> list[int]:
-    """Free orphaned scope locks, then `resume` every orphaned refresh: the beat task passes the
-    executor task's `delay`, tests and tools `execute_refresh` to run it here. (Taking it as an
-    argument keeps this module free of the Celery tasks that call it.)"""
+    """Free orphaned scope locks, then `resume` every orphaned refresh: the beat task passes a
+    send of the executor task (`jobs.send`, which never raises), tests and tools
+    `execute_refresh` to run it here. (Taking it as an argument keeps this module free of the
+    Celery tasks that call it.) A refresh started while the broker was down is found here: it
+    is executing with no lease once `REFRESH_LEASE_SECONDS` have passed."""
     release_orphaned_locks()
     ids = orphaned_refresh_ids()
     for refresh_id in ids:
@@ -100,7 +108,7 @@ def reconcile_policy_refreshes(*, resume: Callable[[int], object]) -> list[int]:
 
 def requeue_stalled_quarantines(*, resume: Callable[[int], object]) -> list[int]:
     """Hand every silent quarantine back to the catch-up queue (audited) and `resume` it after
-    commit: the beat passes the catch-up task's `delay`. Returns the ids queued again."""
+    commit: the beat passes a send of the catch-up task. Returns the ids queued again."""
     requeued = []
     for q in Quarantine.objects.filter(quarantine.stalled()).order_by("pk"):
         if quarantine.requeue_stalled(q):

@@ -1,15 +1,20 @@
 """Celery adapters: take ids, call the executor or the reconciler. No logic lives here."""
 
+import functools
+
 from celery import shared_task
 from django.conf import settings
 
+from controlplane import jobs
 from controlplane.refresh import drift, freshness, quarantine
+from controlplane.refresh.actions import EXECUTE_TASK
 from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.quarantine import CATCH_UP_TASK
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
 from controlplane.refresh.reconcile import requeue_stalled_quarantines
 
 
-@shared_task(name="refresh.execute_policy_refresh", ignore_result=True)
+@shared_task(name=EXECUTE_TASK, ignore_result=True)
 def execute_policy_refresh(refresh_id: int) -> str:
     # No Celery retry: a lost executor is recovered by the reconciler from the journal.
     return execute_refresh(refresh_id)
@@ -17,8 +22,10 @@ def execute_policy_refresh(refresh_id: int) -> str:
 
 @shared_task(name="refresh.reconcile_policy_refreshes", ignore_result=True)
 def reconcile_policy_refreshes() -> list[int]:
-    resumed = reconcile(resume=execute_policy_refresh.delay)
-    requeue_stalled_quarantines(resume=catch_up_quarantine.delay)
+    # Sends that fail (the broker went away again) are logged; the next tick finds the same
+    # rows, so one refused send never stops the others.
+    resumed = reconcile(resume=functools.partial(jobs.send, EXECUTE_TASK))
+    requeue_stalled_quarantines(resume=functools.partial(jobs.send, CATCH_UP_TASK))
     return resumed
 
 
@@ -26,11 +33,12 @@ def reconcile_policy_refreshes() -> list[int]:
 def reconcile_drift(source_id: int, run_id: int | None = None) -> list[int]:
     opened = drift.reconcile_source(source_id, run_id)
     for quarantine_id in opened:
-        catch_up_quarantine.delay(quarantine_id)
+        # Refused: the quarantine stays queued, and the reconciler requeues it once stalled.
+        jobs.send(CATCH_UP_TASK, quarantine_id)
     return opened
 
 
-@shared_task(name="refresh.catch_up_quarantine", ignore_result=True)
+@shared_task(name=CATCH_UP_TASK, ignore_result=True)
 def catch_up_quarantine(quarantine_id: int) -> str:
     return quarantine.catch_up(quarantine_id)
 
@@ -78,7 +86,8 @@ def drill_tick() -> dict[str, list[int]]:
     """Beat: start due scheduled drills, and queue again drills whose task chain died."""
     from controlplane.refresh.drills import runner
 
+    resend = functools.partial(jobs.send, run_drill.name)  # refused: found stalled again later
     return {
         "started": runner.start_due_drills(),
-        "resumed": runner.resume_stalled_drills(resume=run_drill.delay),
+        "resumed": runner.resume_stalled_drills(resume=resend),
     }

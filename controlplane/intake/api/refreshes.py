@@ -12,6 +12,7 @@ from django.urls import reverse
 from ninja import Path, Query, Router, Schema
 from pydantic import Field, StrictBool, WithJsonSchema
 
+from controlplane import jobs
 from controlplane.accounts.roles import Perm
 from controlplane.intake.api import idempotency, waiting
 from controlplane.intake.api.auth import actor, limit_to_sources, require, source_or_404
@@ -19,7 +20,7 @@ from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.intake.fingerprint import FingerprintIn
 from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
-from controlplane.refresh import action_table, actions
+from controlplane.refresh import action_table, actions, reconcile
 from controlplane.refresh.action_table import Action, ActionInput
 from controlplane.refresh.eta import eta_json
 from controlplane.refresh.models import PolicyRefresh
@@ -396,6 +397,27 @@ def get_refresh(request: HttpRequest, refresh_id: Id):
     return serialize_detail(_refresh_or_404(request, refresh_id))
 
 
+class ActionOut(RefreshOut):
+    queued: bool = Field(
+        True,
+        description="whether the work this action started (the executor, for a start, approve, "
+        "retry or rollback) reached the task queue; true when it started none. false: the "
+        "change is committed all the same, and `recovery` says what runs it and within when",
+    )
+    recovery: str | None = Field(None, description="when `queued` is false: how it is recovered")
+
+
+def _queueing(sends: jobs.Sends) -> dict[str, Any]:
+    if sends.all_sent:
+        return {"queued": True, "recovery": None}
+    within = reconcile.resend_within_seconds()
+    return {
+        "queued": False,
+        "recovery": f"the task queue was unavailable; the reconciler enqueues the refresh "
+        f"within {within:.0f} s of the queue's return",
+    }
+
+
 def _action(
     request: HttpRequest,
     response: HttpResponse,
@@ -407,9 +429,13 @@ def _action(
     refresh = _refresh_or_404(request, refresh_id)
 
     def act():
-        result = action.run(refresh, actor(request), given or ActionInput())
+        # The action commits before its tasks are sent: a broker outage never turns a
+        # committed change into an error answer, it is said in `queued` and `recovery`.
+        with jobs.tracking() as sends:
+            result = action.run(refresh, actor(request), given or ActionInput())
         result.refresh_from_db()
-        return (201 if result.pk != refresh.pk else 200), _json(serialize_refresh(result))
+        body = ActionOut.model_validate({**serialize_refresh(result), **_queueing(sends)})
+        return (201 if result.pk != refresh.pk else 200), body.model_dump(mode="json")
 
     return idempotency.run(request, response, act)
 
@@ -418,7 +444,7 @@ def _action_route(action: Action[PolicyRefresh]):
     """The POST route of one action: `/refreshes/{id}/<name>`, idempotent, same answers."""
     return router.post(
         f"/refreshes/{{refresh_id}}/{action.name}",
-        response={200: RefreshOut, 201: RefreshOut, **ACTION_ERRORS},
+        response={200: ActionOut, 201: ActionOut, **ACTION_ERRORS},
         openapi_extra=idempotency.OPENAPI_PARAMETER,
     )
 

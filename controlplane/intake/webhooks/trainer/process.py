@@ -15,6 +15,11 @@ policy refresh. Each attempt ends one of three ways:
 
 A plan made by an attempt that then fails transiently is aborted at once, so retries do not
 leave planned refreshes behind.
+
+The delivery row is the outbox: a task that never reached the broker (it was down when the
+delivery was accepted) or that the broker lost (restarted empty) leaves the row `queued`, or
+`retrying` past its time, and the sweep (`claim_lost_deliveries`, beat) enqueues it again,
+oldest first. A duplicate task is harmless: `_claim` lets one attempt take a delivery.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 #: A delivery left `processing` this long lost its task (worker killed); it may be taken again.
 PROCESSING_STALE_AFTER = timedelta(minutes=10)
+PROCESS_TASK = "intake.process_webhook"
+#: At most this many deliveries are enqueued again per sweep; the next sweep takes the rest.
+SWEEP_BATCH = 500
 
 
 class Transient(Exception):
@@ -66,6 +74,49 @@ def _claim(delivery_id: int) -> bool:
             state=DeliveryState.PROCESSING, attempts=F("attempts") + 1, updated_at=now
         )
     )
+
+
+def sweep_grace() -> timedelta:
+    return timedelta(seconds=settings.WEBHOOK_SWEEP_SECONDS)
+
+
+def sweep_within_seconds() -> float:
+    """At most how long after the broker is back a lost delivery is enqueued again: its grace
+    plus one sweep interval."""
+    return 2 * settings.WEBHOOK_SWEEP_SECONDS
+
+
+def claim_lost_deliveries() -> list[int]:
+    """Deliveries whose task looks lost, oldest accepted first: `queued` and untouched for the
+    sweep grace, `retrying` with the next attempt overdue by it, `processing` gone stale.
+
+    Each is claimed by moving its `updated_at` (and an overdue `next_attempt_at`) on with a
+    conditional UPDATE, so a second beat tick, or a sweep racing the task it replaces, does not
+    enqueue it twice; one whose new task is lost too is found again a grace later."""
+    now = timezone.now()
+    cutoff = now - sweep_grace()
+    lost = (
+        Q(state=DeliveryState.QUEUED, updated_at__lt=cutoff)
+        | Q(state=DeliveryState.RETRYING, next_attempt_at__lt=cutoff)
+        | Q(state=DeliveryState.PROCESSING, updated_at__lt=now - PROCESSING_STALE_AFTER)
+    )
+    found = (
+        ReceivedWebhook.objects.filter(lost, event_type=CHECKPOINT_READY)
+        .order_by("received_at", "pk")
+        .values_list("pk", "state", "updated_at")[:SWEEP_BATCH]
+    )
+    claimed = []
+    for pk, state, updated_at in found:
+        moved = {"updated_at": now}
+        if state == DeliveryState.RETRYING:
+            moved["next_attempt_at"] = now
+        if ReceivedWebhook.objects.filter(pk=pk, state=state, updated_at=updated_at).update(
+            **moved
+        ):
+            claimed.append(pk)
+    if claimed:
+        logger.warning("re-enqueueing %d webhook deliveries whose task was lost", len(claimed))
+    return claimed
 
 
 def process_delivery(delivery_id: int) -> float | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 import uuid
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from controlplane import jobs
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.dynamo.jsonsafe import UnsafeJSON, loads_bounded
@@ -34,7 +34,6 @@ from controlplane.intake.models import (
 )
 from controlplane.intake.models import WebhookPolicy as Policy
 from controlplane.intake.strategy import StrategyRefused, checked
-from controlplane.intake.tasks import process_webhook
 from controlplane.intake.webhooks.trainer.broadcast import broadcast_done
 from controlplane.intake.webhooks.trainer.events import (
     BROADCAST_DONE,
@@ -45,10 +44,10 @@ from controlplane.intake.webhooks.trainer.events import (
     CheckpointReady,
     approval_reasons,
 )
+from controlplane.intake.webhooks.trainer.process import PROCESS_TASK, sweep_within_seconds
 from controlplane.intake.webhooks.trainer.verdict import canary_verdict
 from controlplane.notify.signing import VerificationError, sign_headers, verify
 
-logger = logging.getLogger(__name__)
 #: A trainer's repeat re-enqueues a delivery whose task looks lost after these.
 STALE = timedelta(minutes=10)
 STALE_RETRY = timedelta(seconds=60)
@@ -209,28 +208,29 @@ def receive(
 
     reasons = approval_reasons(endpoint.rules or [], event.metrics)
     require_approval = endpoint.policy == Policy.REQUIRE_APPROVAL or bool(reasons)
-    received = _store(
-        endpoint,
-        webhook_id,
-        event_type,
-        envelope,
-        digest,
-        audit={
-            "webhook_id": webhook_id,
-            "type": CHECKPOINT_READY,
-            "weight_version": event.weight_version,
-            "step": event.step,
-            "checkpoint_digest": event.checkpoint_digest,
-            "metrics": event.metrics,
-            "require_approval": require_approval,
-            "approval_reasons": reasons,
-            "strategy": event.strategy,
-        },
-        source_ip=source_ip,
-    )
+    with jobs.tracking() as sends:
+        received = _store(
+            endpoint,
+            webhook_id,
+            event_type,
+            envelope,
+            digest,
+            audit={
+                "webhook_id": webhook_id,
+                "type": CHECKPOINT_READY,
+                "weight_version": event.weight_version,
+                "step": event.step,
+                "checkpoint_digest": event.checkpoint_digest,
+                "metrics": event.metrics,
+                "require_approval": require_approval,
+                "approval_reasons": reasons,
+                "strategy": event.strategy,
+            },
+            source_ip=source_ip,
+        )
     if received is None:
         return _repeat(endpoint, webhook_id, digest, source_ip)
-    return Answer(202, {"status": "accepted", **_progress(received)})
+    return Answer(202, {"status": "accepted", **_progress(received), **_queueing(sends)})
 
 
 def _acted(
@@ -309,14 +309,21 @@ def _store(
 
 
 def _enqueue_on_commit(delivery_id: int) -> None:
-    def send() -> None:
-        try:
-            process_webhook.delay(delivery_id)
-        except Exception:
-            # The delivery stays queued and visible; the trainer's repeat enqueues it again.
-            logger.exception("could not enqueue webhook delivery %s", delivery_id)
+    # A send the broker refuses leaves the delivery `queued`: the sweep enqueues it again.
+    jobs.enqueue(PROCESS_TASK, delivery_id)
 
-    transaction.on_commit(send)
+
+def _queueing(sends: jobs.Sends) -> dict[str, Any]:
+    """Whether the delivery's task reached the broker; if not, what runs it and when. The
+    delivery is stored either way: a trainer need not send it again."""
+    if sends.all_sent:
+        return {"queued": True, "recovery": None}
+    within = sweep_within_seconds()
+    return {
+        "queued": False,
+        "recovery": f"the task queue was unavailable; the delivery sweep enqueues it within "
+        f"{within:.0f} s of the queue's return",
+    }
 
 
 def _progress(received: ReceivedWebhook) -> dict[str, Any]:
@@ -338,7 +345,7 @@ def _repeat(endpoint, webhook_id: str, digest: str, source_ip) -> Answer:
     """The same webhook id again: the stored answer when done, the current state while pending,
     and a fresh run when our retries had given up (state `retryable`)."""
     rerun = False
-    with transaction.atomic():
+    with jobs.tracking() as sends, transaction.atomic():
         original = ReceivedWebhook.objects.select_for_update(no_key=True).get(
             endpoint=endpoint, webhook_id=webhook_id
         )
@@ -394,7 +401,7 @@ def _repeat(endpoint, webhook_id: str, digest: str, source_ip) -> Answer:
     if original.terminal:
         return Answer(200, {"status": "already_processed", **_progress(original)})
     status = "accepted" if rerun else "pending"
-    return Answer(202, {"status": status, **_progress(original)})
+    return Answer(202, {"status": status, **_progress(original), **_queueing(sends)})
 
 
 def send_test_event(endpoint: WebhookEndpoint) -> Answer:

@@ -33,6 +33,14 @@ class WebhookResult(Schema):
     attempts: int | None = None
     last_error: str | None = None
     detail: str | None = None
+    queued: bool | None = Field(
+        None,
+        description="checkpoint.ready: whether the delivery's task reached the task queue. "
+        "false: the delivery is stored all the same and `recovery` says when it runs",
+    )
+    recovery: str | None = Field(
+        None, description="when `queued` is false: what enqueues the delivery, and within when"
+    )
     group: dict[str, Any] | None = Field(
         None, description="broadcast.done: the refresh's group and handshake state"
     )

@@ -44,12 +44,22 @@ class Sends:
 _tracking: ContextVar[Sends | None] = ContextVar("controlplane_jobs_tracking", default=None)
 
 
-def send(task_name: str, *args: object, countdown: float | None = None) -> bool:
+def send(
+    task_name: str,
+    *args: object,
+    countdown: float | None = None,
+    expires: float | None = None,
+) -> bool:
     """Send `task_name(*args)` now. False (logged and counted, never raised) when the broker
-    did not take it: the row it acts on stays as it is, and its sweep sends it again."""
+    did not take it: the row it acts on stays as it is, and its sweep sends it again.
+
+    `expires` (seconds) drops a task that waited longer than that, for periodic work whose next
+    tick would do it again anyway."""
     global _failed_sends
     try:
-        current_app.send_task(task_name, args=args, countdown=countdown or None)
+        current_app.send_task(
+            task_name, args=args, countdown=countdown or None, expires=expires or None
+        )
     except Exception as exc:
         with _lock:
             _failed_sends += 1
@@ -67,12 +77,18 @@ def send(task_name: str, *args: object, countdown: float | None = None) -> bool:
     return True
 
 
-def enqueue(task_name: str, *args: object, countdown: float | None = None) -> None:
+def enqueue(
+    task_name: str,
+    *args: object,
+    countdown: float | None = None,
+    expires: float | None = None,
+) -> None:
     """Send `task_name(*args)` once the current transaction commits (at once outside one).
 
     Robust: a failed send never reaches the caller, nor stops the other commit callbacks."""
     transaction.on_commit(
-        functools.partial(send, task_name, *args, countdown=countdown), robust=True
+        functools.partial(send, task_name, *args, countdown=countdown, expires=expires),
+        robust=True,
     )
 
 

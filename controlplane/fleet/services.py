@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from controlplane import jobs
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet import live
@@ -20,7 +21,6 @@ from controlplane.fleet.models import (
     Worker,
     WorkerState,
 )
-from controlplane.fleet.tasks import refresh_source_task
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
     DEFAULT_DRIFT_POLICY,
@@ -28,6 +28,9 @@ from controlplane.fleet.validation import (
     clean_source_values,
     clean_static_worker_values,
 )
+
+#: The discovery task, sent by name (`controlplane.jobs`): nothing here imports the tasks module.
+REFRESH_SOURCE_TASK = "fleet.refresh_source"
 
 
 def _source_values(source: Source) -> dict[str, Any]:
@@ -180,9 +183,9 @@ def request_discovery(source: Source, *, actor: Actor) -> None:
     """Ask for a discovery now ("Run discovery"); it runs on a Celery worker after commit."""
     with transaction.atomic():
         record(AuditAction.DISCOVERY_REQUESTED, actor=actor, target=source)
-        transaction.on_commit(
-            lambda: refresh_source_task.apply_async(
-                args=[source.pk, DiscoveryTrigger.MANUAL.value],
-                expires=max(source.refresh_interval_seconds, 30.0),
-            )
+        jobs.enqueue(
+            REFRESH_SOURCE_TASK,
+            source.pk,
+            DiscoveryTrigger.MANUAL.value,
+            expires=max(source.refresh_interval_seconds, 30.0),
         )

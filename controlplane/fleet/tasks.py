@@ -5,11 +5,13 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from controlplane import jobs
 from controlplane.fleet.discovery import refresh_source
 from controlplane.fleet.models import DiscoveryTrigger, Source
+from controlplane.fleet.services import REFRESH_SOURCE_TASK
 
 
-@shared_task(name="fleet.refresh_source", ignore_result=True)
+@shared_task(name=REFRESH_SOURCE_TASK, ignore_result=True)
 def refresh_source_task(source_id: int, trigger: str = DiscoveryTrigger.SCHEDULE.value) -> None:
     refresh_source(source_id, trigger=trigger, wait=0.0)
 
@@ -30,8 +32,10 @@ def schedule_discovery_refreshes() -> int:
         if not source.is_due(now):
             continue
         # A task that waits longer than the interval is dropped, not run late and doubled.
-        refresh_source_task.apply_async(
-            args=[source.pk, DiscoveryTrigger.SCHEDULE.value],
+        jobs.send(
+            REFRESH_SOURCE_TASK,
+            source.pk,
+            DiscoveryTrigger.SCHEDULE.value,
             expires=max(source.refresh_interval_seconds, 1.0),
         )
         due += 1

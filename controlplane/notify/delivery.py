@@ -36,6 +36,10 @@ RETRYABLE_STATUS = frozenset({408, 425, 429})
 SWEEP_BATCH = 500
 
 
+#: The delivery task, sent by name (`controlplane.jobs`). Its name predates the notify app.
+DELIVER_TASK = "intake.deliver_notification"
+
+
 def backoff_seconds(attempt: int) -> float:
     """Exponential: base, 2*base, 4*base, ... capped at an hour."""
     base = settings.NOTIFICATION_RETRY_BASE_SECONDS

@@ -18,9 +18,10 @@ from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
+from controlplane import jobs
+from controlplane.notify.delivery import DELIVER_TASK
 from controlplane.notify.models import NotificationDelivery, NotificationDestination
 from controlplane.notify.models import NotificationEvent as Event
-from controlplane.notify.tasks import deliver_notification
 
 logger = logging.getLogger(__name__)
 
@@ -229,13 +230,7 @@ def notify(
 
 
 def enqueue_delivery(delivery_id: int) -> None:
-    transaction.on_commit(lambda: _send_task(deliver_notification, delivery_id))
-
-
-def _send_task(task, delivery_id: int) -> None:
-    try:
-        task.delay(delivery_id)
-    except Exception:
-        # The delivery row stays pending and visible in the log; the broker being down must
-        # not turn a committed policy refresh into an error.
-        logger.exception("could not enqueue notification delivery %s", delivery_id)
+    # The delivery row stays pending and visible in the log when the send is refused (the
+    # broker being down must not turn a committed policy refresh into an error); the sweeper
+    # sends it again (notify.sweep_stuck_deliveries).
+    jobs.enqueue(DELIVER_TASK, delivery_id)

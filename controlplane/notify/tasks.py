@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 from django.conf import settings
 
+from controlplane import jobs
 from controlplane.notify import delivery
-
-logger = logging.getLogger(__name__)
+from controlplane.notify.delivery import DELIVER_TASK
 
 
 # The name predates the notify app (it was intake's task): messages already queued under it,
 # including retries scheduled hours ahead, must still find this task after an upgrade.
-@shared_task(name="intake.deliver_notification", bind=True, acks_late=True)
+@shared_task(name=DELIVER_TASK, bind=True, acks_late=True)
 def deliver_notification(self, delivery_id: int, expect_attempts: int | None = None) -> None:
     """Attempt one delivery; on a retryable failure schedule the next try with backoff.
 
@@ -24,7 +22,7 @@ def deliver_notification(self, delivery_id: int, expect_attempts: int | None = N
     """
     retry_in = delivery.attempt_delivery(delivery_id, expect_attempts=expect_attempts)
     if retry_in is not None:
-        deliver_notification.apply_async((delivery_id,), countdown=retry_in)
+        jobs.send(DELIVER_TASK, delivery_id, countdown=retry_in)
 
 
 @shared_task(name="notify.sweep_stuck_deliveries", ignore_result=True)
@@ -33,9 +31,6 @@ def sweep_stuck_deliveries() -> int:
     the retry, or the broker was down when the delivery was queued)."""
     stuck = delivery.claim_stuck_deliveries(settings.NOTIFICATION_SWEEP_GRACE_SECONDS)
     for delivery_id, attempts in stuck:
-        try:
-            deliver_notification.delay(delivery_id, attempts)
-        except Exception:
-            # The row stays overdue; the next sweep tries again.
-            logger.exception("could not re-enqueue notification delivery %s", delivery_id)
+        # A refused send leaves the row overdue; the next sweep tries again.
+        jobs.send(DELIVER_TASK, delivery_id, attempts)
     return len(stuck)

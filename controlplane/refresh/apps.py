@@ -1,8 +1,9 @@
-import logging
-
 from django.apps import AppConfig
 
-logger = logging.getLogger(__name__)
+from controlplane import jobs
+
+#: Sent by name: this module loads before the app registry, so it imports no tasks or models.
+RECONCILE_DRIFT_TASK = "refresh.reconcile_drift"
 
 
 def on_discovery_finished(sender, *, source_id, run_id, ok, **kwargs) -> None:
@@ -10,13 +11,9 @@ def on_discovery_finished(sender, *, source_id, run_id, ok, **kwargs) -> None:
     receivers must be quick and must not raise."""
     if not ok:
         return
-    # Imported here: this module loads before the app registry, and tasks imports models.
-    from controlplane.refresh.tasks import reconcile_drift
-
-    try:
-        reconcile_drift.delay(source_id, run_id)
-    except Exception:  # a broker outage must not fail the discovery that sent this
-        logger.exception("could not enqueue drift reconciliation for source %s", source_id)
+    # A refused send is logged and counted, never raised: a broker outage must not fail the
+    # discovery that sent this, and the next discovery compares again.
+    jobs.send(RECONCILE_DRIFT_TASK, source_id, run_id)
 
 
 class RefreshConfig(AppConfig):

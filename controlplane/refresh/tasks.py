@@ -8,6 +8,9 @@ from django.conf import settings
 from controlplane import jobs
 from controlplane.refresh import drift, freshness, quarantine
 from controlplane.refresh.actions import EXECUTE_TASK
+from controlplane.refresh.apps import RECONCILE_DRIFT_TASK
+from controlplane.refresh.drills import runner
+from controlplane.refresh.drills.runner import RUN_DRILL_TASK
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.quarantine import CATCH_UP_TASK
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
@@ -29,7 +32,7 @@ def reconcile_policy_refreshes() -> list[int]:
     return resumed
 
 
-@shared_task(name="refresh.reconcile_drift", ignore_result=True)
+@shared_task(name=RECONCILE_DRIFT_TASK, ignore_result=True)
 def reconcile_drift(source_id: int, run_id: int | None = None) -> list[int]:
     opened = drift.reconcile_source(source_id, run_id)
     for quarantine_id in opened:
@@ -64,12 +67,10 @@ def expire_canary_reviews() -> list[int]:
     return canary.expire_canary_reviews()
 
 
-@shared_task(name="refresh.run_drill", ignore_result=True)
+@shared_task(name=RUN_DRILL_TASK, ignore_result=True)
 def run_drill(drill_id: int) -> bool:
     """Advance a rollback drill; while its refresh runs, poll again shortly (no worker thread
     waits on it). Returns whether the drill has ended."""
-    from controlplane.refresh.drills import runner
-
     if not runner.claim(drill_id):
         return False  # another run holds it, or it has ended
     try:
@@ -84,8 +85,6 @@ def run_drill(drill_id: int) -> bool:
 @shared_task(name="refresh.drill_tick", ignore_result=True)
 def drill_tick() -> dict[str, list[int]]:
     """Beat: start due scheduled drills, and queue again drills whose task chain died."""
-    from controlplane.refresh.drills import runner
-
     resend = functools.partial(jobs.send, run_drill.name)  # refused: found stalled again later
     return {
         "started": runner.start_due_drills(),

@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router, Schema, Status
 from pydantic import Field, WithJsonSchema
 
+from controlplane import jobs
 from controlplane.accounts.roles import Perm
 from controlplane.fleet import services
 from controlplane.intake.api import idempotency
@@ -125,8 +126,16 @@ class SourcePatch(Schema):
 
 
 class Accepted(Schema):
-    status: str
+    status: str = Field(
+        description="`queued` when the discovery reached the task queue, else `accepted`"
+    )
     source: str
+    queued: bool = Field(
+        True,
+        description="whether the discovery reached the task queue. false: the request is "
+        "recorded all the same, and `recovery` says what runs the source's discovery instead",
+    )
+    recovery: str | None = Field(None, description="when `queued` is false: what runs it")
 
 
 def serialize_source(source) -> dict:
@@ -191,7 +200,18 @@ def refresh_source_now(request: HttpRequest, response: HttpResponse, name: str):
     source = source_or_404(request, name)
 
     def start():
-        services.request_discovery(source, actor=actor(request))
-        return 202, {"status": "queued", "source": source.name}
+        # The request is audited and committed before the task is sent: a broker outage is
+        # said in the answer, never turned into an error for a recorded request.
+        with jobs.tracking() as sends:
+            services.request_discovery(source, actor=actor(request))
+        if sends.all_sent:
+            return 202, {"status": "queued", "source": source.name, "queued": True}
+        return 202, {
+            "status": "accepted",
+            "source": source.name,
+            "queued": False,
+            "recovery": "the task queue was unavailable; the scheduled discovery runs the "
+            f"source within {source.refresh_interval_seconds:g} s of the queue's return",
+        }
 
     return idempotency.run(request, response, start)

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from controlplane import lockorder
+from controlplane import jobs, lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor, record
@@ -75,10 +75,14 @@ def unclaim(drill_id: int) -> None:
     DrillRun.objects.filter(pk=drill_id).update(claimed_until=None, updated_at=timezone.now())
 
 
-def enqueue_drill(drill_id: int, countdown: float = 0) -> None:
-    from controlplane.refresh.tasks import run_drill
+#: The drill task, sent by name (`controlplane.jobs`).
+RUN_DRILL_TASK = "refresh.run_drill"
 
-    run_drill.apply_async((drill_id,), countdown=countdown or None)
+
+def enqueue_drill(drill_id: int, countdown: float = 0) -> None:
+    # A refused send loses nothing: `refresh.drill_tick` queues a running drill again once it
+    # has been silent for DRILL_STALL_SECONDS.
+    jobs.send(RUN_DRILL_TASK, drill_id, countdown=countdown or None)
 
 
 # -- advancing ------------------------------------------------------------------------------------

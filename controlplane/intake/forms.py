@@ -33,7 +33,8 @@ class TokenForm(ServiceErrorsMixin, forms.Form):
     label = forms.SlugField(max_length=64)
     user = forms.ModelChoiceField(
         queryset=get_user_model().objects.filter(is_active=True).order_by("username"),
-        help_text="the token acts as this user, with this user's role",
+        help_text="the token acts as this user, with this user's role; a single sign-on "
+        "user's token keeps the role of its minting and lasts one session at most",
     )
     sources = forms.ModelMultipleChoiceField(
         queryset=Source.objects.order_by("name"),

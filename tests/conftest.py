@@ -80,6 +80,7 @@ pytest_plugins = [
     "tests.fixtures.celery_worker",
     "tests.fixtures.live_server",
     "tests.fixtures.channels",
+    "tests.fixtures.fault_report",
 ]
 
 

@@ -89,8 +89,26 @@ pytest_plugins = [
 _SERIAL_SUITES = ("tests/interop/", "tests/fault/")
 
 
+def _shares_a_module_fixture(item) -> bool:
+    """Whether the test asks for a module-scoped fixture (a provider, a server of its own):
+    built once per worker that runs any of the module's tests, so the module stays on one.
+    Autouse module fixtures (a summary line) are not worth a worker of their own."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        defs[-1].scope == "module" and not getattr(defs[-1], "_autouse", False)
+        for defs in info.name2fixturedefs.values()
+        if defs
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for suite in _SERIAL_SUITES:
             if item.nodeid.startswith(suite):
                 item.add_marker(pytest.mark.xdist_group(suite.strip("/").replace("/", "-")))
+                break
+        else:
+            if _shares_a_module_fixture(item):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

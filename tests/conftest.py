@@ -1,12 +1,28 @@
 """Shared fixtures: named personas (viewer, operator, approver, admin) and a clean cache."""
 
+import os
+
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
 from controlplane.embedded.pytest_plugin import clear_run_cache
 
 PASSWORD = "correct-horse-battery-staple"
+
+# Generated examples: every CI run draws a fixed, bounded number per property, fresh each run
+# (no example database: a failure prints the blob that reproduces it), with no per-example
+# deadline (the machine is shared; timing is not what these properties check).
+# HYPOTHESIS_PROFILE=deep runs the soak counts that `examples` names.
+hypothesis_settings.register_profile("ci", deadline=None, database=None, print_blob=True)
+hypothesis_settings.register_profile("deep", parent=hypothesis_settings.get_profile("ci"))
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(ci: int, deep: int) -> int:
+    """A heavy property's example count under the loaded profile: `ci` by default."""
+    return deep if hypothesis_settings.get_current_profile_name() == "deep" else ci
 
 
 @pytest.fixture(autouse=True)

@@ -119,12 +119,28 @@ def _shares_a_module_fixture(item) -> bool:
     )
 
 
+def _keep_group_together(config, item, group: str) -> None:
+    """Mark `item` for `--dist loadgroup`. pytest-xdist 3.8 groups by an `@group` suffix on the
+    node id, which it writes to `item._nodeid`; pytest 9 reads node ids from `item._id`, so the
+    suffix never reached the scheduler and no group was kept together. Written here, on the
+    workers (where the scheduler's ids come from), the way pytest 9 reads it."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
+        return
+    if "@" in item.nodeid.rpartition("]")[2]:
+        return
+    if hasattr(item, "_id"):  # pytest < 9 has no `_id`, and pytest-xdist's own suffix works
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for suite in _SERIAL_SUITES:
             if item.nodeid.startswith(suite):
-                item.add_marker(pytest.mark.xdist_group(suite.strip("/").replace("/", "-")))
+                _keep_group_together(config, item, suite.strip("/").replace("/", "-"))
                 break
         else:
             if _shares_a_module_fixture(item):
-                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+                _keep_group_together(config, item, item.nodeid.split("::")[0])

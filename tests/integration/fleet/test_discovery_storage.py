@@ -36,11 +36,7 @@ from controlplane.refresh.models import JournalEntry, PlannedWorker
 from controlplane.simfleet import Fault, WorkerSpec
 from tests.conftest import examples
 from tests.unit.dynamo.test_discovery_hostile import (
-    DAMAGES,
-    DRAWN,
-    PAYLOAD_KINDS,
     Pairs,
-    branches,
     hostile_body,
     storable,
     sweep_entries,
@@ -50,7 +46,9 @@ from tests.unit.dynamo.test_discovery_hostile import (
 MANUAL = DiscoveryTrigger.MANUAL
 #: Generated payloads stored through the real refresh path per CI run (each is one refresh on
 #: PostgreSQL; HYPOTHESIS_PROFILE=deep: the soak count). Every hostile table entry in every
-#: field also reaches PostgreSQL in every run, in the sweep's few large listings.
+#: field also reaches PostgreSQL in every run, in the sweep's few large listings; that every
+#: payload shape and body damage is drawn is checked where 3,000 payloads are parsed
+#: (tests/unit/dynamo/test_discovery_hostile.py): 300 do not reach the rarest shapes every run.
 STORED_PAYLOADS = examples(ci=300, deep=2_000)
 #: Swept entries per listing: one refresh stores (or rejects) this many at once.
 SWEEP_CHUNK = 60
@@ -266,10 +264,7 @@ def test_generated_hostile_payloads_store_cleanly(raw_listener, raw_source, caps
             figures["refused"] += 1
             assert run.error and not run.error.startswith("could not store")
 
-    before = DRAWN.copy()
     store_one()
-    # The bounded count reached every payload shape and every body damage.
-    assert branches(before, kind=PAYLOAD_KINDS, damage=DAMAGES) == {}
     bad = invalid_rows(source)
     workers = Worker.objects.filter(source=source)
     probe_errors = workers.exclude(version_error="").count()

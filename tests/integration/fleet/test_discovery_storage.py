@@ -34,11 +34,24 @@ from controlplane.fleet.models import (
 )
 from controlplane.refresh.models import JournalEntry, PlannedWorker
 from controlplane.simfleet import Fault, WorkerSpec
-from tests.unit.dynamo.test_discovery_hostile import hostile_body, storable
+from tests.conftest import examples
+from tests.unit.dynamo.test_discovery_hostile import (
+    Pairs,
+    hostile_body,
+    storable,
+    sweep_entries,
+    to_json,
+)
 
 MANUAL = DiscoveryTrigger.MANUAL
-#: Stored through the real refresh path in every CI run (each is one refresh on PostgreSQL).
-STORED_PAYLOADS = 2_000
+#: Generated payloads stored through the real refresh path per CI run (each is one refresh on
+#: PostgreSQL; HYPOTHESIS_PROFILE=deep: the soak count). Every hostile table entry in every
+#: field also reaches PostgreSQL in every run, in the sweep's few large listings; that every
+#: payload shape and body damage is drawn is checked where 3,000 payloads are parsed
+#: (tests/unit/dynamo/test_discovery_hostile.py): 300 do not reach the rarest shapes every run.
+STORED_PAYLOADS = examples(ci=300, deep=2_000)
+#: Swept entries per listing: one refresh stores (or rejects) this many at once.
+SWEEP_CHUNK = 60
 
 
 # ---- the columns and the parser's limits agree -------------------------------------------------
@@ -270,6 +283,38 @@ def test_generated_hostile_payloads_store_cleanly(raw_listener, raw_source, caps
     assert DiscoveryRun.objects.filter(source=source).count() == figures["payloads"]
     assert figures["stored"] > 0 and figures["refused"] > 0 and workers.exists()
     assert probe_errors > 0
+
+
+def _distinct(index: int, field: str, entry):
+    """A swept entry with an identity of its own (unless the identity is what is swept), so the
+    listing's entries are not refused as repeats of one another."""
+    if field == "instance_id":
+        return entry
+    if isinstance(entry, Pairs):
+        items = tuple((k, 10_000 + index if k == "instance_id" else v) for k, v in entry.items)
+        return Pairs(items)
+    return {**entry, "instance_id": 10_000 + index}
+
+
+def test_every_entry_leaf_in_every_field_stores_cleanly(raw_listener, raw_source):
+    cases = [_distinct(i, field, entry) for i, (field, _v, entry) in enumerate(sweep_entries())]
+    runs = stored = rejected = 0
+    for start in range(0, len(cases), SWEEP_CHUNK):
+        doc = {
+            "protocol_version": 1,
+            "namespace": "rl",
+            "workers": cases[start : start + SWEEP_CHUNK],
+        }
+        raw_listener.body = to_json(doc, ascii_only=start % 2 == 0).encode("utf-8", "surrogatepass")
+        run = _refresh(raw_source)  # a crash fails the test here
+        runs += 1
+        # Entry-level trouble rejects the entry, never the listing.
+        assert run is not None and run.ok, run and run.error
+        stored += run.workers_total
+        rejected += len(run.rejected_entries)
+    assert invalid_rows(raw_source) == []
+    assert DiscoveryRun.objects.filter(source=raw_source).count() == runs
+    assert stored > 0 and rejected > 0
 
 
 # ---- targeted: each kind of trouble that crashed discovery before ------------------------------

@@ -1,10 +1,17 @@
 """Ten thousand forged or tampered trainer webhooks, none accepted.
 
-Generated from a fixed seed (reproducible), through the view's own `receive` (the HTTP layer
-adds nothing to verification; the verification matrix over HTTP is in
-test_trainer_webhook_verification.py). Every forgery starts from a genuinely signed delivery and
-breaks one thing an attacker or a careless network could: the secret, one bit of the body or
-signature, the timestamp window, a header, the endpoint, or the body under a replayed id.
+Generated from a fixed seed (reproducible). Every forgery starts from a genuinely signed
+delivery and breaks one thing an attacker or a careless network could: the secret, one bit of
+the body or signature, the timestamp window, a header, the endpoint, or the body under a
+replayed id.
+
+Where each one is judged decides how it is sent. `receive` looks the endpoint up and then calls
+`verify` with that endpoint's secrets before it reads anything else, so every forgery the
+signature check refuses (all of them: a replayed id sent with another body no longer matches its
+signature) is checked against `verify` directly, with the endpoint looked up the same way: that
+costs microseconds, where the whole path writes an audit row into the hash chain. A
+representative share of every kind (`THROUGH_HTTP` each) is also posted to the real URL, so the
+whole path, audit row included, is proven on each kind of forgery.
 """
 
 from __future__ import annotations
@@ -15,14 +22,20 @@ import random
 import time
 from collections import Counter
 
+from django.conf import settings
+
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.models import AuditEvent
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
 from controlplane.intake.webhooks.trainer.receive import receive
-from controlplane.notify.signing import sign
+from controlplane.notify.signing import VerificationError, sign, verify
 from controlplane.refresh.models import PolicyRefresh
-from tests.integration.intake.conftest import OLD_SECRET, SECRET
+from tests.integration.intake.conftest import OLD_SECRET, SECRET, post_webhook
 
 FORGERIES = 10_000
 SEED = 20261130
+#: Forgeries of each kind posted to the real URL (the whole path, audit row included).
+THROUGH_HTTP = 30
 
 
 def checkpoint(rng: random.Random) -> bytes:
@@ -106,7 +119,30 @@ KINDS = (
 )
 
 
-def test_ten_thousand_forged_webhooks_are_all_refused(source):
+def _judged_by_the_verifier(endpoint_name, sent_headers, body, endpoints) -> str:
+    """What `receive` answers before it reads the body, done the same way: the enabled endpoint
+    by name (an unknown one is refused), then `verify` with its secrets and tolerance. Returns
+    the refusal code; "verified" when the signature holds."""
+    if endpoint_name not in endpoints:
+        endpoints[endpoint_name] = WebhookEndpoint.objects.filter(
+            name=endpoint_name, enabled=True
+        ).first()
+    endpoint = endpoints[endpoint_name]
+    if endpoint is None:
+        return "unknown_endpoint"
+    try:
+        verify(
+            endpoint.secrets,
+            sent_headers,
+            body,
+            tolerance_seconds=settings.WEBHOOK_TOLERANCE_SECONDS,
+        )
+    except VerificationError as exc:
+        return exc.code
+    return "verified"
+
+
+def test_ten_thousand_forged_webhooks_are_all_refused(source, client):
     WebhookEndpoint.objects.create(name="trainer-a", source=source, secrets=[SECRET])
     other_secret = "whsec_" + base64.b64encode(b"b" * 32).decode()
     WebhookEndpoint.objects.create(name="trainer-b", source=source, secrets=[other_secret])
@@ -120,23 +156,40 @@ def test_ten_thousand_forged_webhooks_are_all_refused(source):
         genuine_body,
     )  # fmt: skip
     assert genuine.status == 202, genuine.body
+    rejected_before = AuditEvent.objects.filter(action=AuditAction.WEBHOOK_REJECTED).count()
 
-    accepted, statuses = [], Counter()
+    forgeries = [
+        (kind, *forge(kind, rng, genuine_id, genuine_body))
+        for kind in (KINDS[i % len(KINDS)] for i in range(FORGERIES))
+    ]
+    accepted, codes, statuses, sent_whole_way = [], Counter(), Counter(), Counter()
+    endpoints: dict = {}
     t0 = time.perf_counter()
-    for i in range(FORGERIES):
-        kind = KINDS[i % len(KINDS)]
-        endpoint, sent_headers, body = forge(kind, rng, genuine_id, genuine_body)
-        answer = receive(endpoint, sent_headers, body)
-        statuses[answer.status] += 1
-        if answer.status < 400:
-            accepted.append((kind, answer.status, answer.body))
+    for kind, endpoint, sent_headers, body in forgeries:
+        code = _judged_by_the_verifier(endpoint, sent_headers, body, endpoints)
+        codes[code] += 1
+        if code == "verified":
+            accepted.append((kind, "verifier", code))
+        if sent_whole_way[kind] < THROUGH_HTTP:
+            sent_whole_way[kind] += 1
+            response = post_webhook(client, body, endpoint=endpoint, headers=sent_headers)
+            statuses[response.status_code] += 1
+            if response.status_code < 400:
+                accepted.append((kind, response.status_code, response.json()))
     elapsed = time.perf_counter() - t0
 
+    whole_way = sum(sent_whole_way.values())
     print(
-        f"\nforged webhooks: {FORGERIES} sent, {len(accepted)} accepted; "
-        f"statuses {dict(sorted(statuses.items()))}; {FORGERIES / elapsed:.0f}/s"
+        f"\nforged webhooks: {FORGERIES} sent, {len(accepted)} accepted; verifier codes "
+        f"{dict(sorted(codes.items()))}; {whole_way} through the whole path (statuses "
+        f"{dict(sorted(statuses.items()))}); {FORGERIES / elapsed:.0f}/s"
     )
     assert accepted == []
-    # Only the genuine delivery was stored; nothing was planned.
+    # Every kind went the whole way THROUGH_HTTP times.
+    assert sent_whole_way == dict.fromkeys(KINDS, THROUGH_HTTP)
+    # Every refusal on the whole path was audited; only the genuine delivery was stored;
+    # nothing was planned.
+    rejected = AuditEvent.objects.filter(action=AuditAction.WEBHOOK_REJECTED).count()
+    assert rejected - rejected_before == whole_way
     assert list(ReceivedWebhook.objects.values_list("webhook_id", flat=True)) == [genuine_id]
     assert not PolicyRefresh.objects.exists()

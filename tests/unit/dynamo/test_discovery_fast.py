@@ -18,9 +18,19 @@ from controlplane.dynamo import discovery_fast
 from controlplane.dynamo.discovery import MAX_DISCOVERY_BYTES, _parse_detailed, parse_discovery
 from controlplane.dynamo.discovery_fast import parse_well_formed
 from controlplane.dynamo.errors import DiscoveryError
-from tests.unit.dynamo.test_discovery_hostile import hostile_body, to_json, valid_entries
+from tests.conftest import examples
+from tests.unit.dynamo.test_discovery_hostile import (
+    _one,
+    hostile_body,
+    sweep_bodies,
+    sweep_entries,
+    to_json,
+    valid_entries,
+)
 
-EXAMPLES = 6_000
+#: Generated bodies per property per CI run (HYPOTHESIS_PROFILE=deep: the soak count); every
+#: table entry of the hostile generator also goes through both parsers in the sweep below.
+EXAMPLES = examples(ci=1_500, deep=6_000)
 
 
 def _detailed(body):
@@ -52,6 +62,20 @@ def _agrees(body) -> bool:
 @given(hostile_body())
 def test_fast_path_accepts_nothing_the_detailed_validator_refuses(body):
     _agrees(body)
+
+
+def test_fast_path_agrees_on_every_swept_body():
+    """Every hostile table entry, as a whole body and inside an entry, through both parsers."""
+    bodies = sweep_bodies()
+    bodies += [
+        to_json(
+            {"protocol_version": 1, "namespace": "rl", "workers": [entry, _one(instance_id=8)]},
+            False,
+        )
+        for _field, _value, entry in sweep_entries()
+    ]
+    taken = sum(_agrees(body) for body in bodies)
+    assert 0 < taken < len(bodies)
 
 
 @st.composite

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 from controlplane.dynamo import limits
 from controlplane.dynamo.discovery import parse_discovery
 from controlplane.dynamo.errors import DiscoveryError
+from tests.conftest import examples
 
 U64_MAX = 2**64 - 1
 
@@ -185,20 +187,45 @@ NAMES = ["rl-a", "backend", "dynamo", "é-ns", "\u202ens", "a" * limits.NAME_MAX
 ROUTES = [[], ["get_weight_version"], ["get_weight_version", "liveness_probe", "x"]]
 
 
-def pick(table: list[Any]) -> st.SearchStrategy[Any]:
+#: How often each branch of the generators was drawn in this process, by (table, index). The
+#: properties run a bounded number of examples per CI run; `assert_covered` checks that the
+#: count reached every branch that matters instead of assuming it.
+DRAWN: Counter = Counter()
+
+
+def drawn(table: str, index: int) -> int:
+    DRAWN[table, index] += 1
+    return index
+
+
+def pick(table: list[Any], label: str) -> st.SearchStrategy[Any]:
     """One item of a table, drawn by index (cheap to draw, and Hypothesis never has to print a
-    table holding 100,000-character strings to label the strategy)."""
-    return st.integers(0, len(table) - 1).map(table.__getitem__)
+    table holding 100,000-character strings to label the strategy); counted in DRAWN."""
+    return st.integers(0, len(table) - 1).map(lambda i: table[drawn(label, i)])
 
 
-leaf = pick(ENTRY_LEAVES)
-payload_leaf = pick(PAYLOAD_LEAVES)
-name = pick(NAMES)
+def branches(snapshot: Counter, **tables: int) -> dict[str, list[int]]:
+    """Indexes of each named table (of the given size) not drawn since `snapshot`."""
+    return {
+        label: missed
+        for label, size in tables.items()
+        if (missed := [i for i in range(size) if DRAWN[label, i] <= snapshot[label, i]])
+    }
+
+
+leaf = pick(ENTRY_LEAVES, "leaf")
+payload_leaf = pick(PAYLOAD_LEAVES, "payload_leaf")
+name = pick(NAMES, "name")
 #: What one mutation does to which field, as one draw.
 MUTATIONS = [(a, f) for a in ("set", "set", "set", "drop", "unknown", "repeat") for f in FIELDS]
-mutation = pick(MUTATIONS)
-odd_versions = pick([2, "1", 1.0, None, True])
-junk = pick([*BROKEN, *PAYLOAD_LEAVES, *ENTRY_LEAVES[:40]])
+mutation = pick(MUTATIONS, "mutation")
+ODD_VERSIONS = [2, "1", 1.0, None, True]
+odd_versions = pick(ODD_VERSIONS, "odd_version")
+JUNK = [*BROKEN, *PAYLOAD_LEAVES, *ENTRY_LEAVES[:40]]
+junk = pick(JUNK, "junk")
+#: Payload shapes (`hostile_payload`: 0-8 special, 9 the plain document) and body damage
+#: (`hostile_body`: 0-3 special, 4 none).
+PAYLOAD_KINDS, DAMAGES = 10, 5
 
 
 @st.composite
@@ -257,6 +284,7 @@ def hostile_payload(draw) -> Any:
     """A document around the contract's shape; mostly entry-level trouble, sometimes
     payload-wide (NaN, deep nesting, huge numbers), a repeated top-level key, or junk."""
     kind = draw(st.integers(0, 23))
+    drawn("kind", min(kind, PAYLOAD_KINDS - 1))
     first = poisoned_entries if kind == 0 else hostile_entries
     workers = [draw(first) if draw(st.booleans()) or kind == 0 else draw(valid_entries)]
     for _ in range(draw(st.integers(0, 2))):
@@ -289,6 +317,7 @@ def hostile_body(draw) -> bytes | str:
     """A payload as the bytes (or text) a listener would send, sometimes damaged on the way."""
     text = to_json(draw(hostile_payloads), ascii_only=draw(st.booleans()))
     damage = draw(st.integers(0, 19))
+    drawn("damage", min(damage, DAMAGES - 1))
     if damage == 0 and text:
         return text[: len(text) // 2]  # cut off mid-stream
     if damage == 1:
@@ -368,8 +397,54 @@ def assert_storable(result) -> None:
 
 # ---- the properties ----------------------------------------------------------------------------
 
-#: ≥ 50,000 generated payloads in every CI run, split over two tests (about a minute in all).
-EXAMPLES = {"payloads": 35_000, "entries": 15_000}
+#: Generated examples per CI run (HYPOTHESIS_PROFILE=deep: the soak counts). Every table entry
+#: is also exercised by the sweeps below in every run, so the random share explores
+#: combinations; `branches` checks that it reached every payload shape and body damage.
+EXAMPLES = {"payloads": examples(ci=3_000, deep=35_000), "entries": examples(1_500, 15_000)}
+
+
+# ---- sweeps: every table entry in every run, whatever the random generation draws --------------
+
+
+def sweep_entries() -> list[tuple[str, Any, Any]]:
+    """(field, leaf, entry): every entry leaf set in every field of a valid entry; and, one
+    field each in turn, the same key twice (valid then hostile) and an unknown key holding it."""
+    cases: list[tuple[str, Any, Any]] = []
+    for i, value in enumerate(ENTRY_LEAVES):
+        for field in FIELDS:
+            cases.append((field, value, _one(**{field: value})))
+        field = FIELDS[i % len(FIELDS)]
+        items = [(k, v) for k, v in _one().items() if k != field]
+        cases.append(
+            (field, value, Pairs((*items, (field, _one().get(field, "x")), (field, value))))
+        )
+        cases.append(("future_" + field, value, _one(**{"future_" + field: value})))
+    return cases
+
+
+def sweep_bodies() -> list[bytes | str]:
+    """Whole documents: every payload-wide leaf in every field, every junk body, every odd
+    protocol version, every entry leaf as the namespace and as the worker list, each body
+    damage on a valid listing."""
+    docs: list[Any] = [
+        {"protocol_version": 1, "namespace": "rl", "workers": [_one(**{field: value})]}
+        for value in PAYLOAD_LEAVES
+        for field in FIELDS
+    ]
+    docs += JUNK
+    docs += [{"protocol_version": v, "namespace": "rl", "workers": [_one()]} for v in ODD_VERSIONS]
+    for value in ENTRY_LEAVES:
+        docs.append({"protocol_version": 1, "namespace": value, "workers": [_one()]})
+        docs.append({"protocol_version": 1, "namespace": "rl", "workers": value})
+    bodies: list[bytes | str] = [to_json(d, ascii_only=i % 2 == 0) for i, d in enumerate(docs)]
+    valid = _doc(_one(), _one(instance_id=8))
+    bodies += [
+        valid[: len(valid) // 2],
+        valid.encode() + b"\xff",
+        valid.encode("utf-16"),
+        _doc(_one(component="\ud800")).encode("utf-8", "surrogatepass"),
+    ]
+    return bodies
 
 
 def _check(body: bytes | str) -> str:
@@ -401,11 +476,16 @@ def _run(strategy, examples: int, capsys) -> dict[str, int]:
 
 
 def test_hostile_payloads_are_refused_or_fit_storage(capsys):
+    swept = Counter(_check(body) for body in sweep_bodies())
+    before = DRAWN.copy()
     counts = _run(hostile_body(), EXAMPLES["payloads"], capsys)
+    assert branches(before, kind=PAYLOAD_KINDS, damage=DAMAGES) == {}
+    assert swept["refused"] > 0 and swept["accepted"] > 0
     with capsys.disabled():
         print(
             f"\n[hostile discovery] {counts['refused'] + counts['accepted']} payloads: "
-            f"{counts['refused']} refused (DiscoveryError), {counts['accepted']} parsed, 0 crashes"
+            f"{counts['refused']} refused (DiscoveryError), {counts['accepted']} parsed, "
+            f"0 crashes; swept {swept.total()} table bodies: {dict(swept)}"
         )
     # Both outcomes were exercised: a generator that only produced refusals proves little.
     assert counts["refused"] > 0 and counts["accepted"] > 0
@@ -420,8 +500,31 @@ def one_hostile_entry_body(draw) -> tuple[str, int]:
     return to_json(doc, ascii_only=draw(st.booleans())), len(entries)
 
 
+def _one_entry_accounted(body: str, entries: int) -> Any:
+    try:
+        result = parse_discovery(body)
+    except DiscoveryError as exc:
+        # Entry-level trouble never refuses the payload: the other workers still count.
+        raise AssertionError(f"payload refused for an entry problem: {exc.reason}") from None
+    assert_storable(result)
+    # Every entry is accounted for exactly once: accepted or rejected with its reason.
+    assert len(result.workers) + len(result.rejected) == entries
+    assert all(r.reason for r in result.rejected)
+    return result
+
+
+def test_every_entry_leaf_in_every_field_is_rejected_with_a_reason_or_fits_storage():
+    outcomes = Counter()
+    for i, (_field, _value, entry) in enumerate(sweep_entries()):
+        doc = {"protocol_version": 1, "namespace": "rl", "workers": [entry, _one(instance_id=8)]}
+        result = _one_entry_accounted(to_json(doc, ascii_only=i % 2 == 0), 2)
+        outcomes["rejected" if result.rejected else "accepted"] += 1
+    assert outcomes["rejected"] > 0 and outcomes["accepted"] > 0
+
+
 def test_hostile_entries_are_rejected_with_a_reason_or_fit_storage(capsys):
     outcomes = {"rejected": 0, "accepted": 0}
+    before = DRAWN.copy()
 
     @settings(
         max_examples=EXAMPLES["entries"],
@@ -432,19 +535,13 @@ def test_hostile_entries_are_rejected_with_a_reason_or_fit_storage(capsys):
     @hypothesis_given(one_hostile_entry_body())
     def check(case):
         body, entries = case
-        try:
-            result = parse_discovery(body)
-        except DiscoveryError as exc:
-            # Entry-level trouble never refuses the payload: the other workers still count.
-            raise AssertionError(f"payload refused for an entry problem: {exc.reason}") from None
-        assert_storable(result)
+        result = _one_entry_accounted(body, entries)
         outcomes["rejected"] += len(result.rejected)
         outcomes["accepted"] += len(result.workers)
-        # Every entry is accounted for exactly once: accepted or rejected with its reason.
-        assert len(result.workers) + len(result.rejected) == entries
-        assert all(r.reason for r in result.rejected)
 
     check()
+    # Every mutation (action and field) was drawn; the leaves are swept above.
+    assert branches(before, mutation=len(MUTATIONS)) == {}
     with capsys.disabled():
         print(
             f"\n[hostile discovery] {EXAMPLES['entries']} entry payloads: "

@@ -18,9 +18,8 @@ from controlplane.refresh import gates
 from controlplane.refresh.executor import waves
 from controlplane.refresh.executor.calls import WorkerJob
 from controlplane.refresh.executor.departures import departed_ids
+from controlplane.refresh.executor.step_base import StepContext, StepResult
 from controlplane.refresh.executor.steps import (
-    StepContext,
-    StepResult,
     WorkerStep,
     ok_worker_ids,
     summarize_failures,

@@ -36,7 +36,8 @@ from controlplane.refresh.executor.canary import CanaryRollback
 from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.journal import JournalOutage
 from controlplane.refresh.executor.lease import Lease, LeaseLost
-from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
+from controlplane.refresh.executor.step_base import StepContext, StepResult
+from controlplane.refresh.executor.steps import EXECUTOR, STEPS
 from controlplane.refresh.executor.tracing import refresh_trace, step_span
 from controlplane.refresh.live import publish_state, publish_step
 from controlplane.refresh.models import (
@@ -275,14 +276,12 @@ class Runner:
         dbretry.retry(hold, what="holding the refresh after a failed step")
 
     def _roll_back_canary(self, refresh, step: StepName, step_run: StepRun, reason: str) -> None:
-        from controlplane.refresh.canary import failed_canary_progress
-
         with transaction.atomic():
             self.lease.guard(
                 **state_change(
                     RefreshState.CANARY_ROLLBACK,
                     held_reason=reason[:4000],
-                    progress=failed_canary_progress(refresh, reason, EXECUTOR.label),
+                    progress=waves.failed_canary_progress(refresh, reason, EXECUTOR.label),
                 )
             )
             self._finish_step_run(step_run, "failed", reason)

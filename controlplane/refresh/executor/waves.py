@@ -223,3 +223,11 @@ def admit_verified_so_far(
     """After a canary verdict: with `admit_as_verified` the canary joins the new version's
     gate; either way the gate's reason says what comes next."""
     gates.wave_verified(refresh, canary, admit=stored(refresh).admit_as_verified, reason=reason)
+
+
+def failed_canary_progress(refresh: PolicyRefresh, reason: str, by: str) -> dict[str, Any]:
+    progress = dict(refresh.progress or {})
+    canary = dict(progress.get("canary") or {})
+    canary.update(state=CANARY_FAILED, reason=reason[:2000], by=by, at=timezone.now().isoformat())
+    progress["canary"] = canary
+    return progress

@@ -15,11 +15,10 @@ from django.utils import timezone
 from controlplane.fleet.models import Source
 from controlplane.refresh.executor import departures
 from controlplane.refresh.executor.calls import WorkerJob, WorkerOutcome
+from controlplane.refresh.executor.step_base import StepContext, StepResult
 from controlplane.refresh.executor.steps import (
     Flush,
     Pause,
-    StepContext,
-    StepResult,
     Update,
     Verify,
     WorkerStep,

@@ -54,14 +54,6 @@ MAX_METRICS_BYTES = 16_384
 SYSTEM = Actor.system("canary review")
 
 
-def failed_canary_progress(refresh: PolicyRefresh, reason: str, by: str) -> dict[str, Any]:
-    progress = dict(refresh.progress or {})
-    canary = dict(progress.get("canary") or {})
-    canary.update(state=CANARY_FAILED, reason=reason[:2000], by=by, at=timezone.now().isoformat())
-    progress["canary"] = canary
-    return progress
-
-
 def _check_metrics(metrics: Any) -> dict[str, Any]:
     if metrics is None:
         return {}

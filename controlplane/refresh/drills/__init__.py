@@ -6,5 +6,6 @@ each direction took.
 - `history`: the previous verified policy of a namespace, and the subset a drill takes.
 - `actions`: `start_drill`, the one way a drill begins (button, command, schedule).
 - `runner`: `advance`, the idempotent orchestration the Celery task, the reconciler and the
-  tests drive; `start_due_drills` and `resume_stalled_drills` for beat.
+  tests drive; `resume_stalled_drills` for beat.
+- `schedule`: `start_due_drills`, beat's start of every due scheduled drill.
 """

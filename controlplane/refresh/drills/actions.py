@@ -17,6 +17,7 @@ from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source
 from controlplane.refresh.drills.history import pick_subset, previous_policy
 from controlplane.refresh.drills.hold import serialize_scope
+from controlplane.refresh.drills.runner import enqueue_drill
 from controlplane.refresh.errors import InvalidTransition, RefreshConflict
 from controlplane.refresh.models import DrillRun, Gate, GateState, ScopeLock
 
@@ -147,9 +148,6 @@ def start_drill(
             "time (--namespace)"
         )
     subset = _subset(gates, count, instances)
-    # Imported here: the runner's task module imports the refresh actions, which import tasks.
-    from controlplane.refresh.drills.runner import enqueue_drill
-
     try:
         with transaction.atomic():
             # Exclusive with a refresh start of this source: whichever commits first, the

@@ -16,9 +16,9 @@ from django.urls import reverse
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
 from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
 from controlplane.fleet.rows import pager
-from controlplane.refresh.actions import can_end, is_membership_hold
 from controlplane.refresh.gates import displayed_reason
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
+from controlplane.refresh.intents.queries import can_end, is_membership_hold
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,

@@ -6,12 +6,13 @@ from celery import shared_task
 from django.conf import settings
 
 from controlplane import jobs
-from controlplane.refresh import canary, drift, expiry, freshness, quarantine
-from controlplane.refresh.actions import EXECUTE_TASK
+from controlplane.refresh import drift, freshness, quarantine
 from controlplane.refresh.apps import RECONCILE_DRIFT_TASK
 from controlplane.refresh.drills import runner, schedule
 from controlplane.refresh.drills.runner import RUN_DRILL_TASK
 from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.intents import canary, expiry
+from controlplane.refresh.intents.base import EXECUTE_TASK
 from controlplane.refresh.quarantine import CATCH_UP_TASK
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
 from controlplane.refresh.reconcile import requeue_stalled_quarantines

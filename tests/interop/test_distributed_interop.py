@@ -20,7 +20,7 @@ from django.db import connection
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery, services
 from controlplane.fleet.models import DiscoveryTrigger
-from controlplane.refresh import actions, group
+from controlplane.refresh import group, intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshState
 from tests.interop.conftest import WorkerSpec
@@ -56,7 +56,7 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
     )
     discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
     actor = Actor.system("interop")
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=source,
         actor=actor,
         target={
@@ -71,7 +71,7 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
     )
     assert not refresh.plan_blockers, refresh.plan_blockers
     assert refresh.group["world_size"] == 4  # the trainer's rank 0, then 2 + 1 worker ranks
-    actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor, enqueue=False)
 
     done: list[str] = []
 

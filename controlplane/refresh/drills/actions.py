@@ -15,8 +15,8 @@ from controlplane.accounts.roles import Perm
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source
-from controlplane.refresh.drills.history import pick_subset, previous_policy
-from controlplane.refresh.drills.hold import serialize_scope
+from controlplane.refresh.drill_history import pick_subset, previous_policy
+from controlplane.refresh.drill_hold import serialize_scope
 from controlplane.refresh.drills.runner import enqueue_drill
 from controlplane.refresh.errors import InvalidTransition, RefreshConflict
 from controlplane.refresh.models import DrillRun, Gate, GateState, ScopeLock
@@ -151,7 +151,7 @@ def start_drill(
     try:
         with transaction.atomic():
             # Exclusive with a refresh start of this source: whichever commits first, the
-            # other sees it (`drills/hold.py`); so the check is repeated under the lock.
+            # other sees it (`drill_hold.py`); so the check is repeated under the lock.
             lockorder.domain_lock("scope locks")
             serialize_scope(source.pk)
             _conflicts(source, names)

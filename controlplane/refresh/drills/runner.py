@@ -3,7 +3,7 @@
 `advance` is idempotent and reads everything from the database (the drill row and its two
 refreshes), so whoever calls it — the Celery task's poll chain, the reconciler after a worker
 died, a test in-process — carries on from where the drill stands. Each direction is a refresh
-restricted to the drill's `instances` (`actions.plan_policy_refresh`): the executor runs it as
+restricted to the drill's `instances` (`intents.plan_policy_refresh`): the executor runs it as
 always, and the refresh's own reconciler recovers it if its executor dies. The refresh id is
 recorded on the drill before the refresh starts, so a crash never plans a direction twice.
 
@@ -30,7 +30,7 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source, Worker, WorkerState
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.models import (
     OPEN_QUARANTINE_STATES,
@@ -108,7 +108,7 @@ def _plan(drill: DrillRun, forward: bool) -> PolicyRefresh | str:
     """Plan this direction's refresh and record it on the drill; or why it could not be."""
     target = drill.previous_policy if forward else drill.current_policy
     try:
-        refresh = actions.plan_policy_refresh(
+        refresh = intents.plan_policy_refresh(
             source=drill.source,
             actor=_actor(drill),
             target=target,
@@ -129,12 +129,12 @@ def _start(drill: DrillRun, refresh: PolicyRefresh, forward: bool, execute: Exec
     """Start a planned direction (and run it here when `execute` is given); or why not."""
     what = f"the {_direction(forward)} refresh (policy refresh #{refresh.pk})"
     if refresh.plan_blockers:
-        actions.discard_policy_refresh(refresh, actor=RUNNER, reason="rollback drill plan blocked")
+        intents.discard_policy_refresh(refresh, actor=RUNNER, reason="rollback drill plan blocked")
         return f"{what} is blocked: {'; '.join(refresh.plan_blockers)}"
     try:
-        actions.start_policy_refresh(refresh, actor=_actor(drill), enqueue=execute is None)
+        intents.start_policy_refresh(refresh, actor=_actor(drill), enqueue=execute is None)
     except RefreshError as exc:
-        actions.discard_policy_refresh(refresh, actor=RUNNER, reason="rollback drill refused")
+        intents.discard_policy_refresh(refresh, actor=RUNNER, reason="rollback drill refused")
         return f"{what} could not start: {exc.message}"
     if execute is not None:
         execute(refresh.pk)

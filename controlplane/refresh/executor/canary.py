@@ -15,9 +15,9 @@ from django.db import transaction
 
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.refresh import gates
+from controlplane.refresh.departed import departed_ids
 from controlplane.refresh.executor import waves
 from controlplane.refresh.executor.calls import WorkerJob
-from controlplane.refresh.executor.departures import departed_ids
 from controlplane.refresh.executor.step_base import StepContext, StepResult
 from controlplane.refresh.executor.steps import (
     WorkerStep,

@@ -30,10 +30,10 @@ from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
+from controlplane.refresh.departed import DEPARTED, departed_keys
 from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.calls import CallRuntime, CallSettings
 from controlplane.refresh.executor.canary import CanaryRollback
-from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.journal import JournalOutage
 from controlplane.refresh.executor.lease import Lease, LeaseLost
 from controlplane.refresh.executor.step_base import StepContext, StepResult

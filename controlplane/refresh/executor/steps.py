@@ -16,13 +16,11 @@ from controlplane.dynamo.families import UpdateMethod, detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
 from controlplane.refresh.compat import verification_ran
+from controlplane.refresh.departed import departed_ids, departed_keys, left_out_ids
 from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.agreement import check_agreement
 from controlplane.refresh.executor.calls import WorkerJob
 from controlplane.refresh.executor.departures import (
-    departed_ids,
-    departed_keys,
-    left_out_ids,
     read_listing,
     rechecks_membership,
     record_departures,

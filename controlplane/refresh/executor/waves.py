@@ -21,7 +21,7 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
-from controlplane.refresh.executor.departures import departed_ids, left_out_ids
+from controlplane.refresh.departed import departed_ids, left_out_ids
 from controlplane.refresh.models import (
     PlannedWorker,
     PolicyRefresh,

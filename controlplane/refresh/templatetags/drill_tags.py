@@ -10,7 +10,7 @@ from django import template
 
 from controlplane.accounts.roles import Perm
 from controlplane.refresh import listed
-from controlplane.refresh.drills.history import drill_statuses
+from controlplane.refresh.drill_history import drill_statuses
 from controlplane.refresh.models import DrillRun
 
 register = template.Library()

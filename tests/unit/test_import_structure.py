@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,31 @@ def graph():
 
 def test_no_import_cycle_in_controlplane(check, graph):
     assert check.cycles(graph) == []
-    assert check.KNOWN == []
+
+
+def test_no_cycle_through_package_faces_but_the_known_one(check):
+    """Counting the package `__init__` an import runs first: `namespaces` took two queries from
+    `executor.departures`, whose package face imports the runner, whose steps import
+    `namespaces` (an import error when the drill history was imported first)."""
+    found = check.cycles(check.build_graph())
+    assert all(any(group <= known for known in check.KNOWN) for group in found), found
+    assert not any(group for group in found if "controlplane.refresh.namespaces" in group)
+
+
+@pytest.mark.parametrize(
+    "first", ["controlplane.refresh.tasks", "controlplane.refresh.drill_history"]
+)
+def test_refresh_modules_import_first_in_a_fresh_process(first):
+    code = f"import django; django.setup(); import {first}"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

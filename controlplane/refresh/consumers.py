@@ -28,7 +28,7 @@ from controlplane.refresh.live import (
     refresh_group,
 )
 from controlplane.refresh.models import Gate, PolicyRefresh
-from controlplane.refresh.sequence import WORKER_STEPS
+from controlplane.refresh.step_order import WORKER_STEPS
 
 
 def _mark(query: QueryDict, name: str) -> int | None:

@@ -29,7 +29,7 @@ from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint
 from controlplane.dynamo.generation import GenerationCheck
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet.models import Worker, WorkerState
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 from controlplane.refresh.targets import (
     AUTO,
     PAUSE_MODE_CHOICES,

@@ -31,7 +31,7 @@ from controlplane.refresh.models import (
 )
 from controlplane.refresh.namespaces import verified_namespaces
 from controlplane.refresh.plansummary import describe_duration, plan_summary
-from controlplane.refresh.sequence import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
+from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 
 
 @dataclass

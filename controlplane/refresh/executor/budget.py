@@ -46,7 +46,7 @@ from controlplane.refresh.models import (
     QuarantineState,
     WorkerStepResult,
 )
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import stored
 
 #: The quarantine kind (and gate drift kind) of a worker left out by a refresh's budget.

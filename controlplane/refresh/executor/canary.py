@@ -26,7 +26,7 @@ from controlplane.refresh.executor.steps import (
 )
 from controlplane.refresh.models import PlannedWorker
 from controlplane.refresh.planning import normalize_verification, plan_worker, source_policy
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 #: Only the version readback: the old policy was verified when the gate opened for it.
 ROLLBACK_VERIFICATION = {"version_readback": True, "liveness": False, "generation": False}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controlplane.refresh import group as handshake
+from controlplane.refresh import handshake
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.step_base import JobsStep, StepContext, StepResult
 from controlplane.refresh.models import PlannedWorker

@@ -51,7 +51,13 @@ from controlplane.refresh.models import (
     state_change,
 )
 from controlplane.refresh.planning import source_policy
-from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, WORKER_STEPS, StepName, next_step
+from controlplane.refresh.step_order import (
+    STATE_STEP,
+    STEP_STATE,
+    WORKER_STEPS,
+    StepName,
+    next_step,
+)
 
 #: Every step the executor runs: the sequence's, and the rollback of a failed canary.
 ALL_STEPS = {**STEPS, StepName.CANARY_ROLLBACK: CanaryRollback()}

@@ -13,7 +13,7 @@ from controlplane.refresh.executor.calls import CallSettings, WorkerJob
 from controlplane.refresh.executor.journal import StepJournal
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import PlannedWorker, PolicyRefresh
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 __all__ = ["JobsStep", "Step", "StepContext", "StepResult"]
 

@@ -15,7 +15,7 @@ from controlplane.audit.recorder import Actor
 from controlplane.dynamo.families import UpdateMethod, detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
-from controlplane.refresh.compat import verification_ran
+from controlplane.refresh.compat_record import verification_ran
 from controlplane.refresh.departed import departed_ids, departed_keys, left_out_ids
 from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.agreement import check_agreement
@@ -38,7 +38,7 @@ from controlplane.refresh.models import (
 )
 from controlplane.refresh.namespaces import REOPENED, open_namespaces, out_of_play_ids
 from controlplane.refresh.planning import update_is_idempotent
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 EXECUTOR = Actor.system("policy-refresh executor")
 MAX_NAMED_FAILURES = 5

@@ -29,7 +29,7 @@ from controlplane.refresh.models import (
     WorkerStepResult,
     state_change,
 )
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import CANARY, EVAL_NONE, Strategy, stored, wave_label
 
 #: `progress["canary"]["state"]` values.

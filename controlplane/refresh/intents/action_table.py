@@ -13,7 +13,7 @@ from typing import Any
 
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import group, quarantine
+from controlplane.refresh import handshake, quarantine
 from controlplane.refresh.intents import canary, lifecycle, pausepoints, recovery
 from controlplane.refresh.models import Gate, PolicyRefresh, Quarantine
 
@@ -130,7 +130,7 @@ FORCE_REOPEN_NAMESPACE = Action[PolicyRefresh](
 BROADCAST_DONE = Action[PolicyRefresh](
     "broadcast_done",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: group.report_broadcast_done(
+    lambda refresh, actor, given: handshake.report_broadcast_done(
         refresh, actor=actor, weight_version=given.weight_version, attempt=given.attempt
     ),
     "Broadcast recorded; the workers apply the new weights.",

@@ -35,7 +35,7 @@ from controlplane.refresh.models import (
     RefreshState,
     ScopeLock,
 )
-from controlplane.refresh.sequence import STEP_STATE, StepName
+from controlplane.refresh.step_order import STEP_STATE, StepName
 
 __all__ = [
     "abort_policy_refresh",

@@ -18,7 +18,7 @@ from controlplane.audit.recorder import Actor
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
-from controlplane.refresh.compat import compat_at_plan, normalize_versions
+from controlplane.refresh.compat_record import compat_at_plan, normalize_versions
 from controlplane.refresh.intents.base import audit_refresh
 from controlplane.refresh.models import (
     FlushPolicy,

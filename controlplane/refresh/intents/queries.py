@@ -18,7 +18,7 @@ from controlplane.refresh.models import (
     PolicyRefresh,
     RefreshState,
 )
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 __all__ = [
     "ENDABLE_STATES",

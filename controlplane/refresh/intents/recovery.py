@@ -43,7 +43,7 @@ from controlplane.refresh.namespaces import (
     release_namespace_locks,
     verified_namespaces,
 )
-from controlplane.refresh.sequence import STEP_STATE, StepName
+from controlplane.refresh.step_order import STEP_STATE, StepName
 from controlplane.refresh.strategy import (
     rollback_strategy,
     stored,

@@ -15,7 +15,7 @@ from django.db import connection
 from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.routing import websocket_urlpatterns
-from controlplane.refresh.sequence import WORKER_STEPS
+from controlplane.refresh.step_order import WORKER_STEPS
 from tests.integration.refresh.helpers import actor_for, fleet_config, make_source, plan
 
 pytestmark = [

@@ -25,7 +25,7 @@ from controlplane.refresh.executor.steps import (
     summarize_failures,
 )
 from controlplane.refresh.models import PlannedWorker, PolicyRefresh, WorkerStepResult
-from controlplane.refresh.sequence import ORDER, STATE_STEP, STEP_STATE, WORKER_STEPS, next_step
+from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_STATE, WORKER_STEPS, next_step
 from tests.unit.refresh.builders import DISK, call
 
 PAUSE = [call("pause", "engine/pause_generation", {"mode": "keep"})]

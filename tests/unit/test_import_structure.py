@@ -96,7 +96,8 @@ def test_late_import_count_sees_function_imports(check, tmp_path, monkeypatch):
 
 
 def test_import_contracts_hold():
-    """import-linter's contracts, among them: nothing imports the refresh tasks module."""
+    """import-linter's contracts, among them: nothing imports the refresh tasks module, and
+    refresh/ keeps its layers (every module of it placed in one)."""
     done = subprocess.run(
         [str(Path(sys.executable).with_name("lint-imports"))],
         cwd=ROOT,
@@ -106,3 +107,4 @@ def test_import_contracts_hold():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Nothing imports the refresh tasks" in done.stdout
+    assert "refresh/ is layered" in done.stdout

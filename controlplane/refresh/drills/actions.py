@@ -17,7 +17,7 @@ from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source
 from controlplane.refresh.drill_history import pick_subset, previous_policy
 from controlplane.refresh.drill_hold import serialize_scope
-from controlplane.refresh.drills.runner import enqueue_drill
+from controlplane.refresh.drills import runner
 from controlplane.refresh.errors import InvalidTransition, RefreshConflict
 from controlplane.refresh.models import DrillRun, Gate, GateState, ScopeLock
 
@@ -181,7 +181,7 @@ def start_drill(
                 correlation_id=drill.correlation_id,
             )
             if enqueue:
-                transaction.on_commit(lambda: enqueue_drill(drill.pk))
+                transaction.on_commit(lambda: runner.enqueue_drill(drill.pk))
     except IntegrityError:
         raise RefreshConflict(f"another rollback drill started on {source.name}") from None
     return drill

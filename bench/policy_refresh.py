@@ -102,7 +102,7 @@ def main() -> None:
     from controlplane.fleet import services
     from controlplane.fleet.discovery import refresh_source
     from controlplane.fleet.models import DiscoveryTrigger
-    from controlplane.refresh import actions
+    from controlplane.refresh import intents
     from controlplane.refresh.executor import execute_refresh
     from controlplane.refresh.models import JournalEntry, RefreshState
     from controlplane.simfleet import FleetConfig
@@ -139,13 +139,13 @@ def main() -> None:
         calls_per_run: list[int] = []
 
         def prepare(i: int):
-            refresh = actions.plan_policy_refresh(
+            refresh = intents.plan_policy_refresh(
                 source=source,
                 actor=actor,
                 target={"weight_version": f"v{i + 1}", "method": "disk", "model_path": "/ckpt"},
             )
             assert not refresh.plan_blockers, refresh.plan_blockers
-            actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
+            intents.start_policy_refresh(refresh, actor=actor, enqueue=False)
             return refresh, planned_calls(refresh)
 
         def ours(context) -> None:

@@ -389,7 +389,7 @@ CELERY_BEAT_SCHEDULE["policy-refresh-plan-expiry"] = {
     "schedule": timedelta(seconds=PLAN_EXPIRY_TICK_SECONDS),
     "options": {"expires": PLAN_EXPIRY_TICK_SECONDS * 0.9},
 }
-# A canary waiting for a verdict past its deadline fails (refresh/canary.py): checked this often.
+# A canary past its verdict deadline fails (refresh/intents/canary.py): checked this often.
 CANARY_EXPIRY_TICK_SECONDS = env_float("CANARY_EXPIRY_TICK_SECONDS", 15.0)
 CELERY_BEAT_SCHEDULE["policy-refresh-canary-expiry"] = {
     "task": "refresh.expire_canary_reviews",

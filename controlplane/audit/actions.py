@@ -81,7 +81,7 @@ class AuditAction(models.TextChoices):
     DRILL_FAILED = "drill.failed"
     DRILL_RESUMED = "drill.resumed"
     DRILL_SKIPPED = "drill.skipped"
-    # distributed updates: the collective group and the trainer handshake (refresh/group.py)
+    # distributed updates: the collective group and the trainer handshake (refresh/handshake.py)
     POLICY_REFRESH_GROUP_READY = "policy_refresh.group_ready"
     POLICY_REFRESH_BROADCAST_DONE = "policy_refresh.broadcast_done"
     # a broadcast_done for an earlier handshake attempt, or without the one waiting

@@ -21,6 +21,8 @@ import tempfile
 import time
 import uuid
 
+from controlplane.embedded.redis import start_embedded_redis
+
 
 def _answers(host: str, port: int) -> bool:
     try:
@@ -32,8 +34,6 @@ def _answers(host: str, port: int) -> bool:
 
 
 def _start_embedded() -> str:
-    from controlplane.embedded.redis import start_embedded_redis
-
     workdir = tempfile.mkdtemp(prefix="cp-test-redis-")
     server = start_embedded_redis(workdir)
 

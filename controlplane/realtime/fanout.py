@@ -37,14 +37,11 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 from channels.layers import get_channel_layer
 
 from controlplane.realtime.dbhop import call_each, orm_hop
-
-if TYPE_CHECKING:
-    from controlplane.realtime.streams import LiveStream
 
 logger = logging.getLogger(__name__)
 
@@ -148,12 +145,30 @@ def with_socket_writers(app: Any) -> Any:
 # -- subscribers and feeds -------------------------------------------------------------------
 
 
+class Subscriber(Protocol):
+    """What the fan-out calls on a subscriber (`streams.LiveStream` is the one there is): it
+    renders an event to frames, once per render unit, and sends or closes its socket."""
+
+    #: Subscribers of one class with equal `render_share_key()` share one render.
+    shared_render: ClassVar[bool]
+    #: `render` reads the database, so it runs on the ORM thread.
+    render_uses_orm: ClassVar[bool]
+
+    def render(self, event: str, payload: dict[str, Any]) -> list[str]: ...
+
+    def render_share_key(self) -> Hashable: ...
+
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None: ...
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None: ...
+
+
 class Subscription:
-    """One `LiveStream`'s place in the process's fan-out."""
+    """One subscriber's place in the process's fan-out."""
 
     __slots__ = ("__weakref__", "backlog", "dropped", "groups", "stream", "writer")
 
-    def __init__(self, stream: LiveStream, writer: SocketWriter | None) -> None:
+    def __init__(self, stream: Subscriber, writer: SocketWriter | None) -> None:
         self.stream = stream
         self.writer = writer
         self.groups: tuple[str, ...] = ()

@@ -24,7 +24,7 @@ from django.utils.safestring import SafeString
 from controlplane import charts
 from controlplane.fleet.models import Source
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, StepRun
-from controlplane.refresh.sequence import STEP_LABELS, StepName
+from controlplane.refresh.step_order import STEP_LABELS, StepName
 
 #: Refreshes the history chart shows.
 HISTORY = 20

@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from controlplane.fleet.models import Source
 from controlplane.realtime import LiveStream
 from controlplane.refresh import presenters
-from controlplane.refresh.gridrows import render_cells, render_grid
+from controlplane.refresh.gridrows import Cell, render_cells, render_grid
 from controlplane.refresh.live import (
     EVENT_GATE_CHANGED,
     EVENT_PROGRESS,
@@ -28,7 +28,7 @@ from controlplane.refresh.live import (
     refresh_group,
 )
 from controlplane.refresh.models import Gate, PolicyRefresh
-from controlplane.refresh.sequence import WORKER_STEPS
+from controlplane.refresh.step_order import WORKER_STEPS
 
 
 def _mark(query: QueryDict, name: str) -> int | None:
@@ -108,7 +108,7 @@ class RefreshConsumer(LiveStream):
         self.client_marks = marks
         return frames
 
-    def _remember(self, cells: dict[int, list[presenters.Cell]]) -> None:
+    def _remember(self, cells: dict[int, list[Cell]]) -> None:
         self.sent = {c.dom_id: c.status for row in cells.values() for c in row}
 
     def _new_calls(self, refresh: PolicyRefresh) -> list[str]:
@@ -138,7 +138,7 @@ class RefreshConsumer(LiveStream):
             frames.append(self._cells(changed))
         return frames + self._new_calls(refresh)
 
-    def _cells(self, cells: list[presenters.Cell]) -> str:
+    def _cells(self, cells: list[Cell]) -> str:
         for cell in cells:
             self.sent[cell.dom_id] = cell.status
         return render_cells(cells, oob=True)
@@ -150,11 +150,7 @@ class RefreshConsumer(LiveStream):
                 continue  # a worker on another page of the grid
             parts.append(
                 self._cells(
-                    [
-                        presenters.Cell(
-                            cell["worker"], cell["step"], cell["status"], cell["error"], cell["ms"]
-                        )
-                    ]
+                    [Cell(cell["worker"], cell["step"], cell["status"], cell["error"], cell["ms"])]
                 )
             )
             parts.append(

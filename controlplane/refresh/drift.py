@@ -42,7 +42,7 @@ from controlplane.fleet.models import (
 from controlplane.notify.emit import notify
 from controlplane.notify.models import NotificationEvent
 from controlplane.refresh import gates
-from controlplane.refresh.drills.history import drilled_instances
+from controlplane.refresh.drill_history import drilled_instances
 from controlplane.refresh.models import (
     ADMITTING_STATES,
     OPEN_QUARANTINE_STATES,

@@ -21,7 +21,7 @@ from typing import Any
 from django.utils import timezone
 
 from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState, StepRun
-from controlplane.refresh.sequence import ORDER
+from controlplane.refresh.step_order import ORDER
 
 #: Past successful refreshes of the source the medians come from.
 HISTORY = 20

@@ -10,7 +10,8 @@ per call.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
@@ -18,8 +19,29 @@ from django.utils.timezone import localtime
 
 from controlplane.html import neutralize_bidi
 
-if TYPE_CHECKING:  # presenters builds the rows and renders them with this module
-    from controlplane.refresh.presenters import Cell, GridRow
+
+# The rows' types live with their renderer: `presenters` builds them from the journal and calls
+# this module, which imports nothing of the presenters back.
+@dataclass
+class Cell:
+    worker_id: int
+    step: str
+    status: str = "pending"  # pending|running|ok|failed|skipped|unreached
+    error: str = ""
+    ms: float | None = None
+
+    @property
+    def dom_id(self) -> str:
+        return f"cell-{self.worker_id}-{self.step}"
+
+
+@dataclass
+class GridRow:
+    worker: Any
+    cells: list[Cell] = field(default_factory=list)
+    #: The worker's call timeline: one dict per journaled call, oldest first.
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
 
 #: Statuses whose error is worth opening: the cell folds it under the status.
 _FOLDED = frozenset({"failed", "unreached"})

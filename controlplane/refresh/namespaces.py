@@ -13,9 +13,9 @@ from __future__ import annotations
 from django.db.models import Q
 
 from controlplane import lockorder
-from controlplane.refresh.executor.departures import departed_ids, left_out_ids
+from controlplane.refresh.departed import departed_ids, left_out_ids
 from controlplane.refresh.models import PolicyRefresh, ScopeLock, WorkerStepResult
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 FORCE_REOPENED = "force_reopened"
 REOPENED = "reopened"

@@ -1,7 +1,7 @@
 """Building a stored plan: per worker, its family, each step's exact calls, and its blockers.
 
 Pure with respect to the network: it reads the Worker rows a fresh discovery refresh just
-wrote (see `actions.plan_policy_refresh`) and judges them. A plan with any blocker — on a
+wrote (see `intents.plan.plan_policy_refresh`) and judges them. A plan with any blocker — on a
 worker or plan-wide — cannot start.
 """
 
@@ -29,7 +29,7 @@ from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint
 from controlplane.dynamo.generation import GenerationCheck
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet.models import Worker, WorkerState
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 from controlplane.refresh.targets import (
     AUTO,
     PAUSE_MODE_CHOICES,

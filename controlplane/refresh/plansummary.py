@@ -16,7 +16,7 @@ from datetime import timedelta
 from django.db.models import Count, F, Q
 
 from controlplane.refresh.models import PolicyRefresh, RefreshState
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import stored
 
 #: How many past successful refreshes of the same source the expected duration looks at.

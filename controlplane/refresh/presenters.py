@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -16,9 +16,9 @@ from django.urls import reverse
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
 from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
 from controlplane.fleet.rows import pager
-from controlplane.refresh.actions import can_end, is_membership_hold
 from controlplane.refresh.gates import displayed_reason
-from controlplane.refresh.gridrows import render_grid
+from controlplane.refresh.gridrows import Cell, GridRow, render_grid
+from controlplane.refresh.intents.queries import can_end, is_membership_hold
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
@@ -31,28 +31,7 @@ from controlplane.refresh.models import (
 )
 from controlplane.refresh.namespaces import verified_namespaces
 from controlplane.refresh.plansummary import describe_duration, plan_summary
-from controlplane.refresh.sequence import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
-
-
-@dataclass
-class Cell:
-    worker_id: int
-    step: str
-    status: str = "pending"  # pending|running|ok|failed|skipped|unreached
-    error: str = ""
-    ms: float | None = None
-
-    @property
-    def dom_id(self) -> str:
-        return f"cell-{self.worker_id}-{self.step}"
-
-
-@dataclass
-class GridRow:
-    worker: Any
-    cells: list[Cell] = field(default_factory=list)
-    #: The worker's call timeline: one dict per journaled call, oldest first.
-    calls: list[dict[str, Any]] = field(default_factory=list)
+from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 
 
 @dataclass

@@ -75,7 +75,7 @@ from controlplane.refresh.planning import (
     plan_worker,
     source_policy,
 )
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 CATCH_UP = Actor.system("quarantine catch-up")
 RECONCILER = Actor.system("quarantine reconciler")

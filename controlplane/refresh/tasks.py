@@ -7,11 +7,12 @@ from django.conf import settings
 
 from controlplane import jobs
 from controlplane.refresh import drift, freshness, quarantine
-from controlplane.refresh.actions import EXECUTE_TASK
 from controlplane.refresh.apps import RECONCILE_DRIFT_TASK
-from controlplane.refresh.drills import runner
+from controlplane.refresh.drills import runner, schedule
 from controlplane.refresh.drills.runner import RUN_DRILL_TASK
 from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.intents import canary, expiry
+from controlplane.refresh.intents.base import EXECUTE_TASK
 from controlplane.refresh.quarantine import CATCH_UP_TASK
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
 from controlplane.refresh.reconcile import requeue_stalled_quarantines
@@ -53,17 +54,11 @@ def sync_gate_freshness() -> dict[str, int]:
 
 @shared_task(name="refresh.expire_stale_plans", ignore_result=True)
 def expire_stale_plans() -> list[int]:
-    # Imported here: expiry runs the action table, whose actions enqueue the tasks above.
-    from controlplane.refresh import expiry
-
     return expiry.expire_stale_plans()
 
 
 @shared_task(name="refresh.expire_canary_reviews", ignore_result=True)
 def expire_canary_reviews() -> list[int]:
-    # Imported here: the canary module runs actions, which enqueue the tasks above.
-    from controlplane.refresh import canary
-
     return canary.expire_canary_reviews()
 
 
@@ -87,6 +82,6 @@ def drill_tick() -> dict[str, list[int]]:
     """Beat: start due scheduled drills, and queue again drills whose task chain died."""
     resend = functools.partial(jobs.send, run_drill.name)  # refused: found stalled again later
     return {
-        "started": runner.start_due_drills(),
+        "started": schedule.start_due_drills(),
         "resumed": runner.resume_stalled_drills(resume=resend),
     }

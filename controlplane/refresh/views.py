@@ -18,8 +18,10 @@ from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.fleet.models import Source, Worker
-from controlplane.refresh import actions, presenters
-from controlplane.refresh.action_table import (
+from controlplane.refresh import intents, presenters
+from controlplane.refresh.errors import RefreshError
+from controlplane.refresh.forms import PlanForm, SourceStrategyForm
+from controlplane.refresh.intents.action_table import (
     ABORT,
     APPROVE,
     APPROVE_CANARY,
@@ -42,8 +44,6 @@ from controlplane.refresh.action_table import (
     Action,
     ActionInput,
 )
-from controlplane.refresh.errors import RefreshError
-from controlplane.refresh.forms import PlanForm, SourceStrategyForm
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -102,7 +102,7 @@ def plan(request: HttpRequest) -> HttpResponse:
     form = PlanForm(request.POST or None, initial={"source": request.GET.get("source")})
     if request.method == "POST" and form.is_valid():
         try:
-            refresh = actions.plan_policy_refresh(
+            refresh = intents.plan_policy_refresh(
                 actor=actor_from_request(request), **form.plan_kwargs()
             )
         except ValidationError as exc:
@@ -144,7 +144,7 @@ def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
     context = {
         "refresh": refresh,
         "is_active": refresh.state in ACTIVE_STATES,
-        "can_end": actions.can_end(refresh),
+        "can_end": intents.can_end(refresh),
         **presenters.recovery_context(refresh),
     }
     return render(request, "refresh/detail.html#actions", context)

@@ -76,10 +76,10 @@ def test_abort_asks_first_and_cancel_changes_nothing(page, simfleet, operator, t
     source = make_source(simfleet, require_approval=True)
 
     def awaiting():
-        from controlplane.refresh import actions
+        from controlplane.refresh import intents
 
         refresh = plan(source, operator, "v-confirm")
-        return actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+        return intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
 
     refresh = _elsewhere(awaiting)
     assert refresh.state == RefreshState.AWAITING_APPROVAL

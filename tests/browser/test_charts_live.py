@@ -15,7 +15,7 @@ from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
 from controlplane.fleet.discovery import refresh_source
 from controlplane.fleet.models import DiscoveryTrigger
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.models import RefreshState
 from controlplane.refresh.tasks import execute_policy_refresh
 from controlplane.simfleet import Fault, SimFleetControl
@@ -98,7 +98,7 @@ def test_phase_timeline_grows_live_while_the_refresh_runs(
 
     sign_in(page, "op", PASSWORD)
     _elsewhere(
-        lambda: actions.start_policy_refresh(refresh, actor=Actor.for_user(operator), enqueue=False)
+        lambda: intents.start_policy_refresh(refresh, actor=Actor.for_user(operator), enqueue=False)
     )
     page.goto(f"/refreshes/{refresh.pk}/")
     page.wait_for_selector(".live-dot.connected")

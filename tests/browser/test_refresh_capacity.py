@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.db import connection
 
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import RefreshState
 from tests.conftest import PASSWORD
@@ -25,7 +25,7 @@ def test_the_capacity_chart_appears_and_fills_in_live(page, simfleet_factory, op
     fleet = simfleet_factory(fleet_config(WORKERS))
     source = make_source(fleet)
     refresh = plan(source, operator, "v2")
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
 
     sign_in(page, viewer.username, PASSWORD)
     page.goto(f"/refreshes/{refresh.pk}/")

@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from controlplane.refresh import group
+from controlplane.refresh import handshake
 from tests.fixtures.live_server import asgi_server
 from tests.fixtures.long_poll import broadcast_done, first_answer, make_scene, timed_reads
 
@@ -47,7 +47,7 @@ def server(celery_worker, tmp_path):
 
 def test_100_long_polls_from_one_viewer_leave_the_api_and_readiness_answering(server, fault_report):
     scene = make_scene()
-    params = {"wait": 45, "after": group.READY}
+    params = {"wait": 45, "after": handshake.READY}
 
     async def scenario():
         limits = httpx.Limits(max_connections=POLLS + 10, max_keepalive_connections=POLLS + 10)
@@ -98,7 +98,7 @@ def test_100_long_polls_from_one_viewer_leave_the_api_and_readiness_answering(se
     for kind, ms in medians.items():
         assert ms < FUNCTIONAL_MEDIAN_MS, (kind, medians)
     assert {a.status_code for a in answers} == {200}
-    assert {a.json()["state"] for a in answers} == {group.BROADCAST_DONE}
+    assert {a.json()["state"] for a in answers} == {handshake.BROADCAST_DONE}
     assert woken_in < 15, woken_in
 
 
@@ -122,7 +122,7 @@ def test_with_redis_unreachable_a_long_poll_still_sees_the_change_on_its_recheck
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
 
                 def start() -> asyncio.Task[httpx.Response]:
-                    params = {"wait": 30, "after": group.READY}
+                    params = {"wait": 30, "after": handshake.READY}
                     return asyncio.ensure_future(
                         client.get(scene.group_url, params=params, headers=scene.auth())
                     )
@@ -141,5 +141,5 @@ def test_with_redis_unreachable_a_long_poll_still_sees_the_change_on_its_recheck
         answer, answered_in = asyncio.run(scenario())
     fault_report(answered_in_s=round(answered_in, 2))
     assert answer.status_code == 200, answer.text
-    assert answer.json()["state"] == group.BROADCAST_DONE
+    assert answer.json()["state"] == handshake.BROADCAST_DONE
     assert answered_in < 15, answered_in

@@ -30,7 +30,7 @@ from django.db import connection
 from django.test import Client
 
 from controlplane import dbpool, dbretry
-from controlplane.refresh import abort_signal, actions
+from controlplane.refresh import abort_signal, intents
 from controlplane.refresh.executor import journal, runner
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import (
@@ -118,7 +118,7 @@ def started_refresh(simfleet_factory, operator, name: str, workers: int = 4):
     fleet = simfleet_factory(fleet_config(workers, seed=hash(name) % 1000))
     refresh = plan(make_source(fleet, name=name), operator, "v2")
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     return refresh, fleet
 
 
@@ -354,7 +354,7 @@ def test_an_abort_is_heard_through_a_renewal_cut_by_a_termination(
         wait_for(
             lambda: any(UPDATE_ROUTE not in fleet.state(k)["faults"] for k in keys), timeout=30
         )
-        actions.abort_policy_refresh(refresh, actor=actor_for(operator))
+        intents.abort_policy_refresh(refresh, actor=actor_for(operator))
     finally:
         thread.join(40)
     connection.close()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.models import ACTIVE_STATES, PolicyRefresh, RefreshState
 from controlplane.simfleet import Fault
 from tests.fixtures.broker import killable_redis, product_on, wait_until, worker_process
@@ -55,7 +55,7 @@ def test_redis_killed_mid_update_step_the_refresh_still_succeeds(
             RECONCILE_TICK_SECONDS="1",
         ) as worker,
     ):
-        actions.start_policy_refresh(refresh, actor=actor_for(operator))
+        intents.start_policy_refresh(refresh, actor=actor_for(operator))
         wait_until(
             lambda: PolicyRefresh.objects.filter(
                 pk=refresh.pk, state=RefreshState.UPDATING

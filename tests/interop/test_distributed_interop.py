@@ -20,7 +20,7 @@ from django.db import connection
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery, services
 from controlplane.fleet.models import DiscoveryTrigger
-from controlplane.refresh import actions, group
+from controlplane.refresh import handshake, intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshState
 from tests.interop.conftest import WorkerSpec
@@ -56,7 +56,7 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
     )
     discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
     actor = Actor.system("interop")
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=source,
         actor=actor,
         target={
@@ -71,7 +71,7 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
     )
     assert not refresh.plan_blockers, refresh.plan_blockers
     assert refresh.group["world_size"] == 4  # the trainer's rank 0, then 2 + 1 worker ranks
-    actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor, enqueue=False)
 
     done: list[str] = []
 
@@ -87,7 +87,7 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
     group_dir.mkdir(parents=True, exist_ok=True)
     (group_dir / "rank-0").write_text("trainer")
     deadline = time.monotonic() + 60
-    while (PolicyRefresh.objects.get(pk=refresh.pk).group or {}).get("state") != group.READY:
+    while (PolicyRefresh.objects.get(pk=refresh.pk).group or {}).get("state") != handshake.READY:
         assert time.monotonic() < deadline, "the group never formed"
         assert executor.is_alive(), done
         time.sleep(0.1)
@@ -95,12 +95,12 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
     assert sorted(p.name for p in group_dir.iterdir()) == ["rank-0", "rank-1", "rank-2", "rank-3"]
     assert all(_state(w)["version"] is None for w in dep.workers)
     (group_dir / "broadcast").write_text(VERSION)
-    group.report_broadcast_done(refresh, actor=Actor.system("trainer"), weight_version=VERSION)
+    handshake.report_broadcast_done(refresh, actor=Actor.system("trainer"), weight_version=VERSION)
     executor.join(90)
 
     refresh.refresh_from_db()
     assert done == [RefreshState.SUCCEEDED], refresh.held_reason
-    assert refresh.group["state"] == group.DESTROYED
+    assert refresh.group["state"] == handshake.DESTROYED
     # Each real worker: joined with its own ranks, applied, was destroyed, reads VERSION back.
     offsets = set()
     for worker in dep.workers:

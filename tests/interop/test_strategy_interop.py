@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.gates import gate_state
 from controlplane.refresh.models import JournalEntry, RefreshState
@@ -49,7 +49,7 @@ def test_waves_of_one_never_pause_two_real_workers_at_once(dynamo_deployment, op
         allowed_networks=["127.0.0.0/8"],
     )
     actor = Actor.for_user(operator)
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=source,
         actor=actor,
         target={"weight_version": VERSION, "method": "disk", "model_path": "/ckpt/11"},
@@ -58,7 +58,7 @@ def test_waves_of_one_never_pause_two_real_workers_at_once(dynamo_deployment, op
     )
     assert refresh.plan_blockers == [], refresh.plan_blockers
     assert refresh.waves == 3
-    actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor, enqueue=False)
     execute_refresh(refresh.pk)
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.SUCCEEDED, f"{refresh.held_reason}\n{dep.diagnostics()}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.models import RefreshState
 from tests.conftest import PASSWORD
 from tests.fixtures.live_server import sign_in
@@ -54,7 +54,7 @@ def _clean(page) -> None:
 
 def test_hostile_model_path_on_the_plan_preview_runs_nothing(approver_page, source, operator):
     page = approver_page
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=source,
         actor=actor_for(operator),
         target={"weight_version": "v2", "method": "disk", "model_path": MODEL_PATH},

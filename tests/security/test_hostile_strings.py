@@ -36,7 +36,7 @@ from controlplane.fleet.models import DiscoveryTrigger, Source, Worker
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
 from controlplane.intake.webhooks.trainer.process import process_delivery
 from controlplane.notify.models import NotificationDestination
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, GateState, PolicyRefresh, Quarantine, RefreshState
 from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
@@ -402,7 +402,7 @@ def canary_verdict_from_the_trainer(w: World) -> None:
     h = w.hostile
     actor = Actor.for_user(w.admin)
 
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=w.sim,
         actor=actor,
         target={"weight_version": "canary-v", "method": "disk", "model_path": "/ckpt/canary"},
@@ -410,7 +410,7 @@ def canary_verdict_from_the_trainer(w: World) -> None:
         strategy={"kind": "canary", "canary": {"size": 1, "evaluation": "trainer"}},
     )
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor, enqueue=False)
     execute_refresh(refresh.pk)
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.CANARY_REVIEW, (refresh.state, refresh.held_reason)
@@ -815,7 +815,7 @@ def _check_streams(w: World, tally: Tally) -> None:
         w.fleet.inject(
             w.by_ns["rl-c"][0], "update_weights_from_disk", Fault.error(w.hostile("pushed error"))
         )
-        await database_sync_to_async(actions.start_policy_refresh)(
+        await database_sync_to_async(intents.start_policy_refresh)(
             planned, actor=SETUP, enqueue=False
         )
         read.append(

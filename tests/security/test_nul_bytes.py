@@ -24,7 +24,7 @@ from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, RefreshState
 from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
@@ -247,14 +247,14 @@ def test_nul_in_a_worker_reply_during_a_refresh_is_journaled_not_a_crash(
     first = fleet.workers()[0]["key"]
     fleet.inject(first, "update_weights_from_disk", Fault.error("nul\x00body"))
     actor = Actor.for_user(admin_user)
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=source,
         actor=actor,
         target={"weight_version": "v2", "method": "disk", "model_path": "/ckpt/v2"},
         namespaces=["rl-a"],
     )
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor, enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor, enqueue=False)
     execute_refresh(refresh.pk)
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.HELD, (refresh.state, refresh.held_reason)

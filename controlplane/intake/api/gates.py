@@ -34,8 +34,8 @@ from controlplane.intake.api.auth import (
 from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.refresh import gate_cache
-from controlplane.refresh.action_table import FORCE_REOPEN, ActionInput
 from controlplane.refresh.gates import gate_state, serialize_gate
+from controlplane.refresh.intents.action_table import FORCE_REOPEN, ActionInput
 from controlplane.refresh.models import ADMITTING_STATES, Gate
 
 router = Router(tags=["gates"])

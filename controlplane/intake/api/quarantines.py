@@ -17,8 +17,8 @@ from controlplane.intake.api import idempotency
 from controlplane.intake.api.auth import actor, limit_to_sources, require
 from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
-from controlplane.refresh import action_table
-from controlplane.refresh.action_table import Action, ActionInput
+from controlplane.refresh.intents import action_table
+from controlplane.refresh.intents.action_table import Action, ActionInput
 from controlplane.refresh.models import Quarantine
 from controlplane.refresh.quarantine import (
     QuarantineRefused,

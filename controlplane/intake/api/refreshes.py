@@ -20,9 +20,10 @@ from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.intake.fingerprint import FingerprintIn
 from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
-from controlplane.refresh import action_table, actions, reconcile
-from controlplane.refresh.action_table import Action, ActionInput
+from controlplane.refresh import intents, reconcile
 from controlplane.refresh.eta import eta_json
+from controlplane.refresh.intents import action_table
+from controlplane.refresh.intents.action_table import Action, ActionInput
 from controlplane.refresh.models import PolicyRefresh
 from controlplane.refresh.strategy import stored as stored_strategy
 
@@ -371,7 +372,7 @@ def plan_refresh(request: HttpRequest, response: HttpResponse, payload: PlanIn):
             raise ApiError(400, "invalid_strategy", str(exc), exc.errors) from None
 
     def plan():
-        refresh = actions.plan_policy_refresh(
+        refresh = intents.plan_policy_refresh(
             source=source,
             actor=actor(request),
             target=payload.target.model_dump(exclude_none=True),

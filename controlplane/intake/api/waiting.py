@@ -62,7 +62,7 @@ from django.shortcuts import get_object_or_404
 from controlplane.accounts.roles import Perm
 from controlplane.intake.api.auth import limit_to_sources, require
 from controlplane.realtime.wakeup import process_wakeups
-from controlplane.refresh import group
+from controlplane.refresh import handshake
 from controlplane.refresh.live import EVENT_STATE, refresh_group
 from controlplane.refresh.models import PolicyRefresh
 
@@ -70,7 +70,7 @@ logger = logging.getLogger(__name__)
 
 #: The events on `refresh.<id>` after which the group's view may differ (per-call progress
 #: and steps do not change it, and would only cost re-reads).
-GROUP_EVENTS = frozenset({group.EVENT_GROUP, EVENT_STATE})
+GROUP_EVENTS = frozenset({handshake.EVENT_GROUP, EVENT_STATE})
 #: Seconds a refused poll is told to wait: waits end within a minute at most, and a client
 #: retrying sooner would be refused again while the same polls are still open.
 RETRY_AFTER_SECONDS = 5
@@ -135,7 +135,7 @@ def _read(request: HttpRequest, refresh_id: int) -> tuple[dict[str, Any], bool]:
         require(request, Perm.VIEW)
         refreshes = limit_to_sources(request, PolicyRefresh.objects.select_related("source"))
         refresh = get_object_or_404(refreshes, pk=refresh_id)
-        return group.public_view(refresh), refresh.state in group.ENDED
+        return handshake.public_view(refresh), refresh.state in handshake.ENDED
     finally:
         _release_connection()
 

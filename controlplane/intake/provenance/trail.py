@@ -27,7 +27,7 @@ from controlplane.refresh.models import (
     PolicyRefresh,
     WorkerStepResult,
 )
-from controlplane.refresh.sequence import WORKER_STEPS, StepName
+from controlplane.refresh.step_order import WORKER_STEPS, StepName
 
 #: The audit actions that move a gate between admitting and not (drift and reconcile rows
 #: do not change its state).

@@ -9,7 +9,7 @@ from django.views.decorators.http import require_GET
 from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.intake.provenance.trail import trail
-from controlplane.refresh.sequence import STEP_LABELS, WORKER_STEPS
+from controlplane.refresh.step_order import STEP_LABELS, WORKER_STEPS
 
 
 @require_GET

@@ -2,9 +2,12 @@
 fleet can go back to the policy verified before the current one and return, and record how long
 each direction took.
 
-- `models`: `DrillRun`, one drill and its two refreshes.
-- `history`: the previous verified policy of a namespace, and the subset a drill takes.
+Below, shared with the intents and drift: `refresh.models.drill` (`DrillRun`, one drill and its
+two refreshes), `refresh.drill_history` (the previous verified policy of a namespace, the
+subset a drill takes) and `refresh.drill_hold` (a drill and a refresh start exclude each other).
+
 - `actions`: `start_drill`, the one way a drill begins (button, command, schedule).
 - `runner`: `advance`, the idempotent orchestration the Celery task, the reconciler and the
-  tests drive; `start_due_drills` and `resume_stalled_drills` for beat.
+  tests drive; `resume_stalled_drills` for beat.
+- `schedule`: `start_due_drills`, beat's start of every due scheduled drill.
 """

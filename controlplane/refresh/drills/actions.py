@@ -15,8 +15,9 @@ from controlplane.accounts.roles import Perm
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source
-from controlplane.refresh.drills.history import pick_subset, previous_policy
-from controlplane.refresh.drills.hold import serialize_scope
+from controlplane.refresh.drill_history import pick_subset, previous_policy
+from controlplane.refresh.drill_hold import serialize_scope
+from controlplane.refresh.drills import runner
 from controlplane.refresh.errors import InvalidTransition, RefreshConflict
 from controlplane.refresh.models import DrillRun, Gate, GateState, ScopeLock
 
@@ -147,13 +148,10 @@ def start_drill(
             "time (--namespace)"
         )
     subset = _subset(gates, count, instances)
-    # Imported here: the runner's task module imports the refresh actions, which import tasks.
-    from controlplane.refresh.drills.runner import enqueue_drill
-
     try:
         with transaction.atomic():
             # Exclusive with a refresh start of this source: whichever commits first, the
-            # other sees it (`drills/hold.py`); so the check is repeated under the lock.
+            # other sees it (`drill_hold.py`); so the check is repeated under the lock.
             lockorder.domain_lock("scope locks")
             serialize_scope(source.pk)
             _conflicts(source, names)
@@ -183,7 +181,7 @@ def start_drill(
                 correlation_id=drill.correlation_id,
             )
             if enqueue:
-                transaction.on_commit(lambda: enqueue_drill(drill.pk))
+                transaction.on_commit(lambda: runner.enqueue_drill(drill.pk))
     except IntegrityError:
         raise RefreshConflict(f"another rollback drill started on {source.name}") from None
     return drill

@@ -3,7 +3,7 @@
 `advance` is idempotent and reads everything from the database (the drill row and its two
 refreshes), so whoever calls it — the Celery task's poll chain, the reconciler after a worker
 died, a test in-process — carries on from where the drill stands. Each direction is a refresh
-restricted to the drill's `instances` (`actions.plan_policy_refresh`): the executor runs it as
+restricted to the drill's `instances` (`intents.plan_policy_refresh`): the executor runs it as
 always, and the refresh's own reconciler recovers it if its executor dies. The refresh id is
 recorded on the drill before the refresh starts, so a crash never plans a direction twice.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import timedelta
-from functools import partial
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -31,8 +30,8 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source, Worker, WorkerState
-from controlplane.refresh import actions
-from controlplane.refresh.errors import RefreshConflict, RefreshError
+from controlplane.refresh import intents
+from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.models import (
     OPEN_QUARANTINE_STATES,
     TERMINAL_STATES,
@@ -45,6 +44,7 @@ from controlplane.refresh.models import (
     RefreshState,
     ScopeLock,
 )
+from controlplane.refresh.quarantine import CATCH_UP_TASK
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _plan(drill: DrillRun, forward: bool) -> PolicyRefresh | str:
     """Plan this direction's refresh and record it on the drill; or why it could not be."""
     target = drill.previous_policy if forward else drill.current_policy
     try:
-        refresh = actions.plan_policy_refresh(
+        refresh = intents.plan_policy_refresh(
             source=drill.source,
             actor=_actor(drill),
             target=target,
@@ -129,12 +129,12 @@ def _start(drill: DrillRun, refresh: PolicyRefresh, forward: bool, execute: Exec
     """Start a planned direction (and run it here when `execute` is given); or why not."""
     what = f"the {_direction(forward)} refresh (policy refresh #{refresh.pk})"
     if refresh.plan_blockers:
-        actions.discard_policy_refresh(refresh, actor=RUNNER, reason="rollback drill plan blocked")
+        intents.discard_policy_refresh(refresh, actor=RUNNER, reason="rollback drill plan blocked")
         return f"{what} is blocked: {'; '.join(refresh.plan_blockers)}"
     try:
-        actions.start_policy_refresh(refresh, actor=_actor(drill), enqueue=execute is None)
+        intents.start_policy_refresh(refresh, actor=_actor(drill), enqueue=execute is None)
     except RefreshError as exc:
-        actions.discard_policy_refresh(refresh, actor=RUNNER, reason="rollback drill refused")
+        intents.discard_policy_refresh(refresh, actor=RUNNER, reason="rollback drill refused")
         return f"{what} could not start: {exc.message}"
     if execute is not None:
         execute(refresh.pk)
@@ -276,11 +276,9 @@ def _quarantine(drill: DrillRun, away: dict[str, list[Worker]]) -> list[int]:
                 details={"key": q.key, "kind": q.kind, "detail": q.detail, "drill_id": drill.pk},
                 correlation_id=q.correlation_id,
             )
-    from controlplane.refresh.tasks import catch_up_quarantine
-
     ids = [q.pk for q in opened]
     for pk in ids:
-        transaction.on_commit(partial(catch_up_quarantine.delay, pk))
+        jobs.enqueue(CATCH_UP_TASK, pk)
     return ids
 
 
@@ -389,29 +387,6 @@ def due_sources(now=None) -> list[Source]:
         if last is None or now - last >= timedelta(hours=source.drill_every):
             due.append(source)
     return due
-
-
-def start_due_drills() -> list[int]:
-    """Start every due scheduled drill. A source whose scope a refresh holds (running, waiting
-    or held) or another drill runs on is skipped — nothing is recorded against the schedule,
-    so it stays due and a later tick starts it once the scope is free; any other refusal is
-    recorded as a failed drill, so the overview says why the schedule is not proving anything
-    (and the next try waits a full interval)."""
-    from controlplane.refresh.drills.actions import start_drill
-
-    started: list[int] = []
-    for source in due_sources():
-        try:
-            drill = start_drill(source, actor=SCHEDULE, scheduled=True)
-        except RefreshConflict as exc:
-            record_skipped(source, exc.message)
-            continue
-        except (RefreshError, ValidationError) as exc:
-            message = exc.message if isinstance(exc, RefreshError) else "; ".join(exc.messages)
-            record_refused(source, message)
-            continue
-        started.append(drill.pk)
-    return started
 
 
 def record_skipped(source: Source, message: str) -> None:

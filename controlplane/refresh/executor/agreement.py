@@ -20,7 +20,7 @@ from controlplane.dynamo.fingerprint import AgreementRule, CrossCheck, Sample, c
 from controlplane.dynamo.generation import completion_sample
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, WorkerStepResult
 from controlplane.refresh.planning import GENERATION
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 AGREEMENT = "agreement"
 MAX_NAMED = 5

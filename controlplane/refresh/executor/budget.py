@@ -33,15 +33,9 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.families import UpdateMethod
 from controlplane.refresh import gates
+from controlplane.refresh.departed import LEFT_OUT, departed_ids, left_out_ids
 from controlplane.refresh.executor.calls import WorkerJob
-from controlplane.refresh.executor.departures import (
-    EXECUTOR,
-    LEFT_OUT,
-    LEFT_THE_FLEET,
-    departed_ids,
-    left_out_ids,
-    write_departures,
-)
+from controlplane.refresh.executor.departures import EXECUTOR, LEFT_THE_FLEET, write_departures
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.waves import by_namespace, is_canary_wave
 from controlplane.refresh.models import (
@@ -52,7 +46,7 @@ from controlplane.refresh.models import (
     QuarantineState,
     WorkerStepResult,
 )
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import stored
 
 #: The quarantine kind (and gate drift kind) of a worker left out by a refresh's budget.

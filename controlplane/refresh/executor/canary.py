@@ -15,19 +15,18 @@ from django.db import transaction
 
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.refresh import gates
+from controlplane.refresh.departed import departed_ids
 from controlplane.refresh.executor import waves
 from controlplane.refresh.executor.calls import WorkerJob
-from controlplane.refresh.executor.departures import departed_ids
+from controlplane.refresh.executor.step_base import StepContext, StepResult
 from controlplane.refresh.executor.steps import (
-    StepContext,
-    StepResult,
     WorkerStep,
     ok_worker_ids,
     summarize_failures,
 )
 from controlplane.refresh.models import PlannedWorker
 from controlplane.refresh.planning import normalize_verification, plan_worker, source_policy
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 #: Only the version readback: the old policy was verified when the gate opened for it.
 ROLLBACK_VERIFICATION = {"version_readback": True, "liveness": False, "generation": False}

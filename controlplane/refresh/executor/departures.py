@@ -29,12 +29,11 @@ from controlplane.audit.recorder import Actor, record
 from controlplane.dynamo.discovery import DiscoveredWorker, fetch_discovery
 from controlplane.dynamo.errors import DiscoveryError
 from controlplane.dynamo.http import make_client
+from controlplane.refresh.departed import (
+    DEPARTED,
+)
 from controlplane.refresh.models import JournalEntry, PlannedWorker, WorkerStepResult
 
-DEPARTED = "departed"
-#: A worker result status: the refresh's failure budget left this worker out (quarantined,
-#: out of the verified set; `executor/budget.py`). Like a departure, no later step calls it.
-LEFT_OUT = "left_out"
 LEFT_THE_FLEET = "left the fleet: absent from a fresh discovery of {source}"
 EXECUTOR = Actor.system("policy-refresh executor")
 
@@ -92,32 +91,6 @@ def read_membership(ctx, step: str) -> tuple[set[str], str]:
     """Read the listener now: (keys of the scope's listed workers, error). Journaled."""
     listed, error = read_listing(ctx, step)
     return set(listed), error
-
-
-def departed_ids(refresh_id: int) -> set[int]:
-    """Planned workers recorded as having left the fleet (at any step)."""
-    return set(
-        WorkerStepResult.objects.filter(refresh_id=refresh_id, status=DEPARTED).values_list(
-            "planned_worker_id", flat=True
-        )
-    )
-
-
-def left_out_ids(refresh_id: int) -> set[int]:
-    """Planned workers the failure budget left out (at any step)."""
-    return set(
-        WorkerStepResult.objects.filter(refresh_id=refresh_id, status=LEFT_OUT).values_list(
-            "planned_worker_id", flat=True
-        )
-    )
-
-
-def departed_keys(refresh_id: int) -> set[str]:
-    return set(
-        WorkerStepResult.objects.filter(refresh_id=refresh_id, status=DEPARTED).values_list(
-            "planned_worker__key", flat=True
-        )
-    )
 
 
 def rechecks_membership(ctx) -> bool:

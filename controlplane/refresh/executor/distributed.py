@@ -14,30 +14,17 @@ journaled) and holds the refresh: the workers stay paused, owned by the held ref
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
-from controlplane.refresh import group as handshake
+from controlplane.refresh import handshake
 from controlplane.refresh.executor.journal import run_step_calls
+from controlplane.refresh.executor.step_base import JobsStep, StepContext, StepResult
 from controlplane.refresh.models import PlannedWorker
 from controlplane.refresh.planning import GROUP_DESTROY, GROUP_INIT
-
-if TYPE_CHECKING:
-    from controlplane.refresh.executor.steps import StepContext, WorkerStep
 
 #: Seconds past the watchdog to wait for a join's answer: a worker the watchdog killed then
 #: shows as a dropped connection rather than our own timeout.
 WATCHDOG_MARGIN_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """Mirrors `steps.StepResult` (which `steps` builds from it; steps imports this module)."""
-
-    ok: bool
-    reason: str = ""
-    detail: str = ""
-    aborted: bool = False
 
 
 def _named(outcomes, limit: int = 5) -> str:
@@ -47,7 +34,7 @@ def _named(outcomes, limit: int = 5) -> str:
     return f"{len(failed)} of {len(outcomes)} workers — {names}{more}"
 
 
-def tear_down(step: WorkerStep, ctx: StepContext, workers: list[PlannedWorker], why: str) -> str:
+def tear_down(step: JobsStep, ctx: StepContext, workers: list[PlannedWorker], why: str) -> str:
     """Destroy the group on every rank that can, record why; returns a note for the reason."""
     jobs = [step.job(ctx, w, GROUP_DESTROY) for w in workers if w.calls.get(GROUP_DESTROY)]
     failed = []
@@ -62,7 +49,7 @@ def tear_down(step: WorkerStep, ctx: StepContext, workers: list[PlannedWorker], 
     return note
 
 
-def run_distributed_update(step: WorkerStep, ctx: StepContext, workers: list[PlannedWorker]):
+def run_distributed_update(step: JobsStep, ctx: StepContext, workers: list[PlannedWorker]):
     refresh = ctx.refresh
     target = refresh.target
     init_timeout = float(target.get("init_timeout_s", 30.0))

@@ -30,13 +30,14 @@ from controlplane.audit.recorder import record
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
+from controlplane.refresh.departed import DEPARTED, departed_keys
 from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.calls import CallRuntime, CallSettings
 from controlplane.refresh.executor.canary import CanaryRollback
-from controlplane.refresh.executor.departures import DEPARTED, departed_keys
 from controlplane.refresh.executor.journal import JournalOutage
 from controlplane.refresh.executor.lease import Lease, LeaseLost
-from controlplane.refresh.executor.steps import EXECUTOR, STEPS, StepContext, StepResult
+from controlplane.refresh.executor.step_base import StepContext, StepResult
+from controlplane.refresh.executor.steps import EXECUTOR, STEPS
 from controlplane.refresh.executor.tracing import refresh_trace, step_span
 from controlplane.refresh.live import publish_state, publish_step
 from controlplane.refresh.models import (
@@ -50,7 +51,13 @@ from controlplane.refresh.models import (
     state_change,
 )
 from controlplane.refresh.planning import source_policy
-from controlplane.refresh.sequence import STATE_STEP, STEP_STATE, WORKER_STEPS, StepName, next_step
+from controlplane.refresh.step_order import (
+    STATE_STEP,
+    STEP_STATE,
+    WORKER_STEPS,
+    StepName,
+    next_step,
+)
 
 #: Every step the executor runs: the sequence's, and the rollback of a failed canary.
 ALL_STEPS = {**STEPS, StepName.CANARY_ROLLBACK: CanaryRollback()}
@@ -275,14 +282,12 @@ class Runner:
         dbretry.retry(hold, what="holding the refresh after a failed step")
 
     def _roll_back_canary(self, refresh, step: StepName, step_run: StepRun, reason: str) -> None:
-        from controlplane.refresh.canary import failed_canary_progress
-
         with transaction.atomic():
             self.lease.guard(
                 **state_change(
                     RefreshState.CANARY_ROLLBACK,
                     held_reason=reason[:4000],
-                    progress=failed_canary_progress(refresh, reason, EXECUTOR.label),
+                    progress=waves.failed_canary_progress(refresh, reason, EXECUTOR.label),
                 )
             )
             self._finish_step_run(step_run, "failed", reason)

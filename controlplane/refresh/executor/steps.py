@@ -15,21 +15,19 @@ from controlplane.audit.recorder import Actor
 from controlplane.dynamo.families import UpdateMethod, detect_family
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
-from controlplane.refresh.compat import verification_ran
+from controlplane.refresh.compat_record import verification_ran
+from controlplane.refresh.departed import departed_ids, departed_keys, left_out_ids
 from controlplane.refresh.executor import budget, waves
 from controlplane.refresh.executor.agreement import check_agreement
-from controlplane.refresh.executor.calls import CallSettings, WorkerJob
+from controlplane.refresh.executor.calls import WorkerJob
 from controlplane.refresh.executor.departures import (
-    departed_ids,
-    departed_keys,
-    left_out_ids,
     read_listing,
     rechecks_membership,
     record_departures,
 )
 from controlplane.refresh.executor.distributed import run_distributed_update, tear_down
 from controlplane.refresh.executor.journal import run_step_calls
-from controlplane.refresh.executor.lease import Lease
+from controlplane.refresh.executor.step_base import Step, StepContext, StepResult
 from controlplane.refresh.models import (
     Gate,
     JournalEntry,
@@ -40,35 +38,10 @@ from controlplane.refresh.models import (
 )
 from controlplane.refresh.namespaces import REOPENED, open_namespaces, out_of_play_ids
 from controlplane.refresh.planning import update_is_idempotent
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 
 EXECUTOR = Actor.system("policy-refresh executor")
 MAX_NAMED_FAILURES = 5
-
-
-@dataclass(frozen=True)
-class StepResult:
-    ok: bool
-    reason: str = ""
-    detail: str = ""
-    aborted: bool = False
-
-
-@dataclass
-class StepContext:
-    refresh: PolicyRefresh
-    lease: Lease
-    cfg: CallSettings
-    attempt: int
-    #: This executor took the refresh over mid-step from one that died.
-    takeover: bool = False
-
-
-class Step:
-    name: StepName
-
-    def run(self, ctx: StepContext) -> StepResult:
-        raise NotImplementedError
 
 
 class CloseGate(Step):
@@ -409,8 +382,7 @@ class Update(WorkerStep):
             )
             note = tear_down(self, ctx, workers, why)
             return StepResult(False, f"{why} ({note})")
-        outcome = run_distributed_update(self, ctx, workers)
-        return StepResult(outcome.ok, outcome.reason, outcome.detail, outcome.aborted)
+        return run_distributed_update(self, ctx, workers)
 
 
 class Flush(WorkerStep):

@@ -21,7 +21,7 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
-from controlplane.refresh.executor.departures import departed_ids, left_out_ids
+from controlplane.refresh.departed import departed_ids, left_out_ids
 from controlplane.refresh.models import (
     PlannedWorker,
     PolicyRefresh,
@@ -29,7 +29,7 @@ from controlplane.refresh.models import (
     WorkerStepResult,
     state_change,
 )
-from controlplane.refresh.sequence import StepName
+from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import CANARY, EVAL_NONE, Strategy, stored, wave_label
 
 #: `progress["canary"]["state"]` values.
@@ -223,3 +223,11 @@ def admit_verified_so_far(
     """After a canary verdict: with `admit_as_verified` the canary joins the new version's
     gate; either way the gate's reason says what comes next."""
     gates.wave_verified(refresh, canary, admit=stored(refresh).admit_as_verified, reason=reason)
+
+
+def failed_canary_progress(refresh: PolicyRefresh, reason: str, by: str) -> dict[str, Any]:
+    progress = dict(refresh.progress or {})
+    canary = dict(progress.get("canary") or {})
+    canary.update(state=CANARY_FAILED, reason=reason[:2000], by=by, at=timezone.now().isoformat())
+    progress["canary"] = canary
+    return progress

@@ -12,7 +12,7 @@ from django.db.models import Count
 
 from controlplane.accounts.roles import Perm
 from controlplane.fleet.models import WorkerState
-from controlplane.refresh import listed
+from controlplane.refresh import source_badges
 from controlplane.refresh.models import (
     HELD_QUARANTINE_STATES,
     Gate,
@@ -54,8 +54,8 @@ def drift_by_source(source_ids: Iterable[int]) -> dict[int, dict]:
 
 @register.inclusion_tag("refresh/drift_badge.html", takes_context=True)
 def drift_badge(context, source):
-    """Read for every source the page lists at once (`refresh.listed`)."""
-    return listed.for_source(context, _DRIFT, source, drift_by_source)
+    """Read for every source the page lists at once (`refresh.source_badges`)."""
+    return source_badges.for_source(context, _DRIFT, source, drift_by_source)
 
 
 @register.inclusion_tag("refresh/worker_drift.html", takes_context=True)

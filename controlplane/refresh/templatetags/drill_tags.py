@@ -9,8 +9,8 @@ direction took, or that it never was, or why the last drill failed (fleet overvi
 from django import template
 
 from controlplane.accounts.roles import Perm
-from controlplane.refresh import listed
-from controlplane.refresh.drills.history import drill_statuses
+from controlplane.refresh import source_badges
+from controlplane.refresh.drill_history import drill_statuses
 from controlplane.refresh.models import DrillRun
 
 register = template.Library()
@@ -26,7 +26,10 @@ def drill_status(context, source):
     """On the overview the first card reads every listed source's drills at once (two
     queries), kept for the rest of this render, so the page's cost does not grow with the
     number of sources; a lone card (a live push) reads its own."""
-    return {"source": source, **listed.for_source(context, _STATUSES, source, drill_statuses)}
+    return {
+        "source": source,
+        **source_badges.for_source(context, _STATUSES, source, drill_statuses),
+    }
 
 
 @register.inclusion_tag("refresh/drill_history.html", takes_context=True)

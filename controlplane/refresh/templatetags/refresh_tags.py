@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from django import template
 from django.core.exceptions import ValidationError
 
-from controlplane.refresh import listed, presenters
+from controlplane.refresh import presenters, source_badges
 from controlplane.refresh.strategy import parse_strategy
 
 register = template.Library()
@@ -35,8 +35,10 @@ _GATE_BADGES = object()
 @register.inclusion_tag("refresh/gate_badges.html", takes_context=True)
 def gate_badges(context, source):
     """Compact gate and refresh badges for one source, without a socket of its own (read for
-    every source the page lists at once: `refresh.listed`)."""
-    badges = listed.for_source(context, _GATE_BADGES, source, presenters.gate_badges_by_source)
+    every source the page lists at once: `refresh.source_badges`)."""
+    badges = source_badges.for_source(
+        context, _GATE_BADGES, source, presenters.gate_badges_by_source
+    )
     return {"banner_source": source, **badges}
 
 

@@ -12,7 +12,7 @@ from django.test import Client
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.models import DrillOutcome, DrillRun, PolicyRefresh
 from tests.integration.drills.helpers import actor_for, run_drill_inline, verified_twice
 from tests.integration.refresh.cli import cli_json
@@ -129,7 +129,7 @@ def test_refusals_answer_with_the_commands_words(source, operator, viewer, appro
     source.require_approval = True
     source.save(update_fields=["require_approval"])
     waiting = plan(source, operator, "v3")
-    actions.start_policy_refresh(waiting, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(waiting, actor=actor_for(operator), enqueue=False)
     error = refused(post(client, url), 409, "refresh_conflict")
     assert error["message"] == cli_message(source, operator)
     assert f"#{waiting.pk}" in error["message"]
@@ -137,7 +137,7 @@ def test_refusals_answer_with_the_commands_words(source, operator, viewer, appro
     assert not DrillRun.objects.exists()
     assert not AuditEvent.objects.filter(action="drill.started").exists()
 
-    actions.reject_policy_refresh(waiting, actor=actor_for(approver), reason="not now")
+    intents.reject_policy_refresh(waiting, actor=actor_for(approver), reason="not now")
     assert post(client, url).status_code == 201
     error = refused(post(client, url), 409, "refresh_conflict")
     assert "is still running" in error["message"]

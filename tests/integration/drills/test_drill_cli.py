@@ -7,7 +7,7 @@ import json
 import pytest
 
 from controlplane.accounts.management.commands._cli import Exit
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.models import DrillRun
 from tests.integration.drills.helpers import actor_for, verified_twice
 from tests.integration.refresh.cli import cli, cli_json
@@ -39,7 +39,7 @@ def test_refusals_exit_with_the_refresh_commands_codes(fleet, source, operator, 
     source.require_approval = True
     source.save(update_fields=["require_approval"])
     waiting = plan(source, operator, "v3")
-    actions.start_policy_refresh(waiting, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(waiting, actor=actor_for(operator), enqueue=False)
     code, doc = cli_json("drill", source.name, *me)
     assert code == Exit.CONFLICT and doc["error"]["code"] == "refresh_conflict"
     assert f"#{waiting.pk}" in doc["error"]["message"]

@@ -10,11 +10,12 @@ import pytest
 from django.db import connection
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.drills.actions import start_drill
 from controlplane.refresh.drills.runner import advance
 from controlplane.refresh.errors import RefreshConflict
 from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.intents import lifecycle
 from controlplane.refresh.models import DrillOutcome, DrillRun, RefreshState, ScopeLock
 from controlplane.refresh.tasks import drill_tick
 from controlplane.simfleet.tokens import expected_completion_ids
@@ -50,7 +51,7 @@ def test_a_refresh_started_between_a_drills_legs_is_refused_and_the_drill_comple
         # started. A refresh on the same scope must not slip into this gap.
         assert not ScopeLock.objects.filter(source=source).exists()
         with pytest.raises(RefreshConflict) as refused:
-            actions.start_policy_refresh(intruder, actor=actor_for(operator), enqueue=False)
+            intents.start_policy_refresh(intruder, actor=actor_for(operator), enqueue=False)
         refusals.append(refused.value.message)
 
     assert advance(drill.pk, execute=execute)
@@ -65,7 +66,7 @@ def test_a_refresh_started_between_a_drills_legs_is_refused_and_the_drill_comple
     assert set(fleet_versions(fleet).values()) == {"v2"}
 
     # The hold is the running drill itself: once it ended, the same refresh starts.
-    actions.start_policy_refresh(intruder, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(intruder, actor=actor_for(operator), enqueue=False)
     execute_refresh(intruder.pk)
     intruder.refresh_from_db()
     assert intruder.state == RefreshState.SUCCEEDED, intruder.held_reason
@@ -91,7 +92,7 @@ def test_a_scheduled_drill_skips_a_held_scope_and_runs_on_a_later_tick(fleet, so
     assert skipped.target_id == str(source.pk)
 
     # The scope is freed (the held refresh rolled back); the next tick starts the drill.
-    rollback = actions.rollback_policy_refresh(held, actor=actor_for(operator))
+    rollback = intents.rollback_policy_refresh(held, actor=actor_for(operator))
     execute_refresh(rollback.pk)
     rollback.refresh_from_db()
     assert rollback.state == RefreshState.SUCCEEDED, rollback.held_reason
@@ -110,7 +111,7 @@ def test_a_drill_start_waits_for_a_refresh_start_on_the_same_source_to_commit(
     source = verified_twice(simfleet_factory(fleet_config(6)), operator)
     refresh = plan(source, operator, "v3")
     inside, release = threading.Event(), threading.Event()
-    audit = actions._audit
+    audit = lifecycle.audit_refresh
 
     def paused_audit(action, *args, **kwargs):
         if action == "policy_refresh.requested":
@@ -118,7 +119,7 @@ def test_a_drill_start_waits_for_a_refresh_start_on_the_same_source_to_commit(
             release.wait(30)
         return audit(action, *args, **kwargs)
 
-    monkeypatch.setattr(actions, "_audit", paused_audit)
+    monkeypatch.setattr(lifecycle, "audit_refresh", paused_audit)
     outcome: dict[str, object] = {}
 
     def run(name, call):
@@ -133,7 +134,7 @@ def test_a_drill_start_waits_for_a_refresh_start_on_the_same_source_to_commit(
         target=run,
         args=(
             "refresh",
-            lambda: actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False),
+            lambda: intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False),
         ),
     )
     start.start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.drills.actions import start_drill
 from controlplane.refresh.drills.runner import advance
 from controlplane.refresh.executor import execute_refresh
@@ -105,7 +105,7 @@ def test_a_failing_back_direction_leaves_the_subset_out_of_the_gate_with_an_exit
     assert f"policy refresh #{back.pk} is held" in drill.next_step
     assert "retry" in drill.next_step
     fleet.clear_faults(key)
-    actions.retry_policy_refresh(back, actor=actor_for(operator))
+    intents.retry_policy_refresh(back, actor=actor_for(operator))
     execute_refresh(back.pk)
     back.refresh_from_db()
     assert back.state == RefreshState.SUCCEEDED, back.held_reason

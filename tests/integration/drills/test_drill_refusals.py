@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.drills.actions import start_drill
 from controlplane.refresh.errors import InvalidTransition, RefreshConflict
 from controlplane.refresh.models import DrillRun, RefreshState
@@ -35,7 +35,7 @@ def test_a_drill_is_refused_while_a_refresh_is_active_and_the_schedule_skips_it(
     source.drill_every = 1
     source.save(update_fields=["require_approval", "drill_every"])
     waiting = plan(source, operator, "v3")
-    actions.start_policy_refresh(waiting, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(waiting, actor=actor_for(operator), enqueue=False)
     waiting.refresh_from_db()
     assert waiting.state == RefreshState.AWAITING_APPROVAL
 

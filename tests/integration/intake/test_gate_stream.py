@@ -14,7 +14,7 @@ from django.test import Client
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.models import Gate, GateState
 
 pytestmark = [
@@ -70,7 +70,7 @@ async def connected(headers, path: str = "/ws/gates/") -> WebsocketCommunicator:
 
 
 def reopen(gate: Gate, user) -> None:
-    actions.force_reopen_gate(gate, actor=Actor.for_user(user), reason="checked by hand")
+    intents.force_reopen_gate(gate, actor=Actor.for_user(user), reason="checked by hand")
 
 
 def view(gate: Gate) -> tuple:

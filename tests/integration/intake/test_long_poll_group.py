@@ -19,7 +19,7 @@ from django.db import connection
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
-from controlplane.refresh import group
+from controlplane.refresh import handshake
 from tests.fixtures.live_server import LIVE_SERVER_APPLICATION_NAME, asgi_server
 from tests.fixtures.long_poll import broadcast_done, first_answer, make_scene, timed_reads
 
@@ -64,7 +64,7 @@ def server_connections_busy() -> int:
 
 def test_waiting_polls_hold_no_connection_respect_the_caps_and_are_woken(server):
     scene = make_scene(tokens=2)
-    params = {"wait": 20, "after": group.READY}
+    params = {"wait": 20, "after": handshake.READY}
 
     async def scenario():
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
@@ -100,13 +100,13 @@ def test_waiting_polls_hold_no_connection_respect_the_caps_and_are_woken(server)
         assert refused.headers["Retry-After"].isdigit()
         error = refused.json()["error"]
         assert error["code"] == "throttled" and f"this {whose} has too many" in error["message"]
-    assert plain.status_code == 200 and plain.json()["state"] == group.READY
+    assert plain.status_code == 200 and plain.json()["state"] == handshake.READY
     assert reads.errors == []
     print("while", len(waiting), "polls waited: median ms", reads.medians())
     assert busy == 0, "a server connection was busy while the polls only waited"
     assert len(waiting) == PER_PROCESS
     assert {a.status_code for a in answers} == {200}
-    assert {a.json()["state"] for a in answers} == {group.BROADCAST_DONE}
+    assert {a.json()["state"] for a in answers} == {handshake.BROADCAST_DONE}
     # Woken by the change, not by the 30 s recheck nor the 20 s deadline.
     assert woken_in < 10, woken_in
 
@@ -116,13 +116,13 @@ def test_a_poll_ends_at_its_deadline_with_the_state_unchanged(server):
     started = time.monotonic()
     answer = httpx.get(
         f"{server}{scene.group_url}",
-        params={"wait": 1, "after": group.READY},
+        params={"wait": 1, "after": handshake.READY},
         headers=scene.auth(),
         timeout=20,
     )
     elapsed = time.monotonic() - started
     assert answer.status_code == 200, answer.text
-    assert answer.json()["state"] == group.READY
+    assert answer.json()["state"] == handshake.READY
     assert 1.0 <= elapsed < 5.0, elapsed
 
 
@@ -131,18 +131,18 @@ def test_a_poll_answers_at_once_when_the_state_already_moved(server):
     started = time.monotonic()
     answer = httpx.get(
         f"{server}{scene.group_url}",
-        params={"wait": 20, "after": group.JOINING},
+        params={"wait": 20, "after": handshake.JOINING},
         headers=scene.auth(),
         timeout=20,
     )
-    assert answer.status_code == 200 and answer.json()["state"] == group.READY
+    assert answer.status_code == 200 and answer.json()["state"] == handshake.READY
     assert time.monotonic() - started < 5
 
 
 def test_a_long_poll_keeps_its_permissions(server):
     scene = make_scene()
     url = f"{server}{scene.group_url}"
-    params = {"wait": 5, "after": group.READY}
+    params = {"wait": 5, "after": handshake.READY}
     assert httpx.get(url, params=params, timeout=20).status_code == 401
     bad = httpx.get(url, params=params, headers={"Authorization": "Bearer cpt_x_y"}, timeout=20)
     assert bad.status_code == 401

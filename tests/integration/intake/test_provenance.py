@@ -11,7 +11,7 @@ from django.test import Client
 
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint, WebhookPolicy
 from controlplane.intake.webhooks.trainer.process import process_delivery
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 from tests.integration.intake.conftest import SECRET, post_webhook
@@ -112,7 +112,7 @@ def test_admission_window_closes_when_the_next_version_is_applied(applied, opera
 def test_integer_versions_are_found_by_their_text(simfleet, operator, viewer_client):
     source = make_source(simfleet)
     sync_workers(source)
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=source,
         actor=actor_for(operator),
         target={"weight_version": 42, "method": "disk", "model_path": "/ckpt/42"},

@@ -20,7 +20,7 @@ from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint, WebhookPolicy
 from controlplane.intake.webhooks.trainer.process import process_delivery
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 from tests.integration.intake.conftest import SECRET, post_webhook
 
@@ -72,7 +72,7 @@ def test_a_transient_failure_is_retried_then_left_retryable_and_a_repeat_runs_it
     def deadlock(*args, **kwargs):
         raise OperationalError("deadlock detected")
 
-    monkeypatch.setattr(actions, "plan_policy_refresh", deadlock)
+    monkeypatch.setattr(intents, "plan_policy_refresh", deadlock)
     assert process_delivery(received.pk) is None
     state = delivery(client, "msg_t1", viewer).json()
     assert (state["state"], state["outcome"], state["attempts"]) == ("retryable", None, 2)
@@ -89,7 +89,7 @@ def test_a_transient_failure_is_retried_then_left_retryable_and_a_repeat_runs_it
     received.refresh_from_db()
     assert received.attempt_limit == 2 + settings.WEBHOOK_MAX_ATTEMPTS
     # ... and once it reaches a terminal outcome, a repeat is answered from memory.
-    monkeypatch.setattr(actions, "plan_policy_refresh", _blocked_plan)
+    monkeypatch.setattr(intents, "plan_policy_refresh", _blocked_plan)
     assert process_delivery(received.pk) is None
     done = post_webhook(client, BODY, webhook_id="msg_t1")
     assert (done.status_code, done.json()["status"]) == (200, "already_processed")

@@ -16,7 +16,7 @@ from controlplane.audit.recorder import Actor
 from controlplane.fleet import services as fleet_services
 from controlplane.intake import services
 from controlplane.intake.models import ReceivedWebhook, WebhookPolicy
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.gates import gate_state
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 from tests.integration.intake.conftest import post_webhook
@@ -154,7 +154,7 @@ def test_approval_required_refresh_waits_for_an_approver_then_succeeds(
     # Nothing touched the fleet while waiting.
     assert {simfleet.state(w["key"])["update_count"] for w in simfleet.workers()} == {0}
 
-    actions.approve_policy_refresh(refresh, actor=Actor.for_user(approver))
+    intents.approve_policy_refresh(refresh, actor=Actor.for_user(approver))
     refresh = wait_for(lambda: finished(refresh.pk), what="the approved refresh to finish")
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     assert refresh.approved_by == approver

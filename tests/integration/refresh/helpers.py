@@ -11,7 +11,7 @@ from django.db import connection
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, PolicyRefresh
 from controlplane.simfleet import FleetConfig
@@ -53,7 +53,7 @@ def actor_for(user) -> Actor:
 def plan(source, user, version="v2", target=None, **kwargs) -> PolicyRefresh:
     """A disk update to `version` unless another `target` is given."""
     sync_workers(source)
-    return actions.plan_policy_refresh(
+    return intents.plan_policy_refresh(
         source=source,
         actor=actor_for(user),
         target=target
@@ -66,7 +66,7 @@ def run_inline(source, user, version="v2", **kwargs) -> PolicyRefresh:
     """Plan, start without Celery, and execute in this thread; returns the refreshed row."""
     refresh = plan(source, user, version, **kwargs)
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor_for(user), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(user), enqueue=False)
     execute_refresh(refresh.pk)
     refresh.refresh_from_db()
     return refresh
@@ -94,7 +94,7 @@ def force_reopen_each(refresh, user, reason="force-reopened namespace by namespa
     """Force-reopen every namespace the refresh still holds, one by one, running the executor
     after each (it resumes that namespace's engines and holds again, or ends after the last)."""
     while gate := Gate.objects.filter(active_refresh=refresh).order_by("namespace").first():
-        actions.force_reopen_gate(gate, actor=actor_for(user), reason=reason)
+        intents.force_reopen_gate(gate, actor=actor_for(user), reason=reason)
         execute_refresh(refresh.pk)
     refresh.refresh_from_db()
     return refresh

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import (
@@ -96,7 +96,7 @@ def test_force_reopen_after_a_crash_mid_update_ends_and_frees_the_scope(
     held, crashed = held_after_crash_at_update(fleet, source, operator)
     gate = Gate.objects.get(source=source, namespace="rl-a")
 
-    actions.force_reopen_gate(gate, actor=actor_for(approver), reason="worker host died")
+    intents.force_reopen_gate(gate, actor=actor_for(approver), reason="worker host died")
     held = run(held)
     # Only its namespace was closed out: the refresh holds again for the others.
     assert held.state == RefreshState.HELD, held.end_reason
@@ -125,7 +125,7 @@ def test_retry_after_a_crash_completes_without_the_departed_worker(
 ):
     held, crashed = held_after_crash_at_update(fleet, source, operator)
 
-    actions.retry_policy_refresh(held, actor=actor_for(operator))
+    intents.retry_policy_refresh(held, actor=actor_for(operator))
     refresh = run(held)
 
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
@@ -147,7 +147,7 @@ def test_abort_with_resume_after_a_crash_ends_without_calling_the_dead_worker(
 ):
     held, crashed = held_after_crash_at_update(fleet, source, operator)
 
-    actions.abort_policy_refresh(held, actor=actor_for(operator), resume_engines=True)
+    intents.abort_policy_refresh(held, actor=actor_for(operator), resume_engines=True)
     refresh = run(held)
 
     assert refresh.state == RefreshState.ABORTED, refresh.held_reason
@@ -164,7 +164,7 @@ def test_a_refresh_already_held_at_release_is_released_by_a_retry(fleet, source,
         failed_step="release", end_state=RefreshState.FAILED, end_reason="force-reopened"
     )
 
-    actions.retry_policy_refresh(held, actor=actor_for(operator))
+    intents.retry_policy_refresh(held, actor=actor_for(operator))
     refresh = run(held)
 
     assert refresh.state == RefreshState.FAILED
@@ -184,10 +184,10 @@ def test_a_listed_worker_failing_its_resume_does_not_overrule_the_decision(
     gate = Gate.objects.get(source=source, namespace="rl-a")
 
     if how == "force_reopen":
-        actions.force_reopen_gate(gate, actor=actor_for(approver), reason="ship it")
+        intents.force_reopen_gate(gate, actor=actor_for(approver), reason="ship it")
         refresh = force_reopen_each(run(held), approver)
     else:
-        actions.abort_policy_refresh(held, actor=actor_for(operator), resume_engines=True)
+        intents.abort_policy_refresh(held, actor=actor_for(operator), resume_engines=True)
         refresh = run(held)
 
     expected = RefreshState.FAILED if how == "force_reopen" else RefreshState.ABORTED
@@ -216,10 +216,10 @@ def test_an_approver_ends_a_held_refresh_with_a_written_reason(fleet, source, op
     paused_before = set(paused_workers(fleet))
     assert len(paused_before) == 5
     with pytest.raises(ValidationError):
-        actions.end_policy_refresh(held, actor=actor_for(approver), reason="  ")
+        intents.end_policy_refresh(held, actor=actor_for(approver), reason="  ")
     assert ScopeLock.objects.filter(refresh=held).exists()
 
-    refresh = actions.end_policy_refresh(held, actor=actor_for(approver), reason="host is gone")
+    refresh = intents.end_policy_refresh(held, actor=actor_for(approver), reason="host is gone")
 
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.ABORTED
@@ -235,7 +235,7 @@ def test_an_approver_ends_a_held_refresh_with_a_written_reason(fleet, source, op
     # Ending reads nothing from the fleet: the crashed worker is named with the paused ones.
     assert len(event.details["left_paused"]) == 6 and crashed.key in event.details["left_paused"]
     with pytest.raises(InvalidTransition):
-        actions.end_policy_refresh(refresh, actor=actor_for(approver), reason="again")
+        intents.end_policy_refresh(refresh, actor=actor_for(approver), reason="again")
     assert_scope_free_and_reusable(source, operator, fleet, refresh)
 
 
@@ -244,17 +244,17 @@ def test_a_running_refresh_ends_only_once_its_executor_is_gone(fleet, source, op
     from tests.integration.refresh.helpers import plan
 
     refresh = plan(source, operator, "v2")
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     assert execute_refresh(refresh.pk, stop_after="pause") == "stopped"  # executor "alive"
     with pytest.raises(InvalidTransition, match="abort it first"):
-        actions.end_policy_refresh(refresh, actor=actor_for(approver), reason="stuck")
+        intents.end_policy_refresh(refresh, actor=actor_for(approver), reason="stuck")
 
     # The executor died: its lease lapsed. Ending fences it out for good.
     PolicyRefresh.objects.filter(pk=refresh.pk).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
     token = PolicyRefresh.objects.get(pk=refresh.pk).lease_token
-    actions.end_policy_refresh(refresh, actor=actor_for(approver), reason="celery is down")
+    intents.end_policy_refresh(refresh, actor=actor_for(approver), reason="celery is down")
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.ABORTED and refresh.lease_token == token + 1
     assert execute_refresh(refresh.pk) == "not_claimed"

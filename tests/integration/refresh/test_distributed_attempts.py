@@ -16,7 +16,8 @@ from django.test import Client
 from controlplane.audit.models import AuditEvent
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
 from controlplane.notify.models import NotificationDelivery, NotificationDestination
-from controlplane.refresh import actions
+from controlplane.refresh import intents
+from controlplane.refresh.intents import base
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshState
 from tests.integration.intake.conftest import SECRET, post_webhook
 from tests.integration.refresh.helpers import actor_for, execute_in_thread, fleet_versions
@@ -66,9 +67,9 @@ def test_a_report_for_an_earlier_attempt_is_refused_after_a_retry(
     assert group_of(refresh)["state"] == "torn_down"
 
     # The retry forms the group again: attempt 2, announced with its number.
-    monkeypatch.setattr(actions, "_enqueue", lambda refresh_id: None)  # run it here instead
+    monkeypatch.setattr(base, "enqueue_execution", lambda refresh_id: None)  # run it here instead
     refresh.refresh_from_db()
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     thread, done = execute_in_thread(refresh)
     second = wait_until_ready(client, auth, refresh.pk)
     assert second["broadcast_done_at"] is None

@@ -18,7 +18,8 @@ from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
 from controlplane.intake.models import WebhookEndpoint
 from controlplane.notify.models import NotificationDelivery, NotificationDestination
-from controlplane.refresh import actions
+from controlplane.refresh import intents
+from controlplane.refresh.intents import base
 from controlplane.refresh.models import JournalEntry, RefreshState
 from tests.integration.intake.conftest import SECRET, post_webhook
 from tests.integration.refresh.helpers import (
@@ -63,9 +64,9 @@ def small_fanout(settings):
 
 def plan_and_start(source, user, target):
     sync_workers(source)
-    refresh = actions.plan_policy_refresh(source=source, actor=actor_for(user), target=target)
+    refresh = intents.plan_policy_refresh(source=source, actor=actor_for(user), target=target)
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor_for(user), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(user), enqueue=False)
     return refresh
 
 
@@ -302,9 +303,9 @@ def test_a_retry_after_a_silent_trainer_re_forms_the_group_and_succeeds(
     thread.join(60)
     assert done == [RefreshState.HELD]
 
-    monkeypatch.setattr(actions, "_enqueue", lambda refresh_id: None)  # run it here instead
+    monkeypatch.setattr(base, "enqueue_execution", lambda refresh_id: None)  # run it here instead
     refresh.refresh_from_db()
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     client, auth = api_client(operator)
     thread, done = execute_in_thread(refresh)
     group = wait_until_ready(client, auth, refresh.pk)

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.models import (
     ACTIVE_STATES,
@@ -50,12 +50,12 @@ def test_every_active_refresh_without_a_live_executor_can_be_ended(source, state
     refresh = active_refresh(source, state)
     if state not in ACTIVE_STATES:
         with pytest.raises(InvalidTransition):
-            actions.end_policy_refresh(refresh, actor=ACTOR, reason="tidy up")
+            intents.end_policy_refresh(refresh, actor=ACTOR, reason="tidy up")
         refresh.refresh_from_db()
         assert refresh.state == state
         return
-    assert actions.can_end(refresh)
-    actions.end_policy_refresh(refresh, actor=ACTOR, reason="tidy up")
+    assert intents.can_end(refresh)
+    intents.end_policy_refresh(refresh, actor=ACTOR, reason="tidy up")
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.ABORTED and refresh.finished_at is not None
     assert not ScopeLock.objects.exists()
@@ -69,7 +69,7 @@ def test_a_refresh_whose_executor_is_alive_must_be_aborted_first(source, state):
     refresh = active_refresh(
         source, state, lease_token=3, lease_expires_at=timezone.now() + timedelta(seconds=30)
     )
-    assert not actions.can_end(refresh)
+    assert not intents.can_end(refresh)
     with pytest.raises(InvalidTransition, match="abort it first"):
-        actions.end_policy_refresh(refresh, actor=ACTOR, reason="stuck")
+        intents.end_policy_refresh(refresh, actor=ACTOR, reason="stuck")
     assert ScopeLock.objects.filter(refresh=refresh).exists()

@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import (
     TERMINAL_STATES,
@@ -25,6 +25,7 @@ from controlplane.refresh.models import (
     RefreshState,
     ScopeLock,
 )
+from controlplane.refresh.namespaces import verified_namespaces
 from controlplane.simfleet import Fault, WorkerSpec
 from tests.integration.refresh.helpers import (
     actor_for,
@@ -184,18 +185,18 @@ def run_to_step(refresh, step):
 
 def close_out(refresh, closer, operator, approver):
     if closer == "abort_with_resume":
-        actions.abort_policy_refresh(refresh, actor=actor_for(operator), resume_engines=True)
+        intents.abort_policy_refresh(refresh, actor=actor_for(operator), resume_engines=True)
         return run(refresh)
     if closer == "force_reopen":
         return force_reopen_each(refresh, approver, reason="fault matrix")
     if closer == "namespace_by_namespace":
-        if actions.verified_namespaces(refresh):
-            refresh = actions.reopen_verified_namespaces(refresh, actor=actor_for(operator))
+        if verified_namespaces(refresh):
+            refresh = intents.reopen_verified_namespaces(refresh, actor=actor_for(operator))
             TALLY["reopened_verified"] += 1
         if refresh.state == RefreshState.HELD:
             refresh = force_reopen_each(refresh, approver, reason="fault matrix")
         return refresh
-    actions.end_policy_refresh(refresh, actor=actor_for(approver), reason="fault matrix")
+    intents.end_policy_refresh(refresh, actor=actor_for(approver), reason="fault matrix")
     refresh.refresh_from_db()
     return refresh
 
@@ -219,7 +220,7 @@ def test_every_fault_is_recoverable_to_an_unlocked_scope(
     victim = next(w["key"] for w in fleet.workers() if w["namespace"] == "rl-a")
     refresh = plan(source, operator, "v2", flush_policy="always")
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     run_to_step(refresh, step)
     arm(fleet, victim, step, where, kind)
 
@@ -232,11 +233,11 @@ def test_every_fault_is_recoverable_to_an_unlocked_scope(
     for _ in range(2):
         if refresh.state != RefreshState.HELD:
             break
-        actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+        intents.retry_policy_refresh(refresh, actor=actor_for(operator))
         refresh = run(refresh)
-    if actions.is_membership_hold(refresh):
+    if intents.is_membership_hold(refresh):
         # The default rule held on who left or joined: one action resolves it.
-        actions.resolve_membership(refresh, actor=actor_for(operator))
+        intents.resolve_membership(refresh, actor=actor_for(operator))
         refresh = run(refresh)
         ended_by = "resolve_membership"
     if refresh.state == RefreshState.HELD:

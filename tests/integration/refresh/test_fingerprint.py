@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import (
     Gate,
@@ -150,7 +150,7 @@ def test_retry_after_the_fault_is_fixed_reverifies_only_the_odd_worker(fleet, op
 
     fleet.clear_faults(bad)
     calls_before = JournalEntry.objects.filter(refresh=refresh, operation="generation").count()
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     execute_refresh(refresh.pk)
     refresh.refresh_from_db()
 

@@ -16,7 +16,7 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from controlplane import redis_client
-from controlplane.refresh import abort_signal, actions
+from controlplane.refresh import abort_signal, intents
 from controlplane.refresh.executor import execute_refresh, journal
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.models import PolicyRefresh, RefreshState, WorkerStepResult
@@ -74,7 +74,7 @@ def slow_updates(fleet, seconds: float) -> None:
 def started(fleet, operator, name: str, version: str = "v2") -> PolicyRefresh:
     refresh = plan(make_source(fleet, name=name), operator, version)
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     return refresh
 
 
@@ -161,7 +161,7 @@ def abort_mid_update(simfleet_factory, operator, settings) -> tuple[PolicyRefres
     thread, done = execute_in_thread(refresh)
     try:
         first_update_in_flight(fleet)
-        actions.abort_policy_refresh(refresh, actor=actor_for(operator))
+        intents.abort_policy_refresh(refresh, actor=actor_for(operator))
     finally:
         thread.join(60)
     assert done, "the executor did not finish"
@@ -190,7 +190,7 @@ def test_an_abort_reaches_the_running_step_through_the_redis_signal(
     # again, refutes the signal at its first beat and does not abort.
     assert abort_signal.read(refresh.pk) is not None
     slow_updates(fleet, 0.2)
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     execute_refresh(refresh.pk)
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
@@ -246,7 +246,7 @@ def test_the_abort_signal_is_sent_only_once_the_abort_commits(operator, simfleet
     key = abort_signal.signal_key(refresh.pk)
     assert key.startswith(redis_client.key())
     with transaction.atomic():
-        actions.abort_policy_refresh(refresh, actor=actor_for(operator))
+        intents.abort_policy_refresh(refresh, actor=actor_for(operator))
         assert abort_signal.read(refresh.pk) is None
     assert abort_signal.read(refresh.pk) is not None
     assert redis_client.sync_client().ttl(key) > 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import (
@@ -60,7 +60,7 @@ def verified_through(source, operator):
     """A started refresh whose executor stopped after verify and handed its lease over."""
     refresh = plan(source, operator, "v2")
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     assert run(refresh, stop_after="verify").state == RefreshState.REOPENING
     PolicyRefresh.objects.filter(pk=refresh.pk).update(lease_owner="", lease_expires_at=None)
     return refresh
@@ -130,7 +130,7 @@ def test_a_joiner_is_named_and_left_out_of_the_verified_set(fleet, source, opera
     assert refresh.membership_change["namespaces"] == ["rl-b"]
     assert f"joined: {joiner_key}" in refresh.held_reason
 
-    actions.resolve_membership(refresh, actor=actor_for(operator))
+    intents.resolve_membership(refresh, actor=actor_for(operator))
     refresh = run(refresh)
 
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
@@ -157,7 +157,7 @@ def test_a_restart_is_a_leaver_and_a_joiner_resolved_in_one_action(fleet, source
     assert refresh.membership_change["left"] == [old_key]
     assert refresh.membership_change["joined"] == [new_key]
 
-    actions.resolve_membership(refresh, actor=actor_for(operator))
+    intents.resolve_membership(refresh, actor=actor_for(operator))
     refresh = run(refresh)
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     rl_c = gate(source, "rl-c")
@@ -181,7 +181,7 @@ def test_reopen_compares_errors_and_a_retry_after_the_fix_succeeds(fleet, source
     assert not any(g.is_open for g in Gate.objects.filter(source=source))
 
     fleet.clear_faults(sick)
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     refresh = run(refresh)
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     assert refresh.membership_change == {}
@@ -196,13 +196,13 @@ def test_a_joiner_holds_every_retry_until_resolved_or_gone(fleet, source, operat
     assert refresh.state == RefreshState.HELD
 
     # Retrying does not make a joiner go away: the same hold, naming it again.
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     refresh = run(refresh)
     assert refresh.state == RefreshState.HELD
     assert refresh.membership_change["joined"] == [identity_of(fleet, joiner)]
 
     fleet.remove_worker(joiner)  # the fix: it left again
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     refresh = run(refresh)
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     assert all(g.unverified_count == 0 for g in Gate.objects.filter(source=source))
@@ -213,12 +213,12 @@ def test_a_joiner_before_the_pause_is_left_out_and_never_touched(fleet, source, 
     refresh = plan(source, operator, "v2")
     joiner = fleet.add_worker(WorkerSpec(namespace="rl-a"))
     joiner_key = identity_of(fleet, joiner)
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     refresh = run(refresh)
     assert refresh.state == RefreshState.HELD and refresh.failed_step == "resolve"
     assert refresh.membership_change["joined"] == [joiner_key]
 
-    actions.resolve_membership(refresh, actor=actor_for(operator))
+    intents.resolve_membership(refresh, actor=actor_for(operator))
     refresh = run(refresh)
 
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
@@ -232,11 +232,11 @@ def test_resolve_membership_is_refused_unless_a_membership_change_holds(fleet, s
     fleet.inject(token_in(fleet, "rl-a"), "update_weights_from_disk", Fault.error("disk full"))
     sync_workers(source)
     refresh = plan(source, operator, "v2")
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     refresh = run(refresh)
     assert refresh.state == RefreshState.HELD and refresh.failed_step == "update"
 
     with pytest.raises(InvalidTransition, match="not held on a membership change"):
-        actions.resolve_membership(refresh, actor=actor_for(operator))
+        intents.resolve_membership(refresh, actor=actor_for(operator))
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.HELD and refresh.left_out == []

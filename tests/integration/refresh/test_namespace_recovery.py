@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import (
@@ -20,6 +20,7 @@ from controlplane.refresh.models import (
     RefreshState,
     ScopeLock,
 )
+from controlplane.refresh.namespaces import verified_namespaces
 from controlplane.simfleet import Fault
 from tests.integration.refresh.helpers import (
     actor_for,
@@ -84,16 +85,16 @@ def assert_no_gate_stranded(source, approver):
         if gate.active_refresh is not None:
             assert gate.active_refresh.state == RefreshState.HELD, gate
         else:
-            actions.force_reopen_gate(gate, actor=actor_for(approver), reason="no gate stranded")
+            intents.force_reopen_gate(gate, actor=actor_for(approver), reason="no gate stranded")
             gate.refresh_from_db()
             assert gate.state == GateState.OPEN_FORCED
 
 
 def test_reopen_all_verified_opens_exactly_the_verified_namespaces(fleet, source, operator):
     refresh = held_at_verify_in_rl_a(fleet, source, operator)
-    assert actions.verified_namespaces(refresh) == ["rl-b", "rl-c"]
+    assert verified_namespaces(refresh) == ["rl-b", "rl-c"]
 
-    refresh = actions.reopen_verified_namespaces(refresh, actor=actor_for(operator))
+    refresh = intents.reopen_verified_namespaces(refresh, actor=actor_for(operator))
 
     assert refresh.state == RefreshState.HELD  # still held for rl-a
     by_ns = gates(source)
@@ -110,12 +111,12 @@ def test_reopen_all_verified_opens_exactly_the_verified_namespaces(fleet, source
     }
     # Nothing more to reopen until rl-a passes verify.
     with pytest.raises(InvalidTransition, match="no namespace"):
-        actions.reopen_verified_namespaces(refresh, actor=actor_for(operator))
+        intents.reopen_verified_namespaces(refresh, actor=actor_for(operator))
 
     # The rest is retried once fixed: only rl-a is verified again and opened.
     fleet.clear_faults()
     revisions = {ns: g.revision for ns, g in gates(source).items()}
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     refresh = run(refresh)
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     by_ns = gates(source)
@@ -130,7 +131,7 @@ def test_force_reopen_of_one_namespace_never_fails_the_others(
 ):
     refresh = held_at_verify_in_rl_a(fleet, source, operator)
 
-    actions.force_reopen_gate(
+    intents.force_reopen_gate(
         gates(source)["rl-a"], actor=actor_for(approver), reason="rl-a serves an eval"
     )
     refresh = run(refresh)
@@ -148,7 +149,7 @@ def test_force_reopen_of_one_namespace_never_fails_the_others(
     assert "open (forced) by" in page and "rl-a serves an eval" in page
 
     # A retry verifies nothing of rl-a again and opens the verified namespaces.
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     refresh = run(refresh)
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     by_ns = gates(source)
@@ -166,7 +167,7 @@ def test_a_held_three_namespace_refresh_is_resolved_namespace_by_namespace(
     refresh = run_inline(source, operator, "v2")
     assert refresh.state == RefreshState.HELD and len(paused_workers(fleet)) == 6
     with pytest.raises(InvalidTransition, match="no namespace"):
-        actions.reopen_verified_namespaces(refresh, actor=actor_for(operator))
+        intents.reopen_verified_namespaces(refresh, actor=actor_for(operator))
 
     # rl-b first, through the refresh page: only rl-b's engines run again.
     response = approver_post(
@@ -180,7 +181,7 @@ def test_a_held_three_namespace_refresh_is_resolved_namespace_by_namespace(
 
     # The rest is fixed and retried: rl-a and rl-c are updated, verified and opened.
     fleet.clear_faults()
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     refresh = run(refresh)
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     by_ns = gates(source)
@@ -196,11 +197,11 @@ def test_a_held_three_namespace_refresh_is_resolved_namespace_by_namespace(
 
 def test_force_reopen_one_then_abort_the_rest_strands_no_gate(fleet, source, operator, approver):
     refresh = held_at_verify_in_rl_a(fleet, source, operator)
-    actions.force_reopen_gate(gates(source)["rl-c"], actor=actor_for(approver), reason="urgent")
+    intents.force_reopen_gate(gates(source)["rl-c"], actor=actor_for(approver), reason="urgent")
     refresh = run(refresh)
     assert refresh.state == RefreshState.HELD
 
-    actions.abort_policy_refresh(refresh, actor=actor_for(operator), resume_engines=True)
+    intents.abort_policy_refresh(refresh, actor=actor_for(operator), resume_engines=True)
     refresh = run(refresh)
 
     assert refresh.state == RefreshState.ABORTED
@@ -216,8 +217,8 @@ def test_reopen_all_verified_then_force_reopen_the_last_ends_the_refresh(
     fleet, source, operator, approver
 ):
     refresh = held_at_verify_in_rl_a(fleet, source, operator)
-    actions.reopen_verified_namespaces(refresh, actor=actor_for(operator))
-    actions.force_reopen_gate(gates(source)["rl-a"], actor=actor_for(approver), reason="eval")
+    intents.reopen_verified_namespaces(refresh, actor=actor_for(operator))
+    intents.force_reopen_gate(gates(source)["rl-a"], actor=actor_for(approver), reason="eval")
     refresh = run(refresh)
 
     assert refresh.state == RefreshState.FAILED

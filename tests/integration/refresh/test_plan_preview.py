@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions, tasks
+from controlplane.refresh import intents, tasks
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 from controlplane.refresh.plansummary import OTHER_FIX, group_blockers
 from controlplane.simfleet import Fault
@@ -117,7 +117,7 @@ def test_blockers_are_grouped_with_their_fix_and_confirm_is_gone(
     descriptor["routes"] = [r for r in descriptor["routes"] if r != "update_weights_from_disk"]
     sync_workers(source)
     fleet.inject(key, "probe", Fault.reply(descriptor, once=True))
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=source,
         actor=actor_for(operator),
         target={"weight_version": "v2", "method": "disk", "model_path": "/ckpt/v2"},

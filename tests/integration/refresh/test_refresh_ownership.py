@@ -9,7 +9,7 @@ import pytest
 from django.db import close_old_connections
 from django.utils import timezone
 
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import RefreshConflict
 from controlplane.refresh.executor import Lease, LeaseLost, execute_refresh
 from controlplane.refresh.models import (
@@ -49,7 +49,7 @@ def test_two_concurrent_starts_on_one_scope_yield_exactly_one_refresh(source, op
     def start(refresh):
         try:
             barrier.wait(5)
-            actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+            intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
             outcomes[refresh.pk] = "started"
         except RefreshConflict as exc:
             outcomes[refresh.pk] = exc
@@ -72,7 +72,7 @@ def test_two_concurrent_starts_on_one_scope_yield_exactly_one_refresh(source, op
 
 def started(source, operator, version="v2"):
     refresh = plan(source, operator, version)
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     return refresh
 
 
@@ -162,16 +162,16 @@ def test_celery_worker_runs_the_refresh_and_aborts_at_a_call_boundary(
     fleet, source, operator, celery_worker
 ):
     refresh = plan(source, operator)
-    actions.start_policy_refresh(refresh, actor=actor_for(operator))
+    intents.start_policy_refresh(refresh, actor=actor_for(operator))
     wait_for(lambda: PolicyRefresh.objects.get(pk=refresh.pk).state == RefreshState.SUCCEEDED, 30)
     assert set(fleet_versions(fleet).values()) == {"v2"}
 
     slow = fleet.workers()[0]["key"]
     fleet.inject(slow, "update_weights_from_disk", Fault.latency(2.0))
     second = plan(source, operator, "v3")
-    actions.start_policy_refresh(second, actor=actor_for(operator))
+    intents.start_policy_refresh(second, actor=actor_for(operator))
     wait_for(lambda: PolicyRefresh.objects.get(pk=second.pk).state == RefreshState.UPDATING, 30)
-    actions.abort_policy_refresh(second, actor=actor_for(operator))
+    intents.abort_policy_refresh(second, actor=actor_for(operator))
     wait_for(lambda: PolicyRefresh.objects.get(pk=second.pk).state == RefreshState.HELD, 30)
     second.refresh_from_db()
     assert "aborted by operator-1" in second.held_reason

@@ -22,7 +22,7 @@ from controlplane.refresh.models import (
     WorkerStepResult,
 )
 from controlplane.refresh.routing import websocket_urlpatterns
-from controlplane.refresh.sequence import WORKER_STEPS
+from controlplane.refresh.step_order import WORKER_STEPS
 from tests.fixtures.scale import make_refresh
 
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh, journal
 from controlplane.refresh.models import (
     JournalEntry,
@@ -50,7 +50,7 @@ def refresh_queries(simfleet_factory, operator, workers: int) -> tuple[int, int]
     source = make_source(fleet, name=f"sim-{workers}")
     refresh = plan(source, operator, "v2")
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     with CaptureQueriesContext(connection) as queries:
         state = execute_refresh(refresh.pk)
     refresh.refresh_from_db()
@@ -80,7 +80,7 @@ def test_a_slow_worker_does_not_hold_back_the_journal_of_the_others(
     slow = fleet.workers()[0]["key"]
     fleet.inject(slow, "pause_generation", Fault.latency(10.0, once=True))
     refresh = plan(source, operator, "v2")
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     lease_before = []
 
     def run() -> None:

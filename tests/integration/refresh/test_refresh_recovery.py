@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, RefreshState, WorkerStepResult
@@ -58,7 +58,7 @@ def test_retry_after_fixing_the_fault_touches_only_the_failed_worker(fleet, sour
     updates_before = {w["key"]: w["update_count"] for w in fleet.workers()}
 
     fleet.clear_faults(bad)
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     refresh = run_refresh(refresh)
 
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
@@ -77,7 +77,7 @@ def test_rollback_restores_the_previous_verified_version(fleet, source, operator
     assert held.state == RefreshState.HELD
     fleet.clear_faults()
 
-    rollback = actions.rollback_policy_refresh(held, actor=actor_for(operator))
+    rollback = intents.rollback_policy_refresh(held, actor=actor_for(operator))
     rollback = run_refresh(rollback)
 
     held.refresh_from_db()
@@ -97,7 +97,7 @@ def test_a_rolled_back_refresh_reads_rolled_back_on_the_page_the_api_and_the_cli
     fleet.inject(keys_in(fleet, "rl-b")[0], "generate", Fault.cancel())
     held = run_inline(source, operator, "v2")
     fleet.clear_faults()
-    rollback = actions.rollback_policy_refresh(held, actor=actor_for(operator))
+    rollback = intents.rollback_policy_refresh(held, actor=actor_for(operator))
 
     page = viewer_client.get("/refreshes/").content.decode()
     section = page.split("<h2>Rolled back", 1)[1].split("<h2>", 1)[0]
@@ -136,11 +136,11 @@ def test_force_reopen_requires_a_reason_and_resumes_the_paused_engines(
     gate = Gate.objects.get(source=source, namespace="rl-a")
 
     with pytest.raises(ValidationError):
-        actions.force_reopen_gate(gate, actor=actor_for(approver), reason="  ")
+        intents.force_reopen_gate(gate, actor=actor_for(approver), reason="  ")
     gate.refresh_from_db()
     assert not gate.is_open
 
-    actions.force_reopen_gate(gate, actor=actor_for(approver), reason="trainer incident #42")
+    intents.force_reopen_gate(gate, actor=actor_for(approver), reason="trainer incident #42")
     gate.refresh_from_db()
     assert gate.is_open
     held = run_refresh(held)  # the executor resumes that namespace's engines and holds again
@@ -149,7 +149,7 @@ def test_force_reopen_requires_a_reason_and_resumes_the_paused_engines(
     assert set(paused_workers(fleet)) == set(keys_in(fleet, "rl-b") + keys_in(fleet, "rl-c"))
     assert not Gate.objects.get(source=source, namespace="rl-b").is_open
     # The rest is aborted: every engine runs again, the other gates stay closed.
-    actions.abort_policy_refresh(held, actor=actor_for(approver), resume_engines=True)
+    intents.abort_policy_refresh(held, actor=actor_for(approver), resume_engines=True)
     held = run_refresh(held)
     assert held.state == RefreshState.ABORTED
     assert paused_workers(fleet) == []
@@ -204,8 +204,8 @@ def test_abort_is_refused_on_a_held_refresh_unless_engines_are_resumed(fleet, so
     fleet.inject(keys_in(fleet, "rl-a")[0], "update_weights_from_disk", Fault.error())
     held = run_inline(source, operator, "v2")
     with pytest.raises(InvalidTransition):
-        actions.abort_policy_refresh(held, actor=actor_for(operator))
-    actions.abort_policy_refresh(held, actor=actor_for(operator), resume_engines=True)
+        intents.abort_policy_refresh(held, actor=actor_for(operator))
+    intents.abort_policy_refresh(held, actor=actor_for(operator), resume_engines=True)
     held = run_refresh(held)
     assert held.state == RefreshState.ABORTED
     assert paused_workers(fleet) == []
@@ -230,7 +230,7 @@ def test_plan_with_a_worker_lacking_the_update_route_cannot_start(fleet, source,
     ]
     assert refresh.plan_blockers == ["1 of 6 workers have blockers"]
     with pytest.raises(PlanBlocked):
-        actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+        intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     assert paused_workers(fleet) == []
 
 

@@ -12,10 +12,10 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.routing import websocket_urlpatterns
-from controlplane.refresh.sequence import WORKER_STEPS
+from controlplane.refresh.step_order import WORKER_STEPS
 from tests.integration.refresh.helpers import actor_for, fleet_config, make_source, plan
 
 pytestmark = [
@@ -53,7 +53,7 @@ def run_and_close(refresh_id: int) -> None:
 def started(simfleet_factory, operator):
     source = make_source(simfleet_factory(fleet_config(3)))
     refresh = plan(source, operator)
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     return refresh
 
 

@@ -111,17 +111,17 @@ def test_sglang_memory_release_as_the_pause_method(simfleet_factory, operator):
 def test_a_vllm_mode_for_sglang_is_refused_before_anything_runs(simfleet_factory, operator):
     from django.core.exceptions import ValidationError
 
-    from controlplane.refresh import actions
+    from controlplane.refresh import intents
 
     _fleet, source = sglang_fleet(simfleet_factory, "get_weight_version")
     with pytest.raises(ValidationError, match="sglang has no pause mode 'keep'"):
-        actions.plan_policy_refresh(
+        intents.plan_policy_refresh(
             source=source,
             actor=Actor.for_user(operator),
             target={"weight_version": "v2", "method": "disk", "model_path": "/ckpt/v2"},
             pause_modes={"sglang": "keep"},
         )
-    refresh = actions.plan_policy_refresh(
+    refresh = intents.plan_policy_refresh(
         source=source,
         actor=Actor.for_user(operator),
         target={"weight_version": "v2", "method": "disk", "model_path": "/ckpt/v2"},

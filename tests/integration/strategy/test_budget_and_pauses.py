@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.refresh import actions, pausepoints
+from controlplane.refresh import intents
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.gates import serialize_gate
+from controlplane.refresh.intents import pausepoints
 from controlplane.refresh.models import (
     PolicyRefresh,
     Quarantine,
@@ -117,7 +118,7 @@ def test_a_pause_point_waits_with_the_gate_naming_both_sets_then_continues(fleet
         assert sorted(gate.verified_instances) == sorted(sets["serving_old"])
         assert sets["in_flight"] == []
     with pytest.raises(InvalidTransition):
-        actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+        intents.retry_policy_refresh(refresh, actor=actor_for(operator))
 
     pausepoints.continue_refresh(refresh, actor=actor_for(operator), enqueue=False)
     execute_refresh(refresh.pk)
@@ -132,7 +133,7 @@ def test_aborting_at_a_pause_point_ends_with_the_old_set_still_admitted(fleet, s
     refresh = run_inline(source, operator, "v2", strategy={**WAVES_OF_TWO, "pause_after": [1]})
     assert refresh.state == RefreshState.WAITING
 
-    actions.abort_policy_refresh(refresh, actor=actor_for(operator))
+    intents.abort_policy_refresh(refresh, actor=actor_for(operator))
     execute_refresh(refresh.pk)
     refresh.refresh_from_db()
 
@@ -157,7 +158,7 @@ def test_rolling_back_from_a_pause_point_returns_the_scope_in_waves(fleet, sourc
     # admit_as_verified: the gate already stands for v2, for the wave verified so far.
     assert {g.verified_version for g in gates_of(source).values()} == {"v2"}
 
-    rollback = actions.rollback_policy_refresh(refresh, actor=actor_for(operator))
+    rollback = intents.rollback_policy_refresh(refresh, actor=actor_for(operator))
     execute_refresh(rollback.pk)
     rollback.refresh_from_db()
     refresh.refresh_from_db()

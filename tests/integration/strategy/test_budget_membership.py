@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.drift import reconcile_source
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.gates import serialize_gate
@@ -39,7 +39,7 @@ def after_first_wave(source, operator, strategy) -> PolicyRefresh:
     """A waves refresh whose executor stopped once wave 1 verified (its lease handed over)."""
     refresh = plan(source, operator, "v2", strategy=strategy)
     assert not refresh.plan_blockers, refresh.plan_blockers
-    actions.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     assert execute_refresh(refresh.pk, stop_after="verify") == "stopped"
     refresh.refresh_from_db()
     assert refresh.wave == 2 and refresh.state == RefreshState.PAUSING

@@ -10,9 +10,10 @@ from django.utils import timezone
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
 from controlplane.notify.models import NotificationDelivery, NotificationDestination
-from controlplane.refresh import actions, canary
+from controlplane.refresh import intents
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.intents import canary
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshState
 from controlplane.simfleet.tokens import expected_completion_ids
 from tests.integration.refresh.helpers import (
@@ -83,8 +84,8 @@ def test_a_canary_failing_the_fingerprint_rolls_back_only_the_canary_and_holds(
     assert refresh.progress["canary"]["state"] == "failed"
     # Nothing to retry; rolling the scope back or ending it are the ways out.
     with pytest.raises(InvalidTransition, match="nothing to retry"):
-        actions.retry_policy_refresh(refresh, actor=actor_for(operator))
-    actions.end_policy_refresh(refresh, actor=actor_for(operator), reason="bad checkpoint")
+        intents.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.end_policy_refresh(refresh, actor=actor_for(operator), reason="bad checkpoint")
     refresh.refresh_from_db()
     assert refresh.state == RefreshState.ABORTED
 

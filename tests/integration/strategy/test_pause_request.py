@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions, pausepoints
+from controlplane.refresh import intents
 from controlplane.refresh.gates import serialize_gate
+from controlplane.refresh.intents import pausepoints
 from controlplane.refresh.models import PolicyRefresh, RefreshState, StepRun
 from controlplane.simfleet import Fault
 from tests.integration.refresh.helpers import (
@@ -42,7 +43,7 @@ def test_a_pause_asked_for_mid_wave_waits_after_that_wave_then_continue_finishes
     slow = token_of(fleet, refresh.workers.filter(wave=1).first().key)
     fleet.inject(slow, "update_weights_from_disk", Fault.latency(SLOW_UPDATE_SECONDS, once=True))
 
-    actions.start_policy_refresh(refresh, actor=actor_for(operator))
+    intents.start_policy_refresh(refresh, actor=actor_for(operator))
     # Wave 1's update is under way (its step started, not finished) when the pause is asked.
     wait_for(
         lambda: StepRun.objects.filter(

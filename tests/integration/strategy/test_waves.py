@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from controlplane.audit.models import AuditEvent
-from controlplane.refresh import actions
-from controlplane.refresh.models import PolicyRefresh, RefreshState, StepRun
+from controlplane.refresh import intents
+from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState, StepRun
 from tests.integration.refresh.helpers import (
     actor_for,
     fleet_versions,
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def ended(refresh_id: int, timeout: float) -> PolicyRefresh:
     def done():
         r = PolicyRefresh.objects.get(pk=refresh_id)
-        return r if r.state not in (*actions.EXECUTING_STATES, RefreshState.PLANNED) else None
+        return r if r.state not in (*EXECUTING_STATES, RefreshState.PLANNED) else None
 
     return wait_for(done, timeout=timeout, interval=0.2)
 
@@ -37,7 +37,7 @@ def test_two_hundred_workers_in_waves_of_ten_percent_never_pause_more_than_twent
     assert not refresh.plan_blockers, refresh.plan_blockers
     # 50 workers per namespace, 5 of each at a time: ten waves of 20.
     assert refresh.waves == 10
-    actions.start_policy_refresh(refresh, actor=actor_for(operator))
+    intents.start_policy_refresh(refresh, actor=actor_for(operator))
     refresh = ended(refresh.pk, timeout=600)
 
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason

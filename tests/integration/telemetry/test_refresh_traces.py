@@ -17,7 +17,7 @@ from controlplane import telemetry
 from controlplane.audit.models import AuditEvent
 from controlplane.dynamo.http import USER_AGENT
 from controlplane.logging import StructuredFormatter
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import JournalEntry, RefreshState
 from controlplane.simfleet import Fault
@@ -73,7 +73,7 @@ def source(simfleet_factory):
 def run_traced(source, user, spans, sent, **kwargs):
     """Plan (its discovery refresh is a trace of its own), then clear, then run the refresh."""
     refresh = plan(source, user, "v2", **kwargs)
-    actions.start_policy_refresh(refresh, actor=actor_for(user), enqueue=False)
+    intents.start_policy_refresh(refresh, actor=actor_for(user), enqueue=False)
     spans.clear()
     sent.clear()
     execute_refresh(refresh.pk)
@@ -147,7 +147,7 @@ def test_a_retry_joins_the_trace_of_the_first_run(spans, sent, source, operator)
     assert "disk full" in update.status.description
 
     fleet.clear_faults(bad)
-    actions.retry_policy_refresh(refresh, actor=actor_for(operator))
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
     sent.clear()
     execute_refresh(refresh.pk)
     refresh.refresh_from_db()

@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source, Worker, WorkerState
-from controlplane.refresh import actions
+from controlplane.refresh import intents
+from controlplane.refresh.intents import plan as plan_intent
 from controlplane.refresh.planning import normalize_verification, plan_level_blockers
 from controlplane.refresh.planning import source_policy as policy_of
 from tests.unit.refresh.builders import DISK, MODEL, POLICY, VLLM_ROUTES
@@ -90,11 +91,11 @@ def discovery_that(monkeypatch, change) -> None:
         change(source)
         return None, ""
 
-    monkeypatch.setattr(actions, "_fresh_discovery", fake)
+    monkeypatch.setattr(plan_intent, "fresh_discovery", fake)
 
 
 def plan(source):
-    return actions.plan_policy_refresh(source=source, actor=ACTOR, target=DISK)
+    return intents.plan_policy_refresh(source=source, actor=ACTOR, target=DISK)
 
 
 def test_unchanged_membership_plans_without_blockers(source, monkeypatch):
@@ -132,5 +133,5 @@ def test_a_blocked_worker_blocks_the_plan_and_keeps_its_own_reason(source, monke
 
 
 def test_a_failed_discovery_blocks_the_plan(source, monkeypatch):
-    monkeypatch.setattr(actions, "_fresh_discovery", lambda s: (None, "discovery failed: boom"))
+    monkeypatch.setattr(plan_intent, "fresh_discovery", lambda s: (None, "discovery failed: boom"))
     assert plan(source).plan_blockers == ["discovery failed: boom"]

@@ -15,18 +15,17 @@ from django.utils import timezone
 from controlplane.fleet.models import Source
 from controlplane.refresh.executor import departures
 from controlplane.refresh.executor.calls import WorkerJob, WorkerOutcome
+from controlplane.refresh.executor.step_base import StepContext, StepResult
 from controlplane.refresh.executor.steps import (
     Flush,
     Pause,
-    StepContext,
-    StepResult,
     Update,
     Verify,
     WorkerStep,
     summarize_failures,
 )
 from controlplane.refresh.models import PlannedWorker, PolicyRefresh, WorkerStepResult
-from controlplane.refresh.sequence import ORDER, STATE_STEP, STEP_STATE, WORKER_STEPS, next_step
+from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_STATE, WORKER_STEPS, next_step
 from tests.unit.refresh.builders import DISK, call
 
 PAUSE = [call("pause", "engine/pause_generation", {"mode": "keep"})]

@@ -6,7 +6,7 @@ import pytest
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import ApprovalNotAllowed, InvalidTransition, PlanBlocked
 from controlplane.refresh.models import (
     EXECUTING_STATES,
@@ -49,19 +49,19 @@ def state_of(refresh) -> str:
 def test_only_a_planned_refresh_starts(source, state):
     refresh = refresh_in(source, state)
     if state == S.PLANNED:
-        actions.start_policy_refresh(refresh, actor=ACTOR, enqueue=False)
+        intents.start_policy_refresh(refresh, actor=ACTOR, enqueue=False)
         assert state_of(refresh) == S.GATING
         assert ScopeLock.objects.filter(refresh=refresh, namespace="rl-a").exists()
     else:
         with pytest.raises(InvalidTransition):
-            actions.start_policy_refresh(refresh, actor=ACTOR, enqueue=False)
+            intents.start_policy_refresh(refresh, actor=ACTOR, enqueue=False)
         assert state_of(refresh) == state
 
 
 def test_a_planned_refresh_with_blockers_does_not_start(source):
     refresh = refresh_in(source, S.PLANNED, plan_blockers=["no live workers in the chosen scope"])
     with pytest.raises(PlanBlocked):
-        actions.start_policy_refresh(refresh, actor=ACTOR, enqueue=False)
+        intents.start_policy_refresh(refresh, actor=ACTOR, enqueue=False)
     assert state_of(refresh) == S.PLANNED and not ScopeLock.objects.exists()
 
 
@@ -69,7 +69,7 @@ def test_a_source_that_requires_approval_waits_for_it(source):
     source.require_approval = True
     source.save()
     refresh = refresh_in(source, S.PLANNED)
-    actions.start_policy_refresh(refresh, actor=ACTOR, enqueue=False)
+    intents.start_policy_refresh(refresh, actor=ACTOR, enqueue=False)
     assert state_of(refresh) == S.AWAITING_APPROVAL
 
 
@@ -80,26 +80,26 @@ def test_a_source_that_requires_approval_waits_for_it(source):
 def test_only_an_awaiting_refresh_is_approved_or_rejected(source, approver, state):
     refresh = refresh_in(source, state)
     with pytest.raises(ApprovalNotAllowed):
-        actions.approve_policy_refresh(refresh, actor=Actor.for_user(approver), enqueue=False)
+        intents.approve_policy_refresh(refresh, actor=Actor.for_user(approver), enqueue=False)
     with pytest.raises(ApprovalNotAllowed):
-        actions.reject_policy_refresh(refresh, actor=Actor.for_user(approver), reason="no")
+        intents.reject_policy_refresh(refresh, actor=Actor.for_user(approver), reason="no")
     assert state_of(refresh) == state
 
 
 def test_approval_starts_and_rejection_ends(source, operator, approver):
     approved = refresh_in(source, S.AWAITING_APPROVAL, requested_by=operator)
-    actions.approve_policy_refresh(approved, actor=Actor.for_user(approver), enqueue=False)
+    intents.approve_policy_refresh(approved, actor=Actor.for_user(approver), enqueue=False)
     assert state_of(approved) == S.GATING
 
     rejected = refresh_in(source, S.AWAITING_APPROVAL, requested_by=operator)
-    actions.reject_policy_refresh(rejected, actor=Actor.for_user(approver), reason="not now")
+    intents.reject_policy_refresh(rejected, actor=Actor.for_user(approver), reason="not now")
     assert state_of(rejected) == S.REJECTED
 
 
 def test_the_requester_cannot_approve_their_own_refresh(source, approver):
     refresh = refresh_in(source, S.AWAITING_APPROVAL, requested_by=approver)
     with pytest.raises(ApprovalNotAllowed):
-        actions.approve_policy_refresh(refresh, actor=Actor.for_user(approver), enqueue=False)
+        intents.approve_policy_refresh(refresh, actor=Actor.for_user(approver), enqueue=False)
     assert state_of(refresh) == S.AWAITING_APPROVAL
 
 
@@ -114,20 +114,20 @@ ABORT_AT_NEXT_CALL = EXECUTING_STATES - {S.RELEASING}
 def test_abort(source, state, resume):
     refresh = refresh_in(source, state)
     if state in ABORT_ENDS_AT_ONCE:
-        actions.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
+        intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
         assert state_of(refresh) == S.ABORTED
     elif state in ABORT_AT_NEXT_CALL:
-        actions.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
+        intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
         # The executor stops at its next call boundary; the state is its to change.
         assert state_of(refresh) == state and refresh.abort_requested
         assert refresh.end_state == (S.ABORTED if resume else "")
     elif (state == S.HELD and resume) or state in WAITING_STATES:
         # Waiting between waves nothing it paused is left to keep paused: both abort the same.
-        actions.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
+        intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
         assert state_of(refresh) == S.RELEASING and refresh.end_state == S.ABORTED
     else:
         with pytest.raises(InvalidTransition):
-            actions.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
+            intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
         assert state_of(refresh) == state and not refresh.abort_requested
 
 
@@ -138,30 +138,30 @@ def test_abort(source, state, resume):
 def test_only_a_held_refresh_is_retried_from_its_failed_step(source, state):
     refresh = refresh_in(source, state, failed_step="update", held_reason="update failed")
     if state == S.HELD:
-        actions.retry_policy_refresh(refresh, actor=ACTOR)
+        intents.retry_policy_refresh(refresh, actor=ACTOR)
         assert state_of(refresh) == S.UPDATING and refresh.held_reason == ""
     else:
         with pytest.raises(InvalidTransition):
-            actions.retry_policy_refresh(refresh, actor=ACTOR)
+            intents.retry_policy_refresh(refresh, actor=ACTOR)
         assert state_of(refresh) == state
 
 
 def test_a_held_refresh_without_a_failed_step_is_not_retried(source):
     refresh = refresh_in(source, S.HELD)
     with pytest.raises(InvalidTransition):
-        actions.retry_policy_refresh(refresh, actor=ACTOR)
+        intents.retry_policy_refresh(refresh, actor=ACTOR)
 
 
 @pytest.mark.parametrize("state", [s for s in ALL if s != S.HELD])
 def test_only_a_held_refresh_is_rolled_back(source, state):
     with pytest.raises(InvalidTransition):
-        actions.rollback_policy_refresh(refresh_in(source, state), actor=ACTOR)
+        intents.rollback_policy_refresh(refresh_in(source, state), actor=ACTOR)
 
 
 def test_a_held_refresh_with_nothing_verified_has_no_rollback(source):
     refresh = refresh_in(source, S.HELD, failed_step="verify")
     with pytest.raises(InvalidTransition, match="no verified policy"):
-        actions.rollback_policy_refresh(refresh, actor=ACTOR)
+        intents.rollback_policy_refresh(refresh, actor=ACTOR)
     assert state_of(refresh) == S.HELD
 
 
@@ -171,7 +171,7 @@ def test_a_held_refresh_with_nothing_verified_has_no_rollback(source):
 def test_an_open_gate_is_not_force_reopened(source):
     gate = Gate.objects.create(source=source, namespace="rl-a", state=GateState.OPEN)
     with pytest.raises(InvalidTransition, match="already open"):
-        actions.force_reopen_gate(gate, actor=ACTOR, reason="why not")
+        intents.force_reopen_gate(gate, actor=ACTOR, reason="why not")
 
 
 @pytest.mark.parametrize("state", sorted(EXECUTING_STATES))
@@ -181,7 +181,7 @@ def test_a_gate_under_a_running_refresh_is_not_force_reopened(source, state):
         source=source, namespace="rl-a", state=GateState.CLOSED, active_refresh=refresh
     )
     with pytest.raises(InvalidTransition, match="abort it first"):
-        actions.force_reopen_gate(gate, actor=ACTOR, reason="stuck")
+        intents.force_reopen_gate(gate, actor=ACTOR, reason="stuck")
     gate.refresh_from_db()
     assert not gate.is_open and state_of(refresh) == state
 
@@ -191,7 +191,7 @@ def test_force_reopen_releases_a_held_refresh_and_opens_the_gate(source):
     gate = Gate.objects.create(
         source=source, namespace="rl-a", state=GateState.CLOSED, active_refresh=refresh
     )
-    actions.force_reopen_gate(gate, actor=ACTOR, reason="verified by hand")
+    intents.force_reopen_gate(gate, actor=ACTOR, reason="verified by hand")
     gate.refresh_from_db()
     assert gate.is_open and gate.active_refresh is None and gate.revision == 2
     assert state_of(refresh) == S.RELEASING and refresh.end_state == S.FAILED

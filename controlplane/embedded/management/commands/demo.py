@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 from django.utils import timezone
 
+from controlplane.celery import app as celery_app
 from controlplane.embedded.credentials import ensure_demo_users
 from controlplane.embedded.progress import Stages
 from controlplane.embedded.redis import free_port, start_embedded_redis
@@ -58,14 +59,12 @@ def public_base_url(port: int) -> str:
 def _point_this_process_at(redis_url: str) -> None:
     """The demo's own settings were read before the embedded Redis existed; nothing has
     connected yet (caches and channel layers are created lazily), so repoint them here."""
-    from controlplane.celery import app
-
     settings.REDIS_URL = redis_url
     settings.CACHES["default"]["LOCATION"] = redis_url
     for host in settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]:
         host["address"] = redis_url
     settings.CELERY_BROKER_URL = redis_url
-    app.conf.broker_url = redis_url
+    celery_app.conf.broker_url = redis_url
 
 
 def web_argv(port: int, processes: int) -> list[str]:
@@ -192,10 +191,9 @@ class Command(BaseCommand):
         self.stdout.write("Stopped.")
 
     def _start_simfleet(self, supervisor: Supervisor, workers: int, namespaces: str) -> None:
-        # Imported once the embedded Redis is up and settings point at it (see above).
-        from controlplane.audit.recorder import Actor
-        from controlplane.fleet import services
-        from controlplane.fleet.models import Source
+        # Imported once the embedded Redis is up and settings point at it (see above): the
+        # demo's one late import of the fleet app.
+        from controlplane.embedded import simsource
 
         ports = [p if _port_is_free(p) else free_port() for p in (18000, 18001, 18002)]
         child = supervisor.start(
@@ -230,29 +228,22 @@ class Command(BaseCommand):
             "allowed_networks": ["127.0.0.0/8"],
             "refresh_interval_seconds": 5.0,
         }
-        actor = Actor.system("demo")
-        source = Source.objects.filter(name=SIM_SOURCE).first()
-        if source is None:
-            services.create_source(actor=actor, name=SIM_SOURCE, **values)
-        elif any(getattr(source, k) != v for k, v in values.items()):
-            services.update_source(source, actor=actor, **values)
         self.sim_urls = urls
-        self.sim_source_id = (source or Source.objects.get(name=SIM_SOURCE)).pk
+        self.sim_source_id = simsource.register(SIM_SOURCE, values)
         self.sim_started_at = timezone.now()
 
     def _wait_for_first_discovery(self, stages: Stages, supervisor: Supervisor) -> None:
         """Wait until a discovery of the simulated fleet finished after it started: the fleet
         page then shows workers instead of an empty table."""
-        from controlplane.fleet.models import Source
+        # Already imported by `_start_simfleet`, which runs first.
+        from controlplane.embedded import simsource
 
         deadline = time.monotonic() + FIRST_DISCOVERY_TIMEOUT
         while time.monotonic() < deadline:
             if (exited := supervisor.first_exited()) is not None:
                 raise CommandError(f"{exited.name} exited early; see {exited.log_path}")
-            source = Source.objects.get(pk=self.sim_source_id)
-            finished = source.last_refresh_finished_at
-            if finished is not None and finished >= self.sim_started_at:
-                outcome = "stale: " + source.stale_reason if source.stale else "ok"
+            outcome = simsource.first_discovery(self.sim_source_id, self.sim_started_at)
+            if outcome is not None:
                 stages.stage(f"First discovery finished ({outcome})")
                 return
             time.sleep(0.3)

@@ -12,7 +12,7 @@ from controlplane.accounts.management.commands._cli import Exit, Refused, shown
 from controlplane.audit.recorder import Actor
 from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.fleet.models import Source
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.models import PolicyRefresh
 from controlplane.refresh.strategy import EVALUATIONS, KINDS, parse_strategy
 from controlplane.refresh.targets import PAUSE_MODE_CHOICES
@@ -196,14 +196,14 @@ def read_fingerprint(opts) -> dict | None:
 
 
 def plan_from_options(opts, actor: Actor) -> PolicyRefresh:
-    """Plan through `actions.plan_policy_refresh` (fresh discovery, stored, audited as
+    """Plan through `intents.plan_policy_refresh` (fresh discovery, stored, audited as
     `actor`). Bad input is a USAGE refusal and plans nothing; blockers are stored, not raised."""
     source = Source.objects.filter(name=opts["source"]).first()
     if source is None:
         raise Refused(f"no source named {shown(opts['source'])}", Exit.NOT_FOUND)
     try:
         prompt = [int(t) for t in opts["prompt_token_ids"].split(",")]
-        return actions.plan_policy_refresh(
+        return intents.plan_policy_refresh(
             source=source,
             actor=actor,
             target={

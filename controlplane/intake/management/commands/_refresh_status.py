@@ -29,7 +29,7 @@ from controlplane.refresh.models import (
     WorkerStepResult,
 )
 from controlplane.refresh.presenters import current_step, namespace_gates, step_lines
-from controlplane.refresh.sequence import ORDER, WORKER_STEPS
+from controlplane.refresh.step_order import ORDER, WORKER_STEPS
 
 #: States a watch stops at: the terminal ones, and held (it waits for a person).
 STOP_STATES = TERMINAL_STATES | {RefreshState.HELD}

@@ -38,8 +38,8 @@ from controlplane.intake.management.commands._plan_options import (
     blocker_lines,
 )
 from controlplane.intake.management.commands._refresh_status import status_of, watch
-from controlplane.refresh.action_table import ActionInput
 from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.intents.action_table import ActionInput
 from controlplane.refresh.models import RefreshState
 from controlplane.refresh.presenters import verification_summary
 

@@ -5,7 +5,7 @@ status|watch|list` — every policy refresh action from a terminal or a script.
 Each action runs its row of `refresh.action_table`, the same row the refresh page and the JSON
 API run: the `--as` user's role is checked against the row's permission, the action function
 writes and audits in one transaction under that user's name and enqueues the executor on
-commit. `plan` calls `actions.plan_policy_refresh` like the plan form and the API. Nothing here
+commit. `plan` calls `intents.plan_policy_refresh` like the plan form and the API. Nothing here
 writes a refresh model itself.
 
 It lives in intake, next to the API, so `--json` prints the API's own keys for a refresh
@@ -43,8 +43,8 @@ from controlplane.intake.management.commands._refresh_status import (
     status_text,
     watch,
 )
-from controlplane.refresh.action_table import REFRESH_ACTIONS, ActionInput
 from controlplane.refresh.errors import ApprovalNotAllowed
+from controlplane.refresh.intents.action_table import REFRESH_ACTIONS, ActionInput
 from controlplane.refresh.management.commands._refusals import REFUSALS, refusal
 from controlplane.refresh.models import ACTIVE_STATES, PolicyRefresh, RefreshState
 from controlplane.refresh.strategy import stored as stored_strategy

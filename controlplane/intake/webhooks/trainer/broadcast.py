@@ -19,7 +19,7 @@ import pydantic
 from controlplane.audit.recorder import Actor
 from controlplane.intake.models import ReceivedWebhook
 from controlplane.intake.webhooks.trainer.events import BroadcastDone
-from controlplane.refresh import group
+from controlplane.refresh import handshake
 from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.models import PolicyRefresh
 
@@ -55,7 +55,7 @@ def broadcast_done(
         outside = sorted(set(refresh.namespaces or []) - set(allowed))
         return _error(403, "namespace_not_allowed", f"outside this endpoint: {outside}"), None
     try:
-        refresh = group.report_broadcast_done(
+        refresh = handshake.report_broadcast_done(
             refresh,
             actor=Actor.for_webhook(endpoint.name),
             weight_version=event.weight_version,
@@ -69,6 +69,6 @@ def broadcast_done(
         "webhook_id": webhook_id,
         "outcome": "broadcast_done",
         "refresh_id": refresh.pk,
-        "group": group.public_view(refresh),
+        "group": handshake.public_view(refresh),
     }
     return (200, body), detail

@@ -42,7 +42,7 @@ from controlplane.intake.webhooks.trainer.events import (
     CheckpointReady,
     approval_reasons,
 )
-from controlplane.refresh import actions
+from controlplane.refresh import intents
 from controlplane.refresh.errors import PlanBlocked, RefreshConflict, RefreshError
 from controlplane.refresh.models import ScopeLock
 
@@ -216,7 +216,7 @@ def _busy(source, namespaces) -> str | None:
 def _abandon(refresh, actor: Actor) -> None:
     """Drop a plan this attempt cannot start, so a retry does not leave it behind."""
     with contextlib.suppress(RefreshError):  # someone else moved it on: it is theirs now
-        actions.abort_policy_refresh(refresh, actor=actor)
+        intents.abort_policy_refresh(refresh, actor=actor)
 
 
 def _attempt(delivery: ReceivedWebhook) -> tuple[str, int | None, str]:
@@ -237,7 +237,7 @@ def _attempt(delivery: ReceivedWebhook) -> tuple[str, int | None, str]:
         # Overrides were switched off after this delivery was accepted: the endpoint's word now.
         return Outcome.FAILED, None, "this endpoint no longer lets a webhook choose its strategy"
     try:
-        refresh = actions.plan_policy_refresh(
+        refresh = intents.plan_policy_refresh(
             source=endpoint.source,
             actor=actor,
             target=event.target(),
@@ -258,7 +258,7 @@ def _attempt(delivery: ReceivedWebhook) -> tuple[str, int | None, str]:
             raise Transient(f"no fresh discovery for the plan: {blockers}")
         return Outcome.PLAN_BLOCKED, refresh.pk, f"plan_blocked: {blockers}"
     try:
-        refresh = actions.start_policy_refresh(
+        refresh = intents.start_policy_refresh(
             refresh, actor=actor, require_approval=require_approval
         )
     except RefreshConflict as exc:

@@ -20,8 +20,8 @@ from django.core.exceptions import ValidationError
 
 from controlplane.audit.recorder import Actor
 from controlplane.intake.webhooks.trainer.events import CanaryVerdict
-from controlplane.refresh import canary
 from controlplane.refresh.errors import RefreshError
+from controlplane.refresh.intents import canary
 from controlplane.refresh.models import PolicyRefresh
 
 

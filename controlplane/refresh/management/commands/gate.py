@@ -27,8 +27,8 @@ from controlplane.accounts.management.commands._cli import (
 )
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
-from controlplane.refresh.action_table import FORCE_REOPEN, ActionInput
 from controlplane.refresh.gates import serialize_gate
+from controlplane.refresh.intents.action_table import FORCE_REOPEN, ActionInput
 from controlplane.refresh.management.commands._refusals import REFUSALS, refusal
 from controlplane.refresh.models import Gate
 

@@ -24,7 +24,7 @@ from controlplane.accounts.management.commands._cli import (
     shown,
 )
 from controlplane.audit.recorder import Actor
-from controlplane.refresh.action_table import QUARANTINE_ACTIONS, ActionInput
+from controlplane.refresh.intents.action_table import QUARANTINE_ACTIONS, ActionInput
 from controlplane.refresh.management.commands._refusals import refusal
 from controlplane.refresh.models import Quarantine, QuarantineState
 from controlplane.refresh.quarantine import (

@@ -16,6 +16,7 @@ from django.db.models import OuterRef, Q, Subquery
 
 from controlplane.fleet.models import Source
 from controlplane.refresh.models import DrillOutcome, DrillRun, Gate, PolicyRefresh, RefreshState
+from controlplane.refresh.namespaces import FORCE_REOPENED
 
 #: How far back in a source's succeeded refreshes to look for the previous policy.
 HISTORY_LIMIT = 500
@@ -23,9 +24,6 @@ HISTORY_LIMIT = 500
 
 def previous_policy(gate: Gate) -> dict[str, Any] | None:
     """The policy this namespace was verified at before its current one, or None."""
-    # Imported here: `namespaces` imports the executor, which drift (importing this) precedes.
-    from controlplane.refresh.namespaces import FORCE_REOPENED
-
     current = (gate.verified_policy or {}).get("weight_version")
     succeeded = (
         PolicyRefresh.objects.filter(

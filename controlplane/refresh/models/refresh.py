@@ -307,9 +307,10 @@ class PolicyRefresh(models.Model):
     def transition(self, state: str, **fields: Any) -> None:
         """Move to `state` with `fields`, stamping its times, and save only those columns.
 
-        The caller holds this row (`actions._locked`, level 2 of `controlplane/lockorder.py`)
-        and audits the move afterwards: the audit chain head is always taken last. The first
-        move into an active state (start, a rollback taking over) stamps `started_at`.
+        The caller holds this row (`intents.base.locked_refresh`, level 2 of
+        `controlplane/lockorder.py`) and audits the move afterwards: the audit chain head is
+        always taken last. The first move into an active state (start, a rollback taking over)
+        stamps `started_at`.
         """
         change = state_change(state, **fields)
         if self.started_at is None and state in ACTIVE_STATES:
@@ -564,15 +565,3 @@ class QuarantineCall(models.Model):
 
     def __str__(self) -> str:
         return f"quarantine #{self.quarantine_id} {self.step} {self.operation}"
-
-
-# Rollback drills keep their model in their own package; imported here so Django registers it.
-from controlplane.refresh.drills.models import (  # noqa: E402
-    DrillOutcome as DrillOutcome,
-)
-from controlplane.refresh.drills.models import (  # noqa: E402
-    DrillPhase as DrillPhase,
-)
-from controlplane.refresh.drills.models import (  # noqa: E402
-    DrillRun as DrillRun,
-)

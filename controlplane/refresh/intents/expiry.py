@@ -10,8 +10,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
-from controlplane.refresh.action_table import DISCARD, ActionInput
 from controlplane.refresh.errors import RefreshError
+from controlplane.refresh.intents.action_table import DISCARD, ActionInput
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 
 

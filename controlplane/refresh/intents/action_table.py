@@ -2,7 +2,7 @@
 
 The refresh pages, the JSON API and the gate API run an action through its row, so each
 action's permission, inputs and wording are written once. A row only adapts the call: the
-action function (`refresh.actions`) checks the state, writes, audits and publishes.
+action function (`refresh.intents`) checks the state, writes, audits and publishes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import actions, canary, group, pausepoints, quarantine
+from controlplane.refresh import handshake, quarantine
+from controlplane.refresh.intents import canary, lifecycle, pausepoints, recovery
 from controlplane.refresh.models import Gate, PolicyRefresh, Quarantine
 
 
@@ -52,19 +53,19 @@ class Action[T: (PolicyRefresh, Gate, Quarantine)]:
 START = Action[PolicyRefresh](
     "start",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: actions.start_policy_refresh(refresh, actor=actor),
+    lambda refresh, actor, given: lifecycle.start_policy_refresh(refresh, actor=actor),
     "Policy refresh started.",
 )
 APPROVE = Action[PolicyRefresh](
     "approve",
     Perm.APPROVE_REFRESH,
-    lambda refresh, actor, given: actions.approve_policy_refresh(refresh, actor=actor),
+    lambda refresh, actor, given: lifecycle.approve_policy_refresh(refresh, actor=actor),
     "Approved; the refresh is running.",
 )
 REJECT = Action[PolicyRefresh](
     "reject",
     Perm.APPROVE_REFRESH,
-    lambda refresh, actor, given: actions.reject_policy_refresh(
+    lambda refresh, actor, given: lifecycle.reject_policy_refresh(
         refresh, actor=actor, reason=given.reason
     ),
     "Rejected.",
@@ -72,7 +73,7 @@ REJECT = Action[PolicyRefresh](
 ABORT = Action[PolicyRefresh](
     "abort",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: actions.abort_policy_refresh(
+    lambda refresh, actor, given: lifecycle.abort_policy_refresh(
         refresh, actor=actor, resume_engines=given.resume_engines
     ),
     "Abort requested; the refresh stops at the next call boundary.",
@@ -80,7 +81,7 @@ ABORT = Action[PolicyRefresh](
 DISCARD = Action[PolicyRefresh](
     "discard",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: actions.discard_policy_refresh(
+    lambda refresh, actor, given: lifecycle.discard_policy_refresh(
         refresh, actor=actor, reason=given.reason
     ),
     "Plan discarded; nothing was started.",
@@ -88,19 +89,19 @@ DISCARD = Action[PolicyRefresh](
 RETRY = Action[PolicyRefresh](
     "retry",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: actions.retry_policy_refresh(refresh, actor=actor),
+    lambda refresh, actor, given: lifecycle.retry_policy_refresh(refresh, actor=actor),
     "Retrying the failed step on failed and unreached workers.",
 )
 ROLLBACK = Action[PolicyRefresh](
     "rollback",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: actions.rollback_policy_refresh(refresh, actor=actor),
+    lambda refresh, actor, given: recovery.rollback_policy_refresh(refresh, actor=actor),
     "Rolling back to the last verified policy.",
 )
 END = Action[PolicyRefresh](
     "end",
     Perm.APPROVE_REFRESH,
-    lambda refresh, actor, given: actions.end_policy_refresh(
+    lambda refresh, actor, given: lifecycle.end_policy_refresh(
         refresh, actor=actor, reason=given.reason
     ),
     "Ended; the scope is free and its gates stay closed.",
@@ -108,20 +109,20 @@ END = Action[PolicyRefresh](
 RESOLVE_MEMBERSHIP = Action[PolicyRefresh](
     "resolve-membership",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: actions.resolve_membership(refresh, actor=actor),
+    lambda refresh, actor, given: recovery.resolve_membership(refresh, actor=actor),
     "Membership resolved: leavers dropped, joiners left out of the verified set; "
     "the held step runs again.",
 )
 REOPEN_VERIFIED = Action[PolicyRefresh](
     "reopen-verified",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: actions.reopen_verified_namespaces(refresh, actor=actor),
+    lambda refresh, actor, given: recovery.reopen_verified_namespaces(refresh, actor=actor),
     "Every namespace whose workers all passed verify is open; the others stay closed.",
 )
 FORCE_REOPEN_NAMESPACE = Action[PolicyRefresh](
     "force-reopen",
     Perm.FORCE_REOPEN,
-    lambda refresh, actor, given: actions.force_reopen_namespace(
+    lambda refresh, actor, given: recovery.force_reopen_namespace(
         refresh, given.namespace, actor=actor, reason=given.reason
     ),
     "Gate force-reopened for that namespace; the refresh goes on for the others.",
@@ -129,7 +130,7 @@ FORCE_REOPEN_NAMESPACE = Action[PolicyRefresh](
 BROADCAST_DONE = Action[PolicyRefresh](
     "broadcast_done",
     Perm.OPERATE_REFRESH,
-    lambda refresh, actor, given: group.report_broadcast_done(
+    lambda refresh, actor, given: handshake.report_broadcast_done(
         refresh, actor=actor, weight_version=given.weight_version, attempt=given.attempt
     ),
     "Broadcast recorded; the workers apply the new weights.",
@@ -174,7 +175,7 @@ CANARY_VERDICT = Action[PolicyRefresh](
 FORCE_REOPEN = Action[Gate](
     "force-reopen",
     Perm.FORCE_REOPEN,
-    lambda gate, actor, given: actions.force_reopen_gate(gate, actor=actor, reason=given.reason),
+    lambda gate, actor, given: recovery.force_reopen_gate(gate, actor=actor, reason=given.reason),
     "Gate {target.namespace} force-reopened.",
 )
 

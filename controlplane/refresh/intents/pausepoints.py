@@ -18,9 +18,10 @@ from django.db import transaction
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
-from controlplane.refresh.actions import _audit, _enqueue, _locked
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor.waves import is_staged
+from controlplane.refresh.intents import base
+from controlplane.refresh.intents.base import audit_refresh, locked_refresh
 from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState
 
@@ -29,7 +30,7 @@ def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
     """Wait after the wave in progress (the running wave finishes: pausing mid-wave would
     leave workers paused for as long as the person takes)."""
     with transaction.atomic():
-        refresh = _locked(refresh)
+        refresh = locked_refresh(refresh)
         if not is_staged(refresh) or refresh.waves < 2:
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} has one wave: there is no point between waves "
@@ -55,7 +56,7 @@ def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
         # Only this column: the executor owns the rest of the row while it runs.
         PolicyRefresh.objects.filter(pk=refresh.pk).update(progress=progress)
         refresh.progress = progress
-        _audit(AuditAction.POLICY_REFRESH_PAUSE_REQUESTED, refresh, actor, wave=refresh.wave)
+        audit_refresh(AuditAction.POLICY_REFRESH_PAUSE_REQUESTED, refresh, actor, wave=refresh.wave)
     transaction.on_commit(lambda: publish_state(refresh))
     return refresh
 
@@ -65,7 +66,7 @@ def continue_refresh(
 ) -> PolicyRefresh:
     """Leave a pause point: the next wave is paused, updated and verified."""
     with transaction.atomic():
-        refresh = _locked(refresh)
+        refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.WAITING:
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is {refresh.state}, not waiting at a pause point"
@@ -73,7 +74,7 @@ def continue_refresh(
         progress = dict(refresh.progress or {})
         after = progress.pop("waiting_after", refresh.wave)
         refresh.transition(RefreshState.PAUSING, wave=after + 1, progress=progress)
-        _audit(
+        audit_refresh(
             AuditAction.POLICY_REFRESH_CONTINUED,
             refresh,
             actor,
@@ -82,6 +83,6 @@ def continue_refresh(
             waves=refresh.waves,
         )
         if enqueue:
-            _enqueue(refresh.pk)
+            base.enqueue_execution(refresh.pk)
     transaction.on_commit(lambda: publish_state(refresh))
     return refresh

@@ -1,4 +1,4 @@
-"""The record of one rollback drill (imported into `refresh.models`, so it is a refresh model)."""
+"""The record of one rollback drill (a refresh model, re-exported by `refresh.models`)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,6 @@ from django.utils import timezone
 from controlplane.accounts.roles import Perm
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
-from controlplane.refresh.actions import _audit, _enqueue, _locked
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor.waves import (
     CANARY_AWAITING,
@@ -45,6 +44,8 @@ from controlplane.refresh.executor.waves import (
     by_namespace,
     verified_in_wave,
 )
+from controlplane.refresh.intents import base
+from controlplane.refresh.intents.base import audit_refresh, locked_refresh
 from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 from controlplane.refresh.strategy import EVAL_MANUAL, EVAL_NONE, EVAL_TRAINER, stored
@@ -52,14 +53,6 @@ from controlplane.refresh.strategy import EVAL_MANUAL, EVAL_NONE, EVAL_TRAINER, 
 #: The most metrics a verdict may carry (their JSON text), so a verdict stays a small record.
 MAX_METRICS_BYTES = 16_384
 SYSTEM = Actor.system("canary review")
-
-
-def failed_canary_progress(refresh: PolicyRefresh, reason: str, by: str) -> dict[str, Any]:
-    progress = dict(refresh.progress or {})
-    canary = dict(progress.get("canary") or {})
-    canary.update(state=CANARY_FAILED, reason=reason[:2000], by=by, at=timezone.now().isoformat())
-    progress["canary"] = canary
-    return progress
 
 
 def _check_metrics(metrics: Any) -> dict[str, Any]:
@@ -146,17 +139,17 @@ def _record(
     metrics = _check_metrics(metrics)
     reason = (reason or "").strip()
     with transaction.atomic():
-        refresh = _locked(refresh)
+        refresh = locked_refresh(refresh)
         refused = _why_not_the_trainers(refresh) if by_trainer else ""
         if not refused:
             if not _needs_deciding(refresh, passed=passed, weight_version=weight_version):
                 return refresh  # the same answer again (a retried webhook): nothing to do
             _decide(refresh, passed=passed, metrics=metrics, actor=actor, reason=reason)
             if enqueue:
-                _enqueue(refresh.pk)
+                base.enqueue_execution(refresh.pk)
     # Audited after the refusal's own transaction ended, so raising does not roll it back.
     if refused:
-        _audit(
+        audit_refresh(
             AuditAction.POLICY_REFRESH_CANARY_VERDICT_REFUSED,
             refresh,
             actor,
@@ -218,13 +211,15 @@ def _decide(
         refresh.transition(state, **fields)
         # Lock order: gates before the audit chain head.
         admit_verified_so_far(refresh, canary_set, f"canary passed ({actor.label}); {what}")
-        _audit(AuditAction.POLICY_REFRESH_CANARY_PASSED, refresh, actor, metrics=metrics, next=what)
+        audit_refresh(
+            AuditAction.POLICY_REFRESH_CANARY_PASSED, refresh, actor, metrics=metrics, next=what
+        )
     else:
         canary["state"] = CANARY_FAILED
         progress["canary"] = canary
         held = f"canary rejected by {actor.label}" + (f": {reason}" if reason else "")
         refresh.transition(RefreshState.CANARY_ROLLBACK, progress=progress, held_reason=held[:4000])
-        _audit(
+        audit_refresh(
             AuditAction.POLICY_REFRESH_CANARY_FAILED, refresh, actor, metrics=metrics, reason=held
         )
 
@@ -278,7 +273,7 @@ def expire_canary_reviews(now: datetime | None = None) -> list[int]:
         if deadline is None or deadline > now:
             continue
         with transaction.atomic():
-            locked = _locked(refresh)
+            locked = locked_refresh(refresh)
             if locked.state != RefreshState.CANARY_REVIEW:
                 continue  # a verdict came meanwhile
             _decide(
@@ -288,6 +283,6 @@ def expire_canary_reviews(now: datetime | None = None) -> list[int]:
                 actor=SYSTEM,
                 reason=f"no verdict before the deadline {deadline.isoformat()}",
             )
-            _enqueue(locked.pk)
+            base.enqueue_execution(locked.pk)
         expired.append(refresh.pk)
     return expired

@@ -1,0 +1,103 @@
+"""What the pages and the other intents ask about a refresh without changing it: whether it can
+be ended, which workers it left paused, the last verified policy, whether a hold is about
+membership, and the summary of what was resolved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from controlplane.fleet.models import Source
+from controlplane.refresh.departed import DEPARTED
+from controlplane.refresh.models import (
+    EXECUTING_STATES,
+    WAITING_STATES,
+    Gate,
+    PolicyRefresh,
+    RefreshState,
+)
+from controlplane.refresh.step_order import StepName
+
+__all__ = [
+    "ENDABLE_STATES",
+    "MEMBERSHIP_STEPS",
+    "can_end",
+    "executor_alive",
+    "is_membership_hold",
+    "last_verified_policy",
+    "left_paused_keys",
+    "resolved_summary",
+]
+
+
+#: States an approver may end a refresh from (executing ones only once no executor is alive).
+ENDABLE_STATES = (
+    EXECUTING_STATES | WAITING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}
+)
+
+
+def executor_alive(refresh: PolicyRefresh) -> bool:
+    # A claimed lease that has not expired: an executor is calling workers right now.
+    return refresh.lease_expires_at is not None and refresh.lease_expires_at > timezone.now()
+
+
+def can_end(refresh: PolicyRefresh) -> bool:
+    """Whether `end_policy_refresh` would accept this refresh now (for the page's button)."""
+    if refresh.state not in ENDABLE_STATES:
+        return False
+    return refresh.state not in EXECUTING_STATES or not executor_alive(refresh)
+
+
+def left_paused_keys(refresh: PolicyRefresh) -> list[str]:
+    """Workers this refresh paused and has not resumed since (nor seen leave the fleet)."""
+    paused = set(
+        refresh.journal.filter(step=StepName.PAUSE).values_list("planned_worker_id", flat=True)
+    )
+    # The latest result per worker at resume/release decides whether it is running again.
+    latest: dict[int, str] = {}
+    for worker_id, status in (
+        refresh.results.filter(step__in=(StepName.RESUME_ENGINES, StepName.RELEASE))
+        .order_by("id")
+        .values_list("planned_worker_id", "status")
+    ):
+        latest[worker_id] = status
+    departed = set(
+        refresh.results.filter(status=DEPARTED).values_list("planned_worker_id", flat=True)
+    )
+    left = paused - departed - {pk for pk, status in latest.items() if status == "ok"}
+    return sorted(refresh.workers.filter(pk__in=left).values_list("key", flat=True))
+
+
+def last_verified_policy(source: Source, namespaces: list[str]) -> dict[str, Any] | None:
+    gate = (
+        Gate.objects.filter(source=source, namespace__in=namespaces, verified_policy__isnull=False)
+        .order_by("-updated_at")
+        .first()
+    )
+    return gate.verified_policy if gate else None
+
+
+def resolved_summary(refresh: PolicyRefresh) -> str:
+    """The namespaces resolved on their own, in words (for an end reason); "" when none."""
+    parts = []
+    for namespace, how in sorted((refresh.resolved_namespaces or {}).items()):
+        text = f"{namespace} {how.get('outcome', '').replace('_', '-')} by {how.get('by', '?')}"
+        if how.get("reason"):
+            text += f": {how['reason']}"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+MEMBERSHIP_STEPS = (StepName.RESOLVE, StepName.REOPEN)
+
+
+def is_membership_hold(refresh: PolicyRefresh) -> bool:
+    """Held by a membership check that named who left, joined or changed."""
+    change = refresh.membership_change or {}
+    return (
+        refresh.state == RefreshState.HELD
+        and refresh.failed_step in MEMBERSHIP_STEPS
+        and any(change.get(k) for k in ("left", "joined", "changed"))
+    )

@@ -1,0 +1,376 @@
+"""Getting a scope back after a refresh went wrong: roll back to the last verified policy, force
+a gate or a namespace open, accept a membership change, reopen the verified namespaces.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.audit.actions import AuditAction
+from controlplane.audit.recorder import Actor
+from controlplane.fleet.models import Worker, WorkerState
+from controlplane.notify.emit import notify
+from controlplane.refresh import gates
+from controlplane.refresh.departed import DEPARTED
+from controlplane.refresh.errors import (
+    InvalidTransition,
+    PlanBlocked,
+)
+from controlplane.refresh.executor.departures import LEFT_THE_FLEET, write_departures
+from controlplane.refresh.executor.steps import verified_instance_sets
+from controlplane.refresh.intents import base
+from controlplane.refresh.intents.base import audit_refresh, locked_refresh
+from controlplane.refresh.intents.plan import fresh_discovery, plan_policy_refresh
+from controlplane.refresh.intents.queries import (
+    is_membership_hold,
+    last_verified_policy,
+    resolved_summary,
+)
+from controlplane.refresh.live import publish_state
+from controlplane.refresh.models import (
+    EXECUTING_STATES,
+    WAITING_STATES,
+    Gate,
+    PolicyRefresh,
+    RefreshState,
+    ScopeLock,
+)
+from controlplane.refresh.namespaces import (
+    FORCE_REOPENED,
+    REOPENED,
+    release_namespace_locks,
+    verified_namespaces,
+)
+from controlplane.refresh.step_order import STEP_STATE, StepName
+from controlplane.refresh.strategy import (
+    rollback_strategy,
+    stored,
+)
+
+__all__ = [
+    "ROLLBACK_STATES",
+    "force_reopen_gate",
+    "force_reopen_namespace",
+    "reopen_verified_namespaces",
+    "resolve_membership",
+    "rollback_policy_refresh",
+]
+
+
+#: States a rollback takes a refresh over from.
+ROLLBACK_STATES = frozenset({RefreshState.HELD, *WAITING_STATES})
+
+
+def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
+    """A new refresh of the same scope to its last verified policy; it inherits the scope.
+
+    From a staged refresh (held, or waiting between waves) the policy is the one its gates
+    stood for before it began (an `admit_as_verified` gate may already stand for the new one),
+    and the rollback runs in waves of the same size, so rolling back does not empty the fleet.
+    """
+    if refresh.state not in ROLLBACK_STATES:
+        raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+    policy = (refresh.progress or {}).get("previous_policy") or last_verified_policy(
+        refresh.source, refresh.namespaces
+    )
+    if policy is None:
+        raise InvalidTransition("this scope has no verified policy to roll back to")
+    new = plan_policy_refresh(
+        source=refresh.source,
+        actor=actor,
+        target=policy,
+        namespaces=refresh.namespaces,
+        pause_mode=refresh.pause_mode,
+        pause_modes=refresh.pause_modes,
+        verification=refresh.verification,
+        rollback_of=refresh,
+        flush_policy=refresh.flush_policy,
+        strategy=rollback_strategy(stored(refresh)),
+    )
+    if new.plan_blockers:
+        raise PlanBlocked("the rollback plan has blockers: " + "; ".join(new.plan_blockers))
+    with transaction.atomic():
+        old = locked_refresh(refresh)
+        if old.state not in ROLLBACK_STATES:
+            raise InvalidTransition(f"policy refresh #{old.pk} is {old.state}, not held")
+        new = locked_refresh(new)
+        # The rollback takes over the scope (and the paused workers) without a gap.
+        ScopeLock.objects.filter(refresh=old).update(refresh=new)
+        Gate.objects.filter(active_refresh=old).update(active_refresh=new)
+        old.transition(
+            RefreshState.ROLLED_BACK, end_reason=f"rolled back by policy refresh #{new.pk}"
+        )
+        needs_approval = new.source.require_approval
+        new.transition(RefreshState.AWAITING_APPROVAL if needs_approval else RefreshState.GATING)
+        audit_refresh(
+            AuditAction.POLICY_REFRESH_ROLLED_BACK,
+            old,
+            actor,
+            rollback_refresh_id=new.pk,
+            target=policy,
+        )
+        audit_refresh(
+            AuditAction.POLICY_REFRESH_REQUESTED, new, actor, needs_approval=needs_approval
+        )
+        if needs_approval:
+            notify("refresh.awaiting_approval", refresh=new)
+        else:
+            audit_refresh(AuditAction.POLICY_REFRESH_STARTED, new, actor)
+            base.enqueue_execution(new.pk)
+
+    def publish_both() -> None:
+        publish_state(old)
+        publish_state(new)
+
+    transaction.on_commit(publish_both)
+    return new
+
+
+def _namespace_outcome(outcome: str, actor: Actor, reason: str = "") -> dict[str, str]:
+    return {
+        "outcome": outcome,
+        "by": actor.label[:200],
+        "at": timezone.now().isoformat(),
+        "reason": reason,
+    }
+
+
+def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
+    """Open a closed gate on a person's written say-so, for its namespace only.
+
+    A held refresh on the gate loses just that namespace: the executor resumes the engines it
+    paused there and holds again for the other namespaces, which keep their own recoveries
+    (retry, reopen all verified, force-reopen, abort). Force-reopening the last namespace still
+    held closes the refresh out: its engines are resumed and it ends as failed.
+    """
+    if not reason or not reason.strip():
+        raise ValidationError("force-reopening a gate needs a written reason")
+    reason = reason.strip()
+    with transaction.atomic():
+        # Lock order: the refresh row before its gate (controlplane/lockorder.py).
+        refresh = Gate.objects.get(pk=gate.pk).active_refresh
+        if refresh is not None:
+            refresh = locked_refresh(refresh)
+        gate = (
+            Gate.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("source")
+            .get(pk=gate.pk)
+        )
+        if gate.active_refresh_id != (refresh.pk if refresh else None):
+            raise InvalidTransition("the gate changed hands meanwhile; look again and retry")
+        if refresh is not None:
+            if refresh.state in EXECUTING_STATES:
+                raise InvalidTransition(
+                    f"policy refresh #{refresh.pk} is running ({refresh.state}); "
+                    + (
+                        "it is resuming the engines of a namespace closed out a moment ago; "
+                        "try again when it is held"
+                        if refresh.end_state == RefreshState.HELD
+                        else "abort it first"
+                    )
+                )
+            if refresh.state == RefreshState.HELD:
+                resolved = dict(refresh.resolved_namespaces or {})
+                resolved[gate.namespace] = _namespace_outcome(FORCE_REOPENED, actor, reason)
+                remaining = [ns for ns in refresh.namespaces if ns not in resolved]
+                if remaining:
+                    refresh.transition(
+                        RefreshState.RELEASING,
+                        end_state=RefreshState.HELD,
+                        resolved_namespaces=resolved,
+                    )
+                    release_namespace_locks(refresh, [gate.namespace])
+                else:
+                    refresh.resolved_namespaces = resolved
+                    refresh.transition(
+                        RefreshState.RELEASING,
+                        end_state=RefreshState.FAILED,
+                        end_reason=f"gate {gate.namespace} force-reopened by {actor.label}: "
+                        f"{reason}"
+                        + (
+                            f" (namespaces resolved one by one: {resolved_summary(refresh)})"
+                            if len(resolved) > 1
+                            else ""
+                        ),
+                        resolved_namespaces=resolved,
+                    )
+                base.enqueue_execution(refresh.pk)
+        elif gate.is_open:
+            raise InvalidTransition(f"gate {gate.source.name}/{gate.namespace} is already open")
+        gates.force_open([gate], actor=actor, refresh=refresh, reason=reason)
+        gate.refresh_from_db()
+        notify("gate.force_reopened", gate=gate, refresh=refresh, reason=reason)
+    if refresh is not None:
+        transaction.on_commit(lambda: publish_state(refresh))
+    return gate
+
+
+def _gate_of_refresh(refresh: PolicyRefresh, namespace: str) -> Gate:
+    if namespace not in (refresh.namespaces or []):
+        raise ValidationError(
+            f"namespace {namespace!r} is not in the scope of policy refresh #{refresh.pk}"
+        )
+    gate = Gate.objects.filter(source=refresh.source, namespace=namespace).first()
+    if gate is None:
+        raise InvalidTransition(f"policy refresh #{refresh.pk} never closed gate {namespace}")
+    return gate
+
+
+def force_reopen_namespace(
+    refresh: PolicyRefresh, namespace: str, *, actor: Actor, reason: str
+) -> PolicyRefresh:
+    """Force-reopen one namespace of a refresh (its gate), from the refresh's own page."""
+    if not namespace or not namespace.strip():
+        raise ValidationError("name the namespace whose gate to force-reopen")
+    force_reopen_gate(_gate_of_refresh(refresh, namespace.strip()), actor=actor, reason=reason)
+    refresh.refresh_from_db()
+    return refresh
+
+
+def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
+    """Resolve a membership hold as the default rule says, in one action.
+
+    Drop the leavers (recorded as departed, like a retry records workers that left), and the
+    workers listed changed (an error, a moved admin route); leave the joiners out of the
+    verified set — the gate counts them in `unverified_count` and the drift reconciler
+    quarantines and catches them up — then run the held step again: the reopen re-reads
+    discovery and opens for the verified set (a hold at `resolve` goes on without them).
+    """
+    with transaction.atomic():
+        refresh = locked_refresh(refresh)
+        if not is_membership_hold(refresh):
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {refresh.state}"
+                + (f" at {refresh.failed_step}" if refresh.failed_step else "")
+                + ", not held on a membership change"
+            )
+        change = refresh.membership_change
+        step = StepName(refresh.failed_step)
+        dropped_keys = set(change.get("left", [])) | {c["key"] for c in change.get("changed", [])}
+        already = set(
+            refresh.results.filter(status=DEPARTED).values_list("planned_worker_id", flat=True)
+        )
+        dropped = [w for w in refresh.workers.filter(key__in=dropped_keys) if w.pk not in already]
+        # Changed workers are still listed: left out too, so the reopen does not see them join.
+        left_out = sorted(
+            set(refresh.left_out or [])
+            | set(change.get("joined", []))
+            | {c["key"] for c in change.get("changed", [])}
+        )
+        attempt = refresh.steps.filter(name=step).count()
+        refresh.transition(
+            STEP_STATE[step],
+            held_reason="",
+            abort_requested=False,
+            left_out=left_out,
+            membership_change={},
+        )
+        changed = {c["key"]: c["detail"] for c in change.get("changed", [])}
+        # Leavers in one record; each changed worker with its own detail.
+        for gone in [[w for w in dropped if w.key not in changed]] + [
+            [w] for w in dropped if w.key in changed
+        ]:
+            if not gone:
+                continue
+            why = (
+                f"changed since verified ({changed[gone[0].key]})"
+                if gone[0].key in changed
+                else LEFT_THE_FLEET.format(source=refresh.source.name)
+            )
+            write_departures(
+                refresh,
+                gone,
+                step=step,
+                attempt=max(attempt, 1),
+                reason=f"{why}; dropped by {actor.label}",
+                actor=actor,
+                outcome="dropped from the refresh by a person; not in the verified set",
+            )
+        audit_refresh(
+            AuditAction.POLICY_REFRESH_MEMBERSHIP_RESOLVED,
+            refresh,
+            actor,
+            step=step.value,
+            dropped=sorted(w.key for w in dropped),
+            left_out=sorted(change.get("joined", [])),
+            changed=change.get("changed", []),
+            namespaces=change.get("namespaces", []),
+        )
+        base.enqueue_execution(refresh.pk)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh
+
+
+def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
+    """Open every namespace of a held refresh whose workers all passed verify, in one action.
+
+    Each such gate becomes `open` with its verified instance set (confirmed against a fresh
+    discovery: workers gone since are not in the set, listed ones outside it are counted
+    unverified); the others stay closed with their reasons and the refresh stays held for
+    them. When no namespace is left, the refresh ends succeeded.
+    """
+    with transaction.atomic():
+        refresh = locked_refresh(refresh)
+        if refresh.state != RefreshState.HELD:
+            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+    run, problem = fresh_discovery(refresh.source)  # network I/O: outside any transaction
+    if problem:
+        raise InvalidTransition(f"cannot confirm who serves before reopening: {problem}")
+    with transaction.atomic():
+        refresh = locked_refresh(refresh)
+        if refresh.state != RefreshState.HELD:
+            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+        namespaces = verified_namespaces(refresh)
+        if not namespaces:
+            raise InvalidTransition(
+                f"no namespace of policy refresh #{refresh.pk} has every worker verified; "
+                "retry, force-reopen a namespace or abort"
+            )
+        verified, unverified = verified_instance_sets(refresh, namespaces)
+        live = set(
+            Worker.objects.filter(
+                source=refresh.source, namespace__in=namespaces, state=WorkerState.LIVE
+            ).values_list("instance_id", flat=True)
+        )
+        verified = {ns: [i for i in ids if i in live] for ns, ids in verified.items()}
+        resolved = dict(refresh.resolved_namespaces or {})
+        for namespace in namespaces:
+            resolved[namespace] = _namespace_outcome(REOPENED, actor)
+        refresh.resolved_namespaces = resolved
+        remaining = [ns for ns in refresh.namespaces if ns not in resolved]
+        if remaining:
+            refresh.save(update_fields=["resolved_namespaces"])
+            release_namespace_locks(refresh, namespaces)
+        else:
+            refresh.transition(
+                RefreshState.SUCCEEDED,
+                resolved_namespaces=resolved,
+                end_reason=f"every namespace resolved on its own: {resolved_summary(refresh)}"[
+                    :4000
+                ],
+            )
+            gates.release_scope(refresh, "")
+        gates.open_gates_verified(
+            refresh, actor=actor, verified=verified, unverified=unverified, namespaces=namespaces
+        )
+        audit_refresh(
+            AuditAction.POLICY_REFRESH_NAMESPACES_REOPENED,
+            refresh,
+            actor,
+            namespaces=namespaces,
+            verified={ns: len(ids) for ns, ids in verified.items()},
+            still_held=remaining,
+            discovery_run=run.pk if run else None,
+        )
+        if not remaining:
+            audit_refresh(
+                AuditAction.POLICY_REFRESH_SUCCEEDED,
+                refresh,
+                actor,
+                weight_version=refresh.weight_version,
+            )
+            notify("refresh.succeeded", refresh=refresh)
+    transaction.on_commit(lambda: publish_state(refresh))
+    return refresh

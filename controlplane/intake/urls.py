@@ -1,7 +1,7 @@
 from django.urls import include, path
 
 from controlplane.intake import views
-from controlplane.intake.api import urlpatterns as api_urlpatterns
+from controlplane.intake.api.site import urlpatterns as api_urlpatterns
 from controlplane.intake.views import destinations, endpoints, tokens
 
 app_name = "intake"

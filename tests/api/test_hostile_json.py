@@ -14,7 +14,7 @@ from django.test import Client
 from controlplane.audit.models import AuditEvent
 from controlplane.dynamo.admin import decode_body
 from controlplane.dynamo.jsonsafe import UnsafeJSON, loads_bounded
-from controlplane.intake.api import api
+from controlplane.intake.api.site import api
 from controlplane.intake.models import ReceivedWebhook, WebhookEndpoint
 from tests.integration.intake.conftest import SECRET, post_webhook
 

@@ -8,7 +8,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-from controlplane.intake.api import api
 from controlplane.intake.api.derive import schema_of
 from controlplane.intake.api.provenance import (
     AdmissionWindowOut,
@@ -17,6 +16,7 @@ from controlplane.intake.api.provenance import (
     RefreshTrailOut,
     WorkerOutcomeOut,
 )
+from controlplane.intake.api.site import api
 from controlplane.intake.provenance.trail import (
     AdmissionWindow,
     Checkpoint,

@@ -51,6 +51,7 @@ from controlplane.refresh.models import (
     state_change,
 )
 from controlplane.refresh.planning import source_policy
+from controlplane.refresh.progress import with_canary_failed
 from controlplane.refresh.step_order import (
     STATE_STEP,
     STEP_STATE,
@@ -287,7 +288,7 @@ class Runner:
                 **state_change(
                     RefreshState.CANARY_ROLLBACK,
                     held_reason=reason[:4000],
-                    progress=waves.failed_canary_progress(refresh, reason, EXECUTOR.label),
+                    progress=with_canary_failed(refresh, reason, EXECUTOR.label),
                 )
             )
             self._finish_step_run(step_run, "failed", reason)

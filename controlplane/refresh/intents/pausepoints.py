@@ -24,6 +24,12 @@ from controlplane.refresh.intents import base
 from controlplane.refresh.intents.base import audit_refresh, locked_refresh
 from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState
+from controlplane.refresh.progress import (
+    leaving_pause_point,
+    pause_is_requested,
+    progress_of,
+    with_pause_requested,
+)
 
 
 def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
@@ -49,10 +55,9 @@ def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is in its last wave: nothing is left to wait for"
             )
-        progress = dict(refresh.progress or {})
-        if progress.get("pause_requested"):
+        if pause_is_requested(progress_of(refresh)):
             return refresh
-        progress["pause_requested"] = True
+        progress = with_pause_requested(refresh)
         # Only this column: the executor owns the rest of the row while it runs.
         PolicyRefresh.objects.filter(pk=refresh.pk).update(progress=progress)
         refresh.progress = progress
@@ -71,8 +76,7 @@ def continue_refresh(
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is {refresh.state}, not waiting at a pause point"
             )
-        progress = dict(refresh.progress or {})
-        after = progress.pop("waiting_after", refresh.wave)
+        progress, after = leaving_pause_point(refresh)
         refresh.transition(RefreshState.PAUSING, wave=after + 1, progress=progress)
         audit_refresh(
             AuditAction.POLICY_REFRESH_CONTINUED,

@@ -43,6 +43,7 @@ from controlplane.refresh.namespaces import (
     release_namespace_locks,
     verified_namespaces,
 )
+from controlplane.refresh.progress import previous_policy
 from controlplane.refresh.step_order import STEP_STATE, StepName
 from controlplane.refresh.strategy import (
     rollback_strategy,
@@ -72,9 +73,7 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     """
     if refresh.state not in ROLLBACK_STATES:
         raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
-    policy = (refresh.progress or {}).get("previous_policy") or last_verified_policy(
-        refresh.source, refresh.namespaces
-    )
+    policy = previous_policy(refresh) or last_verified_policy(refresh.source, refresh.namespaces)
     if policy is None:
         raise InvalidTransition("this scope has no verified policy to roll back to")
     new = plan_policy_refresh(

@@ -12,8 +12,10 @@ A leaf: it imports nothing, so every app (audit included) can use it.
 #: The `*_label` and `lease_owner` columns are CharField(max_length=LABEL_CHARS).
 LABEL_CHARS = 200
 
-#: What an audit row is about, as its history page lists it (`AuditEvent.target_label`).
-TARGET_LABEL_CHARS = 300
+#: Outside text quoted inside a larger record: what an audit row is about (`AuditEvent.
+#: target_label`), a request path or an error message in its details, the first line of a
+#: database error. Audit rows stay in the hash chain for good, so what they quote is short.
+QUOTED_CHARS = 300
 
 #: One call's error, a worker's departure, a canary verdict's reason, a gate's reason: read in a
 #: table cell or a banner. Enough for a multi-line engine error; a runaway body (a whole HTML
@@ -29,5 +31,10 @@ STATE_REASON_CHARS = 4000
 #: URL_CHARS)): longer than any admin route URL; a description journaled in its place is cut.
 URL_CHARS = 800
 
-#: A one-line summary of an exception for a log line or an API error (`jobs.enqueue`).
+#: One line of outside text for a log line or a console: an exception's first line
+#: (`jobs.enqueue`), a webhook id in an audit row, a step's detail in `manage.py policy_refresh`.
 SUMMARY_CHARS = 200
+
+#: The request path an idempotency key is bound to (`IdempotencyRecord.operation`): longer than
+#: any API route with its ids.
+REQUEST_PATH_CHARS = 200

@@ -48,6 +48,7 @@ from controlplane.refresh.models import (
 )
 from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import stored
+from controlplane.textlimits import REASON_CHARS
 
 #: The quarantine kind (and gate drift kind) of a worker left out by a refresh's budget.
 KIND = gates.LEFT_OUT_KIND
@@ -250,7 +251,7 @@ def leave_out(
         w.pk: f"failed {step.value} in policy refresh #{refresh.pk}: {errors.get(w.pk, '')}"
         for w in workers
     }
-    reasons = {pk: reason[:2000] for pk, reason in reasons.items()}
+    reasons = {pk: reason[:REASON_CHARS] for pk, reason in reasons.items()}
     with transaction.atomic():
         ctx.lease.guard()
         WorkerStepResult.objects.bulk_create(

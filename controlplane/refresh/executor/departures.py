@@ -33,6 +33,7 @@ from controlplane.refresh.departed import (
     DEPARTED,
 )
 from controlplane.refresh.models import JournalEntry, PlannedWorker, WorkerStepResult
+from controlplane.textlimits import REASON_CHARS, URL_CHARS
 
 LEFT_THE_FLEET = "left the fleet: absent from a fresh discovery of {source}"
 EXECUTOR = Actor.system("policy-refresh executor")
@@ -74,7 +75,7 @@ def read_listing(ctx, step: str) -> tuple[dict[str, DiscoveredWorker], str]:
             step=step,
             operation="discovery",
             method="GET",
-            url=refresh.source.listener_url[:800],
+            url=refresh.source.listener_url[:URL_CHARS],
             ok=not error,
             error=error,
             response_body=body,
@@ -145,7 +146,7 @@ def write_departures(
             step=step,
             attempt=attempt,
             status=DEPARTED,
-            error=reason[:2000],
+            error=reason[:REASON_CHARS],
             finished_at=now,
         )
         for w in workers

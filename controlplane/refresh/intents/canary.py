@@ -34,7 +34,7 @@ from django.utils import timezone
 from controlplane.accounts.roles import Perm
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
-from controlplane.refresh.errors import InvalidTransition
+from controlplane.refresh.errors import InvalidTransition, wrong_state
 from controlplane.refresh.executor.waves import (
     admit_verified_so_far,
     after_verdict,
@@ -43,7 +43,7 @@ from controlplane.refresh.executor.waves import (
 )
 from controlplane.refresh.intents import base
 from controlplane.refresh.intents.base import audit_refresh, locked_refresh
-from controlplane.refresh.live import publish_state
+from controlplane.refresh.live import publish_state_on_commit
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 from controlplane.refresh.progress import (
     CANARY_AWAITING,
@@ -165,7 +165,7 @@ def _record(
             reason=refused,
         )
         raise TrainerVerdictRefused(refused)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -180,9 +180,9 @@ def _needs_deciding(refresh: PolicyRefresh, *, passed: bool, weight_version: Any
     if canary.get("verdict") == (CANARY_PASSED if passed else CANARY_FAILED):
         return False
     if refresh.state != RefreshState.CANARY_REVIEW or canary.get("state") != CANARY_AWAITING:
-        raise InvalidTransition(
-            f"policy refresh #{refresh.pk} is {refresh.state}; a canary verdict is taken "
-            "only while its canary waits for one"
+        raise wrong_state(
+            refresh,
+            why="a canary verdict is taken only while its canary waits for one",
         )
     return True
 

@@ -43,6 +43,7 @@ from controlplane.refresh.planning import (
 )
 from controlplane.refresh.planning.scope import membership_of
 from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy
+from controlplane.textlimits import LABEL_CHARS
 
 __all__ = [
     "PLAN_DISCOVERY_WAIT_SECONDS",
@@ -269,8 +270,11 @@ def _store_plan(
     run: DiscoveryRun | None,
     rollback_of: PolicyRefresh | None,
 ) -> PolicyRefresh:
-    """The refresh, its planned workers and the audit row, in one transaction."""
-    with transaction.atomic():
+    """The refresh, its planned workers and the audit row, in one transaction.
+
+    Durable: the plan follows a discovery over the network, so it must be the caller's own
+    transaction, never part of an outer one that would hold its locks across that I/O."""
+    with transaction.atomic(durable=True):
         refresh = PolicyRefresh.objects.create(
             source=source,
             namespaces=namespaces,
@@ -289,7 +293,7 @@ def _store_plan(
             plan_membership=membership,
             discovery_run=run,
             requested_by=actor.user,
-            requested_by_label=actor.label[:200],
+            requested_by_label=actor.label[:LABEL_CHARS],
             rollback_of=rollback_of,
             strategy=request.strategy.to_dict(),
             instances=request.instance_ids,

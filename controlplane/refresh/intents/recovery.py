@@ -17,6 +17,7 @@ from controlplane.refresh.departed import DEPARTED
 from controlplane.refresh.errors import (
     InvalidTransition,
     PlanBlocked,
+    wrong_state,
 )
 from controlplane.refresh.executor.departures import LEFT_THE_FLEET, write_departures
 from controlplane.refresh.executor.steps import verified_instance_sets
@@ -28,7 +29,7 @@ from controlplane.refresh.intents.queries import (
     last_verified_policy,
     resolved_summary,
 )
-from controlplane.refresh.live import publish_state
+from controlplane.refresh.live import publish_state, publish_state_on_commit
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     WAITING_STATES,
@@ -49,6 +50,7 @@ from controlplane.refresh.strategy import (
     rollback_strategy,
     stored,
 )
+from controlplane.textlimits import LABEL_CHARS
 
 __all__ = [
     "ROLLBACK_STATES",
@@ -72,7 +74,7 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     and the rollback runs in waves of the same size, so rolling back does not empty the fleet.
     """
     if refresh.state not in ROLLBACK_STATES:
-        raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+        raise wrong_state(refresh, wanted="held")
     policy = previous_policy(refresh) or last_verified_policy(refresh.source, refresh.namespaces)
     if policy is None:
         raise InvalidTransition("this scope has no verified policy to roll back to")
@@ -90,10 +92,10 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     )
     if new.plan_blockers:
         raise PlanBlocked("the rollback plan has blockers: " + "; ".join(new.plan_blockers))
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         old = locked_refresh(refresh)
         if old.state not in ROLLBACK_STATES:
-            raise InvalidTransition(f"policy refresh #{old.pk} is {old.state}, not held")
+            raise wrong_state(old, wanted="held")
         new = locked_refresh(new)
         # The rollback takes over the scope (and the paused workers) without a gap.
         ScopeLock.objects.filter(refresh=old).update(refresh=new)
@@ -130,7 +132,7 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
 def _namespace_outcome(outcome: str, actor: Actor, reason: str = "") -> dict[str, str]:
     return {
         "outcome": outcome,
-        "by": actor.label[:200],
+        "by": actor.label[:LABEL_CHARS],
         "at": timezone.now().isoformat(),
         "reason": reason,
     }
@@ -202,7 +204,7 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
         gate.refresh_from_db()
         notify("gate.force_reopened", gate=gate, refresh=refresh, reason=reason)
     if refresh is not None:
-        transaction.on_commit(lambda: publish_state(refresh))
+        publish_state_on_commit(refresh)
     return gate
 
 
@@ -298,7 +300,7 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
             namespaces=change.get("namespaces", []),
         )
         base.enqueue_execution(refresh.pk)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -310,17 +312,17 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
     unverified); the others stay closed with their reasons and the refresh stays held for
     them. When no namespace is left, the refresh ends succeeded.
     """
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.HELD:
-            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+            raise wrong_state(refresh, wanted="held")
     run, problem = fresh_discovery(refresh.source)  # network I/O: outside any transaction
     if problem:
         raise InvalidTransition(f"cannot confirm who serves before reopening: {problem}")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.HELD:
-            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+            raise wrong_state(refresh, wanted="held")
         namespaces = verified_namespaces(refresh)
         if not namespaces:
             raise InvalidTransition(
@@ -371,5 +373,5 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
                 weight_version=refresh.weight_version,
             )
             notify("refresh.succeeded", refresh=refresh)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh

@@ -1,4 +1,4 @@
-"""Sources, the workers discovered behind them, and what each discovery refresh observed."""
+"""Sources, the workers discovered behind them, and what each discovery run observed."""
 
 from datetime import datetime
 
@@ -78,7 +78,7 @@ class Source(models.Model):
     #: empty = all at once).
     default_strategy = models.JSONField(default=dict, blank=True)
     #: Hours between scheduled rollback drills (refresh.drills; docs/operate/drills.md);
-    #: 0 = never. A due drill is skipped while a refresh is active on the source.
+    #: 0 = never. A due drill is skipped while a policy refresh is active on the source.
     drill_every = models.PositiveIntegerField(
         default=0, help_text="hours between scheduled rollback drills; 0 = never"
     )
@@ -89,7 +89,7 @@ class Source(models.Model):
     last_refresh_started_at = models.DateTimeField(null=True, blank=True)
     last_refresh_finished_at = models.DateTimeField(null=True, blank=True)
     last_success_at = models.DateTimeField(null=True, blank=True)
-    # A refresh claims the source until this time with a conditional UPDATE, so a duplicate
+    # A discovery run claims the source until this time with a conditional UPDATE, so a duplicate
     # beat tick (or a second beat) finds it claimed and does nothing.
     refresh_claimed_until = models.DateTimeField(null=True, blank=True)
 
@@ -103,7 +103,7 @@ class Source(models.Model):
         return self.name
 
     def is_due(self, now: datetime) -> bool:
-        """Whether a scheduled discovery refresh should start at `now`.
+        """Whether a scheduled discovery run should start at `now`.
 
         Half a beat tick of slack: a source whose interval ends just after a tick is refreshed
         on that tick rather than a whole tick late.
@@ -247,7 +247,7 @@ class DiscoveryTrigger(models.TextChoices):
 
 
 class DiscoveryRun(models.Model):
-    """One discovery refresh of a source: when it ran, how long it took, what it counted."""
+    """One discovery run of a source: when it ran, how long it took, what it counted."""
 
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="discovery_runs")
     trigger = models.CharField(max_length=16, choices=DiscoveryTrigger.choices)
@@ -284,7 +284,7 @@ class WorkerEventKind(models.TextChoices):
 
 
 class WorkerEvent(models.Model):
-    """A change one discovery refresh saw in one worker; together they form the timeline."""
+    """A change one discovery run saw in one worker; together they form the timeline."""
 
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="worker_events")
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="events")

@@ -75,7 +75,7 @@ def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "options": filter_options(source),
         "states": WorkerState.values,
         "events_html": render_timeline(live.timeline(source)),
-        "can_refresh": request.user.has_perm(Perm.RUN_DISCOVERY),
+        "can_run_discovery": request.user.has_perm(Perm.RUN_DISCOVERY),
         "can_manage": request.user.has_perm(Perm.MANAGE_SOURCES),
         "static_workers": source.static_workers.all(),
     }
@@ -110,7 +110,7 @@ def worker_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 @requires(Perm.RUN_DISCOVERY)
-def refresh_now(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def run_discovery(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     source = _get_source(pk)
     services.request_discovery(source, actor=actor_from_request(request))
     if request.htmx:

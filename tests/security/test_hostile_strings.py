@@ -477,7 +477,7 @@ CHANNELS: list[Callable[[World], None]] = [
 
 #: Named routes that are not pages: they only accept POST (checked to answer GET with 405).
 POST_ONLY = {
-    "fleet:refresh_now",
+    "fleet:run_discovery",
     "fleet:static_worker_delete",
     "refresh:start",
     "refresh:discard",

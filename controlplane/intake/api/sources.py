@@ -1,4 +1,4 @@
-"""Sources: list, read, create, update, delete, and "refresh now" (a discovery refresh).
+"""Sources: list, read, create, update, delete, and "refresh now" (a discovery run).
 
 A source's `default_strategy` is validated here and stored by `refresh.source_strategy` (only
 the refresh app knows a strategy), in the same transaction as the source's other changes."""
@@ -195,7 +195,7 @@ def delete_source(request: HttpRequest, name: str):
     openapi_extra=idempotency.OPENAPI_PARAMETER,
 )
 def refresh_source_now(request: HttpRequest, response: HttpResponse, name: str):
-    """Run a discovery refresh of the source now (on a Celery worker)."""
+    """Run a discovery run of the source now (on a Celery worker)."""
     require(request, Perm.RUN_DISCOVERY)
     source = source_or_404(request, name)
 

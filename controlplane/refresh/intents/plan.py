@@ -59,12 +59,12 @@ def _live_workers(source: Source, namespaces: list[str] | None):
     return workers.select_related("static_worker")
 
 
-#: How long a plan waits for a scheduled discovery refresh that holds the source.
+#: How long a plan waits for a scheduled discovery run that holds the source.
 PLAN_DISCOVERY_WAIT_SECONDS = 15.0
 
 
 def fresh_discovery(source: Source) -> tuple[DiscoveryRun | None, str]:
-    """A fresh discovery refresh through the fleet app: (run, problem).
+    """A fresh discovery run through the fleet app: (run, problem).
 
     Fresh means observed after this plan was asked for. When another refresh holds the source,
     a run of it that started after we asked serves this plan too, so a burst of plans on one

@@ -76,7 +76,7 @@ def _mutations(source, static):
         ("post", reverse("fleet:source_create"), SOURCE_POST),
         ("post", reverse("fleet:source_edit", args=[source.pk]), SOURCE_POST),
         ("post", reverse("fleet:source_delete", args=[source.pk]), {}),
-        ("post", reverse("fleet:refresh_now", args=[source.pk]), {}),
+        ("post", reverse("fleet:run_discovery", args=[source.pk]), {}),
         ("post", reverse("fleet:static_worker_create", args=[source.pk]), {}),
         ("post", reverse("fleet:static_worker_delete", args=[static.pk]), {}),
     ]
@@ -91,7 +91,7 @@ def test_viewer_gets_403_on_every_mutating_view_and_nothing_changes(viewer_clien
     assert AuditEvent.objects.count() == before
 
 
-def test_operator_cannot_manage_sources_but_can_refresh(operator_client, source, static):
+def test_operator_cannot_manage_sources_but_can_run_discovery(operator_client, source, static):
     for method, url, data in _mutations(source, static):
         response = getattr(operator_client, method)(url, data)
         expected = 302 if url.endswith("/refresh/") else 403
@@ -237,7 +237,7 @@ def test_discovery_is_called_discovery_not_refresh(operator_client, source):
     assert ">Run discovery</button>" in page and "Refresh now" not in page
     assert "<dt>Discovery</dt><dd>every" in page
     queued = operator_client.post(
-        reverse("fleet:refresh_now", args=[source.pk]), headers={"HX-Request": "true"}
+        reverse("fleet:run_discovery", args=[source.pk]), headers={"HX-Request": "true"}
     )
     assert "Discovery requested" in queued.content.decode()
 

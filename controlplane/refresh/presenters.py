@@ -19,6 +19,7 @@ from controlplane.fleet.rows import pager
 from controlplane.refresh.gates import displayed_reason
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
 from controlplane.refresh.intents.queries import can_end, is_membership_hold
+from controlplane.refresh.membership import change_of
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     Gate,
@@ -377,7 +378,7 @@ def recovery_context(refresh: PolicyRefresh) -> dict[str, Any]:
         "namespace_gates": namespace_gates(refresh),
         "verified_namespaces": verified_namespaces(refresh) if held else [],
         "membership_hold": is_membership_hold(refresh),
-        "membership_change": refresh.membership_change or {},
+        "membership_change": change_of(refresh),
     }
 
 

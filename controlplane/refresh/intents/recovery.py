@@ -30,6 +30,12 @@ from controlplane.refresh.intents.queries import (
     resolved_summary,
 )
 from controlplane.refresh.live import publish_state, publish_state_on_commit
+from controlplane.refresh.membership import (
+    change_of,
+    changed_details,
+    dropped_keys,
+    left_out_keys,
+)
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     WAITING_STATES,
@@ -247,19 +253,16 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
                 + (f" at {refresh.failed_step}" if refresh.failed_step else "")
                 + ", not held on a membership change"
             )
-        change = refresh.membership_change
+        change = change_of(refresh)
         step = StepName(refresh.failed_step)
-        dropped_keys = set(change.get("left", [])) | {c["key"] for c in change.get("changed", [])}
         already = set(
             refresh.results.filter(status=DEPARTED).values_list("planned_worker_id", flat=True)
         )
-        dropped = [w for w in refresh.workers.filter(key__in=dropped_keys) if w.pk not in already]
+        dropped = [
+            w for w in refresh.workers.filter(key__in=dropped_keys(change)) if w.pk not in already
+        ]
         # Changed workers are still listed: left out too, so the reopen does not see them join.
-        left_out = sorted(
-            set(refresh.left_out or [])
-            | set(change.get("joined", []))
-            | {c["key"] for c in change.get("changed", [])}
-        )
+        left_out = sorted(set(refresh.left_out or []) | left_out_keys(change))
         attempt = refresh.steps.filter(name=step).count()
         refresh.transition(
             STEP_STATE[step],
@@ -268,7 +271,7 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
             left_out=left_out,
             membership_change={},
         )
-        changed = {c["key"]: c["detail"] for c in change.get("changed", [])}
+        changed = changed_details(change)
         # Leavers in one record; each changed worker with its own detail.
         for gone in [[w for w in dropped if w.key not in changed]] + [
             [w] for w in dropped if w.key in changed

@@ -94,7 +94,7 @@ def test_viewer_gets_403_on_every_mutating_view_and_nothing_changes(viewer_clien
 def test_operator_cannot_manage_sources_but_can_run_discovery(operator_client, source, static):
     for method, url, data in _mutations(source, static):
         response = getattr(operator_client, method)(url, data)
-        expected = 302 if url.endswith("/refresh/") else 403
+        expected = 302 if url.endswith("/discovery/") else 403
         assert response.status_code == expected, url
     assert AuditEvent.objects.filter(action="discovery.requested").count() == 1
 
@@ -103,7 +103,7 @@ def test_anonymous_is_sent_to_login(client, source, static):
     urls = [reverse("fleet:overview"), reverse("fleet:source", args=[source.pk])]
     urls += [url for _, url, _ in _mutations(source, static)]
     for url in urls:
-        response = client.post(url) if "/refresh/" in url or "delete" in url else client.get(url)
+        response = client.post(url) if "/discovery/" in url or "delete" in url else client.get(url)
         assert response.status_code == 302 and "/accounts/login/" in response["Location"], url
 
 

@@ -116,7 +116,8 @@ class Verdict:
 
     @property
     def failed_rules(self) -> tuple[str, ...]:
-        return tuple(f.rule for f in self.failures)
+        """Each failed rule once, in the order the rules run."""
+        return tuple(dict.fromkeys(f.rule for f in self.failures))
 
 
 def admit(

@@ -80,6 +80,8 @@ class Settings:
 class Hooks:
     """Where a test (or a framework adapter) joins the loop."""
 
+    #: Called before the iteration's checkpoint is announced.
+    before_announce: Callable[[int], None] = lambda step: None
     #: Called once the gate admits the iteration's version, before generation.
     gate_open: Callable[[int, str], None] = lambda step, version: None
     #: Instances to sample from besides the admitted ones (a framework whose rollout pool is
@@ -130,6 +132,7 @@ def run_iteration(
     hooks: Hooks,
 ) -> Iteration:
     version = f"step-{step}"
+    hooks.before_announce(step)
     answer = control.announce_checkpoint(
         version, model_path=f"{settings.checkpoint_dir}/{version}", step=step
     )

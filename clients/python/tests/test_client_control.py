@@ -339,3 +339,16 @@ def test_with_the_provenance_route_the_guard_asks_the_serving_ledger():
     assert not view.admission(9, "step-1", at=1767225600.0).admitted
     assert asked[0] == {"instance_id": "18446744073709551611", "at": "2026-01-01T00:00:00+00:00"}
     assert view.identity(7).model == "policy"
+
+
+def test_a_gate_that_does_not_exist_yet_is_waited_for_and_named_on_timeout():
+    answers = iter([error(404, "not_found", "source 'sim' has no namespace 'rl-a'")])
+
+    def handler(request):
+        return next(answers, None) or httpx.Response(200, json=gate_body(version="step-1"))
+
+    assert client(handler).wait_for_gate("step-1", timeout=30, poll_interval=0).revision == 1
+    missing = client(lambda r: error(404, "not_found", "source 'sim' has no namespace 'rl-x'"))
+    with pytest.raises(GateTimeout) as timeout:
+        missing.wait_for_gate("step-1", timeout=0)
+    assert "has no namespace 'rl-x'" in str(timeout.value)

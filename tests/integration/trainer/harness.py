@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
+from controlplane.fleet import discovery
 from controlplane.fleet import services as fleet_services
+from controlplane.fleet.models import DiscoveryTrigger
 from controlplane.intake import services
 from controlplane.intake.models import WebhookPolicy
 from controlplane.simfleet import FleetConfig
@@ -70,6 +72,8 @@ def build_stack(simfleet_factory, user, live_server_url: str, *, workers: int = 
         actor=system, name="toy-trainer", source=source, policy=WebhookPolicy.AUTO_START
     )
     _, token = create_token(user=user, label="toy-trainer", actor=system)
+    # The first discovery (beat runs it on a live system): the scope and its gate exist.
+    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
     return Stack(
         fleet=fleet,
         control_url=live_server_url,

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from dynamo_rl_trainer import AdmissionGuard, ControlPlane
 
+from controlplane.fleet import discovery
+from controlplane.fleet.models import DiscoveryTrigger, Source
 from controlplane.simfleet.faults import Fault
 from tests.integration.trainer.harness import build_stack
 
@@ -35,9 +37,9 @@ def load_example():
 
 
 def test_three_iterations_admit_only_samples_of_the_announced_step(
-    simfleet_factory, operator, live_server_url, celery_worker
+    simfleet_factory, operator, trainer_stack_url, transactional_db
 ):
-    stack = build_stack(simfleet_factory, operator, live_server_url)
+    stack = build_stack(simfleet_factory, operator, trainer_stack_url)
     fleet = stack.fleet
     toy = load_example()
     settings = toy.Settings(
@@ -53,13 +55,15 @@ def test_three_iterations_admit_only_samples_of_the_announced_step(
         generation_timeout=2.0,
     )
     original = {w["key"]: w["instance_id"] for w in fleet.workers()}
-    # Every worker's first generation hangs past the client's timeout: the retry must be the
-    # same attempt, and only one sample may come of it.
-    for key in original:
-        fleet.inject(key, "generate", Fault(kind="latency", seconds=6.0, times=1))
     restarted: dict[str, int] = {}
 
     def gate_open(step: int, version: str) -> None:
+        if step == 1:
+            # Every worker's first rollout hangs past the client's timeout (injected once the
+            # refresh's own verification has generated): the retry must be the same attempt,
+            # and only one sample may come of it.
+            for key in original:
+                fleet.inject(key, "generate", Fault(kind="latency", seconds=6.0, times=1))
         if step == 2:
             key = sorted(original)[0]
             restarted[key] = fleet.restart(key)  # back at base weights, with a new id
@@ -67,9 +71,15 @@ def test_three_iterations_admit_only_samples_of_the_announced_step(
     def extra_instances(step: int) -> list[int]:
         return list(restarted.values())
 
-    iterations = toy.train(
-        settings, toy.Hooks(gate_open=gate_open, extra_instances=extra_instances)
+    def before_announce(step: int) -> None:
+        if step == 3:  # beat's periodic discovery has seen the restart by now
+            discovery.refresh_source(source_pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+
+    source_pk = Source.objects.get(name=stack.source).pk
+    hooks = toy.Hooks(
+        before_announce=before_announce, gate_open=gate_open, extra_instances=extra_instances
     )
+    iterations = toy.train(settings, hooks)
 
     assert [it.version for it in iterations] == ["step-1", "step-2", "step-3"]
     for it in iterations:

@@ -222,11 +222,19 @@ class ControlPlane:
         timeout. A gate forced open by a person counts only with `allow_forced`."""
         deadline = time.monotonic() + timeout
         last: Gate | None = None
+        missing: NotFound | None = None
         settled = False
         while True:
-            last = self.gate(namespace)
-            if last.admits(version, allow_forced=allow_forced):
-                return last
+            try:
+                last = self.gate(namespace)
+            except NotFound as exc:
+                # No gate yet: the scope's first discovery or refresh has not happened. Keep
+                # waiting; a wrong name shows in the timeout's message.
+                missing = exc
+            else:
+                missing = None
+                if last.admits(version, allow_forced=allow_forced):
+                    return last
             if checkpoint is not None and not settled:
                 delivery = self.delivery(checkpoint.webhook_id)
                 if delivery.refused:
@@ -234,7 +242,7 @@ class ControlPlane:
                 settled = delivery.terminal
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise GateTimeout(version, timeout, last)
+                raise GateTimeout(version, timeout, last, missing=missing)
             time.sleep(min(poll_interval, remaining))
 
     def workers(self, namespace: str | None = None) -> list[dict[str, Any]]:

@@ -108,12 +108,20 @@ _WEBHOOK_BY_STATUS: dict[int, type[ControlPlaneError]] = {
 class GateTimeout(TrainerClientError):
     """`wait_for_gate` ran out of time; `last` is the gate as last seen (None if never read)."""
 
-    def __init__(self, version: Any, timeout: float, last: Any) -> None:
-        state = "never read" if last is None else f"{last.state} at {last.verified_version!r}"
+    def __init__(
+        self, version: Any, timeout: float, last: Any, *, missing: ControlPlaneError | None = None
+    ) -> None:
+        if missing is not None:
+            state = f"no such gate: {missing.message}"
+        elif last is None:
+            state = "never read"
+        else:
+            state = f"{last.state} at {last.verified_version!r}"
         super().__init__(f"gate did not admit {version!r} within {timeout:g} s (last: {state})")
         self.version = version
         self.timeout = timeout
         self.last = last
+        self.missing = missing
 
 
 class CheckpointRefused(TrainerClientError):

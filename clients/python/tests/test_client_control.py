@@ -352,3 +352,35 @@ def test_a_gate_that_does_not_exist_yet_is_waited_for_and_named_on_timeout():
     with pytest.raises(GateTimeout) as timeout:
         missing.wait_for_gate("step-1", timeout=0)
     assert "has no namespace 'rl-x'" in str(timeout.value)
+
+
+def group_body(state, refresh_state="updating", attempt=1):
+    return {
+        "refresh_id": 42,
+        "refresh_state": refresh_state,
+        "state": state,
+        "attempt": attempt,
+        "world_size": 3,
+        "weight_version": "step-2",
+        "reason": "",
+    }
+
+
+def test_waiting_for_the_group_long_polls_after_the_state_it_saw():
+    asked = []
+    answers = iter([group_body("joining"), group_body("ready", attempt=2)])
+
+    def handler(request):
+        asked.append(dict(request.url.params))
+        return httpx.Response(200, json=next(answers))
+
+    group = client(handler).wait_for_group_ready(42, timeout=120)
+    assert (group.state, group.attempt) == ("ready", 2)
+    assert asked == [{}, {"wait": "30", "after": "joining"}]
+
+
+def test_a_group_whose_refresh_ended_is_not_waited_for():
+    cp = client(lambda r: httpx.Response(200, json=group_body("torn_down", refresh_state="held")))
+    with pytest.raises(Conflict) as conflict:
+        cp.wait_for_group_ready(42, timeout=120)
+    assert conflict.value.code == "group_not_ready"

@@ -31,6 +31,7 @@ from dynamo_rl_trainer.results import (
     AdmittedInstances,
     Delivery,
     Gate,
+    GroupView,
     WebhookAnswer,
     WorkerIdentity,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "GateView",
     "GenerationError",
     "GenerationRequest",
+    "GroupView",
     "LedgerView",
     "NotFound",
     "Sample",

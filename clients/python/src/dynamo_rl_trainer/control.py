@@ -18,6 +18,7 @@ import httpx
 from dynamo_rl_trainer.admission import AdmissionView, GateView, LedgerView
 from dynamo_rl_trainer.errors import (
     CheckpointRefused,
+    Conflict,
     ControlPlaneError,
     GateTimeout,
     NotFound,
@@ -26,6 +27,7 @@ from dynamo_rl_trainer.results import (
     AdmittedInstances,
     Delivery,
     Gate,
+    GroupView,
     WebhookAnswer,
     WorkerIdentity,
 )
@@ -188,6 +190,51 @@ class ControlPlane:
         """What became of a webhook (its state, outcome and refresh)."""
         path = f"{API_PREFIX}/webhooks/deliveries/{quote(webhook_id, safe='')}"
         return Delivery.from_json(self._get(path).json())
+
+    def wait_for_delivery(
+        self, webhook_id: str, timeout: float, *, poll_interval: float = 0.5
+    ) -> Delivery:
+        """Poll a delivery until it is terminal (its refresh started, or why not); raises
+        `CheckpointRefused` for an outcome that will not start a refresh."""
+        deadline = time.monotonic() + timeout
+        while True:
+            delivery = self.delivery(webhook_id)
+            if delivery.refused:
+                raise CheckpointRefused(delivery)
+            if delivery.terminal or time.monotonic() >= deadline:
+                return delivery
+            time.sleep(poll_interval)
+
+    def refresh_group(
+        self, refresh_id: int, *, wait: float = 0, after: str | None = None
+    ) -> GroupView:
+        """A distributed refresh's group (`GET /refreshes/<id>/group`): with `wait`, a long
+        poll that answers once the group's state is no longer `after` (at most 60 s)."""
+        params: dict[str, Any] = {}
+        if wait:
+            params["wait"] = min(wait, 60)
+            if after is not None:
+                params["after"] = after
+        path = f"{API_PREFIX}/refreshes/{refresh_id}/group"
+        timeout = self.http.timeout.read or 30.0
+        answer = self._get(path, params=params, timeout=max(timeout, float(wait) + 10))
+        return GroupView.from_json(answer.json())
+
+    def wait_for_group_ready(self, refresh_id: int, timeout: float) -> GroupView:
+        """Long-poll the group until its members joined (`ready`): then broadcast the weights
+        and `report_broadcast_done(refresh_id, attempt=group.attempt)`."""
+        deadline = time.monotonic() + timeout
+        group = self.refresh_group(refresh_id)
+        while group.state != "ready" and not group.ended:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            group = self.refresh_group(refresh_id, wait=min(remaining, 30), after=group.state)
+        if group.state != "ready":
+            raise Conflict(
+                409, "group_not_ready", f"group is {group.state or 'not formed'}: {group.reason}"
+            )
+        return group
 
     def gate(self, namespace: str | None = None) -> Gate:
         """The scope's gate. The previous answer's `ETag` goes out as `If-None-Match`, so an

@@ -165,3 +165,38 @@ class AdmittedInstances:
     @property
     def instance_ids(self) -> tuple[int, ...]:
         return tuple(w.instance_id for w in self.instances)
+
+
+#: Refresh states after which its group will not move again.
+ENDED_REFRESH_STATES = frozenset(
+    {"succeeded", "held", "failed", "aborted", "rejected", "rolled_back"}
+)
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A distributed refresh's weight-update group, as the trainer sees it."""
+
+    refresh_id: int
+    refresh_state: str
+    state: str
+    attempt: int | None
+    world_size: int | None
+    weight_version: Any
+    reason: str
+
+    @property
+    def ended(self) -> bool:
+        return self.refresh_state in ENDED_REFRESH_STATES
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> GroupView:
+        return cls(
+            refresh_id=int(body["refresh_id"]),
+            refresh_state=str(body.get("refresh_state", "")),
+            state=str(body.get("state") or ""),
+            attempt=body.get("attempt"),
+            world_size=body.get("world_size"),
+            weight_version=body.get("weight_version"),
+            reason=str(body.get("reason") or ""),
+        )

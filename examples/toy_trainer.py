@@ -123,6 +123,7 @@ def prompt_for(step: int, index: int) -> list[int]:
     return [100 + step, 200 + index, 300, 400 + (index * 7) % 50]
 
 
+# --8<-- [start:run_iteration]
 def run_iteration(
     step: int,
     settings: Settings,
@@ -176,6 +177,9 @@ def run_iteration(
     if stamped - {version}:
         raise SystemExit(f"admitted samples stamped {stamped}, expected only {version}")
     return result
+
+
+# --8<-- [end:run_iteration]
 
 
 def train(settings: Settings, hooks: Hooks | None = None) -> list[Iteration]:

@@ -294,19 +294,13 @@ class ControlPlane:
 
     def workers(self, namespace: str | None = None) -> list[dict[str, Any]]:
         """The source's live workers in the namespace, as the API lists them."""
-        params = {
-            "source": self.source,
-            "namespace": namespace or self.namespace,
-            "state": "live",
-            "limit": WORKERS_PAGE,
-            "offset": 0,
-        }
+        scope = {"source": self.source, "namespace": namespace or self.namespace, "state": "live"}
         found: list[dict[str, Any]] = []
         while True:
+            params = {**scope, "limit": WORKERS_PAGE, "offset": len(found)}
             page = self._get(f"{API_PREFIX}/workers", params=params).json()
             found.extend(page["items"])
-            params["offset"] += len(page["items"])
-            if not page["items"] or params["offset"] >= page["count"]:
+            if not page["items"] or len(found) >= page["count"]:
                 return found
 
     def admitted_instances(self, namespace: str | None = None) -> AdmittedInstances:

@@ -72,7 +72,7 @@ class Sample:
     def from_completion(cls, completion: Completion, *, tokenizer: str | None = None) -> Sample:
         """The sample as the reply carries it; missing parts stay empty (the guard says so)."""
         request, reply = completion.request, completion.reply
-        nvext = reply.get("nvext") if isinstance(reply.get("nvext"), dict) else {}
+        nvext = _nvext(reply)
         choice = _first_choice(reply) or {}
         ids = nvext.get("completion_token_ids")
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
@@ -125,7 +125,7 @@ def admit(
 ) -> Verdict:
     """Check one sample against its request and reply; see the module docstring."""
     failures: list[Failure] = []
-    nvext = reply.get("nvext") if isinstance(reply.get("nvext"), dict) else {}
+    nvext = _nvext(reply)
     choice = _first_choice(reply)
 
     def fail(rule: str, reason: str) -> None:
@@ -195,6 +195,11 @@ class AdmissionGuard:
 
 
 # -- the rules --------------------------------------------------------------------------------
+def _nvext(reply: dict[str, Any]) -> dict[str, Any]:
+    nvext = reply.get("nvext")
+    return nvext if isinstance(nvext, dict) else {}
+
+
 def _first_choice(reply: dict[str, Any]) -> dict[str, Any] | None:
     choices = reply.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -273,7 +278,7 @@ def _chosen_logprob(entry: Any, token_id: int) -> float | None:
         return None
     scored = entry.get(str(token_id))
     value = scored.get("logprob") if isinstance(scored, dict) else None
-    return float(value) if _finite_logprob(value) else None
+    return float(value) if value is not None and _finite_logprob(value) else None
 
 
 def _prompt_logprobs(

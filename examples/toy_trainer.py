@@ -144,6 +144,8 @@ def run_iteration(
 
     view = control.admission_view()
     pool = [*control.admitted_instances().instance_ids]
+    if not pool:
+        raise SystemExit(f"the gate admits {version} but lists no instance to generate on")
     extra = [i for i in hooks.extra_instances(step) if i not in pool]
     for index in range(settings.batch + len(extra)):
         rollout = f"{version}/rollout-{index}"

@@ -4,11 +4,19 @@ from the real Dynamo 1.6.1 frontend by the project's integration and interop tes
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# CI tests the installed package (a fresh venv, `pip install ./clients/python`); from a
+# checkout without it installed (the project's own venv), the source tree stands in.
+if importlib.util.find_spec("dynamo_rl_trainer") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
 from dynamo_rl_trainer import Gate, GateView, GenerationRequest
 from dynamo_rl_trainer.results import AdmittedInstances, WorkerIdentity
 

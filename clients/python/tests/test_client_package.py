@@ -3,9 +3,11 @@ the server."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib import resources
+from pathlib import Path
 
 import dynamo_rl_trainer
 
@@ -25,8 +27,14 @@ def test_nothing_of_the_server_or_django_is_imported():
         "import sys, dynamo_rl_trainer; server = {'django', 'controlplane', 'ninja'}; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & server))"
     )
+    # A fresh interpreter that finds the package where this one did (installed or source).
+    where = str(Path(dynamo_rl_trainer.__file__).resolve().parents[1])
     found = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": where},
     )
     assert found.stdout.strip() == "[]"
 

@@ -21,9 +21,12 @@ from controlplane.simfleet.faults import GENERATE, Fault
 from controlplane.simfleet.fleet import SimFleet
 from controlplane.simfleet.servers.common import DropConnection, dumps, json_response, pause_for
 from controlplane.simfleet.tokens import (
+    FIRST_EMITTED_ID,
+    VOCAB_SIZE,
     completion_logprobs,
     expected_completion_ids,
     jittered_completion,
+    token_logprob,
     token_text,
     tokenize,
     wrong_completion_ids,
@@ -240,6 +243,19 @@ class Frontend:
         }
 
     @staticmethod
+    def _prompt_logprobs(prompt: list[int], top: int) -> list[dict[str, Any] | None]:
+        """vLLM's shape: position 0 has no logprob (`None`); every other position scores the
+        prompt's own token (keyed by its id as a string) plus up to `top` alternatives."""
+        entries: list[dict[str, Any] | None] = [None]
+        for token in prompt[1:]:
+            entry = {str(token): {"logprob": token_logprob(token), "rank": 1}}
+            for rank, alt in enumerate(range(1, top + 1), start=2):
+                other = FIRST_EMITTED_ID + (token + alt) % (VOCAB_SIZE - FIRST_EMITTED_ID)
+                entry.setdefault(str(other), {"logprob": token_logprob(other) - 1.0, "rank": rank})
+            entries.append(entry)
+        return entries
+
+    @staticmethod
     def _nvext(
         extra: set[str], worker: SimWorker, prompt: list[int], ids: list[int], detailed: str
     ) -> dict[str, Any]:
@@ -287,6 +303,8 @@ class Frontend:
             },
         }
         nvext = self._nvext(extra, worker, prompt, ids, detailed)
+        if "prompt_logprobs" in extra and req.get("prompt_logprobs") is not None:
+            nvext["prompt_logprobs"] = self._prompt_logprobs(prompt, int(req["prompt_logprobs"]))
         if nvext:
             body["nvext"] = nvext
         return body

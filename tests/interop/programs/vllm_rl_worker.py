@@ -304,7 +304,9 @@ class ScriptedVllmWorker:
         prompt = list(request.get("token_ids") or [])
         stop = request.get("stop_conditions") or {}
         max_tokens = int(stop.get("max_tokens") or 4)
-        want_logprobs = (request.get("output_options") or {}).get("logprobs") is not None
+        options = request.get("output_options") or {}
+        want_logprobs = options.get("logprobs") is not None
+        want_prompt_logprobs = options.get("prompt_logprobs") is not None
         declared = self.weight_version is not _UNDECLARED
         tokens = policy_tokens(self.weight_version if declared else None, prompt, max_tokens)
         for i, token in enumerate(tokens):
@@ -313,6 +315,14 @@ class ScriptedVllmWorker:
                 chunk["log_probs"] = [SYNTHETIC_LOGPROB]
             if i == len(tokens) - 1:
                 chunk["finish_reason"] = "length"
+                if want_prompt_logprobs:
+                    # As dynamo.common.backend.logprobs hands vLLM's to the frontend: on the
+                    # final chunk's engine_data, position 0 undefined (None), then per position
+                    # the prompt's own token (id as a string) with its logprob and rank.
+                    chunk["engine_data"] = {
+                        "prompt_logprobs": [None]
+                        + [{str(t): {"logprob": SYNTHETIC_LOGPROB, "rank": 1}} for t in prompt[1:]]
+                    }
                 chunk["completion_usage"] = {
                     "prompt_tokens": len(prompt),
                     "completion_tokens": len(tokens),

@@ -575,9 +575,12 @@ def test_sglang_builds():
     assert one(SGLANG, Op.PAUSE) == AdminCall(Op.PAUSE, "POST", "engine/pause_generation", {})
     assert one(SGLANG, Op.PAUSE, mode="retract").body == {"mode": "retract"}
     assert one(SGLANG, Op.RESUME).path == "engine/continue_generation"
+    # The cache reset and the fate of paused requests are always explicit (§6, §9).
     assert one(SGLANG, Op.UPDATE_FROM_DISK, model_path="/m", weight_version="v1").body == {
         "model_path": "/m",
         "weight_version": "v1",
+        "flush_cache": True,
+        "abort_all_requests": True,
     }
     assert one(SGLANG, Op.SET_WEIGHT_VERSION, weight_version="v1") == AdminCall(
         Op.SET_WEIGHT_VERSION,

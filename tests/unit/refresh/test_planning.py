@@ -94,6 +94,16 @@ def test_vllm_disk_plan_has_the_exact_call_of_every_step():
     assert p.flush_skipped == skipped_reason("vllm", "update_from_disk")
 
 
+def test_vllm_auto_pause_drains_requests_in_flight():
+    # Not vLLM's own `keep`: kept requests would finish on the new weights (docs/reference/
+    # in-flight-requests.md).
+    p = plan(vllm_worker(), pause_mode="auto")
+    assert (p.pause_mode, p.calls["pause"]) == (
+        "wait",
+        [call("pause", "engine/pause_generation", {"mode": "wait"})],
+    )
+
+
 @pytest.mark.parametrize("mode", ["keep", "wait", "abort"])
 def test_vllm_pause_sends_the_chosen_mode(mode):
     p = plan(vllm_worker(), pause_mode=mode)
@@ -238,7 +248,12 @@ def test_sglang_disk_plan_has_the_exact_call_of_every_step():
             call(
                 "update_from_disk",
                 "engine/control/update_weights_from_disk",
-                {"model_path": "/ckpt/v7", "weight_version": "v7"},
+                {
+                    "model_path": "/ckpt/v7",
+                    "weight_version": "v7",
+                    "flush_cache": True,
+                    "abort_all_requests": True,
+                },
             )
         ],
         "flush": [],

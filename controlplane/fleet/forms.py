@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 
 from controlplane.dynamo import fingerprint as fp
 from controlplane.dynamo.families import DECLARABLE_FAMILIES
+from controlplane.dynamo.releases import RELEASE_CHOICES
 from controlplane.fleet.models import FAMILY_CHOICES, AgreementRule, DriftPolicy, Source
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
@@ -92,6 +93,14 @@ class SourceForm(forms.Form):
         required=False,
         label="Backend family per namespace",
         help_text="one namespace=family per line, overriding the source's",
+    )
+
+    dynamo_release = forms.ChoiceField(
+        choices=[("", "1.6.1 (default)"), *RELEASE_CHOICES],
+        required=False,
+        label="Dynamo release",
+        help_text="the release this source's workers run; named in every refresh's "
+        "compatibility record",
     )
 
     @classmethod

@@ -10,6 +10,7 @@ from controlplane.dynamo import fingerprint as fp
 from controlplane.dynamo import limits
 from controlplane.dynamo.discovery import worker_key
 from controlplane.dynamo.families import DECLARABLE_FAMILIES
+from controlplane.dynamo.releases import RELEASE_CHOICES
 
 # Names match `controlplane.dynamo.families.FAMILIES`.
 FAMILY_CHOICES = [
@@ -92,6 +93,10 @@ class Source(models.Model):
     )
     #: Per-namespace declarations, overriding `declared_family` (`{"rl-a": "vllm-sidecar"}`).
     declared_families = models.JSONField(default=dict, blank=True)
+    #: The Dynamo release this source's workers run, as the operator declared it (blank:
+    #: 1.6.1, which reports no version to detect). Its contract (`dynamo.releases`) is named
+    #: in every refresh's compatibility record.
+    dynamo_release = models.CharField(max_length=16, blank=True, choices=RELEASE_CHOICES)
 
     reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     stale = models.BooleanField(default=False)

@@ -64,6 +64,7 @@ def create_source(
     drill_every: int = 0,
     declared_family: str = "",
     declared_families: dict[str, str] | None = None,
+    dynamo_release: str = "",
 ) -> Source:
     """Register a source. Raises ValidationError (keyed by field) and changes nothing on bad
     input."""
@@ -86,6 +87,7 @@ def create_source(
             "drill_every": drill_every,
             "declared_family": declared_family,
             "declared_families": declared_families or {},
+            "dynamo_release": dynamo_release,
         }
     )
     if _name_taken(values["name"]):

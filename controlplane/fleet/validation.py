@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 from controlplane.dynamo.families import DECLARABLE_FAMILIES, FAMILIES
 from controlplane.dynamo.fingerprint import AgreementRule
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.dynamo.releases import RELEASES
 from controlplane.dynamo.scope import Scope, resolve_scope
 from controlplane.dynamo.urls import url_problem
 
@@ -42,6 +43,7 @@ SOURCE_FIELDS = (
     "drill_every",
     "declared_family",
     "declared_families",
+    "dynamo_release",
 )
 DRIFT_POLICIES = ("quarantine", "close", "observe")
 DEFAULT_DRIFT_POLICY = "quarantine"
@@ -140,6 +142,12 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
         errors["drill_every"] = "drill schedule must be a whole number of hours (0 = never)"
     clean["drill_every"] = drill_every
     clean.update(_clean_declared_families(values, errors))
+    release = str(values.get("dynamo_release") or "")
+    if release and release not in RELEASES:
+        errors["dynamo_release"] = (
+            f"unknown Dynamo release {release!r}; known: {', '.join(RELEASES)}"
+        )
+    clean["dynamo_release"] = release
     if errors:
         raise ValidationError(errors)
     return clean

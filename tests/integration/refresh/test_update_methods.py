@@ -232,3 +232,19 @@ def test_sglang_disk_update_resets_the_cache_and_the_page_counts_paused_requests
     page = operator_client.get(reverse("refresh:detail", args=[refresh.pk])).content.decode()
     assert 'id="in-flight"' in page
     assert "2 aborted (mode retract; SGLang update reply (num_paused_requests))" in page
+
+
+def test_the_compatibility_record_names_the_dynamo_release(simfleet_factory, operator):
+    _fleet, source = sglang_fleet(simfleet_factory, "get_weight_version")
+    refresh = run_inline(source, operator, "v2")
+    assert refresh.compat["dynamo_release"] == {
+        "release": "1.6.1",
+        "from": "default (not declared)",
+        "contract": "run: real frontend, RL listener, runtime, system servers and the native "
+        "vLLM sidecar (tests/interop)",
+    }
+    source.dynamo_release = "1.7"
+    source.save(update_fields=["dynamo_release"])
+    again = run_inline(source, operator, "v3")
+    assert again.compat["dynamo_release"]["release"] == "1.7"
+    assert again.compat["dynamo_release"]["from"] == "declared on the source"

@@ -550,7 +550,9 @@ NATIVE_ONLY = [
 def _declared(worker, family="", per_namespace=None):
     from controlplane.fleet.models import Source
 
-    worker.source = Source(name="s", declared_family=family, declared_families=per_namespace or {})
+    worker.source = Source(
+        pk=7, name="s", declared_family=family, declared_families=per_namespace or {}
+    )
     return worker
 
 

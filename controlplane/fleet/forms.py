@@ -7,6 +7,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from controlplane.dynamo import fingerprint as fp
+from controlplane.dynamo.families import DECLARABLE_FAMILIES
+from controlplane.dynamo.releases import RELEASE_CHOICES
 from controlplane.fleet.models import FAMILY_CHOICES, AgreementRule, DriftPolicy, Source
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
@@ -78,11 +80,48 @@ class SourceForm(forms.Form):
         help_text="hours between scheduled rollback drills of a small canary subset; 0 = never",
     )
 
+    declared_family = forms.ChoiceField(
+        choices=[("", "from routes only"), *((f, f) for f in DECLARABLE_FAMILIES)],
+        required=False,
+        label="Backend family",
+        help_text="declare it where routes cannot tell: native vLLM, SGLang and TRT-LLM "
+        "sidecars all advertise control/* and update/*; an undeclared ambiguous worker is "
+        "never paused or updated",
+    )
+    declared_families = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        label="Backend family per namespace",
+        help_text="one namespace=family per line, overriding the source's",
+    )
+
+    dynamo_release = forms.ChoiceField(
+        choices=[("", "1.6.1 (default)"), *RELEASE_CHOICES],
+        required=False,
+        label="Dynamo release",
+        help_text="the release this source's workers run; named in every refresh's "
+        "compatibility record",
+    )
+
     @classmethod
     def for_source(cls, source: Source, data=None) -> SourceForm:
         initial = {f: getattr(source, f) for f in cls.base_fields}
         initial["allowed_networks"] = "\n".join(source.allowed_networks)
+        initial["declared_families"] = "\n".join(
+            f"{ns}={family}" for ns, family in sorted((source.declared_families or {}).items())
+        )
         return cls(data, initial=initial)
+
+    def clean_declared_families(self) -> dict[str, str]:
+        per_namespace: dict[str, str] = {}
+        for line in (self.cleaned_data.get("declared_families") or "").splitlines():
+            if not line.strip():
+                continue
+            namespace, sep, family = line.partition("=")
+            if not sep or not namespace.strip() or not family.strip():
+                raise ValidationError(f"expected namespace=family, got {line.strip()!r}")
+            per_namespace[namespace.strip()] = family.strip()
+        return per_namespace
 
     def clean(self):
         data = super().clean()

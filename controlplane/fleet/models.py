@@ -9,6 +9,8 @@ from django.db import models
 from controlplane.dynamo import fingerprint as fp
 from controlplane.dynamo import limits
 from controlplane.dynamo.discovery import worker_key
+from controlplane.dynamo.families import DECLARABLE_FAMILIES
+from controlplane.dynamo.releases import RELEASE_CHOICES
 
 # Names match `controlplane.dynamo.families.FAMILIES`.
 FAMILY_CHOICES = [
@@ -83,6 +85,19 @@ class Source(models.Model):
         default=0, help_text="hours between scheduled rollback drills; 0 = never"
     )
 
+    #: The backend family of this source's workers where their routes do not say it (native
+    #: Rust sidecars of vLLM, SGLang and TRT-LLM all advertise `control/*` + `update/*`):
+    #: `dynamo.families.family_verdict`. Blank = routes only; an ambiguous worker is refused.
+    declared_family = models.CharField(
+        max_length=32, blank=True, choices=[(f, f) for f in DECLARABLE_FAMILIES]
+    )
+    #: Per-namespace declarations, overriding `declared_family` (`{"rl-a": "vllm-sidecar"}`).
+    declared_families = models.JSONField(default=dict, blank=True)
+    #: The Dynamo release this source's workers run, as the operator declared it (blank:
+    #: 1.6.1, which reports no version to detect). Its contract (`dynamo.releases`) is named
+    #: in every refresh's compatibility record.
+    dynamo_release = models.CharField(max_length=16, blank=True, choices=RELEASE_CHOICES)
+
     reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     stale = models.BooleanField(default=False)
     stale_reason = models.TextField(blank=True)
@@ -101,6 +116,11 @@ class Source(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def declared_family_for(self, namespace: str) -> str:
+        """The family an operator declared for `namespace`'s workers ("" = none)."""
+        per_namespace = self.declared_families if isinstance(self.declared_families, dict) else {}
+        return str(per_namespace.get(namespace) or self.declared_family or "")
 
     def is_due(self, now: datetime) -> bool:
         """Whether a scheduled discovery run should start at `now`.

@@ -62,6 +62,9 @@ def create_source(
     agreement_epsilon: float = AGREEMENT_DEFAULTS["agreement_epsilon"],
     drift_policy: str = DEFAULT_DRIFT_POLICY,
     drill_every: int = 0,
+    declared_family: str = "",
+    declared_families: dict[str, str] | None = None,
+    dynamo_release: str = "",
 ) -> Source:
     """Register a source. Raises ValidationError (keyed by field) and changes nothing on bad
     input."""
@@ -82,6 +85,9 @@ def create_source(
             "agreement_epsilon": agreement_epsilon,
             "drift_policy": drift_policy,
             "drill_every": drill_every,
+            "declared_family": declared_family,
+            "declared_families": declared_families or {},
+            "dynamo_release": dynamo_release,
         }
     )
     if _name_taken(values["name"]):

@@ -14,9 +14,10 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 
-from controlplane.dynamo.families import FAMILIES
+from controlplane.dynamo.families import DECLARABLE_FAMILIES, FAMILIES
 from controlplane.dynamo.fingerprint import AgreementRule
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.dynamo.releases import RELEASES
 from controlplane.dynamo.scope import Scope, resolve_scope
 from controlplane.dynamo.urls import url_problem
 
@@ -40,6 +41,9 @@ SOURCE_FIELDS = (
     "agreement_epsilon",
     "drift_policy",
     "drill_every",
+    "declared_family",
+    "declared_families",
+    "dynamo_release",
 )
 DRIFT_POLICIES = ("quarantine", "close", "observe")
 DEFAULT_DRIFT_POLICY = "quarantine"
@@ -137,6 +141,13 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(drill_every, bool) or not isinstance(drill_every, int) or drill_every < 0:
         errors["drill_every"] = "drill schedule must be a whole number of hours (0 = never)"
     clean["drill_every"] = drill_every
+    clean.update(_clean_declared_families(values, errors))
+    release = str(values.get("dynamo_release") or "")
+    if release and release not in RELEASES:
+        errors["dynamo_release"] = (
+            f"unknown Dynamo release {release!r}; known: {', '.join(RELEASES)}"
+        )
+    clean["dynamo_release"] = release
     if errors:
         raise ValidationError(errors)
     return clean
@@ -199,3 +210,28 @@ def clean_static_worker_values(values: dict[str, Any], *, allowed_networks) -> d
     if errors:
         raise ValidationError(errors)
     return clean
+
+
+def _clean_declared_families(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+    """The operator's backend-family declarations: one for the source, and per namespace."""
+    choices = ", ".join(DECLARABLE_FAMILIES)
+    family = str(values.get("declared_family") or "")
+    if family and family not in DECLARABLE_FAMILIES:
+        errors["declared_family"] = f"declared family {family!r} is unknown; use one of {choices}"
+    raw = values.get("declared_families") or {}
+    per_namespace: dict[str, str] = {}
+    if not isinstance(raw, dict):
+        errors["declared_families"] = "declared families must map namespaces to families"
+    else:
+        for namespace, name in raw.items():
+            if not isinstance(namespace, str) or not isinstance(name, str):
+                errors["declared_families"] = "declared families must map namespaces to families"
+                break
+            if name not in DECLARABLE_FAMILIES:
+                errors["declared_families"] = (
+                    f"namespace {namespace!r}: declared family {name!r} is unknown; "
+                    f"use one of {choices}"
+                )
+                break
+            per_namespace[namespace] = name
+    return {"declared_family": family, "declared_families": per_namespace}

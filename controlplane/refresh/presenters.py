@@ -18,6 +18,7 @@ from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
 from controlplane.fleet.rows import pager
 from controlplane.refresh.gates import displayed_reason
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
+from controlplane.refresh.inflight import in_flight_table
 from controlplane.refresh.intents.queries import can_end, is_membership_hold
 from controlplane.refresh.membership import change_of
 from controlplane.refresh.models import (
@@ -422,6 +423,8 @@ def detail_context(
             # The grid's parameters, kept by the journal's page links (ends with "&").
             "grid_keep": f"{view.query}&" if view.query else "",
             "grid_namespaces": grid_namespaces(refresh),
+            # What each worker's pause did to its requests in flight (journal view).
+            "in_flight": None if planned else in_flight_table(refresh),
             "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
             "agreement": agreement_summary(refresh),
             "fingerprint": fingerprint_summary(refresh),

@@ -143,6 +143,8 @@ def sources_via_forms_and_api(w: World) -> None:
             "listener_url": h.url("listener url (form)"),
             "allowed_networks": h("allowed networks (form)"),
             "refresh_interval_seconds": "10",
+            # Echoed in the refusal ("expected namespace=family, got ...").
+            "declared_families": h("declared families (form)"),
         },
     )
     assert refused.status_code in (200, 400), refused.status_code

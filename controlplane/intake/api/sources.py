@@ -58,6 +58,13 @@ def _strategy_or_400(raw: dict[str, Any] | None) -> dict[str, Any] | None:
         raise ApiError(400, "invalid_strategy", str(exc), exc.errors) from None
 
 
+DECLARED_FAMILY_HELP = (
+    "the backend family where routes cannot tell (native sidecars all advertise control/* and "
+    "update/*): vllm, vllm-sidecar, sglang, sglang-sidecar or trtllm-sidecar; blank = routes only"
+)
+DYNAMO_RELEASE_HELP = "the Dynamo release the workers run: 1.6.1 or 1.7; blank = 1.6.1"
+
+
 class SourceOut(Schema):
     id: int
     name: str
@@ -75,6 +82,9 @@ class SourceOut(Schema):
     agreement_epsilon: float
     drift_policy: str
     drill_every: int
+    declared_family: str = Field("", description=DECLARED_FAMILY_HELP)
+    declared_families: dict[str, str] = Field(default_factory=dict)
+    dynamo_release: str = Field("", description=DYNAMO_RELEASE_HELP)
     default_strategy: dict[str, Any] = Field(
         default_factory=dict,
         description="the strategy plans get unless they name one ({} = all at once)",
@@ -103,6 +113,9 @@ class SourceIn(Schema):
     agreement_epsilon: float = Field(0.05, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName = Field("quarantine", description=DRIFT_POLICY_HELP)
     drill_every: int = Field(0, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
+    declared_family: str = Field("", max_length=32, description=DECLARED_FAMILY_HELP)
+    declared_families: dict[str, str] = Field(default_factory=dict, max_length=200)
+    dynamo_release: str = Field("", max_length=16, description=DYNAMO_RELEASE_HELP)
     default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 
@@ -122,6 +135,9 @@ class SourcePatch(Schema):
     agreement_epsilon: float | None = Field(None, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName | None = Field(None, description=DRIFT_POLICY_HELP)
     drill_every: int | None = Field(None, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
+    declared_family: str | None = Field(None, max_length=32, description=DECLARED_FAMILY_HELP)
+    declared_families: dict[str, str] | None = Field(None, max_length=200)
+    dynamo_release: str | None = Field(None, max_length=16, description=DYNAMO_RELEASE_HELP)
     default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 

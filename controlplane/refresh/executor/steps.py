@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
-from controlplane.dynamo.families import UpdateMethod, detect_family
+from controlplane.dynamo.families import UpdateMethod, routes_fit
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
 from controlplane.refresh.compat_record import verification_ran
@@ -110,15 +110,13 @@ def membership_change(ctx: StepContext, step: StepName) -> tuple[MembershipChang
                     f"to {worker.system_url or 'none'}",
                 )
             )
-        elif plan is not None and plan.family:
-            family = detect_family(worker.routes)
-            if family is None or family.name != plan.family:
-                changed.append(
-                    ChangedWorker(
-                        key=key,
-                        detail=f"advertised routes are no longer those of a {plan.family} worker",
-                    )
+        elif plan is not None and plan.family and not routes_fit(worker.routes, plan.family):
+            changed.append(
+                ChangedWorker(
+                    key=key,
+                    detail=f"advertised routes are no longer those of a {plan.family} worker",
                 )
+            )
     left = sorted(expected - set(listed))
     joined = sorted(set(listed) - expected - out_keys - set(refresh.left_out or []))
     touched = {_namespace_of(k) for k in left + joined} | {_namespace_of(c["key"]) for c in changed}

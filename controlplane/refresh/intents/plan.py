@@ -56,7 +56,7 @@ def _live_workers(source: Source, namespaces: list[str] | None):
     workers = Worker.objects.filter(source=source).exclude(state=WorkerState.GONE)
     if namespaces:
         workers = workers.filter(namespace__in=namespaces)
-    return workers.select_related("static_worker")
+    return workers.select_related("static_worker", "source")
 
 
 #: How long a plan waits for a scheduled discovery run that holds the source.

@@ -249,3 +249,33 @@ def test_worker_history_and_source_form_say_discovery(viewer_client, admin_clien
     assert "<th>Details</th><th>Discovery</th>" in html
     form = admin_client.get(reverse("fleet:source_create")).content.decode()
     assert "Discovery interval (s)" in form and "Refresh interval" not in form
+
+
+def test_admin_declares_backend_families_and_a_bad_one_is_refused(admin_client, source):
+    url = reverse("fleet:source_edit", args=[source.pk])
+    response = admin_client.post(
+        url,
+        {
+            **SOURCE_POST,
+            "name": "src",
+            "declared_family": "vllm-sidecar",
+            "declared_families": "rl-b=sglang-sidecar\n",
+        },
+    )
+    assert response.status_code == 302
+    source.refresh_from_db()
+    assert (source.declared_family, source.declared_families) == (
+        "vllm-sidecar",
+        {"rl-b": "sglang-sidecar"},
+    )
+    assert source.declared_family_for("rl-a") == "vllm-sidecar"
+    assert source.declared_family_for("rl-b") == "sglang-sidecar"
+    # The edit form shows the declarations back, so a save keeps them.
+    page = admin_client.get(url).content.decode()
+    assert "rl-b=sglang-sidecar" in page
+
+    bad = admin_client.post(url, {**SOURCE_POST, "name": "src", "declared_families": "rl-c=trtllm"})
+    assert bad.status_code == 400
+    assert "declared family &#x27;trtllm&#x27; is unknown" in bad.content.decode()
+    source.refresh_from_db()
+    assert source.declared_families == {"rl-b": "sglang-sidecar"}

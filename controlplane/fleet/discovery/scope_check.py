@@ -82,3 +82,27 @@ class DeclaredScope:
         other deployments and a plan must name them to pause them."""
         own = self.namespace or GLOBAL_NAMESPACE
         return namespace == own or namespace.startswith(own + "-")
+
+
+def unconfirmed_other_deployments(
+    scope: DeclaredScope, worker_namespaces: list[str], named: list[str] | None
+) -> str:
+    """Under a global scope, a plan that would pause workers of other deployments goes ahead
+    only when it names their namespaces itself: naming them is the confirmation. Returns the
+    blocker ("" when there is nothing to confirm). `named` is the plan's own namespace list
+    (None or empty: whatever the listener returns, which confirms nothing)."""
+    if not scope.is_global:
+        return ""
+    counts: dict[str, int] = {}
+    for namespace in worker_namespaces:
+        if not scope.own_deployment(namespace):
+            counts[namespace] = counts.get(namespace, 0) + 1
+    unconfirmed = sorted(ns for ns in counts if ns not in set(named or ()))
+    if not unconfirmed:
+        return ""
+    listed = ", ".join(f"{ns} ({counts[ns]} workers)" for ns in unconfirmed[:10])
+    more = f" and {len(unconfirmed) - 10} more" if len(unconfirmed) > 10 else ""
+    return (
+        "the global listener scope reaches other deployments: this plan would pause workers "
+        f"of {listed}{more}; name these namespaces in the plan to confirm"
+    )

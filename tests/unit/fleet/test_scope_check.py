@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.fleet.discovery.rejections import Rejection, blocker_text, blocking
-from controlplane.fleet.discovery.scope_check import DeclaredScope
+from controlplane.fleet.discovery.scope_check import DeclaredScope, unconfirmed_other_deployments
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,16 @@ def test_a_rejected_entry_blocks_its_namespace_and_an_unreadable_one_blocks_all(
     assert "listener entry #4, namespace unreadable, rejected: entry is not an object" in text
     assert blocker_text([]) == ""
     assert Rejection.of(entries[0]).namespace == "rl-a"
+
+
+def test_a_global_plan_must_name_other_deployments_to_pause_them():
+    scope = DeclaredScope("global", "prod")
+    workers = ["prod", "prod-abc", "team-b", "team-b", "team-c"]
+    blocker = unconfirmed_other_deployments(scope, workers, None)
+    assert blocker.endswith(
+        "would pause workers of team-b (2 workers), team-c (1 workers); name these "
+        "namespaces in the plan to confirm"
+    )
+    assert "team-c" in unconfirmed_other_deployments(scope, workers, ["team-b"])
+    assert unconfirmed_other_deployments(scope, workers, ["prod", "team-b", "team-c"]) == ""
+    assert unconfirmed_other_deployments(DeclaredScope("prefix", prefix="x"), workers, None) == ""

@@ -82,7 +82,8 @@ def _instance(raw: Any) -> RegisteredInstance:
     transport = raw.get("transport")
     if not isinstance(transport, dict):
         transport = {}
-    return RegisteredInstance(*names, instance_id=iid, transport=transport)
+    namespace, component, endpoint = names
+    return RegisteredInstance(namespace, component, endpoint, iid, transport)
 
 
 def parse_frontend_health(raw: bytes) -> FrontendInstances:

@@ -67,7 +67,7 @@ class Source(models.Model):
     expected_prefix = models.CharField(max_length=200, blank=True)
     expected_worker_suffix = models.CharField(max_length=200, blank=True)
     #: The declared scope: workers the listener reports outside it are refused on every
-    #: discovery (`fleet.discovery.scope_check`).
+    #: discovery (`fleet.declared_scope`).
     listener_scope = models.CharField(
         max_length=16, choices=ListenerScope.choices, default=ListenerScope.UNDECLARED, blank=True
     )

@@ -18,7 +18,7 @@ from django.db.models import Count
 
 from controlplane.dynamo.families import FAMILIES, Operation
 from controlplane.dynamo.scope import Scope
-from controlplane.fleet.discovery.scope_check import DeclaredScope
+from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.models import Source, Worker, WorkerState
 from controlplane.fleet.validation import expected_scope
 

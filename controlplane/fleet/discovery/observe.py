@@ -36,7 +36,7 @@ from controlplane.dynamo.frontend_health import (
 from controlplane.dynamo.http import MAX_RESPONSE_BYTES, DynamoClient, make_client
 from controlplane.dynamo.limits import storable_text, weight_version_problem
 from controlplane.dynamo.policy import OutboundPolicy
-from controlplane.fleet.discovery.scope_check import DeclaredScope
+from controlplane.fleet.declared_scope import DeclaredScope
 
 #: The endpoint text of a static worker whose real identity is unknown or refused: its row is
 #: keyed `namespace/component/static:<name>/` with an empty instance id, never an invented one.

@@ -27,8 +27,8 @@ from controlplane.dynamo.errors import DiscoveryError, one_line
 from controlplane.dynamo.limits import storable_text
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import live
+from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.discovery.observe import ObservedFleet, StaticSpec, observe
-from controlplane.fleet.discovery.scope_check import DeclaredScope
 from controlplane.fleet.discovery.store import StoredRefresh, store_observation
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source
 from controlplane.fleet.signals import discovery_finished

@@ -107,8 +107,8 @@ class Frontend:
                         "request_plane_codec": "msgpack",
                     }
                 )
-        endpoints = {f"dyn://{i['namespace']}.{i['component']}.{i['endpoint']}" for i in instances}
-        return {"status": "healthy", "endpoints": sorted(endpoints), "instances": instances}
+        names = {f"dyn://{i['namespace']}.{i['component']}.{i['endpoint']}" for i in instances}
+        return {"status": "healthy", "endpoints": sorted(names), "instances": instances}
 
     # -- completions ----------------------------------------------------------------------------
     async def completions(self, request: web.BaseRequest) -> web.StreamResponse:

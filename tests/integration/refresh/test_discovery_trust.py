@@ -10,6 +10,7 @@ from django.urls import reverse
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
 from controlplane.refresh import intents
+from controlplane.refresh.errors import PlanBlocked
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import Gate, PolicyRefresh, RefreshState
 from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
@@ -81,7 +82,7 @@ def test_workers_outside_the_declared_scope_are_never_paused(fleet, operator):
     refresh = plan(source, operator, "v2")
     text = all_blockers(refresh)
     assert "outside the declared listener scope: namespace 'rl-b'" in text, text
-    with pytest.raises(Exception):  # a blocked plan cannot start
+    with pytest.raises(PlanBlocked):
         intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
     assert paused_workers(fleet) == []
     # The declared namespace alone is plannable.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from controlplane.fleet.declared_scope import DeclaredScope, unconfirmed_other_deployments
 from controlplane.fleet.discovery.rejections import Rejection, blocker_text, blocking
-from controlplane.fleet.discovery.scope_check import DeclaredScope, unconfirmed_other_deployments
 
 
 @pytest.mark.parametrize(

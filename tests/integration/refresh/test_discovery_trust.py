@@ -115,33 +115,43 @@ def test_a_static_worker_of_unknown_identity_is_refreshed_but_never_pinned_or_ve
     simfleet_factory, operator, client
 ):
     fleet = simfleet_factory(FleetConfig(workers=[], listener_env={"DYN_NAMESPACE": "rl-a"}))
-    key = fleet.add_worker(WorkerSpec(namespace="rl-a", family="sglang", version="v1"))
-    # No frontend URL: nothing can say which registered instance this worker is.
-    source = make_source(fleet, frontend_url="", expected_prefix="")
+    key = fleet.add_worker(
+        WorkerSpec(
+            namespace="rl-a", family="sglang", engine_routes=["get_weight_version"], version="v1"
+        )
+    )
+    source = make_source(fleet, expected_prefix="")
     services.add_static_worker(
         source,
         actor=Actor.system("test"),
         name="sgl-1",
         namespace="rl-a",
+        # The frontend registers it as rl-a/backend/generate: nothing matches this component,
+        # so nothing registered is known to be this worker.
+        component="sglang-pool",
         system_url=fleet.state(key)["system_url"],
         family="sglang",
         allowed_routes=[
             "pause_generation",
             "continue_generation",
-            "update_weights_from_disk",
+            "control/update_weights_from_disk",
             "get_weight_version",
         ],
         model="sim-model",
     )
-    refresh = run_inline(source, operator, "v2")
+    refresh = plan(source, operator, "v2")
+    assert not refresh.plan_blockers, all_blockers(refresh)
+    # The plan says so (a view of the planned worker's empty instance id).
+    client.force_login(operator)
+    page = client.get(reverse("refresh:detail", args=[refresh.pk])).content.decode()
+    assert "identity unknown" in page and "never pinned for verification" in page
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    execute_refresh(refresh.pk)
+    refresh.refresh_from_db()
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
-    assert fleet_versions(fleet)[key] == "v2"
+    assert set(fleet_versions(fleet).values()) == {"v2"}
     (planned,) = refresh.workers.all()
     assert planned.instance_id == ""
     assert not any(c.get("operation") == "generation" for c in planned.calls["verify"])
     gate = Gate.objects.get(source=source, namespace="rl-a")
     assert gate.verified_instances == []
-    # The plan says so (a view of the empty instance id).
-    client.force_login(operator)
-    page = client.get(reverse("refresh:detail", args=[refresh.pk])).content.decode()
-    assert "identity unknown" in page and "never pinned for verification" in page

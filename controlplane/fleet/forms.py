@@ -9,7 +9,13 @@ from django.core.exceptions import ValidationError
 from controlplane.dynamo import fingerprint as fp
 from controlplane.dynamo.families import DECLARABLE_FAMILIES
 from controlplane.dynamo.releases import RELEASE_CHOICES
-from controlplane.fleet.models import FAMILY_CHOICES, AgreementRule, DriftPolicy, Source
+from controlplane.fleet.models import (
+    FAMILY_CHOICES,
+    AgreementRule,
+    DriftPolicy,
+    ListenerScope,
+    Source,
+)
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
     DEFAULT_DRIFT_POLICY,
@@ -33,6 +39,13 @@ class SourceForm(forms.Form):
     expected_namespace = forms.CharField(required=False)
     expected_prefix = forms.CharField(required=False)
     expected_worker_suffix = forms.CharField(required=False)
+    listener_scope = forms.ChoiceField(
+        choices=ListenerScope.choices,
+        required=False,
+        label="Declared listener scope",
+        help_text="which namespaces the listener is expected to report: workers outside are "
+        "refused on every discovery; a global scope reaches every deployment",
+    )
     allowed_networks = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="CIDRs, comma or newline separated, e.g. 10.0.0.0/8",
@@ -150,6 +163,17 @@ class StaticWorkerForm(forms.Form):
     name = forms.CharField(max_length=64)
     namespace = forms.CharField()
     component = forms.CharField(initial="backend")
+    endpoint = forms.CharField(
+        initial="generate",
+        required=False,
+        help_text="the endpoint it registers with the frontend (its /health instances)",
+    )
+    declared_instance_id = forms.CharField(
+        required=False,
+        label="Declared instance id",
+        help_text="only where several registered instances match: checked against the "
+        "frontend's /health on every discovery",
+    )
     system_url = forms.CharField(label="System URL", help_text="the worker's trusted system URL")
     family = forms.ChoiceField(choices=FAMILY_CHOICES)
     allowed_routes = forms.CharField(

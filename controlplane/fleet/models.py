@@ -41,6 +41,19 @@ class DriftPolicy(models.TextChoices):
     OBSERVE = "observe", "observe only"
 
 
+class ListenerScope(models.TextChoices):
+    """The namespace scope a source declares its RL listener to have (docs/concepts/scope.md).
+
+    Undeclared follows what the listener reports, except a global listener, which reaches
+    every deployment's admin routes and so must be declared before its workers are used."""
+
+    UNDECLARED = "", "undeclared (follow the listener; refuse a global one)"
+    EXACT = "exact", "exact namespace (DYN_NAMESPACE)"
+    PREFIX = "prefix", "prefix and its generations (DYN_NAMESPACE_PREFIX)"
+    SUFFIX = "suffix", "suffixed pool (DYN_NAMESPACE + DYN_NAMESPACE_WORKER_SUFFIX)"
+    GLOBAL = "global", "global: every namespace (DYN_NAMESPACE_PREFIX=dynamo)"
+
+
 class Source(models.Model):
     """One Dynamo deployment: its RL listener, its frontend and its admin network policy.
 
@@ -55,6 +68,11 @@ class Source(models.Model):
     expected_namespace = models.CharField(max_length=200, blank=True)
     expected_prefix = models.CharField(max_length=200, blank=True)
     expected_worker_suffix = models.CharField(max_length=200, blank=True)
+    #: The declared scope: workers the listener reports outside it are refused on every
+    #: discovery (`fleet.declared_scope`).
+    listener_scope = models.CharField(
+        max_length=16, choices=ListenerScope.choices, default=ListenerScope.UNDECLARED, blank=True
+    )
     allowed_networks = models.JSONField(
         default=list, help_text="CIDRs that listener, frontend and worker admin URLs must be in"
     )
@@ -146,6 +164,14 @@ class StaticWorker(models.Model):
     name = models.SlugField(max_length=64)
     namespace = models.CharField(max_length=200)
     component = models.CharField(max_length=200, default="backend")
+    #: The endpoint its runtime registers with the frontend (matched in the frontend's
+    #: `/health` instances to find its real instance id).
+    endpoint = models.CharField(max_length=200, default="generate")
+    #: The operator's declaration where several registered instances match; checked against
+    #: the frontend's instances on every discovery, never trusted on its own.
+    declared_instance_id = models.CharField(
+        max_length=limits.INSTANCE_ID_MAX, blank=True, validators=[instance_id_validator]
+    )
     system_url = models.URLField()
     family = models.CharField(max_length=32, choices=FAMILY_CHOICES)
     allowed_routes = models.JSONField(default=list)
@@ -206,6 +232,9 @@ class Worker(models.Model):
     # A u32 (up to 2^32-1): PostgreSQL's `integer` stops at 2^31-1, so this is a bigint.
     world_size = models.PositiveBigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
+    #: Static workers only: why the real instance id is unknown (`instance_id` is then empty:
+    #: the worker may be refreshed by URL but is never pinned nor put in a verified set).
+    identity_note = models.TextField(blank=True)
 
     state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.LIVE)
     weight_version = models.JSONField(null=True, blank=True)
@@ -257,6 +286,11 @@ class Worker(models.Model):
     @property
     def is_static(self) -> bool:
         return self.static_worker_id is not None
+
+    @property
+    def identity_known(self) -> bool:
+        """False for a static worker whose real instance id could not be resolved."""
+        return bool(self.instance_id)
 
 
 class DiscoveryTrigger(models.TextChoices):

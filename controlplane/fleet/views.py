@@ -17,6 +17,7 @@ from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.fleet import live, services
+from controlplane.fleet.discovery.rejections import latest_rejections
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.forms import SourceForm, StaticWorkerForm
 from controlplane.fleet.models import Source, StaticWorker, Worker, WorkerState
@@ -77,7 +78,8 @@ def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "events_html": render_timeline(live.timeline(source)),
         "can_run_discovery": request.user.has_perm(Perm.RUN_DISCOVERY),
         "can_manage": request.user.has_perm(Perm.MANAGE_SOURCES),
-        "static_workers": source.static_workers.all(),
+        "static_workers": source.static_workers.select_related("worker"),
+        "rejected_entries": latest_rejections(source),
     }
     template = "fleet/source.html#workers" if request.htmx else "fleet/source.html"
     return render(request, template, context)

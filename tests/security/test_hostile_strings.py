@@ -196,6 +196,7 @@ def static_workers_via_form(w: World) -> None:
             "name": "static-1",
             "namespace": "rl-s",
             "component": h("static worker component"),
+            "endpoint": h("static worker endpoint"),
             "system_url": "http://127.0.0.1:9/" + h("static worker url"),
             "family": "vllm",
             "allowed_routes": h("static worker route").replace(" ", ""),

@@ -63,6 +63,12 @@ DECLARED_FAMILY_HELP = (
     "update/*): vllm, vllm-sidecar, sglang, sglang-sidecar or trtllm-sidecar; blank = routes only"
 )
 DYNAMO_RELEASE_HELP = "the Dynamo release the workers run: 1.6.1 or 1.7; blank = 1.6.1"
+ListenerScopeName = Literal["", "exact", "prefix", "suffix", "global"]
+LISTENER_SCOPE_HELP = (
+    "the namespace scope the RL listener is expected to have: exact, prefix, suffix or global "
+    "('' = undeclared: follow the listener, but refuse a global one); workers outside it are "
+    "refused on every discovery"
+)
 
 
 class SourceOut(Schema):
@@ -73,6 +79,7 @@ class SourceOut(Schema):
     expected_namespace: str
     expected_prefix: str
     expected_worker_suffix: str
+    listener_scope: str = Field("", description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str]
     refresh_interval_seconds: float
     require_approval: bool
@@ -104,6 +111,7 @@ class SourceIn(Schema):
     expected_namespace: str = Field("", max_length=200)
     expected_prefix: str = Field("", max_length=200)
     expected_worker_suffix: str = Field("", max_length=200)
+    listener_scope: ListenerScopeName = Field("", description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str] = Field(default_factory=list, max_length=100)
     refresh_interval_seconds: float = Field(10.0, ge=1.0, le=86400.0)
     require_approval: bool = False
@@ -126,6 +134,7 @@ class SourcePatch(Schema):
     expected_namespace: str | None = Field(None, max_length=200)
     expected_prefix: str | None = Field(None, max_length=200)
     expected_worker_suffix: str | None = Field(None, max_length=200)
+    listener_scope: ListenerScopeName | None = Field(None, description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str] | None = Field(None, max_length=100)
     refresh_interval_seconds: float | None = Field(None, ge=1.0, le=86400.0)
     require_approval: bool | None = None

@@ -548,7 +548,9 @@ def verified_instance_sets(
     for pk, namespace, instance_id in refresh.workers.filter(namespace__in=namespaces).values_list(
         "pk", "namespace", "instance_id"
     ):
-        if pk not in gone:
+        # A static worker whose identity is unknown (no instance id) was refreshed by its URL:
+        # nothing can pin to it, so it is never in a verified set.
+        if pk not in gone and instance_id:
             verified[namespace].append(instance_id)
     unverified: dict[str, int] = {}
     if serving is None:

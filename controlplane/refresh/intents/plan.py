@@ -18,6 +18,7 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
+from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
 from controlplane.refresh.compat_record import compat_at_plan, normalize_versions
 from controlplane.refresh.intents.base import audit_refresh
@@ -208,6 +209,9 @@ def plan_policy_refresh(
             method=request.target["method"],
             worker_ids=worker_ids,
             instance_ids=request.instance_ids,
+            rejected=tuple(run.rejected_entries or ()) if run is not None and run.ok else (),
+            declared=DeclaredScope.of(source),
+            named=request.namespaces,
         )
     )
     blockers += scope.blockers

@@ -413,7 +413,12 @@ def verify_pass(draft: Draft) -> list[str]:
         for state_op in (Operation.IS_PAUSED, Operation.IS_SLEEPING):
             if family.supports(state_op, routes):
                 verify += _serialize(build(StepName.VERIFY, state_op))
-    if verification["generation"]:
+    if verification["generation"] and not draft.worker.instance_id:
+        # A static worker whose identity is unknown: nothing registered at the frontend is
+        # known to be it, so no generation can be pinned to it. It is refreshed by its URL
+        # and never enters a verified set (the refresh page says so).
+        pass
+    elif verification["generation"]:
         spec, blocker = _generation_call(draft)
         if blocker:
             blockers.append(blocker)

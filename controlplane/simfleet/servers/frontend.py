@@ -88,25 +88,30 @@ class Frontend:
         ]
 
     def _health(self) -> dict[str, Any]:
-        workers = self.fleet.routable()
-        return {
-            "status": "healthy",
-            "endpoints": sorted({f"dyn://{w.namespace}.{w.component}.generate" for w in workers}),
-            "instances": [
-                {
-                    "component": w.component,
-                    "endpoint": "generate",
-                    "namespace": w.namespace,
-                    "instance_id": w.instance_id,
-                    "transport": {
-                        "tcp": f"127.0.0.1:0/{w.token}/{w.namespace}/{w.component}/generate"
-                    },
-                    "device_type": "cpu",
-                    "request_plane_codec": "json",
-                }
-                for w in workers
-            ],
-        }
+        """Every registered endpoint instance of the cluster, as the 1.6.1 frontend lists them
+        (observed: not scoped to any namespace; one entry per endpoint, so a vLLM worker shows
+        its `generate` and its `rl` instance under one id; contract §3)."""
+        instances = []
+        for w in self.fleet.workers.values():
+            endpoints = ["generate"] if w.routable else []
+            if w.advertised_routes is not None and not w.dead:
+                endpoints.append(w.endpoint)
+            for endpoint in endpoints:
+                instances.append(
+                    {
+                        "component": w.component,
+                        "endpoint": endpoint,
+                        "namespace": w.namespace,
+                        "instance_id": w.instance_id,
+                        "transport": {
+                            "tcp": f"127.0.0.1:0/{w.token}/{w.namespace}/{w.component}/{endpoint}"
+                        },
+                        "device_type": "cuda",
+                        "request_plane_codec": "msgpack",
+                    }
+                )
+        names = {f"dyn://{i['namespace']}.{i['component']}.{i['endpoint']}" for i in instances}
+        return {"status": "healthy", "endpoints": sorted(names), "instances": instances}
 
     # -- completions ----------------------------------------------------------------------------
     async def completions(self, request: web.BaseRequest) -> web.StreamResponse:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from controlplane.audit.recorder import Actor
-from controlplane.fleet.discovery.observe import static_instance_id
 from controlplane.fleet.services import add_static_worker
 from controlplane.refresh.models import JournalEntry, RefreshState
 from controlplane.simfleet import FleetConfig, WorkerSpec
@@ -29,8 +28,9 @@ SGLANG_ALLOWLIST = [
 
 
 def sglang_fleet(simfleet_factory, version_route: str, **spec):
-    """Two SGLang workers registered as static workers (SGLang is not discoverable). Their
-    instance ids are the ones the control plane derives, so the generation check can pin them.
+    """Two SGLang workers registered as static workers (SGLang is not discoverable). Both are
+    replicas of one component on one host, so the frontend's `/health` cannot tell them apart:
+    the operator declares each one's instance id, and discovery checks it is registered.
     `version_route` is the `--engine-route` descriptor serving the weight-version read."""
     fleet = simfleet_factory(FleetConfig(workers=[], listener_env={"DYN_NAMESPACE": "rl-a"}))
     source = make_source(fleet)
@@ -39,7 +39,6 @@ def sglang_fleet(simfleet_factory, version_route: str, **spec):
             WorkerSpec(
                 namespace="rl-a",
                 family="sglang",
-                instance_id=int(static_instance_id(source.pk, name)),
                 engine_routes=[version_route],
                 version="v1",
                 **spec,
@@ -54,6 +53,7 @@ def sglang_fleet(simfleet_factory, version_route: str, **spec):
             family="sglang",
             allowed_routes=[*SGLANG_ALLOWLIST, version_route],
             model="sim-model",
+            declared_instance_id=str(fleet.state(key)["instance_id"]),
         )
     return fleet, source
 

@@ -352,6 +352,10 @@ async def _serve(args: argparse.Namespace) -> None:
             # A worker whose descriptor request fails: the listener must report an `error`.
             yield {"status": "error", "message": args.probe_error}
             return
+        if args.probe_reply is not None:
+            # A descriptor of the test's choosing, passed through by the listener as it is.
+            yield json.loads(args.probe_reply)
+            return
         async for response in registry.dispatch_stream(request):
             yield response
 
@@ -409,6 +413,9 @@ def main(argv: list[str] | None = None) -> None:
         help='answer the rl probe with {"status": "error", "message": MESSAGE}',
     )
     parser.add_argument("--omit-route", action="append", default=[], metavar="ROUTE")
+    parser.add_argument(
+        "--probe-reply", metavar="JSON", help="answer the rl probe with this descriptor"
+    )
     args = parser.parse_args(argv)
     if args.model_name and not args.model_dir:
         parser.error("--model-name needs --model-dir")

@@ -24,6 +24,8 @@ from controlplane.fleet.models import (
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
     DEFAULT_DRIFT_POLICY,
+    DEFAULT_MAX_LAG_ACTION,
+    DEFAULT_MAX_LAG_STEPS,
     SOURCE_FIELDS,
     clean_source_values,
     clean_static_worker_values,
@@ -62,6 +64,8 @@ def create_source(
     agreement_epsilon: float = AGREEMENT_DEFAULTS["agreement_epsilon"],
     drift_policy: str = DEFAULT_DRIFT_POLICY,
     drill_every: int = 0,
+    max_lag_action: str = DEFAULT_MAX_LAG_ACTION,
+    max_lag_steps: int = DEFAULT_MAX_LAG_STEPS,
 ) -> Source:
     """Register a source. Raises ValidationError (keyed by field) and changes nothing on bad
     input."""
@@ -82,6 +86,8 @@ def create_source(
             "agreement_epsilon": agreement_epsilon,
             "drift_policy": drift_policy,
             "drill_every": drill_every,
+            "max_lag_action": max_lag_action,
+            "max_lag_steps": max_lag_steps,
         }
     )
     if _name_taken(values["name"]):

@@ -4,6 +4,8 @@ from controlplane import jobs
 
 #: Sent by name: this module loads before the app registry, so it imports no tasks or models.
 RECONCILE_DRIFT_TASK = "refresh.reconcile_drift"
+#: Policy lag past a source's max (refresh/stale_policy.py), sent by name after a publication.
+ENFORCE_LAG_TASK = "refresh.enforce_policy_lag"
 
 
 def on_discovery_finished(sender, *, source_id, run_id, ok, **kwargs) -> None:

@@ -38,6 +38,13 @@ DriftPolicyName = Literal["quarantine", "close", "observe"]
 DRIFT_POLICY_HELP = (
     "what drift does: quarantine (pause, catch up alone, admit back), close the gate, or observe"
 )
+MaxLagActionName = Literal["observe", "alert", "close"]
+MAX_LAG_HELP = (
+    "what a namespace serving a policy more than `max_lag_steps` behind the trainer's latest "
+    "published one does: observe, alert (notify), or close its gate as stale_policy until a "
+    "refresh brings it within bounds"
+)
+MAX_LAG_STEPS_HELP = "training steps the served policy may be behind the latest published one"
 DRILL_EVERY_HELP = "hours between scheduled rollback drills of a small canary subset; 0 = never"
 AGREEMENT_TOKENS_HELP = "how many leading completion tokens workers of one model must agree on"
 
@@ -75,6 +82,8 @@ class SourceOut(Schema):
     agreement_epsilon: float
     drift_policy: str
     drill_every: int
+    max_lag_action: str
+    max_lag_steps: int
     default_strategy: dict[str, Any] = Field(
         default_factory=dict,
         description="the strategy plans get unless they name one ({} = all at once)",
@@ -103,6 +112,8 @@ class SourceIn(Schema):
     agreement_epsilon: float = Field(0.05, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName = Field("quarantine", description=DRIFT_POLICY_HELP)
     drill_every: int = Field(0, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
+    max_lag_action: MaxLagActionName = Field("observe", description=MAX_LAG_HELP)
+    max_lag_steps: int = Field(1, ge=0, le=10**9, description=MAX_LAG_STEPS_HELP)
     default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 
@@ -122,6 +133,8 @@ class SourcePatch(Schema):
     agreement_epsilon: float | None = Field(None, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName | None = Field(None, description=DRIFT_POLICY_HELP)
     drill_every: int | None = Field(None, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
+    max_lag_action: MaxLagActionName | None = Field(None, description=MAX_LAG_HELP)
+    max_lag_steps: int | None = Field(None, ge=0, le=10**9, description=MAX_LAG_STEPS_HELP)
     default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 

@@ -30,9 +30,10 @@ class RefreshConfig(AppConfig):
 
         from controlplane.fleet.metrics import EXTRA_COLLECTORS
         from controlplane.refresh.drift_metrics import DriftCollector
+        from controlplane.refresh.lag_metrics import LagCollector
         from controlplane.refresh.refresh_metrics import RefreshCollector
 
-        for collector in (DriftCollector, RefreshCollector):
+        for collector in (DriftCollector, RefreshCollector, LagCollector):
             if not any(isinstance(c, collector) for c in EXTRA_COLLECTORS):
                 EXTRA_COLLECTORS.append(collector())
 

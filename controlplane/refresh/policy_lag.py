@@ -151,11 +151,10 @@ class Lag:
 
 
 def admitted_versions(gate: Mapping[str, Any]) -> list[Any]:
-    """The versions a serialised gate admits: its `verified_version`, and the versions of a
-    `versions` list (`[{"version": ..., ...}]`) where the gate view publishes one. None when
-    it admits nothing."""
-    if not gate.get("open"):
-        return []
+    """The versions a serialised gate stands for: its `verified_version`, and the versions of
+    a `versions` list (`[{"version": ..., ...}]`) where the gate view publishes one. A closed
+    gate keeps the version it admitted last, so its lag says how far behind it would reopen;
+    `stale_policy` acts on admitting gates only."""
     found = [gate.get("verified_version")]
     for entry in gate.get("versions") or []:
         if isinstance(entry, Mapping):

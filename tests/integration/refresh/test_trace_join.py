@@ -12,8 +12,10 @@ from controlplane.dynamo.trace_join import (
     ROLLOUT_ID_HEADER,
     header_value,
 )
+from controlplane.refresh import intents
+from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import RefreshState
-from tests.integration.refresh.helpers import fleet_config, make_source, run_inline
+from tests.integration.refresh.helpers import actor_for, fleet_config, make_source, plan
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +27,11 @@ def _received(fleet) -> list[dict]:
 def test_every_call_of_a_refresh_carries_its_target_version(simfleet_factory, operator):
     fleet = simfleet_factory(fleet_config(4))
     source = make_source(fleet)
-    refresh = run_inline(source, operator, "v2")
+    refresh = plan(source, operator, "v2")  # plans after a discovery, whose probes carry none
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    fleet.call(fleet.fleet.received_headers.clear)
+    execute_refresh(refresh.pk)
+    refresh.refresh_from_db()
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     received = _received(fleet)
     to_workers = [r for r in received if r["server"] != "frontend"]

@@ -36,6 +36,7 @@ from controlplane.realtime.fanout import process_fanout
 from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.live import EVENT_GATE_CHANGED, GATES_GROUP
 from controlplane.refresh.models import Gate
+from controlplane.refresh.policy_lag import with_lag
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class GateStreamConsumer(LiveStream):
             gates = gates.filter(source_id__in=self.limit)
         if self.source_name:
             gates = gates.filter(source__name=self.source_name)
-        snapshot = [serialize_gate(g) for g in gates]
+        snapshot = [_public(with_lag(serialize_gate(g), g.source)) for g in gates]
         return [json.dumps({"event": "gates.snapshot", "gates": snapshot})]
 
     def render_share_key(self) -> Hashable:
@@ -113,15 +114,25 @@ class GateStreamConsumer(LiveStream):
         if self.source_name and source != self.source_name:
             return []
         # The row as committed now, whatever the push carried (it may be older).
+        source_id, namespace = payload.get("source_id"), payload.get("namespace")
+        if not isinstance(source_id, int) or not isinstance(namespace, str):
+            return []
         gate = (
             Gate.objects.select_related("source")
-            .filter(source_id=payload.get("source_id"), namespace=payload.get("namespace"))
+            .filter(source_id=source_id, namespace=namespace)
             .first()
         )
         if gate is None:
             return []
         _rendered[gate.pk] = max(_rendered.get(gate.pk, 0), gate.revision)
-        return [json.dumps({"event": event, "gate": serialize_gate(gate)})]
+        gate_now = _public(with_lag(serialize_gate(gate), gate.source))
+        return [json.dumps({"event": event, "gate": gate_now})]
+
+
+def _public(gate: dict[str, Any]) -> dict[str, Any]:
+    """A gate as the stream sends it: the gate API's fields (the copy's mark stays inside)."""
+    gate.pop("policy_mark", None)
+    return gate
 
 
 _watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (

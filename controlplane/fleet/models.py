@@ -356,6 +356,8 @@ class PublishedPolicy(models.Model):
         indexes = [
             models.Index(fields=["source", "lineage", "-step"], name="published_policy_latest"),
             models.Index(fields=["source", "version_key"], name="published_policy_version"),
+            # The source's policy mark (its newest row), read with every gate poll's check.
+            models.Index(fields=["source", "-id"], name="published_policy_mark"),
         ]
 
     def __str__(self) -> str:

@@ -42,6 +42,7 @@ misses.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -50,11 +51,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from django.db import DatabaseError
-from django.db.models import Max, OuterRef, Subquery
+from django.db import DatabaseError, connection
 
 from controlplane import redis_client
-from controlplane.fleet.models import PublishedPolicy
+from controlplane.fleet.models import PublishedPolicy, Source
 from controlplane.refresh.models import Gate
 from controlplane.refresh.policy_lag import with_lag
 
@@ -182,33 +182,53 @@ def committed_revisions(scopes: Iterable[Scope]) -> dict[Scope, Committed]:
     """Each gate's revision in the database now (0 for a namespace without a gate row:
     `gates.gate_state` answers those at revision 0) and its source's policy mark. One query
     for any number of gates with rows, a second only for scopes without one; raises the
-    database's error when it cannot be read (the caller then uses no copy)."""
+    database's error when it cannot be read (the caller then uses no copy).
+
+    Plain SQL on the polls' hot path: building the equivalent queryset cost more CPU than the
+    rest of a poll."""
     wanted = set(scopes)
     found: dict[Scope, Committed] = {}
     if not wanted:
         return found
-    newest = PublishedPolicy.objects.filter(source_id=OuterRef("source_id")).order_by("-pk")
-    rows = (
-        Gate.objects.filter(
-            source__name__in={s for s, _ in wanted}, namespace__in={n for _, n in wanted}
-        )
-        .annotate(mark=Subquery(newest.values("pk")[:1]))
-        .values_list("source__name", "namespace", "revision", "mark")
-    )
-    for source, namespace, revision, mark in rows:
-        if (source, namespace) in wanted:
-            found[(source, namespace)] = (revision, mark or 0)
-    missing = {s for s, n in wanted if (s, n) not in found}
-    if missing:
-        marks = dict(
-            PublishedPolicy.objects.filter(source__name__in=missing)
-            .values("source__name")
-            .annotate(mark=Max("pk"))
-            .values_list("source__name", "mark")
-        )
-        for scope in wanted - found.keys():
-            found[scope] = (0, marks.get(scope[0]) or 0)
+    names = sorted({s for s, _ in wanted})
+    namespaces = sorted({n for _, n in wanted})
+    with connection.cursor() as cursor:
+        cursor.execute(_revisions_sql(len(names), len(namespaces)), [*names, *namespaces])
+        for source, namespace, revision, mark in cursor.fetchall():
+            if (source, namespace) in wanted:
+                found[(source, namespace)] = (int(revision), int(mark or 0))
+        missing = sorted({s for s, n in wanted if (s, n) not in found})
+        if missing:
+            cursor.execute(_marks_sql(len(missing)), missing)
+            marks = {name: int(mark or 0) for name, mark in cursor.fetchall()}
+            for scope in wanted - found.keys():
+                found[scope] = (0, marks.get(scope[0], 0))
     return found
+
+
+@functools.lru_cache(maxsize=64)
+def _revisions_sql(names: int, namespaces: int) -> str:
+    gate, source = Gate._meta.db_table, Source._meta.db_table
+    policy = PublishedPolicy._meta.db_table
+    return (
+        f"SELECT s.name, g.namespace, g.revision, (SELECT p.id FROM {policy} p"
+        f" WHERE p.source_id = g.source_id ORDER BY p.id DESC LIMIT 1)"
+        f" FROM {gate} g JOIN {source} s ON s.id = g.source_id"
+        f" WHERE s.name IN ({_marks(names)}) AND g.namespace IN ({_marks(namespaces)})"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _marks_sql(names: int) -> str:
+    source, policy = Source._meta.db_table, PublishedPolicy._meta.db_table
+    return (
+        f"SELECT s.name, (SELECT p.id FROM {policy} p WHERE p.source_id = s.id"
+        f" ORDER BY p.id DESC LIMIT 1) FROM {source} s WHERE s.name IN ({_marks(names)})"
+    )
+
+
+def _marks(n: int) -> str:
+    return ", ".join(["%s"] * n)
 
 
 def is_current(cached: CachedGate, committed: Committed | None) -> bool:

@@ -15,6 +15,7 @@ answers from the row, or with the database's error): no copy is used unchecked.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import weakref
 
@@ -52,7 +53,7 @@ class Rounds:
         assert future is not None
         self.next, self.gathering = None, set()
         self.running = True
-        job = self.loop.run_in_executor(None, _read, frozenset(scopes))
+        job = self.loop.run_in_executor(_reader, _read, frozenset(scopes))
 
         def done(job: asyncio.Future[Found]) -> None:
             self.running = False
@@ -63,14 +64,18 @@ class Rounds:
         job.add_done_callback(done)
 
 
+#: One thread per process reads every round, on one connection it keeps (taken from the pool
+#: once, not per round): rounds never overlap within a loop, so one thread is enough.
+_reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-revisions")
+
+
 def _read(scopes: frozenset[Scope]) -> Found:
     try:
         return committed_revisions(scopes)
     except DatabaseError:
         logger.warning("gate revisions unreadable; polls go to Django", exc_info=True)
+        connections.close_all()  # a broken connection is not kept: the next round reconnects
         return None
-    finally:
-        connections.close_all()  # this thread's connection goes back to the pool
 
 
 _rounds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Rounds] = weakref.WeakKeyDictionary()

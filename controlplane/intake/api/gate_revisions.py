@@ -44,7 +44,9 @@ class Rounds:
         self.gathering.add(scope)
         joined = self.next
         if not self.running:
-            self._start()
+            # Started on the loop's next turn, not now: every poll this turn reaches joins it.
+            self.running = True
+            self.loop.call_soon(self._start)
         found = await asyncio.shield(joined)
         return None if found is None else found.get(scope)
 
@@ -52,14 +54,14 @@ class Rounds:
         future, scopes = self.next, self.gathering
         assert future is not None
         self.next, self.gathering = None, set()
-        self.running = True
         job = self.loop.run_in_executor(_reader, _read, frozenset(scopes))
 
         def done(job: asyncio.Future[Found]) -> None:
-            self.running = False
             future.set_result(None if job.cancelled() or job.exception() else job.result())
             if self.next is not None:
-                self._start()
+                self.loop.call_soon(self._start)  # the polls that came meanwhile, and this turn's
+            else:
+                self.running = False
 
         job.add_done_callback(done)
 

@@ -14,11 +14,15 @@ from controlplane.fleet.models import (
     AgreementRule,
     DriftPolicy,
     ListenerScope,
+    MaxLagAction,
     Source,
 )
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
     DEFAULT_DRIFT_POLICY,
+    DEFAULT_MAX_LAG_ACTION,
+    DEFAULT_MAX_LAG_STEPS,
+    MAX_LAG_STEPS_LIMIT,
     clean_source_values,
     clean_static_worker_values,
 )
@@ -115,6 +119,22 @@ class SourceForm(forms.Form):
         help_text="the release this source's workers run; named in every refresh's "
         "compatibility record",
     )
+    max_lag_action = forms.ChoiceField(
+        choices=MaxLagAction.choices,
+        initial=MaxLagAction.OBSERVE,
+        required=False,
+        label="On policy lag",
+        help_text="what a namespace serving a policy more than the max lag behind the "
+        "trainer's latest published one does: observe, notify, or close its gate (stale_policy)",
+    )
+    max_lag_steps = forms.IntegerField(
+        min_value=0,
+        max_value=MAX_LAG_STEPS_LIMIT,
+        initial=DEFAULT_MAX_LAG_STEPS,
+        required=False,
+        label="Max lag (steps)",
+        help_text="training steps the served policy may be behind the latest published one",
+    )
 
     @classmethod
     def for_source(cls, source: Source, data=None) -> SourceForm:
@@ -147,6 +167,10 @@ class SourceForm(forms.Form):
                 data[name] = self.initial.get(name, AGREEMENT_DEFAULTS[name])
         if not data.get("drift_policy"):
             data["drift_policy"] = self.initial.get("drift_policy", DEFAULT_DRIFT_POLICY)
+        if not data.get("max_lag_action"):
+            data["max_lag_action"] = self.initial.get("max_lag_action", DEFAULT_MAX_LAG_ACTION)
+        if data.get("max_lag_steps") is None:
+            data["max_lag_steps"] = self.initial.get("max_lag_steps", DEFAULT_MAX_LAG_STEPS)
         if data.get("drill_every") is None:
             data["drill_every"] = self.initial.get("drill_every", 0)
         try:

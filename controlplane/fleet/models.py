@@ -54,6 +54,18 @@ class ListenerScope(models.TextChoices):
     GLOBAL = "global", "global: every namespace (DYN_NAMESPACE_PREFIX=dynamo)"
 
 
+class MaxLagAction(models.TextChoices):
+    """What a namespace serving a policy more than `max_lag_steps` behind the trainer's latest
+    published one does (docs/concepts/policy-lag.md)."""
+
+    #: Show the lag (gate API, pages, /metrics); never act on it.
+    OBSERVE = "observe", "observe"
+    #: Notify (`policy.lag_exceeded`) once per time the namespace falls behind.
+    ALERT = "alert", "notify"
+    #: Close the namespace's gate as `stale_policy` until a refresh brings it within bounds.
+    CLOSE = "close", "close the gate"
+
+
 class Source(models.Model):
     """One Dynamo deployment: its RL listener, its frontend and its admin network policy.
 
@@ -93,6 +105,14 @@ class Source(models.Model):
     agreement_epsilon = models.FloatField(default=fp.DEFAULT_EPSILON)
     drift_policy = models.CharField(
         max_length=16, choices=DriftPolicy.choices, default=DriftPolicy.QUARANTINE
+    )
+    #: Policy lag (refresh/policy_lag.py): what happens once the admitted workers serve a
+    #: policy more than `max_lag_steps` training steps behind the latest published one.
+    max_lag_action = models.CharField(
+        max_length=16, choices=MaxLagAction.choices, default=MaxLagAction.OBSERVE
+    )
+    max_lag_steps = models.PositiveIntegerField(
+        default=1, help_text="training steps the served policy may be behind the latest published"
     )
     #: The refresh strategy a plan gets unless it names its own (`refresh.strategy` JSON form;
     #: empty = all at once).
@@ -355,3 +375,44 @@ class WorkerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker.key} {self.kind}"
+
+
+class PublishedPolicy(models.Model):
+    """A policy checkpoint a trainer announced (`checkpoint.ready` or `policy.published`): a
+    fact, written once. Per source and lineage, steps and versions only move forward
+    (refresh/policy_lag.py refuses an older step or a version seen at another step)."""
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="published_policies")
+    #: The training run the checkpoint belongs to ("" when the trainer names none).
+    lineage = models.CharField(max_length=limits.NAME_MAX, blank=True, default="")
+    step = models.PositiveBigIntegerField()
+    #: The weight version workers report once they serve it (str or int, as the trainer sent).
+    version = models.JSONField()
+    #: `version` as text (`policy_lag.version_key`), for finding the step a served version is.
+    version_key = models.CharField(max_length=200)
+    digest = models.CharField(max_length=200, blank=True)
+    #: The namespaces it is meant for; empty: every namespace of the source.
+    namespaces = models.JSONField(default=list, blank=True)
+    published_at = models.DateTimeField()
+    received_at = models.DateTimeField(auto_now_add=True)
+    #: The delivery that announced it (`intake.ReceivedWebhook.webhook_id`).
+    webhook_id = models.CharField(max_length=200, blank=True)
+    event_type = models.CharField(max_length=32)
+    #: Namespaces already notified of lag past this publication (`max_lag_action=alert`).
+    lag_alerted = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source", "lineage", "step"], name="published_policy_unique_step"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["source", "lineage", "-step"], name="published_policy_latest"),
+            models.Index(fields=["source", "version_key"], name="published_policy_version"),
+            # The source's policy mark (its newest row), read with every gate poll's check.
+            models.Index(fields=["source", "-id"], name="published_policy_mark"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_id}/{self.lineage or '-'} step {self.step}: {self.version}"

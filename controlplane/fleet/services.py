@@ -24,6 +24,8 @@ from controlplane.fleet.models import (
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
     DEFAULT_DRIFT_POLICY,
+    DEFAULT_MAX_LAG_ACTION,
+    DEFAULT_MAX_LAG_STEPS,
     SOURCE_FIELDS,
     clean_source_values,
     clean_static_worker_values,
@@ -66,6 +68,8 @@ def create_source(
     declared_family: str = "",
     declared_families: dict[str, str] | None = None,
     dynamo_release: str = "",
+    max_lag_action: str = DEFAULT_MAX_LAG_ACTION,
+    max_lag_steps: int = DEFAULT_MAX_LAG_STEPS,
 ) -> Source:
     """Register a source. Raises ValidationError (keyed by field) and changes nothing on bad
     input."""
@@ -90,6 +94,8 @@ def create_source(
             "declared_family": declared_family,
             "declared_families": declared_families or {},
             "dynamo_release": dynamo_release,
+            "max_lag_action": max_lag_action,
+            "max_lag_steps": max_lag_steps,
         }
     )
     if _name_taken(values["name"]):

@@ -47,9 +47,16 @@ SOURCE_FIELDS = (
     "declared_family",
     "declared_families",
     "dynamo_release",
+    "max_lag_action",
+    "max_lag_steps",
 )
 DRIFT_POLICIES = ("quarantine", "close", "observe")
 DEFAULT_DRIFT_POLICY = "quarantine"
+MAX_LAG_ACTIONS = ("observe", "alert", "close")
+DEFAULT_MAX_LAG_ACTION = "observe"
+DEFAULT_MAX_LAG_STEPS = 1
+#: A bound on the step threshold, so a typo cannot switch the policy off by overflow.
+MAX_LAG_STEPS_LIMIT = 10**9
 #: Defaults for the agreement fields, so callers that predate them still validate.
 AGREEMENT_DEFAULTS: dict[str, Any] = {
     "agreement_rule": AgreementRule().kind,
@@ -152,6 +159,7 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
             f"unknown Dynamo release {release!r}; known: {', '.join(RELEASES)}"
         )
     clean["dynamo_release"] = release
+    clean.update(_clean_max_lag(values, errors))
     if errors:
         raise ValidationError(errors)
     return clean
@@ -273,3 +281,24 @@ def _clean_declared_families(values: dict[str, Any], errors: dict[str, str]) -> 
                 break
             per_namespace[namespace] = name
     return {"declared_family": family, "declared_families": per_namespace}
+
+
+def _clean_max_lag(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+    """The policy-lag policy: an action and a step threshold (refresh/policy_lag.py)."""
+    action = values.get("max_lag_action") or DEFAULT_MAX_LAG_ACTION
+    if action not in MAX_LAG_ACTIONS:
+        errors["max_lag_action"] = f"max lag action must be one of {', '.join(MAX_LAG_ACTIONS)}"
+    steps = values.get("max_lag_steps")
+    if steps is None or steps == "":
+        steps = DEFAULT_MAX_LAG_STEPS
+    if isinstance(steps, str) and steps.strip().isdigit():
+        steps = int(steps)
+    if (
+        isinstance(steps, bool)
+        or not isinstance(steps, int)
+        or not 0 <= steps <= MAX_LAG_STEPS_LIMIT
+    ):
+        errors["max_lag_steps"] = (
+            f"max lag must be a whole number of steps from 0 to {MAX_LAG_STEPS_LIMIT}"
+        )
+    return {"max_lag_action": action, "max_lag_steps": steps}

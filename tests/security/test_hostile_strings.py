@@ -461,12 +461,31 @@ def drill_records(w: World) -> None:
     )
 
 
+def policy_published_from_the_trainer(w: World) -> None:
+    """A published policy (policy lag): its version is shown wherever lag is (the gates and
+    source pages, the gate API); a hostile lineage is refused and audited."""
+    h = w.hostile
+
+    def published(n: int, **data) -> bytes:
+        body = {"step": 8, "weight_version": h(f"published {n} weight_version", shown=False)}
+        body |= {"checkpoint_digest": h(f"published {n} digest", shown=False), **data}
+        return json.dumps({"type": "policy.published", "data": body}).encode()
+
+    answer = post_webhook(Client(), published(1), webhook_id="msg_" + "p" * 20)
+    assert answer.status_code == 200, answer.content
+    refused = post_webhook(
+        Client(), published(2, lineage=h("lineage", shown=False)), webhook_id="msg_" + "q" * 20
+    )
+    assert refused.status_code == 422, refused.content
+
+
 CHANNELS: list[Callable[[World], None]] = [
     discovery_payloads,
     sources_via_forms_and_api,
     static_workers_via_form,
     webhook_endpoints_tokens_destinations,
     trainer_webhooks,
+    policy_published_from_the_trainer,
     api_refresh_plan,
     cli_policy_refresh_with_failing_workers,
     gate_force_reopen_reason,

@@ -38,6 +38,13 @@ DriftPolicyName = Literal["quarantine", "close", "observe"]
 DRIFT_POLICY_HELP = (
     "what drift does: quarantine (pause, catch up alone, admit back), close the gate, or observe"
 )
+MaxLagActionName = Literal["observe", "alert", "close"]
+MAX_LAG_HELP = (
+    "what a namespace serving a policy more than `max_lag_steps` behind the trainer's latest "
+    "published one does: observe, alert (notify), or close its gate as stale_policy until a "
+    "refresh brings it within bounds"
+)
+MAX_LAG_STEPS_HELP = "training steps the served policy may be behind the latest published one"
 DRILL_EVERY_HELP = "hours between scheduled rollback drills of a small canary subset; 0 = never"
 AGREEMENT_TOKENS_HELP = "how many leading completion tokens workers of one model must agree on"
 
@@ -92,6 +99,8 @@ class SourceOut(Schema):
     declared_family: str = Field("", description=DECLARED_FAMILY_HELP)
     declared_families: dict[str, str] = Field(default_factory=dict)
     dynamo_release: str = Field("", description=DYNAMO_RELEASE_HELP)
+    max_lag_action: str
+    max_lag_steps: int
     default_strategy: dict[str, Any] = Field(
         default_factory=dict,
         description="the strategy plans get unless they name one ({} = all at once)",
@@ -124,6 +133,8 @@ class SourceIn(Schema):
     declared_family: str = Field("", max_length=32, description=DECLARED_FAMILY_HELP)
     declared_families: dict[str, str] = Field(default_factory=dict, max_length=200)
     dynamo_release: str = Field("", max_length=16, description=DYNAMO_RELEASE_HELP)
+    max_lag_action: MaxLagActionName = Field("observe", description=MAX_LAG_HELP)
+    max_lag_steps: int = Field(1, ge=0, le=10**9, description=MAX_LAG_STEPS_HELP)
     default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 
@@ -147,6 +158,8 @@ class SourcePatch(Schema):
     declared_family: str | None = Field(None, max_length=32, description=DECLARED_FAMILY_HELP)
     declared_families: dict[str, str] | None = Field(None, max_length=200)
     dynamo_release: str | None = Field(None, max_length=16, description=DYNAMO_RELEASE_HELP)
+    max_lag_action: MaxLagActionName | None = Field(None, description=MAX_LAG_HELP)
+    max_lag_steps: int | None = Field(None, ge=0, le=10**9, description=MAX_LAG_STEPS_HELP)
     default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 

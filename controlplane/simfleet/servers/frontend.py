@@ -19,7 +19,13 @@ from aiohttp import web
 
 from controlplane.simfleet.faults import GENERATE, Fault
 from controlplane.simfleet.fleet import SimFleet
-from controlplane.simfleet.servers.common import DropConnection, dumps, json_response, pause_for
+from controlplane.simfleet.servers.common import (
+    DropConnection,
+    dumps,
+    json_response,
+    note_trace_headers,
+    pause_for,
+)
 from controlplane.simfleet.tokens import (
     FIRST_EMITTED_ID,
     VOCAB_SIZE,
@@ -67,6 +73,7 @@ class Frontend:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         method, path = request.method, request.path
+        note_trace_headers(self.fleet.received_headers, "frontend", request)
         if path == "/v1/completions" and method == "POST":
             try:
                 return await self.completions(request)

@@ -1,4 +1,5 @@
-"""`manage.py source add|list|remove|add-static|remove-static` — sources from the command line.
+"""`manage.py source add|list|remove|max-lag|add-static|remove-static` — sources from the
+command line.
 
 Goes through the same services as the UI, so input is validated the same way and every change
 is audited (actor: the system user `cli:<os user>`).
@@ -28,6 +29,24 @@ def _one_line(exc: ValidationError) -> str:
     if hasattr(exc, "error_dict"):
         return "; ".join(f"{f}: {' '.join(m)}" for f, m in exc.message_dict.items())
     return "; ".join(exc.messages)
+
+
+def _max_lag_arguments(parser, *, defaults: bool) -> None:
+    parser.add_argument(
+        "--max-lag",
+        choices=["observe", "alert", "close"],
+        default="observe" if defaults else None,
+        help="past the max lag: observe, alert (notify) or close the gate as stale_policy"
+        + (" (default observe)" if defaults else ""),
+    )
+    parser.add_argument(
+        "--max-lag-steps",
+        type=int,
+        default=1 if defaults else None,
+        metavar="STEPS",
+        help="training steps the served policy may be behind the latest published one"
+        + (" (default 1)" if defaults else ""),
+    )
 
 
 class Command(BaseCommand):
@@ -96,6 +115,12 @@ class Command(BaseCommand):
             metavar="HOURS",
             help="hours between scheduled rollback drills (default 0: never)",
         )
+        _max_lag_arguments(add, defaults=True)
+        max_lag = sub.add_parser(
+            "max-lag", help="set what a namespace serving an old policy does (policy lag)"
+        )
+        max_lag.add_argument("name")
+        _max_lag_arguments(max_lag, defaults=False)
         sub.add_parser("list", help="list sources")
         remove = sub.add_parser("remove", help="remove a source and its history")
         remove.add_argument("name")
@@ -132,6 +157,20 @@ class Command(BaseCommand):
         except ValidationError as exc:
             raise CommandError(_one_line(exc)) from None
 
+    def _max_lag(self, o):
+        changes = {
+            k: v
+            for k, v in (("max_lag_action", o["max_lag"]), ("max_lag_steps", o["max_lag_steps"]))
+            if v is not None
+        }
+        if not changes:
+            raise CommandError("give --max-lag and/or --max-lag-steps")
+        source = services.update_source(self._source(o["name"]), actor=_actor(), **changes)
+        self.stdout.write(
+            f"source {source.name}: on policy lag {source.max_lag_action} "
+            f"past {source.max_lag_steps} step(s)"
+        )
+
     def _source(self, name: str) -> Source:
         try:
             return Source.objects.get(name=name)
@@ -160,6 +199,8 @@ class Command(BaseCommand):
             agreement_epsilon=o["agreement_epsilon"],
             drift_policy=o["drift_policy"],
             drill_every=o["drill_every"],
+            max_lag_action=o["max_lag"],
+            max_lag_steps=o["max_lag_steps"],
         )
         self.stdout.write(f"created source {source.name} (id {source.pk})")
 

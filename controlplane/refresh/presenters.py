@@ -16,7 +16,7 @@ from django.urls import reverse
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
 from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
 from controlplane.fleet.rows import pager
-from controlplane.refresh.gates import displayed_reason
+from controlplane.refresh.gates import displayed_reason, versions_served
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
 from controlplane.refresh.intents.queries import can_end, is_membership_hold
 from controlplane.refresh.models import (
@@ -333,8 +333,17 @@ def _gate_text(gate: Gate) -> str:
         if gate.unverified_count:
             text += f" ({gate.unverified_count} serving outside the verified set)"
         return text
+    if gate.state == GateState.OPEN_MIXED:
+        served = ", ".join(
+            f"{v['count']} at {v['version']}" for v in versions_served(gate.admitted or [])
+        )
+        return f"open at mixed versions ({served}): pin rollouts to an instance"
     if gate.state == GateState.OPEN_FORCED:
-        return f"open (forced) by {gate.forced_by}: {gate.reason}"
+        served = ", ".join(
+            f"{v['count']} at {v['version']}" for v in versions_served(gate.admitted or [])
+        )
+        text = f"open (forced) by {gate.forced_by}: {gate.reason}"
+        return f"{text}; admitted: {served}" if served else text
     reason = displayed_reason(gate)
     return f"{gate.get_state_display()}: {reason}" if reason else gate.get_state_display()
 
@@ -353,7 +362,9 @@ def namespace_gates(refresh: PolicyRefresh) -> list[NamespaceGate]:
         gate = gates.get(namespace)
         outcome = (resolved.get(namespace) or {}).get("outcome", "")
         if gate is None:
-            rows.append(NamespaceGate(namespace, "open", "open: never gated", False, outcome))
+            rows.append(
+                NamespaceGate(namespace, "unverified", "unverified: never gated", False, outcome)
+            )
             continue
         rows.append(
             NamespaceGate(
@@ -473,9 +484,11 @@ def gates_of(source=None) -> list[Gate]:
 #: The badge class of each gate state: a forced gate never looks like a verified one.
 GATE_BADGE = {
     GateState.OPEN: "open",
+    GateState.OPEN_MIXED: "mixed",
     GateState.OPEN_FORCED: "forced",
     GateState.CLOSED: "closed",
     GateState.UNKNOWN: "unknown",
+    GateState.UNVERIFIED: "unverified",
 }
 
 

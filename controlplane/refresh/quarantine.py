@@ -432,6 +432,7 @@ def catch_up(quarantine_id: int) -> str:
             version=version,
             actor=CATCH_UP,
             note=f"{q.key} caught up to {version!r} (quarantine #{q.pk})",
+            quarantine=q,
         )
 
     if not _move(

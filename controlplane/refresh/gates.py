@@ -687,8 +687,11 @@ def release_scope(refresh, reason: str) -> None:
 
 
 def detach_refresh(refresh, reason: str) -> None:
-    """The refresh ended: gates stop naming it. A closed gate keeps saying why it is closed,
-    and the instances it was moving are no longer in transition."""
+    """The refresh ended: gates stop naming it. A closed gate keeps saying why it is closed.
+
+    The instances it paused are serving again. Those it moved without verifying stay "in
+    transition" in the ledger (old version or its target: nobody read them back) until a
+    later fact (a readback at force-reopen, a refresh, a catch-up) says which."""
     lockorder.domain_lock("gates")
     closed = Gate.objects.filter(active_refresh=refresh, state=GateState.CLOSED)
     if reason:
@@ -697,17 +700,15 @@ def detach_refresh(refresh, reason: str) -> None:
     if not touched:
         return
     Gate.objects.filter(pk__in=[g.pk for g in touched]).update(active_refresh=None)
-    moving = ServingInterval.objects.filter(
-        source=refresh.source, valid_to__isnull=True, transition_refresh=refresh
-    ).values_list("namespace", "instance_id", "serving")
+    paused = ServingInterval.objects.filter(
+        source=refresh.source,
+        valid_to__isnull=True,
+        transition_refresh=refresh,
+        serving=Serving.PAUSED,
+    ).values_list("namespace", "instance_id")
     ledger.write(
         refresh.source,
-        {
-            (ns, iid): ledger.withdrawn(
-                serving=Serving.SERVING if serving == Serving.PAUSED else None, transition=_CLEAR
-            )
-            for ns, iid, serving in moving
-        },
+        {key: ledger.withdrawn(serving=Serving.SERVING) for key in paused},
         cause=f"policy refresh #{refresh.pk} ended",
     )
     # A staged refresh's sets described its waves; drift reconciliation takes over from here.

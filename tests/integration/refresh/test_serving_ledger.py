@@ -148,6 +148,48 @@ def test_force_reopen_admits_what_rl_b_serves_and_drift_never_reverses_it(
         assert history[-1].valid_to is None and history[-1].forced_reason == "rl-b checked by hand"
         assert all(h.valid_to == n.valid_from for h, n in itertools.pairwise(history))
 
+        # Provenance from the ledger: before the second refresh, v1 verified; while it held
+        # the gate closed, v1 or v2 (in transition); now, v2 forced.
+        def asked(instance_id: str = instance_id, **params) -> dict:
+            response = viewer_client.get(
+                "/api/v1/provenance", {"instance_id": instance_id, **params}
+            )
+            assert response.status_code == 200, response.content
+            return response.json()
+
+        verified_then = asked(at=history[0].valid_from.isoformat())
+        assert verified_then["versions"] == ["v1"]
+        assert verified_then["intervals"][0]["confidence"] == "verified"
+        assert verified_then["intervals"][0]["refresh_id"] == history[0].refresh_id
+        moving = asked(at=history[1].valid_from.isoformat())
+        assert moving["versions"] == ["v1", "v2"]
+        assert moving["intervals"][0]["confidence"] == "in_transition"
+        now = asked(at=history[2].valid_from.isoformat())
+        assert now["versions"] == ["v2"] and now["intervals"][0]["confidence"] == "forced"
+        assert now["intervals"][0]["forced"]["reason"] == "rl-b checked by hand"
+        whole = asked(**{"from": history[0].valid_from.isoformat()})
+        assert whole["versions"] == ["v1", "v2"] and len(whole["intervals"]) == 3
+
+
+def test_provenance_needs_a_reader_and_clear_input(viewer_client, client):
+    assert client.get(
+        "/api/v1/provenance", {"instance_id": "7", "at": "2026-01-01T00:00:00Z"}
+    ).status_code in (401, 403)
+    for params in (
+        {"instance_id": "7"},  # neither at nor from
+        {"instance_id": "7", "at": "2026-01-01T00:00:00Z", "from": "2026-01-01T00:00:00Z"},
+        {"instance_id": "-1", "at": "2026-01-01T00:00:00Z"},
+        {"instance_id": "7", "at": "yesterday"},
+        {"instance_id": "7", "from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"},
+    ):
+        response = viewer_client.get("/api/v1/provenance", params)
+        assert response.status_code in (400, 422), (params, response.content)
+        assert response.json()["error"]["code"]
+    empty = viewer_client.get(
+        "/api/v1/provenance", {"instance_id": "7", "at": "2026-01-01T00:00:00Z"}
+    )
+    assert empty.status_code == 200 and empty.json()["intervals"] == []
+
 
 def test_a_waves_refresh_admitting_as_it_verifies_is_open_mixed(
     simfleet_factory, operator, viewer_client

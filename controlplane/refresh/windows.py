@@ -193,11 +193,31 @@ def worker_windows(version: Any, *, source_ids: Iterable[int] | None = None) -> 
     return out
 
 
-def admission_windows(version: Any, *, source_ids: Iterable[int] | None = None) -> list[Window]:
+@dataclass
+class AdmissionSpan:
+    """When one namespace's gate admitted some instance at one version (from the ledger)."""
+
+    source: str
+    namespace: str
+    version: Any
+    start: datetime
+    end: datetime | None
+    #: Who or what admitted the first instance (a refresh's verification, a person's force).
+    opened_by: str
+    forced: bool
+    refresh_id: int | None
+    instances: set[str] = field(default_factory=set)
+    #: Why the last admitted instance stopped being admitted at it (the next fact's cause).
+    closed_by: str = ""
+
+
+def admission_windows(
+    version: Any, *, source_ids: Iterable[int] | None = None
+) -> list[AdmissionSpan]:
     """Per namespace, when its gate admitted some instance at `version` (the union of the
-    admitted intervals at the version)."""
+    admitted intervals at the version), oldest first."""
     rows = _at_version(version, source_ids).exclude(admission="").filter(serving=Serving.SERVING)
-    spans: dict[tuple[int, str], list[Window]] = {}
+    spans: dict[tuple[int, str], list[AdmissionSpan]] = {}
     for row in rows.order_by("source_id", "namespace", "valid_from", "id"):
         scope = (row.source_id, row.namespace)
         runs = spans.setdefault(scope, [])
@@ -205,18 +225,36 @@ def admission_windows(version: Any, *, source_ids: Iterable[int] | None = None) 
         if last is not None and (last.end is None or last.end >= row.valid_from):
             if last.end is not None and (row.valid_to is None or row.valid_to > last.end):
                 last.end = row.valid_to
+            last.instances.add(row.instance_id)
+            last.forced = last.forced or row.admission == Admission.FORCED
             continue
+        forced = row.admission == Admission.FORCED
         runs.append(
-            Window(
-                row.source.name,
-                row.namespace,
-                row.version,
-                row.valid_from,
-                row.valid_to,
-                confidence=confidence_of(row),
+            AdmissionSpan(
+                source=row.source.name,
+                namespace=row.namespace,
+                version=row.version,
+                start=row.valid_from,
+                end=row.valid_to,
+                opened_by=row.forced_by if forced else row.cause,
+                forced=forced,
+                refresh_id=row.refresh_id,
+                instances={row.instance_id},
             )
         )
-    return [w for runs in spans.values() for w in runs]
+    out = [w for runs in spans.values() for w in runs]
+    ended = [w for w in out if w.end is not None]
+    if ended:  # why each span ended: the cause of the fact that ended it (one query)
+        causes = {
+            (ns, at): cause
+            for ns, at, cause in ServingInterval.objects.filter(
+                namespace__in={w.namespace for w in ended},
+                valid_from__in={w.end for w in ended},
+            ).values_list("namespace", "valid_from", "cause")
+        }
+        for span in ended:
+            span.closed_by = causes.get((span.namespace, span.end), "")
+    return sorted(out, key=lambda w: (w.start, w.source, w.namespace))
 
 
 def _at_version(version: Any, source_ids: Iterable[int] | None):
@@ -239,6 +277,7 @@ __all__ = [
     "IN_TRANSITION",
     "UNVERIFIED",
     "VERIFIED",
+    "AdmissionSpan",
     "Served",
     "Window",
     "admission_windows",

@@ -21,6 +21,7 @@ from controlplane.refresh.gridrows import Cell, GridRow, render_grid
 from controlplane.refresh.intents.queries import can_end, is_membership_hold
 from controlplane.refresh.models import (
     ACTIVE_STATES,
+    TERMINAL_STATES,
     Gate,
     GateState,
     JournalEntry,
@@ -32,6 +33,7 @@ from controlplane.refresh.models import (
 from controlplane.refresh.namespaces import verified_namespaces
 from controlplane.refresh.plansummary import describe_duration, plan_summary
 from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
+from controlplane.refresh.windows import admitted_at
 
 
 @dataclass
@@ -318,6 +320,9 @@ class NamespaceGate:
     gate_id: int | None = None
     #: When the gate last changed state (shown as "closed since" while it is not admitting).
     since: datetime | None = None
+    #: What the gate admitted when the refresh ended, from the serving ledger ("" while it
+    #: runs): the page shows it apart from `text`, which is the gate now.
+    then: str = ""
 
     @property
     def closed(self) -> bool:
@@ -357,13 +362,18 @@ def namespace_gates(refresh: PolicyRefresh) -> list[NamespaceGate]:
         ).select_related("source")
     }
     resolved = refresh.resolved_namespaces or {}
+    ended_at = refresh.finished_at if refresh.state in TERMINAL_STATES else None
+    then = admitted_at(refresh.source, refresh.namespaces, ended_at) if ended_at else {}
     rows = []
     for namespace in refresh.namespaces:
         gate = gates.get(namespace)
         outcome = (resolved.get(namespace) or {}).get("outcome", "")
+        left = _then_text(then.get(namespace, [])) if ended_at else ""
         if gate is None:
             rows.append(
-                NamespaceGate(namespace, "unverified", "unverified: never gated", False, outcome)
+                NamespaceGate(
+                    namespace, "unverified", "unverified: never gated", False, outcome, then=left
+                )
             )
             continue
         rows.append(
@@ -375,9 +385,24 @@ def namespace_gates(refresh: PolicyRefresh) -> list[NamespaceGate]:
                 outcome,
                 gate.pk,
                 gate.since,
+                then=left,
             )
         )
     return rows
+
+
+def _then_text(admitted: list[dict[str, Any]]) -> str:
+    """What a gate admitted at one moment, in words, from the ledger."""
+    if not admitted:
+        return "admitting nobody"
+    parts = []
+    for served in versions_served(admitted):
+        forced = sum(
+            1 for a in admitted if a["admission"] == "forced" and a["version"] == served["version"]
+        )
+        how = f"{forced} forced" if forced else "verified"
+        parts.append(f"{served['count']} at {served['version']} ({how})")
+    return f"admitting {len(admitted)}: " + ", ".join(parts)
 
 
 def recovery_context(refresh: PolicyRefresh) -> dict[str, Any]:

@@ -257,6 +257,26 @@ def admission_windows(
     return sorted(out, key=lambda w: (w.start, w.source, w.namespace))
 
 
+def admitted_at(source, namespaces: Iterable[str], at: datetime) -> dict[str, list[Any]]:
+    """Per namespace, the admitted instances' versions at `at`, from the ledger (what its gate
+    admitted then; none: it admitted nobody). One query."""
+    rows = (
+        ServingInterval.objects.filter(
+            source=source, namespace__in=list(namespaces), valid_from__lte=at
+        )
+        .filter(Q(valid_to__isnull=True) | Q(valid_to__gt=at))
+        .exclude(admission="")
+        .filter(serving=Serving.SERVING)
+        .order_by("namespace", "instance_id")
+    )
+    out: dict[str, list[Any]] = {}
+    for row in rows:
+        out.setdefault(row.namespace, []).append(
+            {"version": row.version, "verified": row.verified, "admission": row.admission}
+        )
+    return out
+
+
 def _at_version(version: Any, source_ids: Iterable[int] | None):
     """Intervals at `version` (`1200` also finds a version sent as the integer 1200)."""
     candidates = [version]
@@ -281,6 +301,7 @@ __all__ = [
     "Served",
     "Window",
     "admission_windows",
+    "admitted_at",
     "confidence_of",
     "served_at",
     "worker_windows",

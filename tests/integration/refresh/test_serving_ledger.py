@@ -221,3 +221,20 @@ def test_a_waves_refresh_admitting_as_it_verifies_is_open_mixed(
             assert keys[entry["key"]]["namespace"] == namespace
         sets = body["instance_sets"]
         assert len(sets["serving_old"]) == 2 and len(sets["verified_new"]) == 2
+
+
+def test_an_old_refresh_page_shows_its_own_end_state_and_a_labelled_now(
+    simfleet_factory, operator, viewer_client
+):
+    source = make_source(simfleet_factory(fleet_config(6)))
+    first = run_inline(source, operator, "v1")
+    second = run_inline(source, operator, "v2")
+    assert first.state == second.state == RefreshState.SUCCEEDED
+
+    page = viewer_client.get(f"/refreshes/{first.pk}/").content.decode()
+    assert "As this refresh left it" in page and "Gate now" in page
+    # Then: the ledger at #1's end, v1 verified; now: #2's v2, labelled as such.
+    assert page.count('<td class="gate-then">admitting 2: 2 at v1 (verified)</td>') == 3
+    assert page.count('<small class="muted gate-now">now</small>') == 3
+    assert "open at v2 for 2 verified workers" in page
+    assert "open at v1" not in page

@@ -919,6 +919,23 @@ def admit_instance(
 
 
 @transaction.atomic
+def instance_released(gate_id: int, instance_id: str, *, version: Any, key: str) -> None:
+    """A quarantined worker was resumed without admission: it serves `version` (its readback
+    said so) outside its gate."""
+    gate = locked_gate(gate_id)
+    if gate is None:
+        return
+    ledger.write(
+        gate.source,
+        {(gate.namespace, instance_id): ledger.reported(version, key=key)},
+        cause=f"{key} released from quarantine, not admitted",
+    )
+    _update([gate.pk])
+    project([gate.pk])
+    _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
+
+
+@transaction.atomic
 def forget_drift(gate_id: int, instance_id: str) -> None:
     """The drifted instance is gone (dropped): its entry leaves the gate's drift list."""
     gate = locked_gate(gate_id)

@@ -11,6 +11,8 @@ have served at time t (or during [t1, t2]), with the evidence and how sure we ar
   it served the old version or the refresh's target;
 - `unverified`: serving outside its gate (a joiner, a drifted or released worker), at the
   version it reported, if any;
+- `unknown`: nothing read its version back (a force-reopen without a readback): the version
+  recorded is the last one seen, not a claim;
 - `departed`: gone; it served nothing.
 """
 
@@ -26,16 +28,18 @@ from django.db.models import Q
 from controlplane.refresh.models import (
     VERIFIED_EVIDENCE,
     Admission,
+    Evidence,
     PolicyRefresh,
     Serving,
     ServingInterval,
 )
 
-VERIFIED, FORCED, IN_TRANSITION, UNVERIFIED, DEPARTED = (
+VERIFIED, FORCED, IN_TRANSITION, UNVERIFIED, UNKNOWN, DEPARTED = (
     "verified",
     "forced",
     "in_transition",
     "unverified",
+    "unknown",
     "departed",
 )
 
@@ -71,6 +75,8 @@ class Served:
 def confidence_of(row: ServingInterval) -> str:
     if row.serving == Serving.DEPARTED:
         return DEPARTED
+    if row.evidence == Evidence.UNKNOWN:
+        return UNKNOWN  # no claim, even in transition: where it started from is not known
     if row.transition_refresh_id is not None or row.serving == Serving.PAUSED:
         return IN_TRANSITION
     if row.admitted and row.admission == Admission.FORCED:
@@ -114,7 +120,7 @@ def _targets(refresh_ids: set[int | None]) -> dict[int, Any]:
 def _served(row: ServingInterval, targets: dict[int, Any]) -> Served:
     confidence = confidence_of(row)
     versions: list[Any] = []
-    if confidence != DEPARTED and row.version is not None:
+    if confidence not in (DEPARTED, UNKNOWN) and row.version is not None:
         versions.append(row.version)
     if confidence == IN_TRANSITION and row.transition_refresh_id in targets:
         target = targets[row.transition_refresh_id]
@@ -295,6 +301,7 @@ __all__ = [
     "DEPARTED",
     "FORCED",
     "IN_TRANSITION",
+    "UNKNOWN",
     "UNVERIFIED",
     "VERIFIED",
     "AdmissionSpan",

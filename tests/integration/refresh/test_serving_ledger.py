@@ -238,3 +238,62 @@ def test_an_old_refresh_page_shows_its_own_end_state_and_a_labelled_now(
     assert page.count('<small class="muted gate-now">now</small>') == 3
     assert "open at v2 for 2 verified workers" in page
     assert "open at v1" not in page
+
+
+def _served_by_calls(worker: dict, initial, at: float):
+    """What the simulated worker's own call log says it served at `at` (epoch seconds): the
+    version of its last successful weight update before then, or what it started with."""
+    version = initial
+    for call in worker["calls"]:
+        if call["at"] > at:
+            break
+        body = call.get("body") or {}
+        if call["route"].startswith("update_weights") and call["status"] == 200:
+            version = body.get("weight_version", version)
+    return version
+
+
+def test_provenance_of_random_instants_agrees_with_the_workers_own_call_logs(
+    simfleet_factory, operator, approver
+):
+    """Refresh, a held refresh force-reopened namespace by namespace (one worker unable to
+    read its version back), another refresh: for 1,000 random (instance, time) pairs the
+    ledger's answer contains what the worker's own call log says it served, and a verified or
+    forced answer names exactly that version."""
+    import random
+    from datetime import UTC, datetime
+
+    from controlplane.refresh.windows import FORCED, VERIFIED, served_at
+    from tests.integration.refresh.helpers import force_reopen_each
+
+    fleet = simfleet_factory(fleet_config(6))
+    source = make_source(fleet)
+    initial = {str(w["instance_id"]): w["version"] for w in fleet.workers()}
+    assert run_inline(source, operator, "v1").state == RefreshState.SUCCEEDED
+    start = datetime.now(UTC).timestamp()
+    rl_a = [w["key"] for w in fleet.workers() if w["namespace"] == "rl-a"]
+    fleet.inject(rl_a[0], "get_weight_version", Fault.error("readback broken"))
+    held = run_inline(source, operator, "v2")
+    assert held.state == RefreshState.HELD
+    force_reopen_each(held, approver)
+    fleet.clear_faults(rl_a[0])
+    assert run_inline(source, operator, "v3").state == RefreshState.SUCCEEDED
+    end = datetime.now(UTC).timestamp()
+
+    workers = {str(w["instance_id"]): fleet.state(w["key"]) for w in fleet.workers()}
+    rng = random.Random(23)
+    answered = exact = 0
+    for _ in range(1000):
+        instance_id = rng.choice(sorted(workers))
+        at = rng.uniform(start, end)
+        truth = _served_by_calls(workers[instance_id], initial[instance_id], at)
+        found = served_at(instance_id, datetime.fromtimestamp(at, UTC))
+        assert len(found) <= 1, found  # a point in time is one interval
+        if not found or not found[0].versions:
+            continue
+        answered += 1
+        assert truth in found[0].versions, (instance_id, at, truth, found[0])
+        if found[0].confidence in (VERIFIED, FORCED):
+            exact += 1
+            assert found[0].versions == [truth], (instance_id, at, truth, found[0])
+    assert answered > 900 and exact > 300

@@ -148,7 +148,10 @@ class Gate(models.Model):
     A projection: `gates.project` recomputes it from the serving ledger (`ServingInterval`) in
     the transaction that records the facts, and nothing else writes the derived fields. Its own
     facts are the closures: `state` closed (with `reason`, `closure` naming what closed it and
-    `active_refresh`) or unknown (`state_before_unknown`). Otherwise the ledger decides `state`
+    `active_refresh`; `gates.close_gate` / `gates.lift_closure` for closures that are not a
+    refresh, such as `stale_policy`) or unknown (`state_before_unknown`), and a person's
+    force-reopen (`forced_by`, `forced_at`, `reason`: `open_forced` until a verified opening or
+    a closure). Otherwise the ledger decides `state`
     (open, open_mixed, open_forced or unverified), `verified_version`, `verified_instances`
     (the admitted instances verified at `verified_version`), `admitted` (each admitted
     instance's version and evidence) and `instance_sets`. `verified_policy` is the target of

@@ -102,11 +102,11 @@ def served_at(
     if source_ids is not None:
         rows = rows.filter(source_id__in=list(source_ids))
     found = list(rows.select_related("source").order_by("valid_from", "id"))
-    targets = _targets({r.transition_refresh_id for r in found} - {None})
+    targets = _targets({r.transition_refresh_id for r in found if r.transition_refresh_id})
     return [_served(r, targets) for r in found]
 
 
-def _targets(refresh_ids: set[int | None]) -> dict[int, Any]:
+def _targets(refresh_ids: set[int]) -> dict[int, Any]:
     if not refresh_ids:
         return {}
     return {
@@ -249,17 +249,17 @@ def admission_windows(
             )
         )
     out = [w for runs in spans.values() for w in runs]
-    ended = [w for w in out if w.end is not None]
+    ended = [(w, w.end) for w in out if w.end is not None]
     if ended:  # why each span ended: the cause of the fact that ended it (one query)
         causes = {
             (ns, at): cause
             for ns, at, cause in ServingInterval.objects.filter(
-                namespace__in={w.namespace for w in ended},
-                valid_from__in={w.end for w in ended},
+                namespace__in={w.namespace for w, _ in ended},
+                valid_from__in={end for _, end in ended},
             ).values_list("namespace", "valid_from", "cause")
         }
-        for span in ended:
-            span.closed_by = causes.get((span.namespace, span.end), "")
+        for span, end in ended:
+            span.closed_by = causes.get((span.namespace, end), "")
     return sorted(out, key=lambda w: (w.start, w.source, w.namespace))
 
 

@@ -13,7 +13,7 @@ Every Dynamo call (listener, worker admin routes, frontend) goes through `Dynamo
 Failures on the wire raise the `TransportError` family from `errors` (timeout, connect failed,
 connection dropped, protocol error), never the library's own exceptions.
 
-aiohttp is used directly because a policy refresh or a discovery refresh fans out to thousands
+aiohttp is used directly because a policy refresh or a discovery run fans out to thousands
 of workers at once: httpx's pool cost several times more per call than aiohttp's at that
 fan-out, and every layer on top of aiohttp (request objects, URL models, response wrappers)
 costs CPU per call too. `bench/discovery.py` and `bench/policy_refresh.py` compare a refresh with
@@ -82,7 +82,7 @@ class Reply:
 def tls_context() -> ssl.SSLContext:
     """The one TLS context every client shares (certifi's CA bundle, as before).
 
-    Loading the CA bundle costs ~45 ms and every discovery refresh and policy refresh run
+    Loading the CA bundle costs ~45 ms and every discovery run and policy refresh run
     builds a client; the context is read-only once built.
     """
     return ssl.create_default_context(cafile=certifi.where())

@@ -40,3 +40,11 @@ class ApprovalNotAllowed(RefreshError):
     """The approver is the requester, or the refresh does not wait for approval."""
 
     code = "approval_not_allowed"
+
+
+def wrong_state(refresh, *, wanted: str = "", why: str = "") -> InvalidTransition:
+    """The one wording of an action refused for the refresh's state, naming the state it wants
+    (`policy refresh #7 is running, not held`) or saying why (`... is running; only an active
+    refresh ends`)."""
+    said = f"policy refresh #{refresh.pk} is {refresh.state}"
+    return InvalidTransition(f"{said}; {why}" if why else f"{said}, not {wanted}")

@@ -18,7 +18,9 @@ from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
 from controlplane.fleet.rows import pager
 from controlplane.refresh.gates import displayed_reason, versions_served
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
+from controlplane.refresh.inflight import in_flight_table
 from controlplane.refresh.intents.queries import can_end, is_membership_hold
+from controlplane.refresh.membership import change_of
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -413,7 +415,7 @@ def recovery_context(refresh: PolicyRefresh) -> dict[str, Any]:
         "namespace_gates": namespace_gates(refresh),
         "verified_namespaces": verified_namespaces(refresh) if held else [],
         "membership_hold": is_membership_hold(refresh),
-        "membership_change": refresh.membership_change or {},
+        "membership_change": change_of(refresh),
     }
 
 
@@ -457,6 +459,8 @@ def detail_context(
             # The grid's parameters, kept by the journal's page links (ends with "&").
             "grid_keep": f"{view.query}&" if view.query else "",
             "grid_namespaces": grid_namespaces(refresh),
+            # What each worker's pause did to its requests in flight (journal view).
+            "in_flight": None if planned else in_flight_table(refresh),
             "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
             "agreement": agreement_summary(refresh),
             "fingerprint": fingerprint_summary(refresh),

@@ -132,3 +132,24 @@ def test_bad_input_is_4xx_with_the_error_body(fleet, viewer_client, path):
     response = viewer_client.get(path)
     assert 400 <= response.status_code < 500
     assert set(response.json()["error"]) == {"code", "message", "details"}
+
+
+def test_a_source_declares_its_backend_family_and_dynamo_release(fleet, admin_client):
+    response = admin_client.patch(
+        "/api/v1/sources/src-a",
+        {"declared_families": {"rl-a": "vllm-sidecar"}, "dynamo_release": "1.7"},
+        content_type="application/json",
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["declared_families"], body["dynamo_release"]) == ({"rl-a": "vllm-sidecar"}, "1.7")
+    refused = admin_client.patch(
+        "/api/v1/sources/src-a",
+        {"declared_family": "tgi", "dynamo_release": "9.9"},
+        content_type="application/json",
+    )
+    assert refused.status_code == 422  # the API's validation refusal
+    text = refused.content.decode()
+    assert "declared family 'tgi' is unknown" in text
+    assert "unknown Dynamo release '9.9'" in text
+    assert admin_client.get("/api/v1/sources/src-a").json()["dynamo_release"] == "1.7"

@@ -127,7 +127,7 @@ def test_policy_refresh_succeeds_on_real_workers_across_two_namespaces(dynamo_de
         ], namespace
         assert all(e.http_status == 200 for e in entries)
         by_op = {e.operation: e for e in entries}
-        assert by_op["pause"].request_body == {"mode": "keep"}
+        assert by_op["pause"].request_body == {"mode": "wait"}
         assert by_op["update_from_disk"].request_body == {
             "model_path": MODEL_PATH,
             "weight_version": VERSION,

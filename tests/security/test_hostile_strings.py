@@ -143,6 +143,8 @@ def sources_via_forms_and_api(w: World) -> None:
             "listener_url": h.url("listener url (form)"),
             "allowed_networks": h("allowed networks (form)"),
             "refresh_interval_seconds": "10",
+            # Echoed in the refusal ("expected namespace=family, got ...").
+            "declared_families": h("declared families (form)"),
         },
     )
     assert refused.status_code in (200, 400), refused.status_code
@@ -194,6 +196,7 @@ def static_workers_via_form(w: World) -> None:
             "name": "static-1",
             "namespace": "rl-s",
             "component": h("static worker component"),
+            "endpoint": h("static worker endpoint"),
             "system_url": "http://127.0.0.1:9/" + h("static worker url"),
             "family": "vllm",
             "allowed_routes": h("static worker route").replace(" ", ""),
@@ -477,7 +480,7 @@ CHANNELS: list[Callable[[World], None]] = [
 
 #: Named routes that are not pages: they only accept POST (checked to answer GET with 405).
 POST_ONLY = {
-    "fleet:refresh_now",
+    "fleet:run_discovery",
     "fleet:static_worker_delete",
     "refresh:start",
     "refresh:discard",

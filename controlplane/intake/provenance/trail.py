@@ -230,7 +230,7 @@ def _refresh_trails(refreshes: list[PolicyRefresh]) -> list[RefreshTrail]:
         workers = by_refresh[refresh.pk]
         verified: dict[str, list[str]] = {}
         for w in workers:
-            if w.verified:
+            if w.verified and w.instance_id:  # an unidentified static worker is never verified
                 verified.setdefault(w.namespace, []).append(w.instance_id)
         for namespace in verified:
             verified[namespace].sort(key=lambda iid: (len(iid), iid))

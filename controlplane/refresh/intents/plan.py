@@ -18,6 +18,7 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
+from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
 from controlplane.refresh.compat_record import compat_at_plan, normalize_versions
 from controlplane.refresh.intents.base import audit_refresh
@@ -43,6 +44,7 @@ from controlplane.refresh.planning import (
 )
 from controlplane.refresh.planning.scope import membership_of
 from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy
+from controlplane.textlimits import LABEL_CHARS
 
 __all__ = [
     "PLAN_DISCOVERY_WAIT_SECONDS",
@@ -55,15 +57,15 @@ def _live_workers(source: Source, namespaces: list[str] | None):
     workers = Worker.objects.filter(source=source).exclude(state=WorkerState.GONE)
     if namespaces:
         workers = workers.filter(namespace__in=namespaces)
-    return workers.select_related("static_worker")
+    return workers.select_related("static_worker", "source")
 
 
-#: How long a plan waits for a scheduled discovery refresh that holds the source.
+#: How long a plan waits for a scheduled discovery run that holds the source.
 PLAN_DISCOVERY_WAIT_SECONDS = 15.0
 
 
 def fresh_discovery(source: Source) -> tuple[DiscoveryRun | None, str]:
-    """A fresh discovery refresh through the fleet app: (run, problem).
+    """A fresh discovery run through the fleet app: (run, problem).
 
     Fresh means observed after this plan was asked for. When another refresh holds the source,
     a run of it that started after we asked serves this plan too, so a burst of plans on one
@@ -207,6 +209,9 @@ def plan_policy_refresh(
             method=request.target["method"],
             worker_ids=worker_ids,
             instance_ids=request.instance_ids,
+            rejected=tuple(run.rejected_entries or ()) if run is not None and run.ok else (),
+            declared=DeclaredScope.of(source),
+            named=request.namespaces,
         )
     )
     blockers += scope.blockers
@@ -269,8 +274,11 @@ def _store_plan(
     run: DiscoveryRun | None,
     rollback_of: PolicyRefresh | None,
 ) -> PolicyRefresh:
-    """The refresh, its planned workers and the audit row, in one transaction."""
-    with transaction.atomic():
+    """The refresh, its planned workers and the audit row, in one transaction.
+
+    Durable: the plan follows a discovery over the network, so it must be the caller's own
+    transaction, never part of an outer one that would hold its locks across that I/O."""
+    with transaction.atomic(durable=True):
         refresh = PolicyRefresh.objects.create(
             source=source,
             namespaces=namespaces,
@@ -289,7 +297,7 @@ def _store_plan(
             plan_membership=membership,
             discovery_run=run,
             requested_by=actor.user,
-            requested_by_label=actor.label[:200],
+            requested_by_label=actor.label[:LABEL_CHARS],
             rollback_of=rollback_of,
             strategy=request.strategy.to_dict(),
             instances=request.instance_ids,

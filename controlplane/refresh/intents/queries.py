@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from controlplane.fleet.models import Source
 from controlplane.refresh.departed import DEPARTED
+from controlplane.refresh.membership import change_of, has_change
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     WAITING_STATES,
@@ -95,9 +96,8 @@ MEMBERSHIP_STEPS = (StepName.RESOLVE, StepName.REOPEN)
 
 def is_membership_hold(refresh: PolicyRefresh) -> bool:
     """Held by a membership check that named who left, joined or changed."""
-    change = refresh.membership_change or {}
     return (
         refresh.state == RefreshState.HELD
         and refresh.failed_step in MEMBERSHIP_STEPS
-        and any(change.get(k) for k in ("left", "joined", "changed"))
+        and has_change(change_of(refresh))
     )

@@ -17,6 +17,7 @@ from controlplane.refresh.departed import DEPARTED
 from controlplane.refresh.errors import (
     InvalidTransition,
     PlanBlocked,
+    wrong_state,
 )
 from controlplane.refresh.executor.departures import LEFT_THE_FLEET, write_departures
 from controlplane.refresh.executor.steps import verified_instance_sets
@@ -29,7 +30,13 @@ from controlplane.refresh.intents.queries import (
     resolved_summary,
 )
 from controlplane.refresh.ledger import Readback
-from controlplane.refresh.live import publish_state
+from controlplane.refresh.live import publish_state, publish_state_on_commit
+from controlplane.refresh.membership import (
+    change_of,
+    changed_details,
+    dropped_keys,
+    left_out_keys,
+)
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     WAITING_STATES,
@@ -45,11 +52,13 @@ from controlplane.refresh.namespaces import (
     release_namespace_locks,
     verified_namespaces,
 )
+from controlplane.refresh.progress import previous_policy
 from controlplane.refresh.step_order import STEP_STATE, StepName
 from controlplane.refresh.strategy import (
     rollback_strategy,
     stored,
 )
+from controlplane.textlimits import LABEL_CHARS
 
 __all__ = [
     "ROLLBACK_STATES",
@@ -73,10 +82,8 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     and the rollback runs in waves of the same size, so rolling back does not empty the fleet.
     """
     if refresh.state not in ROLLBACK_STATES:
-        raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
-    policy = (refresh.progress or {}).get("previous_policy") or last_verified_policy(
-        refresh.source, refresh.namespaces
-    )
+        raise wrong_state(refresh, wanted="held")
+    policy = previous_policy(refresh) or last_verified_policy(refresh.source, refresh.namespaces)
     if policy is None:
         raise InvalidTransition("this scope has no verified policy to roll back to")
     new = plan_policy_refresh(
@@ -93,10 +100,10 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     )
     if new.plan_blockers:
         raise PlanBlocked("the rollback plan has blockers: " + "; ".join(new.plan_blockers))
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         old = locked_refresh(refresh)
         if old.state not in ROLLBACK_STATES:
-            raise InvalidTransition(f"policy refresh #{old.pk} is {old.state}, not held")
+            raise wrong_state(old, wanted="held")
         new = locked_refresh(new)
         # The rollback takes over the scope (and the paused workers) without a gap.
         ScopeLock.objects.filter(refresh=old).update(refresh=new)
@@ -133,7 +140,7 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
 def _namespace_outcome(outcome: str, actor: Actor, reason: str = "") -> dict[str, str]:
     return {
         "outcome": outcome,
-        "by": actor.label[:200],
+        "by": actor.label[:LABEL_CHARS],
         "at": timezone.now().isoformat(),
         "reason": reason,
     }
@@ -222,7 +229,7 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
         gate.refresh_from_db()
         notify("gate.force_reopened", gate=gate, refresh=refresh, reason=reason)
     if refresh is not None:
-        transaction.on_commit(lambda: publish_state(refresh))
+        publish_state_on_commit(refresh)
     return gate
 
 
@@ -289,19 +296,16 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
                 + (f" at {refresh.failed_step}" if refresh.failed_step else "")
                 + ", not held on a membership change"
             )
-        change = refresh.membership_change
+        change = change_of(refresh)
         step = StepName(refresh.failed_step)
-        dropped_keys = set(change.get("left", [])) | {c["key"] for c in change.get("changed", [])}
         already = set(
             refresh.results.filter(status=DEPARTED).values_list("planned_worker_id", flat=True)
         )
-        dropped = [w for w in refresh.workers.filter(key__in=dropped_keys) if w.pk not in already]
+        dropped = [
+            w for w in refresh.workers.filter(key__in=dropped_keys(change)) if w.pk not in already
+        ]
         # Changed workers are still listed: left out too, so the reopen does not see them join.
-        left_out = sorted(
-            set(refresh.left_out or [])
-            | set(change.get("joined", []))
-            | {c["key"] for c in change.get("changed", [])}
-        )
+        left_out = sorted(set(refresh.left_out or []) | left_out_keys(change))
         attempt = refresh.steps.filter(name=step).count()
         refresh.transition(
             STEP_STATE[step],
@@ -310,7 +314,7 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
             left_out=left_out,
             membership_change={},
         )
-        changed = {c["key"]: c["detail"] for c in change.get("changed", [])}
+        changed = changed_details(change)
         # Leavers in one record; each changed worker with its own detail.
         for gone in [[w for w in dropped if w.key not in changed]] + [
             [w] for w in dropped if w.key in changed
@@ -342,7 +346,7 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
             namespaces=change.get("namespaces", []),
         )
         base.enqueue_execution(refresh.pk)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -354,17 +358,17 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
     unverified); the others stay closed with their reasons and the refresh stays held for
     them. When no namespace is left, the refresh ends succeeded.
     """
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.HELD:
-            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+            raise wrong_state(refresh, wanted="held")
     run, problem = fresh_discovery(refresh.source)  # network I/O: outside any transaction
     if problem:
         raise InvalidTransition(f"cannot confirm who serves before reopening: {problem}")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.HELD:
-            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+            raise wrong_state(refresh, wanted="held")
         namespaces = verified_namespaces(refresh)
         if not namespaces:
             raise InvalidTransition(
@@ -417,5 +421,5 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
                 weight_version=refresh.weight_version,
             )
             notify("refresh.succeeded", refresh=refresh)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh

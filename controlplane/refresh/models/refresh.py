@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from controlplane import telemetry
+from controlplane.textlimits import LABEL_CHARS, URL_CHARS
 
 
 class RefreshState(models.TextChoices):
@@ -281,7 +282,7 @@ class PolicyRefresh(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    requested_by_label = models.CharField(max_length=200, blank=True)
+    requested_by_label = models.CharField(max_length=LABEL_CHARS, blank=True)
     approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -295,7 +296,7 @@ class PolicyRefresh(models.Model):
     trace_context = models.CharField(max_length=128, blank=True, default="")
 
     lease_token = models.PositiveBigIntegerField(default=0)
-    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_owner = models.CharField(max_length=LABEL_CHARS, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
@@ -462,7 +463,7 @@ class JournalEntry(models.Model):
     step = models.CharField(max_length=24)
     operation = models.CharField(max_length=32)
     method = models.CharField(max_length=8)
-    url = models.CharField(max_length=800)
+    url = models.CharField(max_length=URL_CHARS)
     request_body = models.JSONField(null=True, blank=True)
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)
@@ -578,7 +579,7 @@ class QuarantineCall(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     operation = models.CharField(max_length=32)
     method = models.CharField(max_length=8)
-    url = models.CharField(max_length=800)
+    url = models.CharField(max_length=URL_CHARS)
     request_body = models.JSONField(null=True, blank=True)
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from controlplane.dynamo.families import UpdateMethod
+from controlplane.fleet.declared_scope import DeclaredScope, unconfirmed_other_deployments
+from controlplane.fleet.discovery.rejections import blocker_text, blocking
 from controlplane.fleet.models import Worker
 from controlplane.refresh.strategy import Placed, Strategy, assign_waves
 
@@ -33,6 +35,12 @@ class ScopeRequest:
     method: str
     worker_ids: list[int] | None = None
     instance_ids: list[str] | None = None
+    #: Listener entries the fresh discovery could not read (`DiscoveryRun.rejected_entries`).
+    rejected: tuple[dict, ...] = ()
+    #: The source's declared listener scope (None: not judged).
+    declared: DeclaredScope | None = None
+    #: The namespaces the plan names itself (None: whatever the listener returns).
+    named: list[str] | None = None
 
 
 @dataclass
@@ -58,6 +66,24 @@ def membership_pass(request: ScopeRequest, scope: Scope) -> list[str]:
         f"membership differs from the last view ({len(joined)} joined, {len(left)} left); "
         "review the fleet and plan again"
     ]
+
+
+def readable_pass(request: ScopeRequest, scope: Scope) -> list[str]:
+    """Fail closed on listener entries we could not read (`fleet.discovery.rejections`): one
+    naming a namespace of the plan is an unavailable worker there, one whose namespace is
+    unreadable makes the whole listing partial. The reason of each is shown."""
+    text = blocker_text(blocking(request.rejected, request.named))
+    return [text] if text else []
+
+
+def deployments_pass(request: ScopeRequest, scope: Scope) -> list[str]:
+    """Under a declared global scope, pausing another deployment's workers takes a plan that
+    names their namespaces (`fleet.declared_scope.unconfirmed_other_deployments`)."""
+    if request.declared is None:
+        return []
+    namespaces = [w.namespace for w in scope.selected]
+    text = unconfirmed_other_deployments(request.declared, namespaces, request.named)
+    return [text] if text else []
 
 
 def subset_pass(request: ScopeRequest, scope: Scope) -> list[str]:
@@ -106,9 +132,11 @@ def waves_pass(request: ScopeRequest, scope: Scope) -> list[str]:
 #: The scope passes in order; a pass sees the scope the passes before it narrowed.
 SCOPE_PASSES: tuple[tuple[str, Callable[[ScopeRequest, Scope], list[str]]], ...] = (
     ("membership", membership_pass),
+    ("readable", readable_pass),
     ("subset", subset_pass),
     ("instances", instances_pass),
     ("nonempty", nonempty_pass),
+    ("deployments", deployments_pass),
     ("waves", waves_pass),
 )
 

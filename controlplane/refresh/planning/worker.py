@@ -17,12 +17,13 @@ from controlplane.dynamo.families import (
     FAMILIES,
     AdminCall,
     AdminFamily,
+    FamilyVerdict,
     LoraAction,
     Negotiation,
     Operation,
     UpdateMethod,
     custom_call,
-    detect_family,
+    family_verdict,
     negotiate,
 )
 from controlplane.dynamo.families.sglang import SglangFamily
@@ -94,10 +95,14 @@ def _routes_of(worker: Worker) -> list[str]:
     return list(worker.routes or [])
 
 
-def _family_of(worker: Worker, routes: list[str]) -> AdminFamily | None:
-    if worker.family in FAMILIES:
-        return FAMILIES[worker.family]
-    return detect_family(routes)
+def _family_of(worker: Worker, routes: list[str]) -> FamilyVerdict:
+    """A static worker's family is its registration. A discovered worker's comes from its
+    routes where they identify the engine, else from the operator's declaration for its
+    source or namespace; native sidecar routes alone are ambiguous and refused."""
+    if worker.static_worker is not None and worker.family in FAMILIES:
+        return FamilyVerdict(FAMILIES[worker.family], evidence="declared")
+    declared = worker.source.declared_family_for(worker.namespace) if worker.source_id else ""
+    return family_verdict(routes, declared)
 
 
 def _bind(family: AdminFamily, routes: list[str]) -> tuple[AdminFamily, list[str]]:
@@ -222,10 +227,11 @@ def family_pass(draft: Draft) -> list[str]:
     """The admin route family: the stored one, else detected from the routes; SGLang's bound
     to the allowlist's route descriptors. Without one, nothing more can be planned."""
     routes = _routes_of(draft.worker)
-    detected = _family_of(draft.worker, routes)
+    verdict = _family_of(draft.worker, routes)
+    detected = verdict.family
     if detected is None:
         draft.stop = True
-        return ["no known admin route family in the advertised routes"]
+        return [verdict.reason]
     draft.plan.family = detected.name
     try:
         draft.family, draft.routes = _bind(detected, routes)
@@ -407,7 +413,12 @@ def verify_pass(draft: Draft) -> list[str]:
         for state_op in (Operation.IS_PAUSED, Operation.IS_SLEEPING):
             if family.supports(state_op, routes):
                 verify += _serialize(build(StepName.VERIFY, state_op))
-    if verification["generation"]:
+    if verification["generation"] and not draft.worker.instance_id:
+        # A static worker whose identity is unknown: nothing registered at the frontend is
+        # known to be it, so no generation can be pinned to it. It is refreshed by its URL
+        # and never enters a verified set (the refresh page says so).
+        pass
+    elif verification["generation"]:
         spec, blocker = _generation_call(draft)
         if blocker:
             blockers.append(blocker)

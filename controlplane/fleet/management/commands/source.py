@@ -51,6 +51,12 @@ class Command(BaseCommand):
         add.add_argument("--expected-namespace", default="")
         add.add_argument("--expected-prefix", default="")
         add.add_argument("--expected-worker-suffix", default="")
+        add.add_argument(
+            "--listener-scope",
+            default="",
+            choices=["", "exact", "prefix", "suffix", "global"],
+            help="the declared listener scope; workers outside it are refused",
+        )
         add.add_argument("--disabled", action="store_true")
         add.add_argument(
             "--if-absent",
@@ -108,6 +114,14 @@ class Command(BaseCommand):
         )
         static.add_argument("--component", default="backend")
         static.add_argument("--model", default="")
+        static.add_argument(
+            "--endpoint", default="generate", help="endpoint it registers with the frontend"
+        )
+        static.add_argument(
+            "--declared-instance-id",
+            default="",
+            help="its instance id, where several of the frontend's /health instances match",
+        )
         remove_static = sub.add_parser("remove-static", help="remove a static worker")
         remove_static.add_argument("source")
         remove_static.add_argument("name")
@@ -139,6 +153,7 @@ class Command(BaseCommand):
             expected_namespace=o["expected_namespace"],
             expected_prefix=o["expected_prefix"],
             expected_worker_suffix=o["expected_worker_suffix"],
+            listener_scope=o["listener_scope"],
             enabled=not o["disabled"],
             agreement_rule=o["agreement_rule"],
             agreement_tokens=o["agreement_tokens"],
@@ -181,6 +196,8 @@ class Command(BaseCommand):
             allowed_routes=o["routes"],
             component=o["component"],
             model=o["model"],
+            endpoint=o["endpoint"],
+            declared_instance_id=o["declared_instance_id"],
         )
         self.stdout.write(f"added static worker {static} ({', '.join(static.allowed_routes)})")
 

@@ -47,6 +47,7 @@ from controlplane.intake.webhooks.trainer.events import (
 from controlplane.intake.webhooks.trainer.process import PROCESS_TASK, sweep_within_seconds
 from controlplane.intake.webhooks.trainer.verdict import canary_verdict
 from controlplane.notify.signing import VerificationError, sign_headers, verify
+from controlplane.textlimits import QUOTED_CHARS, SUMMARY_CHARS
 
 #: A trainer's repeat re-enqueues a delivery whose task looks lost after these.
 STALE = timedelta(minutes=10)
@@ -74,8 +75,8 @@ def _reject(endpoint_name: str, answer: Answer, *, webhook_id: str | None, sourc
         details={
             "status": answer.status,
             "code": error["code"],
-            "message": error["message"][:300],
-            "webhook_id": (webhook_id or "")[:200],
+            "message": error["message"][:QUOTED_CHARS],
+            "webhook_id": (webhook_id or "")[:SUMMARY_CHARS],
         },
         source_ip=source_ip,
     )

@@ -432,6 +432,7 @@ def catch_up(quarantine_id: int) -> str:
             version=version,
             actor=CATCH_UP,
             note=f"{q.key} caught up to {version!r} (quarantine #{q.pk})",
+            quarantine=q,
         )
 
     if not _move(
@@ -618,6 +619,11 @@ def release(q: Quarantine, *, actor: Actor, reason: str) -> Quarantine:
     if outcome is None or outcome.status != "ok":
         error = outcome.error if outcome else "no resume route"
         raise QuarantineRefused(f"resume failed: {error}")
+
+    def served(gate_id: int) -> bool:
+        gates.instance_released(gate_id, q.instance_id, version=plan.version, key=q.key)
+        return True
+
     _move(
         q,
         QuarantineState.RELEASED,
@@ -625,6 +631,7 @@ def release(q: Quarantine, *, actor: Actor, reason: str) -> Quarantine:
         f"released by {actor.label}: {reason.strip()}",
         paused=False,
         actor=actor,
+        gate_write=served if _gate_of(q) is not None else None,
     )
     return q
 

@@ -22,7 +22,7 @@ from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import MaxLagAction, PublishedPolicy, Source
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
-from controlplane.refresh.models import Gate
+from controlplane.refresh.models import Closure, Gate, GateState
 from controlplane.refresh.policy_lag import Lag, lag_of
 
 #: The reason a gate closed for policy lag starts with this (API `reason`, pages).
@@ -33,8 +33,14 @@ ACTOR = Actor.system("policy lag")
 
 def close_for_stale_policy(gate_id: int, reason: str) -> None:
     """Close one gate because its namespace serves a stale policy: the only place policy lag
-    writes a gate, so the gate writer can route it however gates are kept."""
-    gates.close_for_drift(gate_id, actor=ACTOR, reason=reason)
+    writes a gate. It is a closing fact of its own kind (`Closure.STALE_POLICY`): every
+    admission in the ledger ends here, and a refresh that verifies a version within bounds (or
+    a force-reopen) is the exit. A gate already closed keeps the closure it has."""
+    with transaction.atomic():
+        gate = gates.locked_gate(gate_id)
+        if gate is None or gate.state == GateState.CLOSED:
+            return
+        gates.close_gate(gate, actor=ACTOR, closure=Closure.STALE_POLICY, reason=reason)
 
 
 def reason_for(lag: Lag) -> str:

@@ -14,7 +14,7 @@ from controlplane.accounts import tokens
 from controlplane.accounts.models import ApiToken
 from controlplane.audit.recorder import Actor
 from controlplane.intake.api.gates import render_gate
-from controlplane.refresh import gate_cache, gates
+from controlplane.refresh import gate_cache, gates, ledger
 from controlplane.refresh.models import Gate, GateState
 from controlplane.refresh.policy_lag import with_lag
 from tests.api.conftest import U64, bearer
@@ -71,7 +71,10 @@ def test_the_copy_follows_every_kind_of_gate_change(
     with transaction.atomic(), django_capture_on_commit_callbacks(execute=True):
         locked = gates.locked_gate(gate.pk)
         assert locked is not None
-        gates.record_drift(locked, actor=SYSTEM, verified=[], unverified_count=1, drift=[])
+        # The one admitted worker departed (the ledger's fact); a joiner is reported.
+        departed = {(gate.namespace, i): ledger.departed() for i in locked.verified_instances}
+        joined = {(gate.namespace, "424242"): {"version": "v0"}}
+        gates.record_drift(locked, actor=SYSTEM, facts={**departed, **joined}, drift=[])
     body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
     assert body["verified_instances"] == [] and body["unverified_count"] == 1
     revision = body["revision"]
@@ -81,7 +84,7 @@ def test_the_copy_follows_every_kind_of_gate_change(
     with transaction.atomic(), django_capture_on_commit_callbacks(execute=True):
         locked = gates.locked_gate(gate.pk)
         assert locked is not None
-        gates.record_drift(locked, actor=SYSTEM, verified=[], unverified_count=1, drift=[])
+        gates.record_drift(locked, actor=SYSTEM, facts={}, drift=[])
     body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
     assert body["revision"] == revision and body["confirmed_at"] != before
 
@@ -125,7 +128,7 @@ def test_a_missing_copy_is_read_from_the_database_and_primed(
     assert again.content == from_db.content
 
 
-def test_a_never_refreshed_namespace_is_served_open_and_primed(
+def test_a_never_refreshed_namespace_is_served_unverified_and_primed(
     fleet, viewer, token_factory, django_assert_num_queries
 ):
     secret = token_factory(viewer, label="poller")
@@ -133,7 +136,9 @@ def test_a_never_refreshed_namespace_is_served_open_and_primed(
     client = Client()
     first = client.get(GATE, **bearer(secret))
     assert first.status_code == 200
-    assert first.json()["state"] == "open" and first.json()["revision"] == 0
+    # Never verified: not open (it used to answer `open`, admitting unverified weights).
+    assert first.json()["state"] == "unverified" and first.json()["open"] is False
+    assert first.json()["revision"] == 0
     # The revision check finds no gate row, then reads the source's policy mark.
     with django_assert_num_queries(2):
         unchanged = client.get(GATE, HTTP_IF_NONE_MATCH=first["ETag"], **bearer(secret))

@@ -222,7 +222,9 @@ def test_policy_refresh_refuses_at_plan_time_when_a_worker_lacks_the_update_rout
     assert not JournalEntry.objects.exists()
     assert not Gate.objects.exists()
     gate = gate_state(source, "dynamo")
-    assert gate["open"] is True and gate["active_refresh_id"] is None
+    # Never refreshed: unverified, not open (it used to answer open with nothing verified).
+    assert gate["state"] == "unverified" and gate["open"] is False
+    assert gate["active_refresh_id"] is None
 
     # The real workers were neither paused nor updated.
     for worker in dep.workers:

@@ -590,6 +590,16 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:api-v1:get_provenance": [
             reverse("intake:api-v1:get_provenance", args=[v]) for v in versions
         ],
+        # The serving ledger's answer for an instance (hostile keys and versions in it), and
+        # hostile input itself.
+        "intake:api-v1:get_instance_provenance": [
+            *(
+                "/api/v1/provenance?"
+                + urlencode({"instance_id": x.instance_id, "from": "2020-01-01T00:00:00Z"})
+                for x in workers[:3]
+            ),
+            "/api/v1/provenance?" + urlencode({"instance_id": PAYLOAD, "at": PAYLOAD}),
+        ],
         # Global search echoes its query and lists hostile keys, namespaces and versions.
         "search:search": [
             "/search/",

@@ -46,10 +46,49 @@ CACHE_CONTROL = "private, no-cache"
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 
 
+class InstanceVersionOut(Schema):
+    instance_id: str
+    key: str = ""
+    version: Any = None
+
+
 class ForcedOut(Schema):
     by: str
     at: str | None
     reason: str
+    #: The admitted instances not verified at the version they serve, with that version.
+    instances: list[InstanceVersionOut] = []
+
+
+class AdmittedForcedOut(Schema):
+    by: str
+    at: str | None
+    reason: str
+
+
+class AdmittedOut(Schema):
+    """One admitted instance, from the serving ledger."""
+
+    instance_id: str
+    key: str = ""
+    #: The version it serves (its readback, or the version verified at).
+    version: Any = None
+    #: verified_refresh | verified_catch_up | reported | assumed | unknown
+    evidence: str
+    verified: bool
+    #: verified | forced
+    admission: str
+    refresh_id: int | None = None
+    quarantine_id: int | None = None
+    since: str | None = None
+    forced: AdmittedForcedOut | None = None
+
+
+class VersionCountOut(Schema):
+    version: Any = None
+    #: Admitted instances serving it, and how many of them are verified at it.
+    count: int
+    verified: int
 
 
 class DriftOut(Schema):
@@ -83,15 +122,30 @@ class PolicyLagOut(Schema):
 class GateOut(Schema):
     source: str
     namespace: str
-    state: Literal["open", "open_forced", "closed", "unknown"]
-    #: Rollouts are admitted: `open` (verified) or `open_forced` (a person's decision).
+    state: Literal["open", "open_mixed", "open_forced", "closed", "unverified", "unknown"]
+    #: Rollouts are admitted: `open` (every admitted instance verified at one version),
+    #: `open_mixed` (verified at several versions: pin) or `open_forced` (a person's decision).
     open: bool
     since: str | None
     reason: str
+    #: What closed a closed gate: refresh | drift | stale_policy; "" otherwise.
+    closure: str = ""
     forced: ForcedOut | None = None
+    #: The one version every admitted instance serves; null when none or several.
+    version: Any = None
+    #: The versions the admitted instances serve, with counts.
+    versions: list[VersionCountOut] = []
+    #: The admitted instances, each with its version and evidence (the serving ledger's view);
+    #: pin generations to them with `nvext.backend_instance_id`.
+    admitted: list[AdmittedOut] = []
+    admitted_count: int = 0
+    #: Admitted instances serving another version than `verified_version` (a force-reopen
+    #: admitted what they serve): a refresh or a rollback resolves it.
+    disagreements: list[InstanceVersionOut] = []
+    #: Deprecated (derived): the version the namespace was last verified at.
     verified_version: Any = None
-    #: Instance ids (u64 as decimal strings) verified at `verified_version`; pin generations
-    #: to them with `nvext.backend_instance_id`.
+    #: Deprecated (derived from `admitted`): the admitted instance ids verified at
+    #: `verified_version`.
     verified_instances: list[str]
     verified_count: int
     unverified_count: int

@@ -465,7 +465,7 @@ class Reopen(Step):
         serving = [(w.identity.namespace, str(w.identity.instance_id)) for w in listed.values()]
         if ctx.refresh.instances is not None:
             return finish_instances(ctx, namespaces, serving)
-        verified, unverified = verified_instance_sets(ctx.refresh, namespaces, serving)
+        verified, _ = verified_instance_sets(ctx.refresh, namespaces, serving)
         left_out = budget.drift_entries(ctx.refresh)
         with transaction.atomic():
             ctx.lease.guard()
@@ -473,7 +473,7 @@ class Reopen(Step):
                 ctx.refresh,
                 actor=EXECUTOR,
                 verified=verified,
-                unverified=unverified,
+                serving=serving_by_namespace(serving),
                 namespaces=namespaces,
                 left_out=left_out,
             )
@@ -486,6 +486,14 @@ class Reopen(Step):
         if out:
             detail += f"; {out} left out by the failure budget (listed on the gate with why)"
         return StepResult(True, detail=detail)
+
+
+def serving_by_namespace(serving) -> dict[str, list[str]]:
+    """[(namespace, instance id)] as {namespace: [instance ids]}."""
+    out: dict[str, list[str]] = {}
+    for namespace, instance_id in serving:
+        out.setdefault(namespace, []).append(instance_id)
+    return out
 
 
 def finish_instances(ctx: StepContext, namespaces: list[str], serving) -> StepResult:
@@ -506,12 +514,12 @@ def finish_instances(ctx: StepContext, namespaces: list[str], serving) -> StepRe
                 g.namespace: [*g.verified_instances, *verified_new.get(g.namespace, [])]
                 for g in Gate.objects.filter(source=refresh.source, namespace__in=same)
             }
-            live: dict[str, int] = {}
-            for namespace, instance_id in serving:
-                if namespace in kept and instance_id not in kept[namespace]:
-                    live[namespace] = live.get(namespace, 0) + 1
             gates.open_gates_verified(
-                refresh, actor=EXECUTOR, verified=kept, unverified=live, namespaces=same
+                refresh,
+                actor=EXECUTOR,
+                verified=kept,
+                serving=serving_by_namespace(serving),
+                namespaces=same,
             )
         if other:
             named = ", ".join(sorted(refresh.instances or []))

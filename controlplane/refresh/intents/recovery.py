@@ -29,6 +29,7 @@ from controlplane.refresh.intents.queries import (
     last_verified_policy,
     resolved_summary,
 )
+from controlplane.refresh.ledger import Readback
 from controlplane.refresh.live import publish_state, publish_state_on_commit
 from controlplane.refresh.membership import (
     change_of,
@@ -39,6 +40,7 @@ from controlplane.refresh.membership import (
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     WAITING_STATES,
+    Evidence,
     Gate,
     PolicyRefresh,
     RefreshState,
@@ -151,10 +153,19 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
     paused there and holds again for the other namespaces, which keep their own recoveries
     (retry, reopen all verified, force-reopen, abort). Force-reopening the last namespace still
     held closes the refresh out: its engines are resumed and it ends as failed.
+
+    The gate admits what the workers actually serve: a fresh discovery reads back every
+    worker's `get_weight_version` first, and each live worker is admitted, forced, at the
+    version it reported. When no readback is possible (the listener is down), each is admitted
+    at the last version discovery saw, with `unknown` evidence, and the gate says so.
     """
     if not reason or not reason.strip():
         raise ValidationError("force-reopening a gate needs a written reason")
     reason = reason.strip()
+    gate = Gate.objects.select_related("source").get(pk=gate.pk)
+    if gate.is_open and gate.active_refresh_id is None:
+        raise InvalidTransition(f"gate {gate.source.name}/{gate.namespace} is already open")
+    run, problem = fresh_discovery(gate.source)  # network I/O: outside any transaction
     with transaction.atomic():
         # Lock order: the refresh row before its gate (controlplane/lockorder.py).
         refresh = Gate.objects.get(pk=gate.pk).active_refresh
@@ -206,12 +217,44 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
                 base.enqueue_execution(refresh.pk)
         elif gate.is_open:
             raise InvalidTransition(f"gate {gate.source.name}/{gate.namespace} is already open")
-        gates.force_open([gate], actor=actor, refresh=refresh, reason=reason)
+        readbacks = readbacks_of(gate, trusted=not problem)
+        gates.force_open(
+            [gate],
+            actor=actor,
+            refresh=refresh,
+            reason=reason,
+            readbacks={gate.namespace: readbacks},
+            run=run if not problem else None,
+        )
         gate.refresh_from_db()
         notify("gate.force_reopened", gate=gate, refresh=refresh, reason=reason)
     if refresh is not None:
         publish_state_on_commit(refresh)
     return gate
+
+
+def readbacks_of(gate: Gate, *, trusted: bool) -> list[Readback]:
+    """What each live worker of the gate's namespace reported at the last discovery: its
+    readback (`reported`) when `trusted` (that discovery just ran) and it declared one."""
+    out = []
+    for worker in Worker.objects.filter(
+        source=gate.source, namespace=gate.namespace, state=WorkerState.LIVE
+    ).order_by("instance_id"):
+        declared = (
+            trusted
+            and worker.version_probed_at is not None
+            and not worker.version_error
+            and worker.weight_version_declared
+        )
+        out.append(
+            Readback(
+                worker.instance_id,
+                worker.key,
+                worker.weight_version,
+                Evidence.REPORTED if declared else Evidence.UNKNOWN,
+            )
+        )
+    return out
 
 
 def _gate_of_refresh(refresh: PolicyRefresh, namespace: str) -> Gate:
@@ -332,13 +375,15 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
                 f"no namespace of policy refresh #{refresh.pk} has every worker verified; "
                 "retry, force-reopen a namespace or abort"
             )
-        verified, unverified = verified_instance_sets(refresh, namespaces)
-        live = set(
-            Worker.objects.filter(
-                source=refresh.source, namespace__in=namespaces, state=WorkerState.LIVE
-            ).values_list("instance_id", flat=True)
-        )
-        verified = {ns: [i for i in ids if i in live] for ns, ids in verified.items()}
+        verified, _ = verified_instance_sets(refresh, namespaces)
+        serving: dict[str, list[str]] = {ns: [] for ns in namespaces}
+        for namespace, instance_id in Worker.objects.filter(
+            source=refresh.source, namespace__in=namespaces, state=WorkerState.LIVE
+        ).values_list("namespace", "instance_id"):
+            serving[namespace].append(instance_id)
+        verified = {
+            ns: [i for i in ids if i in serving.get(ns, [])] for ns, ids in verified.items()
+        }
         resolved = dict(refresh.resolved_namespaces or {})
         for namespace in namespaces:
             resolved[namespace] = _namespace_outcome(REOPENED, actor)
@@ -357,7 +402,7 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
             )
             gates.release_scope(refresh, "")
         gates.open_gates_verified(
-            refresh, actor=actor, verified=verified, unverified=unverified, namespaces=namespaces
+            refresh, actor=actor, verified=verified, serving=serving, namespaces=namespaces
         )
         audit_refresh(
             AuditAction.POLICY_REFRESH_NAMESPACES_REOPENED,

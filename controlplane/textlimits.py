@@ -31,6 +31,11 @@ STATE_REASON_CHARS = 4000
 #: URL_CHARS)): longer than any admin route URL; a description journaled in its place is cut.
 URL_CHARS = 800
 
+#: Why an instance's serving interval began (`ServingInterval.cause`: CharField(max_length=
+#: CAUSE_CHARS)): a short phrase naming the refresh, the discovery run or the person; a long
+#: label quoted in it is cut, and `ledger.write` is the one place that cuts it.
+CAUSE_CHARS = 500
+
 #: One line of outside text for a log line or a console: an exception's first line
 #: (`jobs.enqueue`), a webhook id in an audit row, a step's detail in `manage.py policy_refresh`.
 SUMMARY_CHARS = 200

@@ -35,6 +35,7 @@ from controlplane.refresh.models import (
     Serving,
     ServingInterval,
 )
+from controlplane.textlimits import LABEL_CHARS, REASON_CHARS
 
 
 def gate_for(source, namespace: str) -> Gate:
@@ -594,9 +595,7 @@ def force_open(
                     reason=reason,
                     evidence=rb.evidence,
                 )
-            ledger.write(
-                gate.source, changes, cause=f"force-reopened by {actor.label}"[:500], run=run
-            )
+            ledger.write(gate.source, changes, cause=f"force-reopened by {actor.label}", run=run)
 
     _change(
         gates,
@@ -608,7 +607,7 @@ def force_open(
         lift=True,
         reason=reason,
         closure="",
-        forced_by=actor.label[:200],
+        forced_by=actor.label[:LABEL_CHARS],
         forced_at=at,
         active_refresh=None,
         state_before_unknown="",
@@ -806,7 +805,8 @@ def close_for_drift(gate_id: int, *, actor: Actor, reason: str) -> None:
     if gate is None:
         return
     if gate.state == GateState.CLOSED:  # already closed: add the worker to the reason
-        _update([gate.pk], reason=(f"{gate.reason}; {reason}" if gate.reason else reason)[:2000])
+        joined = f"{gate.reason}; {reason}" if gate.reason else reason
+        _update([gate.pk], reason=joined[:REASON_CHARS])
         _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
         return
     close_gate(gate, actor=actor, closure=Closure.DRIFT, reason=reason)

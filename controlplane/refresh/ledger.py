@@ -29,6 +29,7 @@ from controlplane.refresh.models import (
     Serving,
     ServingInterval,
 )
+from controlplane.textlimits import CAUSE_CHARS
 
 #: The fields that make an interval what it is (a fact changing none of them is no change).
 _MEANING = (
@@ -108,7 +109,7 @@ def write(source, facts: Facts, *, cause: str, run=None, now: datetime | None = 
                 instance_id=instance_id,
                 valid_from=now,
                 discovery_run=run,
-                cause=(values.pop("cause", None) or cause)[:500],
+                cause=(values.pop("cause", None) or cause)[:CAUSE_CHARS],
                 **{k: v for k, v in values.items() if k in _CARRIED or k == "journal_ids"},
             )
         )

@@ -13,6 +13,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.textlimits import CAUSE_CHARS
+
 
 class Evidence(models.TextChoices):
     """How we know which version an instance serves, strongest first."""
@@ -94,7 +96,7 @@ class ServingInterval(models.Model):
         "fleet.DiscoveryRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     journal_ids = models.JSONField(default=list, blank=True)
-    cause = models.CharField(max_length=500, blank=True)
+    cause = models.CharField(max_length=CAUSE_CHARS, blank=True)
 
     class Meta:
         ordering = ["source", "namespace", "instance_id", "valid_from", "id"]

@@ -1,8 +1,11 @@
-"""An action refused for the refresh's state is worded one way everywhere (`errors.wrong_state`)."""
+"""An action refused for the state of a refresh or a quarantine is worded one way everywhere
+(`errors.state_refusal`)."""
 
 from types import SimpleNamespace
 
 from controlplane.refresh.errors import InvalidTransition, wrong_state
+from controlplane.refresh.quarantine import QuarantineRefused
+from controlplane.refresh.quarantine import wrong_state as quarantine_wrong_state
 
 REFRESH = SimpleNamespace(pk=7, state="running")
 
@@ -17,3 +20,11 @@ def test_a_refusal_names_the_state_it_wants():
 def test_a_refusal_can_say_why_instead():
     error = wrong_state(REFRESH, why="only an active refresh ends")
     assert str(error) == "policy refresh #7 is running; only an active refresh ends"
+
+
+def test_a_quarantine_refusal_is_worded_as_a_refresh_one():
+    error = quarantine_wrong_state(
+        SimpleNamespace(pk=3, state="admitted"), why="only an open one is dropped"
+    )
+    assert isinstance(error, QuarantineRefused)
+    assert error.messages == ["quarantine #3 is admitted; only an open one is dropped"]

@@ -32,7 +32,7 @@ from controlplane.refresh.models import (
     StepRun,
     WorkerStepResult,
 )
-from controlplane.refresh.namespaces import verified_namespaces
+from controlplane.refresh.namespaces import outcome_in, verified_namespaces
 from controlplane.refresh.plansummary import describe_duration, plan_summary
 from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 from controlplane.refresh.windows import admitted_at
@@ -363,13 +363,12 @@ def namespace_gates(refresh: PolicyRefresh) -> list[NamespaceGate]:
             source=refresh.source, namespace__in=refresh.namespaces
         ).select_related("source")
     }
-    resolved = refresh.resolved_namespaces or {}
     ended_at = refresh.finished_at if refresh.state in TERMINAL_STATES else None
     then = admitted_at(refresh.source, refresh.namespaces, ended_at) if ended_at else {}
     rows = []
     for namespace in refresh.namespaces:
         gate = gates.get(namespace)
-        outcome = (resolved.get(namespace) or {}).get("outcome", "")
+        outcome = outcome_in(refresh.resolved_namespaces, namespace)
         left = _then_text(then.get(namespace, [])) if ended_at else ""
         if gate is None:
             rows.append(

@@ -54,6 +54,7 @@ from controlplane.refresh.models import (
     WorkerStepResult,
     state_change,
 )
+from controlplane.refresh.namespaces import resolved_of
 from controlplane.refresh.planning import source_policy
 from controlplane.refresh.progress import with_canary_failed
 from controlplane.refresh.step_order import (
@@ -552,7 +553,7 @@ class Runner:
                     "reason": refresh.held_reason,
                     "released": result.detail,
                     "not_resumed": [{"worker": k, "error": e} for k, e in unresumed],
-                    "resolved_namespaces": sorted(refresh.resolved_namespaces or {}),
+                    "resolved_namespaces": sorted(resolved_of(refresh)),
                 },
                 correlation_id=refresh.correlation_id,
             )

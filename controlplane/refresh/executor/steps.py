@@ -37,7 +37,12 @@ from controlplane.refresh.models import (
     RefreshState,
     WorkerStepResult,
 )
-from controlplane.refresh.namespaces import REOPENED, open_namespaces, out_of_play_ids
+from controlplane.refresh.namespaces import (
+    open_namespaces,
+    out_of_play_ids,
+    reopened_namespaces,
+    resolved_of,
+)
 from controlplane.refresh.planning import update_is_idempotent
 from controlplane.refresh.step_order import StepName
 
@@ -597,9 +602,9 @@ class Release(WorkerStep):
             | left_out_ids(ctx.refresh.pk)
         )
         workers = [w for w in ctx.refresh.workers.all() if w.pk in touched and w.pk not in done]
-        resolved = ctx.refresh.resolved_namespaces or {}
+        resolved = resolved_of(ctx.refresh)
         # A namespace reopened verified serves already: its engines were resumed and verified.
-        serving = {ns for ns, how in resolved.items() if how.get("outcome") == REOPENED}
+        serving = reopened_namespaces(ctx.refresh)
         workers = [w for w in workers if w.namespace not in serving]
         if ctx.refresh.end_state == RefreshState.HELD:
             # A namespace closed out on its own: resume only its engines; the rest stay held.

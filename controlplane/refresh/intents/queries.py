@@ -19,6 +19,7 @@ from controlplane.refresh.models import (
     PolicyRefresh,
     RefreshState,
 )
+from controlplane.refresh.namespaces import resolved_summary
 from controlplane.refresh.step_order import StepName
 
 __all__ = [
@@ -78,17 +79,6 @@ def last_verified_policy(source: Source, namespaces: list[str]) -> dict[str, Any
         .first()
     )
     return gate.verified_policy if gate else None
-
-
-def resolved_summary(refresh: PolicyRefresh) -> str:
-    """The namespaces resolved on their own, in words (for an end reason); "" when none."""
-    parts = []
-    for namespace, how in sorted((refresh.resolved_namespaces or {}).items()):
-        text = f"{namespace} {how.get('outcome', '').replace('_', '-')} by {how.get('by', '?')}"
-        if how.get("reason"):
-            text += f": {how['reason']}"
-        parts.append(text)
-    return "; ".join(parts)
 
 
 MEMBERSHIP_STEPS = (StepName.RESOLVE, StepName.REOPEN)

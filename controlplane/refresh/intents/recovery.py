@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
@@ -51,6 +50,7 @@ from controlplane.refresh.namespaces import (
     REOPENED,
     release_namespace_locks,
     verified_namespaces,
+    with_resolved,
 )
 from controlplane.refresh.progress import previous_policy
 from controlplane.refresh.step_order import STEP_STATE, StepName
@@ -58,7 +58,7 @@ from controlplane.refresh.strategy import (
     rollback_strategy,
     stored,
 )
-from controlplane.textlimits import LABEL_CHARS
+from controlplane.textlimits import LABEL_CHARS, STATE_REASON_CHARS
 
 __all__ = [
     "ROLLBACK_STATES",
@@ -137,15 +137,6 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     return new
 
 
-def _namespace_outcome(outcome: str, actor: Actor, reason: str = "") -> dict[str, str]:
-    return {
-        "outcome": outcome,
-        "by": actor.label[:LABEL_CHARS],
-        "at": timezone.now().isoformat(),
-        "reason": reason,
-    }
-
-
 def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
     """Open a closed gate on a person's written say-so, for its namespace only.
 
@@ -190,8 +181,13 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
                     )
                 )
             if refresh.state == RefreshState.HELD:
-                resolved = dict(refresh.resolved_namespaces or {})
-                resolved[gate.namespace] = _namespace_outcome(FORCE_REOPENED, actor, reason)
+                resolved = with_resolved(
+                    refresh,
+                    [gate.namespace],
+                    FORCE_REOPENED,
+                    by=actor.label[:LABEL_CHARS],
+                    reason=reason,
+                )
                 remaining = [ns for ns in refresh.namespaces if ns not in resolved]
                 if remaining:
                     refresh.transition(
@@ -384,9 +380,7 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
         verified = {
             ns: [i for i in ids if i in serving.get(ns, [])] for ns, ids in verified.items()
         }
-        resolved = dict(refresh.resolved_namespaces or {})
-        for namespace in namespaces:
-            resolved[namespace] = _namespace_outcome(REOPENED, actor)
+        resolved = with_resolved(refresh, namespaces, REOPENED, by=actor.label[:LABEL_CHARS])
         refresh.resolved_namespaces = resolved
         remaining = [ns for ns in refresh.namespaces if ns not in resolved]
         if remaining:
@@ -397,7 +391,7 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
                 RefreshState.SUCCEEDED,
                 resolved_namespaces=resolved,
                 end_reason=f"every namespace resolved on its own: {resolved_summary(refresh)}"[
-                    :4000
+                    :STATE_REASON_CHARS
                 ],
             )
             gates.release_scope(refresh, "")

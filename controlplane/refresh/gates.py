@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
@@ -201,7 +201,7 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
         "drift": list(gate.drift),
         "drift_count": len(gate.drift),
         # A staged refresh (waves, canary) in progress: which instances are on which version.
-        "instance_sets": dict(gate.instance_sets or {}),
+        "instance_sets": staged_header(gate),
         # Workers a refresh's failure budget left out of the verified set, each with its reason
         # (they are quarantined; they leave this list when admitted or dropped).
         "left_out": left_out_entries(gate),
@@ -326,8 +326,34 @@ def _admitted_entry(r: ServingInterval) -> dict[str, Any]:
     }
 
 
-#: The header of a staged refresh's `instance_sets` (its lists are derived from the ledger).
-_STAGED_HEADER = ("refresh_id", "from_version", "to_version", "wave", "waves")
+class StagedHeader(TypedDict, total=False):
+    """`Gate.instance_sets` as stored: the staged refresh that owns the gate (its lists are
+    derived from the ledger, see `InstanceSets`). This module owns the column's keys."""
+
+    refresh_id: int
+    from_version: Any
+    to_version: Any
+    #: The wave being run (0 before the first) and how many the plan has.
+    wave: int
+    waves: int
+
+
+class InstanceSets(StagedHeader, total=False):
+    """The header with which instances are on which version (`_staged_sets`)."""
+
+    serving_old: list[str]
+    in_flight: list[str]
+    verified_new: list[str]
+    left_out: list[str]
+
+
+#: The header's keys, each present (None when unknown) in what `_staged_sets` returns.
+_STAGED_HEADER = tuple(StagedHeader.__annotations__)
+
+
+def staged_header(gate: Gate) -> StagedHeader:
+    """A copy of the gate's stored `instance_sets` (empty when no staged refresh owns it)."""
+    return cast(StagedHeader, dict(gate.instance_sets or {}))
 
 
 def _staged_sets(gate: Gate, live: Sequence[ServingInterval]) -> dict[str, Any]:
@@ -335,7 +361,8 @@ def _staged_sets(gate: Gate, live: Sequence[ServingInterval]) -> dict[str, Any]:
     version, from the ledger. `serving_old`: admitted at the old version and untouched;
     `in_flight`: paused by the refresh; `verified_new`: verified by it at the new version;
     `left_out`: left out by its failure budget."""
-    header = {k: (gate.instance_sets or {}).get(k) for k in _STAGED_HEADER}
+    stored = staged_header(gate)
+    header = {k: stored.get(k) for k in _STAGED_HEADER}
     refresh_id = header["refresh_id"]
     if refresh_id is None or refresh_id != gate.active_refresh_id:
         return {}
@@ -973,16 +1000,16 @@ def begin_staged(refresh, *, actor: Actor, reason: str, waves: int) -> None:
     gates = [gate_for(refresh.source, ns) for ns in refresh.namespaces]
     per_gate = {
         g.pk: {
-            "instance_sets": {
-                "refresh_id": refresh.pk,
-                "from_version": g.verified_version,
-                "to_version": refresh.weight_version,
-                "wave": 0,
-                "waves": waves,
-            }
+            "instance_sets": StagedHeader(
+                refresh_id=refresh.pk,
+                from_version=g.verified_version,
+                to_version=refresh.weight_version,
+                wave=0,
+                waves=waves,
+            )
         }
         for g in gates
-        if (g.instance_sets or {}).get("refresh_id") != refresh.pk
+        if staged_header(g).get("refresh_id") != refresh.pk
     }
     _change(
         gates,
@@ -1049,7 +1076,9 @@ def _move_instances(
 
 
 def _with_wave(g: Gate, wave: int) -> dict[str, Any]:
-    return {"instance_sets": {**(g.instance_sets or {}), "wave": wave}}
+    header = staged_header(g)
+    header["wave"] = wave
+    return {"instance_sets": header}
 
 
 def stage_wave(refresh, wave: int, instances: Mapping[str, Sequence[str]], *, reason: str) -> None:
@@ -1104,7 +1133,7 @@ def canary_rolled_back(refresh, back: Mapping[str, Sequence[str]], *, reason: st
     stands for the old version."""
 
     def change(g: Gate, ids: set[str]) -> tuple[ledger.Change, dict[str, Any]]:
-        old = (g.instance_sets or {}).get("from_version")
+        old = staged_header(g).get("from_version")
         same = json.dumps(g.verified_version, sort_keys=True) == json.dumps(old, sort_keys=True)
         return ledger.verified(refresh, old, admitted=same), {"reason": reason}
 

@@ -356,6 +356,9 @@ def test_provenance_agrees_with_the_call_logs_through_drift_catch_up_and_rollbac
     force_reopen_each(held, approver)
     fleet.clear_faults(rl_a[0])
     assert run_inline(source, operator, "v3").state == RefreshState.SUCCEEDED
+    # The worker force-reopened without a readback reads back v2 once fixed: that is what it
+    # serves, recorded as such, not drift to be "caught up" back to v1.
+    assert list(Quarantine.objects.filter(source=source).values_list("instance_id")) == [(new_id,)]
 
     # Rollback: a refresh to v4 holds (an rl-b generation is cancelled) after every worker
     # loaded v4; the rollback (run by Celery) takes everyone back to v3.
@@ -371,7 +374,6 @@ def test_provenance_agrees_with_the_call_logs_through_drift_catch_up_and_rollbac
     )
     assert set(fleet_versions(fleet).values()) == {"v3"}
     end = time.time()
-
     logs = {str(w["instance_id"]): fleet.state(w["key"]) for w in fleet.workers()} | gone
     lived = {old_id: (start, died), new_id: (born, end)}
     rng = random.Random(23)

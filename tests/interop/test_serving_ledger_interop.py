@@ -24,6 +24,7 @@ from controlplane.refresh.models import (
     RefreshState,
     Serving,
 )
+from tests.integration.drift.test_drift_quarantine import detected_within_two_discoveries
 from tests.integration.refresh.helpers import actor_for, make_source, plan, run_inline, wait_for
 from tests.interop.conftest import WorkerSpec
 
@@ -52,7 +53,7 @@ def test_the_ledger_matches_real_readbacks_after_catch_up_and_force_reopen(
         [
             WorkerSpec("backend", namespace="rl-a", model_name="tiny-a"),
             WorkerSpec("backend", namespace="rl-b", model_name="tiny-b"),
-            WorkerSpec("spare", namespace="rl-b", model_name="tiny-b"),
+            WorkerSpec("spare", namespace="rl-b", model_name="tiny-s"),
         ],
         frontend_env={"DYN_NAMESPACE_PREFIX": "rl"},
     )
@@ -65,8 +66,6 @@ def test_the_ledger_matches_real_readbacks_after_catch_up_and_force_reopen(
     before = set(_live(dep))
     restarted.restart()
     (new_id,) = wait_for(lambda: set(_live(dep)) - before, timeout=90)
-    from tests.integration.drift.test_drift_quarantine import detected_within_two_discoveries
-
     detected_within_two_discoveries(
         source,
         lambda: Quarantine.objects.filter(

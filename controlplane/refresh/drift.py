@@ -8,7 +8,9 @@ worker with what the serving ledger says its gate admits:
 - `recovered`: the same, for a worker this discovery saw stop erroring;
 - `version`: an admitted instance whose version readback is not the version the ledger admits
   it at (verified or forced: a person's force-reopen admitted what it serves, and only the
-  worker moving away from that is drift).
+  worker moving away from that is drift). A force-reopen that could read nothing back admitted
+  an `unknown` version: its first readback is recorded as what it serves, never drift (else
+  drift would quietly turn the approver's admission back to the old version).
 
 An instance that is gone is not drift: the ledger records it departed. Namespaces with an
 active refresh are skipped (the refresh owns them), and so are instances an open quarantine
@@ -51,6 +53,7 @@ from controlplane.refresh.models import (
     ADMITTING_STATES,
     OPEN_QUARANTINE_STATES,
     Admission,
+    Evidence,
     Gate,
     Quarantine,
     QuarantineState,
@@ -113,6 +116,10 @@ def find_drift(
                 f"{gate.verified_version!r})"
             )
             drifted.append(Drifted(worker, kind, detail))
+        elif interval.evidence == Evidence.UNKNOWN:
+            # Force-reopened without a readback: the version recorded is the last one seen,
+            # not a claim, so a first readback is evidence (`ledger.read_back`), not drift.
+            continue
         elif _readback_differs(worker, interval.version):
             how = "forced" if interval.admission == Admission.FORCED else "verified"
             detail = f"reads back {worker.weight_version!r}, admitted {how} at {interval.version!r}"
@@ -227,6 +234,10 @@ def _reconcile_gate(
         facts[(gate.namespace, d.worker.instance_id)] = ledger.reported(
             _declared(d.worker), key=d.worker.key, serving=held
         )
+    for w in workers:  # admitted on a person's say-so without a readback: now it has one
+        row = admitted.get(w.instance_id)
+        if row is not None and row.evidence == Evidence.UNKNOWN and _declared(w) is not None:
+            facts[(gate.namespace, w.instance_id)] = ledger.read_back(_declared(w), key=w.key)
     for w in workers:  # live workers the ledger never saw (owned by a quarantine, say)
         if w.instance_id not in known and w.state == WorkerState.LIVE:
             facts.setdefault(

@@ -246,6 +246,25 @@ def reported(version: Any, *, key: str = "", serving: str = Serving.SERVING) -> 
     return change
 
 
+def read_back(version: Any, *, key: str = "") -> Change:
+    """An instance admitted without a readback (`unknown` evidence, a force-reopen that could
+    read nothing back) now reads back `version`: its admission stands, at what it reports."""
+
+    def change(was: ServingInterval | None) -> Mapping[str, Any] | None:
+        if was is None or was.evidence != Evidence.UNKNOWN or version is None:
+            return None
+        out: dict[str, Any] = {
+            "version": version,
+            "evidence": Evidence.REPORTED,
+            "evidence_detail": {"readback": True},
+        }
+        if key:
+            out["key"] = key
+        return out
+
+    return change
+
+
 #: `withdrawn(transition=CLEAR)`: the refresh that was moving the instance is done with it.
 CLEAR = object()
 

@@ -23,7 +23,9 @@ from controlplane.refresh.models import (
     Evidence,
     Gate,
     GateState,
+    PolicyRefresh,
     Quarantine,
+    QuarantineState,
     RefreshState,
     ServingInterval,
 )
@@ -242,13 +244,18 @@ def test_an_old_refresh_page_shows_its_own_end_state_and_a_labelled_now(
 
 def _served_by_calls(worker: dict, initial, at: float):
     """What the simulated worker's own call log says it served at `at` (epoch seconds): the
-    version of its last successful weight update before then, or what it started with."""
+    version of its last successful weight update (or version declaration) before then, or what
+    it started with. vLLM answers a refused call with HTTP 200 and `status: error`."""
     version = initial
     for call in worker["calls"]:
         if call["at"] > at:
             break
         body = call.get("body") or {}
-        if call["route"].startswith("update_weights") and call["status"] == 200:
+        refused = isinstance(call.get("reply"), dict) and call["reply"].get("status") == "error"
+        changes = call["route"].startswith("update_weights") or call["route"] == (
+            "set_weight_version"
+        )
+        if changes and call["status"] == 200 and not refused:
             version = body.get("weight_version", version)
     return version
 
@@ -297,3 +304,101 @@ def test_provenance_of_random_instants_agrees_with_the_workers_own_call_logs(
             exact += 1
             assert found[0].versions == [truth], (instance_id, at, truth, found[0])
     assert answered > 900 and exact > 300
+
+
+def test_provenance_agrees_with_the_call_logs_through_drift_catch_up_and_rollback(
+    simfleet_factory, operator, approver, celery_worker
+):
+    """Refresh; a worker restarted at its base weights, quarantined on discovery and caught up
+    alone (Celery, as in production); a held refresh force-reopened namespace by namespace;
+    a refresh; a held refresh rolled back: for 1,000 random (instance, time) pairs the ledger's
+    answer contains what the worker's own call log says it served, and a verified or forced
+    answer names exactly that version. An instance is asked about only while its process
+    lived (the restarted one's old instance served nothing after it)."""
+    import random
+    import time
+    from datetime import UTC, datetime
+
+    from controlplane.refresh.windows import FORCED, IN_TRANSITION, VERIFIED, served_at
+    from tests.integration.drift.test_drift_quarantine import detected_within_two_discoveries
+    from tests.integration.refresh.helpers import force_reopen_each
+
+    fleet = simfleet_factory(fleet_config(6))
+    source = make_source(fleet, drift_policy=DriftPolicy.QUARANTINE)
+    initial = {str(w["instance_id"]): w["version"] for w in fleet.workers()}
+    assert run_inline(source, operator, "v1").state == RefreshState.SUCCEEDED
+    start = time.time()
+
+    # Drift: the simulated fleet restarts an rl-a worker (new instance id, base weights);
+    # discovery sees it, drift quarantines it, the catch-up brings it to v1 and admits it.
+    restarted = next(w for w in fleet.workers() if w["namespace"] == "rl-a")
+    old_id = str(restarted["instance_id"])
+    gone = {old_id: fleet.state(old_id)}  # its call log, kept before the process goes
+    died = time.time()
+    new_id = str(fleet.restart(restarted["key"]))
+    born = time.time()
+    initial[new_id] = fleet.state(new_id)["version"]
+    caught_up = detected_within_two_discoveries(
+        source,
+        lambda: Quarantine.objects.filter(
+            source=source, instance_id=new_id, state=QuarantineState.ADMITTED
+        ).first(),
+        timeout=30,
+    )
+    assert caught_up.kind == "joined" and fleet.state(new_id)["version"] == "v1"
+
+    # Force-reopen: a held refresh (one worker cannot read its version back), namespace by
+    # namespace; then a refresh that verifies everyone again.
+    rl_a = [w["key"] for w in fleet.workers() if w["namespace"] == "rl-a"]
+    fleet.inject(rl_a[0], "get_weight_version", Fault.error("readback broken"))
+    held = run_inline(source, operator, "v2")
+    assert held.state == RefreshState.HELD
+    force_reopen_each(held, approver)
+    fleet.clear_faults(rl_a[0])
+    assert run_inline(source, operator, "v3").state == RefreshState.SUCCEEDED
+    # The worker force-reopened without a readback reads back v2 once fixed: that is what it
+    # serves, recorded as such, not drift to be "caught up" back to v1.
+    assert list(Quarantine.objects.filter(source=source).values_list("instance_id")) == [(new_id,)]
+
+    # Rollback: a refresh to v4 holds (an rl-b generation is cancelled) after every worker
+    # loaded v4; the rollback (run by Celery) takes everyone back to v3.
+    rl_b = [w["key"] for w in fleet.workers() if w["namespace"] == "rl-b"]
+    fleet.inject(rl_b[0], "generate", Fault.cancel())
+    doomed = run_inline(source, operator, "v4")
+    assert doomed.state == RefreshState.HELD
+    fleet.clear_faults()
+    rollback = intents.rollback_policy_refresh(doomed, actor=actor_for(operator))
+    wait_for(
+        lambda: PolicyRefresh.objects.filter(pk=rollback.pk, state=RefreshState.SUCCEEDED).exists(),
+        timeout=60,
+    )
+    assert set(fleet_versions(fleet).values()) == {"v3"}
+    end = time.time()
+    logs = {str(w["instance_id"]): fleet.state(w["key"]) for w in fleet.workers()} | gone
+    lived = {old_id: (start, died), new_id: (born, end)}
+    rng = random.Random(23)
+    asked = answered = exact = 0
+    truths: set = set()
+    confidences: set[str] = set()
+    for _ in range(1000):
+        instance_id = rng.choice(sorted(logs))
+        at = rng.uniform(start, end)
+        alive_from, alive_to = lived.get(instance_id, (start, end))
+        if not alive_from <= at <= alive_to:
+            continue  # no process: nothing was served to attribute
+        asked += 1
+        truth = _served_by_calls(logs[instance_id], initial[instance_id], at)
+        found = served_at(instance_id, datetime.fromtimestamp(at, UTC))
+        assert len(found) <= 1, found  # a point in time is one interval
+        if not found or not found[0].versions:
+            continue
+        answered += 1
+        truths.add(truth)
+        confidences.add(found[0].confidence)
+        assert truth in found[0].versions, (instance_id, at, truth, found[0])
+        if found[0].confidence in (VERIFIED, FORCED):
+            exact += 1
+            assert found[0].versions == [truth], (instance_id, at, truth, found[0])
+    assert asked > 800 and answered > 0.85 * asked and exact > 300, (asked, answered, exact)
+    assert {"v1", "v2", "v3", "v4"} <= truths, truths
+    assert {VERIFIED, FORCED, IN_TRANSITION} <= confidences, confidences

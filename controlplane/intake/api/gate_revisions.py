@@ -66,8 +66,9 @@ class Rounds:
         job.add_done_callback(done)
 
 
-#: One thread per process reads every round, on one connection it keeps (taken from the pool
-#: once, not per round): rounds never overlap within a loop, so one thread is enough.
+#: One thread per process reads every round: rounds never overlap within a loop, so one thread
+#: is enough. Its connection goes back to the pool after each round: a connection kept for the
+#: process's life would be one the requests can never have (with a pool of one, none at all).
 _reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-revisions")
 
 
@@ -76,8 +77,9 @@ def _read(scopes: frozenset[Scope]) -> Found:
         return committed_revisions(scopes)
     except DatabaseError:
         logger.warning("gate revisions unreadable; polls go to Django", exc_info=True)
-        connections.close_all()  # a broken connection is not kept: the next round reconnects
         return None
+    finally:
+        connections.close_all()  # back to the pool (a broken one is dropped and replaced)
 
 
 _rounds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Rounds] = weakref.WeakKeyDictionary()

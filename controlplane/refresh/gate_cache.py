@@ -53,7 +53,7 @@ from typing import Any
 import redis
 from django.db import DatabaseError, connection
 
-from controlplane import redis_client
+from controlplane import dbretry, redis_client
 from controlplane.fleet.models import PublishedPolicy, Source
 from controlplane.refresh.models import Gate
 from controlplane.refresh.policy_lag import with_lag
@@ -156,11 +156,15 @@ def store(payloads: Iterable[Mapping[str, Any]]) -> None:
     for payload in payloads:
         try:
             _store(payload, int(payload["source_id"]))
-        except (redis.RedisError, DatabaseError):
+        except (redis.RedisError, DatabaseError) as exc:
             key = gate_key(str(payload["source"]), str(payload["namespace"]))
             logger.warning("gate copy %s not written", key, exc_info=True)
             with contextlib.suppress(redis.RedisError):
                 redis_client.sync_client().delete(key)
+            if isinstance(exc, DatabaseError) and not dbretry.in_transaction():
+                # The lag read met a dropped connection after the caller's commit: drop it
+                # here, or the caller's next statement (an executor's fenced step) fails on it.
+                dbretry.reconnect()
 
 
 def prime(payload: Mapping[str, Any], source_id: int) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.fleet.models import PublishedPolicy
 from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.models import Gate
 from controlplane.refresh.policy_lag import lag_of
@@ -36,7 +37,14 @@ class LagCollector(Collector):
             "1 while the namespace serves a policy more steps behind than its source allows.",
             labels=labels,
         )
-        gates = Gate.objects.select_related("source").order_by("source__name", "namespace")
+        # Only sources that ever published have a lag: one read finds them, so gates of the
+        # others cost nothing. (A publishing source's gates still cost two reads each.)
+        publishing = set(PublishedPolicy.objects.values_list("source_id", flat=True).distinct())
+        gates = (
+            Gate.objects.filter(source_id__in=publishing)
+            .select_related("source")
+            .order_by("source__name", "namespace")
+        )
         for gate in gates:
             lag = lag_of(gate.source, gate.namespace, serialize_gate(gate))
             if lag is None:

@@ -313,6 +313,13 @@ def test_without_the_provenance_route_the_guard_reads_the_gate():
     assert isinstance(client(handler).admission_view(), GateView)
 
 
+def served(version: str) -> dict:
+    """The provenance API's answer for one admitted, verified interval (server shape)."""
+    interval = {"versions": [version], "version": version, "confidence": "verified"}
+    interval |= {"admitted": True, "admission": "verified", "serving": "serving"}
+    return {"instance_id": "1", "versions": [version], "intervals": [interval]}
+
+
 def test_with_the_provenance_route_the_guard_asks_the_serving_ledger():
     asked = []
 
@@ -325,17 +332,17 @@ def test_with_the_provenance_route_the_guard_asks_the_serving_ledger():
         if path == "/api/v1/provenance":
             asked.append(dict(request.url.params))
             if request.url.params["instance_id"] == "7":
-                return httpx.Response(200, json={"weight_version": "step-0", "admitted": True})
+                return httpx.Response(200, json=served("step-0"))
             if request.url.params["instance_id"] == "9":
                 return error(404, "not_found", "no such instance")
-            return httpx.Response(200, json={"weight_version": "step-1", "admitted": True})
+            return httpx.Response(200, json=served("step-1"))
         raise AssertionError(path)
 
     view = client(handler).admission_view()
     assert isinstance(view, LedgerView)
     assert view.admission(18446744073709551611, "step-1", at=1767225600.0).admitted
     stale = view.admission(7, "step-1", at=1767225600.0)
-    assert not stale.admitted and "served 'step-0'" in stale.reason
+    assert not stale.admitted and "served ['step-0']" in stale.reason
     assert not view.admission(9, "step-1", at=1767225600.0).admitted
     assert asked[0] == {"instance_id": "18446744073709551611", "at": "2026-01-01T00:00:00+00:00"}
     assert view.identity(7).model == "policy"

@@ -81,6 +81,10 @@ class GateView:
         return self._identities.get(instance_id)
 
 
+#: Ledger confidences under which an admitted interval names exactly the version served.
+ADMITTING_CONFIDENCE = ("verified", "forced")
+
+
 class LedgerView:
     """The serving ledger's answer for the instance at the request's time."""
 
@@ -98,16 +102,31 @@ class LedgerView:
             return Admission(
                 False, f"the serving ledger has no record of instance {instance_id}", self.basis
             )
-        served = answer.get("weight_version")
-        if not answer.get("admitted"):
-            reason = answer.get("reason") or "not admitted"
-            return Admission(False, f"instance {instance_id} at {when}: {reason}", self.basis)
-        if not same_version(served, version):
+        # Every ledger interval of the instance that overlaps the moment (two at a boundary)
+        # must admit it at the stamped version: verified, or forced by an approver.
+        intervals = answer.get("intervals") or []
+        if not intervals:
             return Admission(
                 False,
-                f"instance {instance_id} served {served!r} at {when}, not {version!r}",
+                f"the serving ledger has no interval of instance {instance_id} at {when}",
                 self.basis,
             )
+        for interval in intervals:
+            if not interval.get("admitted"):
+                state = f"{interval.get('serving')}, {interval.get('confidence')}"
+                return Admission(
+                    False, f"instance {instance_id} at {when}: not admitted ({state})", self.basis
+                )
+            served = interval.get("version")
+            if interval.get("confidence") not in ADMITTING_CONFIDENCE or not same_version(
+                served, version
+            ):
+                return Admission(
+                    False,
+                    f"instance {instance_id} served {interval.get('versions')!r} at {when} "
+                    f"({interval.get('confidence')}), not {version!r}",
+                    self.basis,
+                )
         return Admission(True, "", self.basis)
 
     def identity(self, instance_id: int) -> WorkerIdentity | None:

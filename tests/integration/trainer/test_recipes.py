@@ -55,7 +55,7 @@ def test_every_framework_skeleton_refreshes_then_admits_its_rollouts(
         out = run_skeleton(name, env)
         ((printed, admitted, asked, basis),) = ADMITTED.findall(out)
         assert (printed, admitted, asked) == (version, "2", "2"), out
-        assert basis == "GateView"  # this server has no serving ledger yet
+        assert basis == "LedgerView"  # the server's serving ledger answers admission
         assert {w["version"] for w in stack.fleet.workers()} == {version}
         if name == "slime":
             assert f"{len(stack.fleet.workers())} healthy engine(s)" in out

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Max, Q
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
 from controlplane.fleet.models import PublishedPolicy, Source
@@ -166,10 +166,26 @@ def _meant_for(namespace: str) -> Q:
     return Q(namespaces=[]) | Q(namespaces__contains=[namespace])
 
 
+def _published_for(source: Source, namespace: str) -> QuerySet[PublishedPolicy]:
+    """The source's publications meant for `namespace` (all namespaces, or naming it).
+
+    SQLite (the embedded runtime, a demo's handful of publications) has no JSON containment
+    lookup, so there the rows are matched here instead (as fleet/filters.py does for routes)."""
+    published = PublishedPolicy.objects.filter(source=source)
+    if connection.features.supports_json_field_contains:
+        return published.filter(_meant_for(namespace))
+    meant = [
+        pk
+        for pk, namespaces in published.values_list("pk", "namespaces")
+        if not namespaces or namespace in namespaces
+    ]
+    return published.filter(pk__in=meant)
+
+
 def lag_of(source: Source, namespace: str, gate: Mapping[str, Any]) -> Lag | None:
     """The namespace's lag; None when no policy was published for it."""
     admitted = admitted_versions(gate)
-    published = PublishedPolicy.objects.filter(source=source).filter(_meant_for(namespace))
+    published = _published_for(source, namespace)
     serving_rows = {
         row.version_key: row
         for row in published.filter(version_key__in=[version_key(v) for v in admitted])

@@ -20,8 +20,6 @@ from controlplane.intake.views.common import ADMIN_PERMS
 from controlplane.notify.models import NotificationDestination
 from controlplane.requests import HtmxHttpRequest
 
-__all__ = ["index"]
-
 
 @require_GET
 @requires(*ADMIN_PERMS)

@@ -21,7 +21,6 @@ from controlplane.dynamo.generation import completion_sample
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, WorkerStepResult
 from controlplane.refresh.planning import GENERATION
 from controlplane.refresh.step_order import StepName
-from controlplane.textlimits import REASON_CHARS, URL_CHARS
 
 AGREEMENT = "agreement"
 MAX_NAMED = 5
@@ -108,7 +107,7 @@ def _record(refresh, lease, attempt: int, rule: AgreementRule, checks) -> None:
                 step=StepName.VERIFY,
                 operation=AGREEMENT,
                 method="CHECK",
-                url=f"cross-worker agreement on {model}"[:URL_CHARS],
+                url=f"cross-worker agreement on {model}"[:800],
                 request_body={"rule": rule.to_dict(), "workers": [s.key for _, s in pairs]},
                 response_body={
                     "reference_ids": list(check.reference_ids),
@@ -136,7 +135,7 @@ def _record(refresh, lease, attempt: int, rule: AgreementRule, checks) -> None:
                     step=StepName.VERIFY,
                     operation=AGREEMENT,
                     method="CHECK",
-                    url=f"cross-worker agreement on {model}"[:URL_CHARS],
+                    url=f"cross-worker agreement on {model}"[:800],
                     request_body={"rule": rule.to_dict()},
                     response_body={
                         "got_ids": list(sample.ids),
@@ -159,7 +158,7 @@ def _record(refresh, lease, attempt: int, rule: AgreementRule, checks) -> None:
                     step=StepName.VERIFY,
                     attempt=attempt,
                     status="failed",
-                    error=reason[:REASON_CHARS],
+                    error=reason[:2000],
                     finished_at=now,
                 )
             )

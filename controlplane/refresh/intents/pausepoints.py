@@ -18,18 +18,12 @@ from django.db import transaction
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
-from controlplane.refresh.errors import InvalidTransition, wrong_state
+from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.executor.waves import is_staged
 from controlplane.refresh.intents import base
 from controlplane.refresh.intents.base import audit_refresh, locked_refresh
-from controlplane.refresh.live import publish_state_on_commit
+from controlplane.refresh.live import publish_state
 from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState
-from controlplane.refresh.progress import (
-    leaving_pause_point,
-    pause_is_requested,
-    progress_of,
-    with_pause_requested,
-)
 
 
 def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
@@ -47,22 +41,23 @@ def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
             RefreshState.REOPENING,
             RefreshState.CANARY_ROLLBACK,
         ):
-            raise wrong_state(
-                refresh,
-                why="a pause is asked for while its waves run",
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {refresh.state}; a pause is asked for while "
+                "its waves run"
             )
         if refresh.wave >= refresh.waves:
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is in its last wave: nothing is left to wait for"
             )
-        if pause_is_requested(progress_of(refresh)):
+        progress = dict(refresh.progress or {})
+        if progress.get("pause_requested"):
             return refresh
-        progress = with_pause_requested(refresh)
+        progress["pause_requested"] = True
         # Only this column: the executor owns the rest of the row while it runs.
         PolicyRefresh.objects.filter(pk=refresh.pk).update(progress=progress)
         refresh.progress = progress
         audit_refresh(AuditAction.POLICY_REFRESH_PAUSE_REQUESTED, refresh, actor, wave=refresh.wave)
-    publish_state_on_commit(refresh)
+    transaction.on_commit(lambda: publish_state(refresh))
     return refresh
 
 
@@ -73,8 +68,11 @@ def continue_refresh(
     with transaction.atomic():
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.WAITING:
-            raise wrong_state(refresh, wanted="waiting at a pause point")
-        progress, after = leaving_pause_point(refresh)
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is {refresh.state}, not waiting at a pause point"
+            )
+        progress = dict(refresh.progress or {})
+        after = progress.pop("waiting_after", refresh.wave)
         refresh.transition(RefreshState.PAUSING, wave=after + 1, progress=progress)
         audit_refresh(
             AuditAction.POLICY_REFRESH_CONTINUED,
@@ -86,5 +84,5 @@ def continue_refresh(
         )
         if enqueue:
             base.enqueue_execution(refresh.pk)
-    publish_state_on_commit(refresh)
+    transaction.on_commit(lambda: publish_state(refresh))
     return refresh

@@ -17,7 +17,6 @@ from controlplane.simfleet.servers.common import (
     TEXT_JSON,
     DropConnection,
     json_response,
-    note_trace_headers,
     pause_for,
     read_json_body,
 )
@@ -51,7 +50,6 @@ class SystemServers:
         worker = self.fleet.workers.get(token)
         if worker is None or worker.system_url is None:
             raise DropConnection
-        note_trace_headers(self.fleet.received_headers, token, request)
         rest = slash + rest
         if rest in ("/health", "/live"):
             return await self._health(worker)

@@ -88,10 +88,10 @@ def serve_bare(fd: int, redis_url: str, grant_key: str, gate_key: str, extra: st
         grant = json.loads(raw_grant)
         if grant["secret_hash"] != hashlib.sha256(secret.encode()).hexdigest():
             return web.Response(status=401)
-        revision, source_id, body = raw_gate.split(b" ", 2)
+        revision, source_id, _, mark, body = raw_gate.split(b" ", 4)
         if VIEW_PERM not in grant["perms"] or int(source_id) not in grant["source_ids"]:
             return web.Response(status=404)
-        etag = f'"{int(source_id)}.{revision.decode()}"'
+        etag = f'"{int(source_id)}.{revision.decode()}.{mark.decode()}"'
         headers = {"ETag": etag, "Cache-Control": "private, no-cache", **same_headers}
         headers["X-Request-ID"] = os.urandom(16).hex()
         if request.headers.get("If-None-Match") == etag:

@@ -1,6 +1,6 @@
 """Bulk INSERT for the hot paths (discovery's workers and events, the refresh journal).
 
-A discovery refresh where 2,000 workers join inserts 2,000 workers (28 columns) and 2,000
+A discovery run where 2,000 workers join inserts 2,000 workers (28 columns) and 2,000
 events; a policy refresh of 500 workers journals 3,000 calls. Django's `bulk_create` compiler
 spends ~7 µs per value assembling one giant statement, and even a prepared `executemany` sends
 one statement per row (psycopg pipelines them, but each is still parsed, bound and executed by
@@ -188,7 +188,7 @@ def _prepared_rows(
     """Rows as database values, prepared column by column: a column whose values all have a
     type the column stores as is (`_as_is`: the str columns, the integer keys) is taken whole
     after one look at its types, the rest value by value (`_prepared_column`). A cold
-    discovery refresh inserts 2,000 rows of 28 columns, most of them plain text."""
+    discovery run inserts 2,000 rows of 28 columns, most of them plain text."""
     rows = rows if isinstance(rows, list) else list(rows)
     width = len(fields)
     for row in rows:

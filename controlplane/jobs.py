@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from celery import current_app
 from django.db import transaction
 
+from controlplane.textlimits import SUMMARY_CHARS
+
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
@@ -71,7 +73,7 @@ def send(
             task_name,
             args,
             type(exc).__name__,
-            str(exc).splitlines()[0][:200] if str(exc) else "",
+            str(exc).splitlines()[0][:SUMMARY_CHARS] if str(exc) else "",
         )
         return False
     return True

@@ -292,6 +292,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=RECONCILE_TICK_SECONDS),
         "options": {"expires": RECONCILE_TICK_SECONDS * 0.9},
     },
+    # Namespaces serving a policy further behind the trainer than their source allows.
+    "policy-lag": {
+        "task": "refresh.enforce_policy_lag",
+        "schedule": timedelta(seconds=DISCOVERY_TICK_SECONDS),
+        "options": {"expires": DISCOVERY_TICK_SECONDS * 0.9},
+    },
     # Gates of a source whose last successful discovery is too old become `unknown`.
     "gate-freshness": {
         "task": "refresh.sync_gate_freshness",

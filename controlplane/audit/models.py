@@ -2,6 +2,7 @@ from django.conf import settings
 from django.db import models
 
 from controlplane.audit.actions import ActorType
+from controlplane.textlimits import LABEL_CHARS, QUOTED_CHARS
 
 
 class AuditEventQuerySet(models.QuerySet):
@@ -35,13 +36,13 @@ class AuditEvent(models.Model):
         db_constraint=False,
         related_name="+",
     )
-    actor_label = models.CharField(max_length=200, db_index=True)
+    actor_label = models.CharField(max_length=LABEL_CHARS, db_index=True)
     source_ip = models.GenericIPAddressField(null=True, blank=True)
     # Names come from AuditAction; no `choices` here so adding an action needs no migration.
     action = models.CharField(max_length=64, db_index=True)
     target_type = models.CharField(max_length=64, blank=True)
     target_id = models.CharField(max_length=200, blank=True)
-    target_label = models.CharField(max_length=300, blank=True)
+    target_label = models.CharField(max_length=QUOTED_CHARS, blank=True)
     details = models.JSONField(default=dict)
     correlation_id = models.CharField(max_length=64, blank=True, db_index=True)
     previous_hash = models.CharField(max_length=64)

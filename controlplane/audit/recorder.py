@@ -18,6 +18,7 @@ from controlplane.audit.keys import hmac_keyring
 from controlplane.audit.models import AuditChainHead, AuditEvent
 from controlplane.correlation import current_correlation_id
 from controlplane.requests import client_address
+from controlplane.textlimits import LABEL_CHARS, QUOTED_CHARS
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,9 @@ def _describe_target(target) -> tuple[str, str, str]:
     if target is None:
         return "", "", ""
     if isinstance(target, models.Model):
-        return target._meta.label_lower, str(target.pk), str(target)[:300]
+        return target._meta.label_lower, str(target.pk), str(target)[:QUOTED_CHARS]
     target_type, target_id, *label = target
-    return str(target_type), str(target_id), str(label[0] if label else "")[:300]
+    return str(target_type), str(target_id), str(label[0] if label else "")[:QUOTED_CHARS]
 
 
 def record(
@@ -114,7 +115,7 @@ def record(
             occurred_at=timezone.now(),
             actor_type=actor.type,
             actor_user=actor.user,
-            actor_label=actor.label[:200],
+            actor_label=actor.label[:LABEL_CHARS],
             source_ip=source_ip,
             action=action,
             target_type=target_type,

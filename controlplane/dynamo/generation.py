@@ -20,6 +20,7 @@ from .families.base import body_message
 from .fingerprint import Fingerprint, Sample
 from .http import MAX_RESPONSE_BYTES, DynamoClient
 from .policy import OutboundPolicy
+from .trace_join import verification_headers
 
 # `worker_id` names the instance that really generated: a pinned check must be answered by the
 # pinned worker, not merely by some replica of the model.
@@ -275,7 +276,14 @@ async def run_generation_check(
         return GenerationVerdict(False, f"outbound policy: {problem}")
     try:
         reply = await client.send(
-            "POST", url, json_body=check.request_body(), timeout=timeout, limit=MAX_RESPONSE_BYTES
+            "POST",
+            url,
+            json_body=check.request_body(),
+            timeout=timeout,
+            limit=MAX_RESPONSE_BYTES,
+            # A verification request: its rollout and attempt ids join Dynamo's request traces
+            # to the refresh or catch-up that sent it (trace_join.py).
+            extra_headers=verification_headers(),
         )
     except CallTimeout:
         return GenerationVerdict(False, f"frontend timed out after {timeout:g}s")

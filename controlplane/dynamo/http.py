@@ -13,7 +13,7 @@ Every Dynamo call (listener, worker admin routes, frontend) goes through `Dynamo
 Failures on the wire raise the `TransportError` family from `errors` (timeout, connect failed,
 connection dropped, protocol error), never the library's own exceptions.
 
-aiohttp is used directly because a policy refresh or a discovery refresh fans out to thousands
+aiohttp is used directly because a policy refresh or a discovery run fans out to thousands
 of workers at once: httpx's pool cost several times more per call than aiohttp's at that
 fan-out, and every layer on top of aiohttp (request objects, URL models, response wrappers)
 costs CPU per call too. `bench/discovery.py` and `bench/policy_refresh.py` compare a refresh with
@@ -35,6 +35,7 @@ import aiohttp
 import certifi
 
 from .errors import CallTimeout, ConnectFailed, ConnectionDropped, ProtocolError, TransportError
+from .trace_join import call_headers
 from .tracing import traced_call, with_trace_context
 
 #: Default cap on a response body read from a worker or frontend.
@@ -82,7 +83,7 @@ class Reply:
 def tls_context() -> ssl.SSLContext:
     """The one TLS context every client shares (certifi's CA bundle, as before).
 
-    Loading the CA bundle costs ~45 ms and every discovery refresh and policy refresh run
+    Loading the CA bundle costs ~45 ms and every discovery run and policy refresh run
     builds a client; the context is read-only once built.
     """
     return ssl.create_default_context(cafile=certifi.where())
@@ -177,6 +178,7 @@ class DynamoClient:
         limit: int = MAX_RESPONSE_BYTES,
         error_limit: int | None = None,
         accept: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> Reply:
         """One request; redirects not followed; body read up to `limit` bytes.
 
@@ -184,6 +186,8 @@ class DynamoClient:
         encoded). `error_limit` caps the body of a
         reply whose status is not 200 (default: `limit`), so an error page is never read to a
         payload's size. `timeout` (default: the client's) bounds the whole exchange.
+        `extra_headers` replaces the trace-join headers of the current work
+        (`trace_join.call_headers`), which every other call carries.
         Raises `TransportError` subclasses only.
         """
         session = self._session
@@ -194,6 +198,11 @@ class DynamoClient:
         headers: Mapping[str, str] | None = None if data is None else _JSON_HEADERS
         if accept is not None:
             headers = {**(headers or {}), "accept": accept}
+        # The trace join (trace_join.py): the version this work moves workers to, and for a
+        # generation check its rollout and attempt (`extra_headers`).
+        joined = extra_headers if extra_headers is not None else call_headers()
+        if joined:
+            headers = {**(headers or {}), **joined}
         headers = with_trace_context(headers)  # W3C traceparent inside a trace (tracing.py)
         try:
             async with asyncio.timeout(deadline):

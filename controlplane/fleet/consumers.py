@@ -29,7 +29,7 @@ class FleetOverviewConsumer(LiveStream):
         if event == live.EVENT_CHARTS_CHANGED:
             return [payload["html"]]
         if event == live.EVENT_SOURCE_REFRESHED:
-            if "html" in payload:  # a discovery refresh renders its card itself
+            if "html" in payload:  # a discovery run renders its card itself
                 return [payload["html"]]
             return [live.shared_card_html(payload["source_id"], payload.get("stamp", ""))]
         return [live.overview_html()]
@@ -85,7 +85,7 @@ class SourceStreamConsumer(LiveStream):
 
     def render(self, event: str, payload: dict) -> list[str]:
         if event == live.EVENT_SUMMARY_CHANGED and "summary_html" not in payload:
-            # Announced without HTML (a gate or refresh change): rendered here, once per
+            # Announced without HTML (a gate or policy refresh change): rendered here, once per
             # process for every subscriber of this source.
             return [live.shared_summary_html(self.source_id, payload.get("stamp", ""))]
         head = (

@@ -1,9 +1,9 @@
-"""Live fleet streams: what a refresh publishes, and the HTML each stream sends.
+"""Live fleet streams: what a discovery run publishes, and the HTML each stream sends.
 
-Groups: `fleet` (overview) and `fleet.source.<id>` (source page). A refresh publishes the
+Groups: `fleet` (overview) and `fleet.source.<id>` (source page). A discovery run publishes the
 source's summary and only the rows it touched, each rendered once here for every subscriber;
 the consumer picks the rows its client's page shows (`consumers.SourceStreamConsumer`). A gate
-or refresh change publishes the summary alone: it holds the gate and drift badges, and no row
+or policy refresh change publishes the summary alone: it holds the gate and drift badges, and no row
 of the worker table changes with a gate.
 """
 
@@ -146,7 +146,7 @@ def publish_overview() -> None:
 
 
 def publish_refresh(source_id: int, worker_ids: list[int]) -> None:
-    """After a refresh commits: the source's card, header, timeline and touched rows."""
+    """After a discovery run commits: the source's card, header, timeline and touched rows."""
     try:
         source = Source.objects.filter(pk=source_id).first()
         if source is None:
@@ -171,8 +171,8 @@ def publish_refresh(source_id: int, worker_ids: list[int]) -> None:
         elif worker_ids:
             payload["rows"] = [row_payload(w) for w in Worker.objects.filter(pk__in=worker_ids)]
         publish(source_group(source_id), EVENT_WORKERS_CHANGED, payload)
-    except Exception:  # a lost push is repaired by the next resync; never fail the refresh
-        logger.exception("publishing the refresh of source %s failed", source_id)
+    except Exception:  # a lost push is repaired by the next resync; never fail the discovery run
+        logger.exception("publishing the discovery run of source %s failed", source_id)
 
 
 def publish_summary(source_ids) -> None:

@@ -93,7 +93,7 @@ class FleetCollector(Collector):
         yield stale
 
         runs = GaugeMetricFamily(
-            "controlplane_discovery_runs", "Discovery refreshes kept in history.", labels=["source"]
+            "controlplane_discovery_runs", "Discovery runs kept in history.", labels=["source"]
         )
         errors = GaugeMetricFamily(
             "controlplane_discovery_listener_errors",
@@ -143,7 +143,7 @@ def _quantile(ordered: list[float], q: float) -> float:
 def discovery_latency(names: dict[int, str]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "controlplane_discovery_duration_seconds",
-        f"Discovery refresh duration over the last {LATENCY_WINDOW_SECONDS}s of runs, by "
+        f"Discovery run duration over the last {LATENCY_WINDOW_SECONDS}s of runs, by "
         "quantile (1 = the slowest).",
         labels=["source", "quantile"],
     )

@@ -1,4 +1,4 @@
-"""Sources, the workers discovered behind them, and what each discovery refresh observed."""
+"""Sources, the workers discovered behind them, and what each discovery run observed."""
 
 from datetime import datetime
 
@@ -9,6 +9,8 @@ from django.db import models
 from controlplane.dynamo import fingerprint as fp
 from controlplane.dynamo import limits
 from controlplane.dynamo.discovery import worker_key
+from controlplane.dynamo.families import DECLARABLE_FAMILIES
+from controlplane.dynamo.releases import RELEASE_CHOICES
 
 # Names match `controlplane.dynamo.families.FAMILIES`.
 FAMILY_CHOICES = [
@@ -39,6 +41,31 @@ class DriftPolicy(models.TextChoices):
     OBSERVE = "observe", "observe only"
 
 
+class ListenerScope(models.TextChoices):
+    """The namespace scope a source declares its RL listener to have (docs/concepts/scope.md).
+
+    Undeclared follows what the listener reports, except a global listener, which reaches
+    every deployment's admin routes and so must be declared before its workers are used."""
+
+    UNDECLARED = "", "undeclared (follow the listener; refuse a global one)"
+    EXACT = "exact", "exact namespace (DYN_NAMESPACE)"
+    PREFIX = "prefix", "prefix and its generations (DYN_NAMESPACE_PREFIX)"
+    SUFFIX = "suffix", "suffixed pool (DYN_NAMESPACE + DYN_NAMESPACE_WORKER_SUFFIX)"
+    GLOBAL = "global", "global: every namespace (DYN_NAMESPACE_PREFIX=dynamo)"
+
+
+class MaxLagAction(models.TextChoices):
+    """What a namespace serving a policy more than `max_lag_steps` behind the trainer's latest
+    published one does (docs/concepts/policy-lag.md)."""
+
+    #: Show the lag (gate API, pages, /metrics); never act on it.
+    OBSERVE = "observe", "observe"
+    #: Notify (`policy.lag_exceeded`) once per time the namespace falls behind.
+    ALERT = "alert", "notify"
+    #: Close the namespace's gate as `stale_policy` until a refresh brings it within bounds.
+    CLOSE = "close", "close the gate"
+
+
 class Source(models.Model):
     """One Dynamo deployment: its RL listener, its frontend and its admin network policy.
 
@@ -53,6 +80,11 @@ class Source(models.Model):
     expected_namespace = models.CharField(max_length=200, blank=True)
     expected_prefix = models.CharField(max_length=200, blank=True)
     expected_worker_suffix = models.CharField(max_length=200, blank=True)
+    #: The declared scope: workers the listener reports outside it are refused on every
+    #: discovery (`fleet.declared_scope`).
+    listener_scope = models.CharField(
+        max_length=16, choices=ListenerScope.choices, default=ListenerScope.UNDECLARED, blank=True
+    )
     allowed_networks = models.JSONField(
         default=list, help_text="CIDRs that listener, frontend and worker admin URLs must be in"
     )
@@ -74,14 +106,35 @@ class Source(models.Model):
     drift_policy = models.CharField(
         max_length=16, choices=DriftPolicy.choices, default=DriftPolicy.QUARANTINE
     )
+    #: Policy lag (refresh/policy_lag.py): what happens once the admitted workers serve a
+    #: policy more than `max_lag_steps` training steps behind the latest published one.
+    max_lag_action = models.CharField(
+        max_length=16, choices=MaxLagAction.choices, default=MaxLagAction.OBSERVE
+    )
+    max_lag_steps = models.PositiveIntegerField(
+        default=1, help_text="training steps the served policy may be behind the latest published"
+    )
     #: The refresh strategy a plan gets unless it names its own (`refresh.strategy` JSON form;
     #: empty = all at once).
     default_strategy = models.JSONField(default=dict, blank=True)
     #: Hours between scheduled rollback drills (refresh.drills; docs/operate/drills.md);
-    #: 0 = never. A due drill is skipped while a refresh is active on the source.
+    #: 0 = never. A due drill is skipped while a policy refresh is active on the source.
     drill_every = models.PositiveIntegerField(
         default=0, help_text="hours between scheduled rollback drills; 0 = never"
     )
+
+    #: The backend family of this source's workers where their routes do not say it (native
+    #: Rust sidecars of vLLM, SGLang and TRT-LLM all advertise `control/*` + `update/*`):
+    #: `dynamo.families.family_verdict`. Blank = routes only; an ambiguous worker is refused.
+    declared_family = models.CharField(
+        max_length=32, blank=True, choices=[(f, f) for f in DECLARABLE_FAMILIES]
+    )
+    #: Per-namespace declarations, overriding `declared_family` (`{"rl-a": "vllm-sidecar"}`).
+    declared_families = models.JSONField(default=dict, blank=True)
+    #: The Dynamo release this source's workers run, as the operator declared it (blank:
+    #: 1.6.1, which reports no version to detect). Its contract (`dynamo.releases`) is named
+    #: in every refresh's compatibility record.
+    dynamo_release = models.CharField(max_length=16, blank=True, choices=RELEASE_CHOICES)
 
     reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     stale = models.BooleanField(default=False)
@@ -89,7 +142,7 @@ class Source(models.Model):
     last_refresh_started_at = models.DateTimeField(null=True, blank=True)
     last_refresh_finished_at = models.DateTimeField(null=True, blank=True)
     last_success_at = models.DateTimeField(null=True, blank=True)
-    # A refresh claims the source until this time with a conditional UPDATE, so a duplicate
+    # A discovery run claims the source until this time with a conditional UPDATE, so a duplicate
     # beat tick (or a second beat) finds it claimed and does nothing.
     refresh_claimed_until = models.DateTimeField(null=True, blank=True)
 
@@ -102,8 +155,13 @@ class Source(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def declared_family_for(self, namespace: str) -> str:
+        """The family an operator declared for `namespace`'s workers ("" = none)."""
+        per_namespace = self.declared_families if isinstance(self.declared_families, dict) else {}
+        return str(per_namespace.get(namespace) or self.declared_family or "")
+
     def is_due(self, now: datetime) -> bool:
-        """Whether a scheduled discovery refresh should start at `now`.
+        """Whether a scheduled discovery run should start at `now`.
 
         Half a beat tick of slack: a source whose interval ends just after a tick is refreshed
         on that tick rather than a whole tick late.
@@ -126,6 +184,14 @@ class StaticWorker(models.Model):
     name = models.SlugField(max_length=64)
     namespace = models.CharField(max_length=200)
     component = models.CharField(max_length=200, default="backend")
+    #: The endpoint its runtime registers with the frontend (matched in the frontend's
+    #: `/health` instances to find its real instance id).
+    endpoint = models.CharField(max_length=200, default="generate")
+    #: The operator's declaration where several registered instances match; checked against
+    #: the frontend's instances on every discovery, never trusted on its own.
+    declared_instance_id = models.CharField(
+        max_length=limits.INSTANCE_ID_MAX, blank=True, validators=[instance_id_validator]
+    )
     system_url = models.URLField()
     family = models.CharField(max_length=32, choices=FAMILY_CHOICES)
     allowed_routes = models.JSONField(default=list)
@@ -186,6 +252,9 @@ class Worker(models.Model):
     # A u32 (up to 2^32-1): PostgreSQL's `integer` stops at 2^31-1, so this is a bigint.
     world_size = models.PositiveBigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
+    #: Static workers only: why the real instance id is unknown (`instance_id` is then empty:
+    #: the worker may be refreshed by URL but is never pinned nor put in a verified set).
+    identity_note = models.TextField(blank=True)
 
     state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.LIVE)
     weight_version = models.JSONField(null=True, blank=True)
@@ -238,6 +307,11 @@ class Worker(models.Model):
     def is_static(self) -> bool:
         return self.static_worker_id is not None
 
+    @property
+    def identity_known(self) -> bool:
+        """False for a static worker whose real instance id could not be resolved."""
+        return bool(self.instance_id)
+
 
 class DiscoveryTrigger(models.TextChoices):
     SCHEDULE = "schedule"
@@ -247,7 +321,7 @@ class DiscoveryTrigger(models.TextChoices):
 
 
 class DiscoveryRun(models.Model):
-    """One discovery refresh of a source: when it ran, how long it took, what it counted."""
+    """One discovery run of a source: when it ran, how long it took, what it counted."""
 
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="discovery_runs")
     trigger = models.CharField(max_length=16, choices=DiscoveryTrigger.choices)
@@ -284,7 +358,7 @@ class WorkerEventKind(models.TextChoices):
 
 
 class WorkerEvent(models.Model):
-    """A change one discovery refresh saw in one worker; together they form the timeline."""
+    """A change one discovery run saw in one worker; together they form the timeline."""
 
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="worker_events")
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="events")
@@ -301,3 +375,44 @@ class WorkerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker.key} {self.kind}"
+
+
+class PublishedPolicy(models.Model):
+    """A policy checkpoint a trainer announced (`checkpoint.ready` or `policy.published`): a
+    fact, written once. Per source and lineage, steps and versions only move forward
+    (refresh/policy_lag.py refuses an older step or a version seen at another step)."""
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="published_policies")
+    #: The training run the checkpoint belongs to ("" when the trainer names none).
+    lineage = models.CharField(max_length=limits.NAME_MAX, blank=True, default="")
+    step = models.PositiveBigIntegerField()
+    #: The weight version workers report once they serve it (str or int, as the trainer sent).
+    version = models.JSONField()
+    #: `version` as text (`policy_lag.version_key`), for finding the step a served version is.
+    version_key = models.CharField(max_length=200)
+    digest = models.CharField(max_length=200, blank=True)
+    #: The namespaces it is meant for; empty: every namespace of the source.
+    namespaces = models.JSONField(default=list, blank=True)
+    published_at = models.DateTimeField()
+    received_at = models.DateTimeField(auto_now_add=True)
+    #: The delivery that announced it (`intake.ReceivedWebhook.webhook_id`).
+    webhook_id = models.CharField(max_length=200, blank=True)
+    event_type = models.CharField(max_length=32)
+    #: Namespaces already notified of lag past this publication (`max_lag_action=alert`).
+    lag_alerted = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source", "lineage", "step"], name="published_policy_unique_step"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["source", "lineage", "-step"], name="published_policy_latest"),
+            models.Index(fields=["source", "version_key"], name="published_policy_version"),
+            # The source's policy mark (its newest row), read with every gate poll's check.
+            models.Index(fields=["source", "-id"], name="published_policy_mark"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_id}/{self.lineage or '-'} step {self.step}: {self.version}"

@@ -18,6 +18,7 @@ from django.db.models import Count
 
 from controlplane.dynamo.families import FAMILIES, Operation
 from controlplane.dynamo.scope import Scope
+from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.models import Source, Worker, WorkerState
 from controlplane.fleet.validation import expected_scope
 
@@ -113,6 +114,20 @@ class SourceSummary:
     scope_ok: bool | None
 
     @property
+    def scope_declared(self) -> str:
+        """The declared mode ("" undeclared)."""
+        return self.source.listener_scope
+
+    @property
+    def scope_global(self) -> bool:
+        return self.scope.is_global
+
+    @property
+    def scope_notes(self) -> list[str]:
+        """The listener's rules people trip over (integration reference, contract §1.6)."""
+        return scope_notes(self.source)
+
+    @property
     def present(self) -> int:
         return self.counts.get(WorkerState.LIVE, 0) + self.counts.get(WorkerState.ERRORING, 0)
 
@@ -182,6 +197,11 @@ def filter_options(source: Source) -> FilterOptions:
 
 
 def source_scope(source: Source) -> Scope:
+    """The declared scope; for an undeclared source, what its expected fields resolve to as the
+    listener would resolve the same environment."""
+    declared = DeclaredScope.of(source).scope()
+    if declared is not None:
+        return declared
     return expected_scope(
         {
             "expected_namespace": source.expected_namespace,
@@ -189,6 +209,30 @@ def source_scope(source: Source) -> Scope:
             "expected_worker_suffix": source.expected_worker_suffix,
         }
     )
+
+
+SCOPE_NOTES = {
+    "global": "Global scope: every deployment's pause, resume and update routes are reachable "
+    "through this listener; a plan that would pause another deployment's workers must name "
+    "those namespaces to go ahead.",
+    "exact": "An empty DYN_NAMESPACE is a namespace of its own (the integration reference); "
+    "Dynamo 1.6.1 was observed to read it as `dynamo` (contract §1.6).",
+    "suffix": "The listener always appends `-suffix`; a native sidecar skips it when its "
+    "namespace already ends with it, so `prod-a` + `a` registers `prod-a` while the listener "
+    "looks for `prod-a-a`.",
+    "prefix": "During an operator's rolling update the prefix matches both generations "
+    "(`ns-<old>` and `ns-<new>`) at once; both are listed and planned.",
+    "": "Undeclared: workers are taken as the listener reports them, except a global listener, "
+    "whose workers are refused until the scope is declared global.",
+}
+
+
+def scope_notes(source: Source) -> list[str]:
+    mode = source.listener_scope or ""
+    notes = [SCOPE_NOTES[mode]] if mode in SCOPE_NOTES else []
+    if mode in ("global", "prefix"):
+        notes.append(SCOPE_NOTES["prefix"] if mode == "global" else "")
+    return [n for n in notes if n]
 
 
 def scope_matches_report(source: Source) -> bool | None:

@@ -24,6 +24,8 @@ from controlplane.fleet.models import (
 from controlplane.fleet.validation import (
     AGREEMENT_DEFAULTS,
     DEFAULT_DRIFT_POLICY,
+    DEFAULT_MAX_LAG_ACTION,
+    DEFAULT_MAX_LAG_STEPS,
     SOURCE_FIELDS,
     clean_source_values,
     clean_static_worker_values,
@@ -53,6 +55,7 @@ def create_source(
     expected_namespace: str = "",
     expected_prefix: str = "",
     expected_worker_suffix: str = "",
+    listener_scope: str = "",
     allowed_networks=(),
     refresh_interval_seconds: float = 10.0,
     require_approval: bool = False,
@@ -62,6 +65,11 @@ def create_source(
     agreement_epsilon: float = AGREEMENT_DEFAULTS["agreement_epsilon"],
     drift_policy: str = DEFAULT_DRIFT_POLICY,
     drill_every: int = 0,
+    declared_family: str = "",
+    declared_families: dict[str, str] | None = None,
+    dynamo_release: str = "",
+    max_lag_action: str = DEFAULT_MAX_LAG_ACTION,
+    max_lag_steps: int = DEFAULT_MAX_LAG_STEPS,
 ) -> Source:
     """Register a source. Raises ValidationError (keyed by field) and changes nothing on bad
     input."""
@@ -73,6 +81,7 @@ def create_source(
             "expected_namespace": expected_namespace,
             "expected_prefix": expected_prefix,
             "expected_worker_suffix": expected_worker_suffix,
+            "listener_scope": listener_scope,
             "allowed_networks": allowed_networks,
             "refresh_interval_seconds": refresh_interval_seconds,
             "require_approval": require_approval,
@@ -82,6 +91,11 @@ def create_source(
             "agreement_epsilon": agreement_epsilon,
             "drift_policy": drift_policy,
             "drill_every": drill_every,
+            "declared_family": declared_family,
+            "declared_families": declared_families or {},
+            "dynamo_release": dynamo_release,
+            "max_lag_action": max_lag_action,
+            "max_lag_steps": max_lag_steps,
         }
     )
     if _name_taken(values["name"]):
@@ -138,6 +152,8 @@ def add_static_worker(
     allowed_routes,
     component: str = "backend",
     model: str = "",
+    endpoint: str = "generate",
+    declared_instance_id: str = "",
 ) -> StaticWorker:
     """Register a worker discovery does not report; the next refresh probes it."""
     values = clean_static_worker_values(
@@ -149,6 +165,8 @@ def add_static_worker(
             "allowed_routes": allowed_routes,
             "component": component,
             "model": model,
+            "endpoint": endpoint,
+            "declared_instance_id": declared_instance_id,
         },
         allowed_networks=source.allowed_networks,
     )

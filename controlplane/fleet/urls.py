@@ -11,7 +11,7 @@ urlpatterns = [
     path("sources/<int:pk>/edit/", views.source_edit, name="source_edit"),
     path("sources/<int:pk>/map/", views.source_map, name="source_map"),
     path("sources/<int:pk>/delete/", views.source_delete, name="source_delete"),
-    path("sources/<int:pk>/refresh/", views.refresh_now, name="refresh_now"),
+    path("sources/<int:pk>/discovery/", views.run_discovery, name="run_discovery"),
     path(
         "sources/<int:pk>/static-workers/new/",
         views.static_worker_create,

@@ -14,14 +14,17 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 
-from controlplane.dynamo.families import FAMILIES
+from controlplane.dynamo.families import DECLARABLE_FAMILIES, FAMILIES
 from controlplane.dynamo.fingerprint import AgreementRule
+from controlplane.dynamo.listing import U64_MAX
 from controlplane.dynamo.policy import OutboundPolicy
-from controlplane.dynamo.scope import Scope, resolve_scope
+from controlplane.dynamo.releases import RELEASES
+from controlplane.dynamo.scope import GLOBAL_NAMESPACE, Scope, resolve_scope
 from controlplane.dynamo.urls import url_problem
 
 MIN_INTERVAL_SECONDS = 1.0
 SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
+U64_TEXT = re.compile(r"^(0|[1-9][0-9]{0,19})$")
 
 #: Fields a caller may set on a source; everything else is owned by discovery.
 SOURCE_FIELDS = (
@@ -31,6 +34,7 @@ SOURCE_FIELDS = (
     "expected_namespace",
     "expected_prefix",
     "expected_worker_suffix",
+    "listener_scope",
     "allowed_networks",
     "refresh_interval_seconds",
     "require_approval",
@@ -40,9 +44,19 @@ SOURCE_FIELDS = (
     "agreement_epsilon",
     "drift_policy",
     "drill_every",
+    "declared_family",
+    "declared_families",
+    "dynamo_release",
+    "max_lag_action",
+    "max_lag_steps",
 )
 DRIFT_POLICIES = ("quarantine", "close", "observe")
 DEFAULT_DRIFT_POLICY = "quarantine"
+MAX_LAG_ACTIONS = ("observe", "alert", "close")
+DEFAULT_MAX_LAG_ACTION = "observe"
+DEFAULT_MAX_LAG_STEPS = 1
+#: A bound on the step threshold, so a typo cannot switch the policy off by overflow.
+MAX_LAG_STEPS_LIMIT = 10**9
 #: Defaults for the agreement fields, so callers that predate them still validate.
 AGREEMENT_DEFAULTS: dict[str, Any] = {
     "agreement_rule": AgreementRule().kind,
@@ -124,6 +138,7 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
 
     for field in ("expected_namespace", "expected_prefix", "expected_worker_suffix"):
         clean[field] = str(values.get(field) or "")
+    clean["listener_scope"] = _clean_listener_scope(clean, values.get("listener_scope"), errors)
     clean["require_approval"] = bool(values.get("require_approval", False))
     clean["enabled"] = bool(values.get("enabled", True))
     clean.update(_clean_agreement(values, errors))
@@ -137,9 +152,41 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(drill_every, bool) or not isinstance(drill_every, int) or drill_every < 0:
         errors["drill_every"] = "drill schedule must be a whole number of hours (0 = never)"
     clean["drill_every"] = drill_every
+    clean.update(_clean_declared_families(values, errors))
+    release = str(values.get("dynamo_release") or "")
+    if release and release not in RELEASES:
+        errors["dynamo_release"] = (
+            f"unknown Dynamo release {release!r}; known: {', '.join(RELEASES)}"
+        )
+    clean["dynamo_release"] = release
+    clean.update(_clean_max_lag(values, errors))
     if errors:
         raise ValidationError(errors)
     return clean
+
+
+LISTENER_SCOPES = ("", "exact", "prefix", "suffix", "global")
+
+
+def _clean_listener_scope(clean: dict[str, Any], raw: Any, errors: dict[str, str]) -> str:
+    """The declared listener scope must name what it needs: a prefix mode its prefix (and the
+    `dynamo` prefix is the global scope, declared as such), a suffix mode its suffix."""
+    mode = str(raw or "")
+    if mode not in LISTENER_SCOPES:
+        errors["listener_scope"] = "listener scope must be exact, prefix, suffix or global"
+        return mode
+    prefix = clean["expected_prefix"]
+    if mode == "prefix" and not prefix:
+        errors["expected_prefix"] = "a prefix scope needs the prefix (DYN_NAMESPACE_PREFIX)"
+    elif mode == "prefix" and prefix == GLOBAL_NAMESPACE:
+        errors["listener_scope"] = (
+            f"the prefix {GLOBAL_NAMESPACE!r} matches every namespace: declare the global scope"
+        )
+    if mode == "suffix" and not clean["expected_worker_suffix"]:
+        errors["expected_worker_suffix"] = (
+            "a suffix scope needs the worker suffix (DYN_NAMESPACE_WORKER_SUFFIX)"
+        )
+    return mode
 
 
 def _clean_agreement(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
@@ -176,6 +223,16 @@ def clean_static_worker_values(values: dict[str, Any], *, allowed_networks) -> d
     if not str(values.get("namespace") or "").strip():
         errors["namespace"] = "namespace is required"
     clean["component"] = str(values.get("component") or "backend")
+    clean["endpoint"] = str(values.get("endpoint") or "generate")
+    declared = str(values.get("declared_instance_id") or "").strip()
+    if declared and not U64_TEXT.match(declared):
+        errors["declared_instance_id"] = (
+            "declared instance id must be an unsigned 64-bit integer (from the frontend's "
+            "/health instances)"
+        )
+    elif declared and int(declared) > U64_MAX:
+        errors["declared_instance_id"] = "declared instance id exceeds 2^64-1"
+    clean["declared_instance_id"] = declared
     url = values.get("system_url") or ""
     problem = url_problem(url, "system URL")
     if problem is None:
@@ -199,3 +256,49 @@ def clean_static_worker_values(values: dict[str, Any], *, allowed_networks) -> d
     if errors:
         raise ValidationError(errors)
     return clean
+
+
+def _clean_declared_families(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+    """The operator's backend-family declarations: one for the source, and per namespace."""
+    choices = ", ".join(DECLARABLE_FAMILIES)
+    family = str(values.get("declared_family") or "")
+    if family and family not in DECLARABLE_FAMILIES:
+        errors["declared_family"] = f"declared family {family!r} is unknown; use one of {choices}"
+    raw = values.get("declared_families") or {}
+    per_namespace: dict[str, str] = {}
+    if not isinstance(raw, dict):
+        errors["declared_families"] = "declared families must map namespaces to families"
+    else:
+        for namespace, name in raw.items():
+            if not isinstance(namespace, str) or not isinstance(name, str):
+                errors["declared_families"] = "declared families must map namespaces to families"
+                break
+            if name not in DECLARABLE_FAMILIES:
+                errors["declared_families"] = (
+                    f"namespace {namespace!r}: declared family {name!r} is unknown; "
+                    f"use one of {choices}"
+                )
+                break
+            per_namespace[namespace] = name
+    return {"declared_family": family, "declared_families": per_namespace}
+
+
+def _clean_max_lag(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+    """The policy-lag policy: an action and a step threshold (refresh/policy_lag.py)."""
+    action = values.get("max_lag_action") or DEFAULT_MAX_LAG_ACTION
+    if action not in MAX_LAG_ACTIONS:
+        errors["max_lag_action"] = f"max lag action must be one of {', '.join(MAX_LAG_ACTIONS)}"
+    steps = values.get("max_lag_steps")
+    if steps is None or steps == "":
+        steps = DEFAULT_MAX_LAG_STEPS
+    if isinstance(steps, str) and steps.strip().isdigit():
+        steps = int(steps)
+    if (
+        isinstance(steps, bool)
+        or not isinstance(steps, int)
+        or not 0 <= steps <= MAX_LAG_STEPS_LIMIT
+    ):
+        errors["max_lag_steps"] = (
+            f"max lag must be a whole number of steps from 0 to {MAX_LAG_STEPS_LIMIT}"
+        )
+    return {"max_lag_action": action, "max_lag_steps": steps}

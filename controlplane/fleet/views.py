@@ -17,6 +17,7 @@ from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.fleet import live, services
+from controlplane.fleet.discovery.rejections import latest_rejections
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.forms import SourceForm, StaticWorkerForm
 from controlplane.fleet.models import Source, StaticWorker, Worker, WorkerState
@@ -75,9 +76,10 @@ def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "options": filter_options(source),
         "states": WorkerState.values,
         "events_html": render_timeline(live.timeline(source)),
-        "can_refresh": request.user.has_perm(Perm.RUN_DISCOVERY),
+        "can_run_discovery": request.user.has_perm(Perm.RUN_DISCOVERY),
         "can_manage": request.user.has_perm(Perm.MANAGE_SOURCES),
-        "static_workers": source.static_workers.all(),
+        "static_workers": source.static_workers.select_related("worker"),
+        "rejected_entries": latest_rejections(source),
     }
     template = "fleet/source.html#workers" if request.htmx else "fleet/source.html"
     return render(request, template, context)
@@ -110,7 +112,7 @@ def worker_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 @requires(Perm.RUN_DISCOVERY)
-def refresh_now(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def run_discovery(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     source = _get_source(pk)
     services.request_discovery(source, actor=actor_from_request(request))
     if request.htmx:

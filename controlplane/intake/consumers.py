@@ -4,27 +4,49 @@ Auth on connect: a bearer token in the `Authorization` header, or the browser se
 connect the current state of every visible gate is sent first, since the Redis channel layer
 may drop messages and a reconnecting client must resync from the database.
 Optional `?source=<name>` narrows the stream to one source.
+
+A push is a wake-up, not the answer. What a stream sends for a changed gate is its row as
+committed when the frame is rendered, never the payload the writer published: pushes from
+different processes can arrive out of order (a publisher holds frames while Redis is away and
+sends them when it returns), so a late "open" must not follow the close that replaced it. And
+a push can be lost (Redis down or flushed, or a writer publishing to another Redis): each
+process with gate streams reads every gate's revision every `WATCH_SECONDS` and sends the
+gates that moved without a push reaching it. Why:
+docs/decisions/2026-12-04-gate-copies-validated.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import weakref
 from collections.abc import Hashable
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from django.db import DatabaseError
 
 from controlplane.accounts import tokens
 from controlplane.accounts.roles import Perm
 from controlplane.fleet.models import Source
 from controlplane.realtime import LiveStream
+from controlplane.realtime.fanout import process_fanout
 from controlplane.refresh.gates import serialize_gate
-from controlplane.refresh.live import GATES_GROUP
+from controlplane.refresh.live import EVENT_GATE_CHANGED, GATES_GROUP
 from controlplane.refresh.models import Gate
+from controlplane.refresh.policy_lag import with_lag
+
+logger = logging.getLogger(__name__)
 
 #: Close code for a refused socket: no acceptable bearer token or session (HTTP 401).
 UNAUTHORIZED = 4401
+#: How often a process with gate streams looks for gate changes whose push never reached it.
+WATCH_SECONDS = 2.0
+
+#: Gate id → the newest revision a stream of this process has rendered (any thread).
+_rendered: dict[int, int] = {}
 
 
 def _principal(scope) -> tuple[Any, set[int] | None] | None:
@@ -49,10 +71,9 @@ def _principal(scope) -> tuple[Any, set[int] | None] | None:
 class GateStreamConsumer(LiveStream):
     groups_to_join = (GATES_GROUP,)
     refused_code = UNAUTHORIZED
-    # `render` is a filter and a json.dumps: no database, and equal for equal filters, so the
-    # fan-out renders it once per event for every stream with the same token scope and source.
+    # `render` is a filter and one row read, equal for equal filters, so the fan-out renders it
+    # once per event for every stream with the same token scope and source.
     shared_render = True
-    render_uses_orm = False
 
     async def authorize(self) -> bool:
         principal = await database_sync_to_async(_principal)(self.scope)
@@ -67,6 +88,7 @@ class GateStreamConsumer(LiveStream):
         self.allowed_names = None
         if self.limit is not None:
             self.allowed_names = await database_sync_to_async(self._source_names)()
+        _watch_in_this_process()
         return True
 
     def _source_names(self) -> set[str]:
@@ -78,7 +100,7 @@ class GateStreamConsumer(LiveStream):
             gates = gates.filter(source_id__in=self.limit)
         if self.source_name:
             gates = gates.filter(source__name=self.source_name)
-        snapshot = [serialize_gate(g) for g in gates]
+        snapshot = [_public(with_lag(serialize_gate(g), g.source)) for g in gates]
         return [json.dumps({"event": "gates.snapshot", "gates": snapshot})]
 
     def render_share_key(self) -> Hashable:
@@ -91,4 +113,70 @@ class GateStreamConsumer(LiveStream):
             return []
         if self.source_name and source != self.source_name:
             return []
-        return [json.dumps({"event": event, "gate": payload})]
+        # The row as committed now, whatever the push carried (it may be older).
+        source_id, namespace = payload.get("source_id"), payload.get("namespace")
+        if not isinstance(source_id, int) or not isinstance(namespace, str):
+            return []
+        gate = (
+            Gate.objects.select_related("source")
+            .filter(source_id=source_id, namespace=namespace)
+            .first()
+        )
+        if gate is None:
+            return []
+        _rendered[gate.pk] = max(_rendered.get(gate.pk, 0), gate.revision)
+        gate_now = _public(with_lag(serialize_gate(gate), gate.source))
+        return [json.dumps({"event": event, "gate": gate_now})]
+
+
+def _public(gate: dict[str, Any]) -> dict[str, Any]:
+    """A gate as the stream sends it: the gate API's fields (the copy's mark stays inside)."""
+    gate.pop("policy_mark", None)
+    return gate
+
+
+_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _watch_in_this_process() -> None:
+    loop = asyncio.get_running_loop()
+    task = _watchers.get(loop)
+    if task is None or task.done():
+        _watchers[loop] = loop.create_task(_watch())
+
+
+def _revisions() -> dict[int, tuple[int, dict[str, Any]]]:
+    rows = Gate.objects.values_list("pk", "revision", "source_id", "source__name", "namespace")
+    return {
+        pk: (revision, {"source_id": source_id, "source": name, "namespace": namespace})
+        for pk, revision, source_id, name, namespace in rows
+    }
+
+
+async def _watch() -> None:
+    """Send the gates that changed without a push reaching this process; ends when the
+    process has no gate stream left (the next one to connect starts it again)."""
+    seen: dict[int, int] | None = None
+    first = True
+    while True:
+        feed = process_fanout().feeds.get(GATES_GROUP)
+        if not first and (feed is None or not feed.subscribers):
+            return
+        first = False
+        try:
+            rows = await database_sync_to_async(_revisions)()
+        except DatabaseError:
+            logger.warning("gate revisions unreadable; gate streams wait for pushes", exc_info=True)
+            rows = None
+        if rows is not None:
+            if seen is not None and feed is not None:
+                for pk, (revision, scope) in rows.items():
+                    if revision > max(seen.get(pk, 0), _rendered.get(pk, 0)):
+                        message = {"type": "stream.event", "event": EVENT_GATE_CHANGED}
+                        await feed.fanout.deliver(
+                            list(feed.subscribers), {**message, "payload": scope}
+                        )
+            seen = {pk: revision for pk, (revision, _) in rows.items()}
+        await asyncio.sleep(WATCH_SECONDS)

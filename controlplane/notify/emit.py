@@ -43,6 +43,7 @@ _TITLES = {
     Event.DRIFT_QUARANTINED: "Drifted worker quarantined",
     Event.DRIFT_ADMITTED: "Quarantined worker caught up and admitted",
     Event.DRIFT_FAILED: "Quarantined worker could not be caught up",
+    Event.POLICY_LAG_EXCEEDED: "Serving policy too far behind the trainer",
     Event.TEST: "Test notification",
 }
 

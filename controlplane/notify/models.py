@@ -30,6 +30,9 @@ class NotificationEvent(models.TextChoices):
     DRIFT_QUARANTINED = "drift.quarantined"
     DRIFT_ADMITTED = "drift.admitted"
     DRIFT_FAILED = "drift.failed"
+    # A namespace serves a policy more steps behind the trainer's latest than its source
+    # allows (`max_lag_action=alert`; refresh/stale_policy.py).
+    POLICY_LAG_EXCEEDED = "policy.lag_exceeded"
     # Signed checkpoints of the audit chain head; only destinations that select it get it.
     AUDIT_CHECKPOINT = "audit.checkpoint"
     TEST = "test"

@@ -4,6 +4,8 @@ from controlplane import jobs
 
 #: Sent by name: this module loads before the app registry, so it imports no tasks or models.
 RECONCILE_DRIFT_TASK = "refresh.reconcile_drift"
+#: Policy lag past a source's max (refresh/stale_policy.py), sent by name after a publication.
+ENFORCE_LAG_TASK = "refresh.enforce_policy_lag"
 
 
 def on_discovery_finished(sender, *, source_id, run_id, ok, **kwargs) -> None:
@@ -28,9 +30,10 @@ class RefreshConfig(AppConfig):
 
         from controlplane.fleet.metrics import EXTRA_COLLECTORS
         from controlplane.refresh.drift_metrics import DriftCollector
+        from controlplane.refresh.lag_metrics import LagCollector
         from controlplane.refresh.refresh_metrics import RefreshCollector
 
-        for collector in (DriftCollector, RefreshCollector):
+        for collector in (DriftCollector, RefreshCollector, LagCollector):
             if not any(isinstance(c, collector) for c in EXTRA_COLLECTORS):
                 EXTRA_COLLECTORS.append(collector())
 

@@ -17,6 +17,8 @@ from typing import Any
 
 from django.utils import timezone
 
+from controlplane.dynamo.releases import contract
+
 #: Version keys a requester may declare (`versions` in the plan request).
 VERSION_KEYS = ("dynamo", "vllm", "sglang", "trtllm", "trainer")
 
@@ -38,6 +40,17 @@ def normalize_versions(raw: Any) -> dict[str, str]:
     return clean
 
 
+def release_record(source) -> dict[str, Any]:
+    """The Dynamo release the plan's client contract is, and where that comes from."""
+    declared = getattr(source, "dynamo_release", "") or ""
+    release = contract(declared)
+    return {
+        "release": release.name,
+        "from": "declared on the source" if declared else "default (not declared)",
+        "contract": release.verified,
+    }
+
+
 def compat_at_plan(source, target, verification, plans, group, run, versions=None) -> dict:
     """The record as planned; `record_verification` adds what verification actually did."""
     families = Counter(p.family for p in plans if p.family)
@@ -49,6 +62,7 @@ def compat_at_plan(source, target, verification, plans, group, run, versions=Non
             "note": "Dynamo 1.6.1 reports no software version on /v1/rl/workers or the "
             "admin routes",
         },
+        "dynamo_release": release_record(source),
         "source": {"name": source.name, "listener_url": source.listener_url},
         "discovery": {
             "run_id": run.pk if run is not None else None,

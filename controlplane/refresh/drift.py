@@ -1,22 +1,27 @@
-"""Drift reconciliation: after every discovery, does each worker still match its gate?
+"""Drift reconciliation: after every discovery, does each worker still match the ledger?
 
 A gated namespace (a gate in an admitting state that a refresh verified) is compared worker by
-worker with the gate's verified set and version:
+worker with what the serving ledger says its gate admits:
 
-- `joined`: a live instance id not in the verified set (a new worker, or a restarted one: a
+- `joined`: a live instance id its gate does not admit (a new worker, or a restarted one: a
   restart registers a new instance id, on its base weights);
 - `recovered`: the same, for a worker this discovery saw stop erroring;
-- `version`: a verified instance whose version readback is not the gate's verified version.
+- `version`: an admitted instance whose version readback is not the version the ledger admits
+  it at (verified or forced: a person's force-reopen admitted what it serves, and only the
+  worker moving away from that is drift). A force-reopen that could read nothing back admitted
+  an `unknown` version: its first readback is recorded as what it serves, never drift (else
+  drift would quietly turn the approver's admission back to the old version).
 
-A verified instance that is gone is not drift: it left, and leaves the verified set.
-Namespaces with an active refresh are skipped (the refresh owns them), and so are instances
-an open quarantine already owns.
+An instance that is gone is not drift: the ledger records it departed. Namespaces with an
+active refresh are skipped (the refresh owns them), and so are instances an open quarantine
+already owns. An admitted instance serving another version than the gate's verified policy
+(force-reopened at what it serves) is not drift either: the gate shows the disagreement
+(`disagreements`) and a person resolves it with a refresh or a rollback.
 
 What drift does is the source's `drift_policy` (fleet.DriftPolicy): `quarantine` opens a
 `Quarantine` per drifted worker and hands it to `refresh.quarantine` (pause at once, catch up
 alone, admit back); `close` closes the gate naming the drift; `observe` only records it. Under
-every policy a drifted worker is left out of `verified_instances`: that set must stay exactly
-the instances serving the verified version.
+every policy a drifted worker stops being admitted (the ledger records what it reported).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import (
+    DiscoveryRun,
     DriftPolicy,
     Source,
     Worker,
@@ -41,15 +47,19 @@ from controlplane.fleet.models import (
 )
 from controlplane.notify.emit import notify
 from controlplane.notify.models import NotificationEvent
-from controlplane.refresh import gates
+from controlplane.refresh import gates, ledger
 from controlplane.refresh.drill_history import drilled_instances
 from controlplane.refresh.models import (
     ADMITTING_STATES,
     OPEN_QUARANTINE_STATES,
+    Admission,
+    Evidence,
     Gate,
     Quarantine,
     QuarantineState,
     ScopeLock,
+    Serving,
+    ServingInterval,
 )
 
 logger = logging.getLogger(__name__)
@@ -86,31 +96,42 @@ def _readback_differs(worker: Worker, version) -> bool:
 
 
 def find_drift(
-    gate: Gate, workers: list[Worker], owned: set[str], recovered_ids: set[int]
-) -> tuple[list[Drifted], set[str]]:
-    """(drifted workers, instance ids still verified) for one gate; pure."""
-    verified = set(gate.verified_instances)
-    present = {w.instance_id for w in workers}
-    still_verified = verified & present
+    gate: Gate,
+    workers: list[Worker],
+    owned: set[str],
+    recovered_ids: set[int],
+    admitted: dict[str, ServingInterval],
+) -> list[Drifted]:
+    """The drifted workers of one gate, given its admitted intervals by instance id; pure."""
     drifted: list[Drifted] = []
     for worker in workers:
         if worker.instance_id in owned or worker.state != WorkerState.LIVE:
             continue
-        if worker.instance_id not in verified:
+        interval = admitted.get(worker.instance_id)
+        if interval is None:
             kind = RECOVERED if worker.pk in recovered_ids else JOINED
             what = "stopped erroring" if kind == RECOVERED else "joined"
             detail = (
-                f"{what} with version {worker.weight_version!r}, not verified at "
-                f"{gate.verified_version!r}"
+                f"{what} with version {worker.weight_version!r}, not admitted (gate verified "
+                f"{gate.verified_version!r})"
             )
             drifted.append(Drifted(worker, kind, detail))
-        elif _readback_differs(worker, gate.verified_version):
-            still_verified.discard(worker.instance_id)
-            detail = (
-                f"reads back {worker.weight_version!r}, gate verified {gate.verified_version!r}"
-            )
+        elif interval.evidence == Evidence.UNKNOWN:
+            # Force-reopened without a readback: the version recorded is the last one seen,
+            # not a claim, so a first readback is evidence (`ledger.read_back`), not drift.
+            continue
+        elif _readback_differs(worker, interval.version):
+            how = "forced" if interval.admission == Admission.FORCED else "verified"
+            detail = f"reads back {worker.weight_version!r}, admitted {how} at {interval.version!r}"
             drifted.append(Drifted(worker, VERSION, detail))
-    return drifted, still_verified
+    return drifted
+
+
+def _declared(worker: Worker) -> Any:
+    """The version a worker's last readback declared, or None when it declared none."""
+    if worker.version_probed_at is None or worker.version_error:
+        return None
+    return worker.weight_version if worker.weight_version_declared else None
 
 
 def _outcome_state(policy: str) -> str:
@@ -129,6 +150,13 @@ def reconcile_source(source_id: int, run_id: int | None = None) -> list[int]:
     source = Source.objects.filter(pk=source_id).first()
     if source is None or source.stale:
         return []
+    seen: dict[str, list[tuple[str, str, Any]]] = {}
+    for worker in Worker.objects.filter(source=source, state=WorkerState.LIVE):
+        seen.setdefault(worker.namespace, []).append(
+            (worker.instance_id, worker.key, _declared(worker))
+        )
+    run = DiscoveryRun.objects.filter(pk=run_id).first() if run_id else None
+    gates.ensure_gates(source, seen, run=run)
     candidates = list(
         Gate.objects.filter(
             source=source,
@@ -150,7 +178,7 @@ def reconcile_source(source_id: int, run_id: int | None = None) -> list[int]:
         if namespace in locked:
             continue  # an active refresh owns this scope
         try:
-            opened += _reconcile_gate(source, gate_id, recovered_ids)
+            opened += _reconcile_gate(source, gate_id, recovered_ids, run_id)
         except IntegrityError:
             # A concurrent reconcile opened the same quarantine first; it owns the worker.
             logger.info("drift: %s/%s reconciled concurrently", source.name, namespace)
@@ -158,7 +186,9 @@ def reconcile_source(source_id: int, run_id: int | None = None) -> list[int]:
 
 
 @transaction.atomic
-def _reconcile_gate(source: Source, gate_id: int, recovered_ids: set[int]) -> list[int]:
+def _reconcile_gate(
+    source: Source, gate_id: int, recovered_ids: set[int], run_id: int | None = None
+) -> list[int]:
     gate = gates.locked_gate(gate_id)
     if (
         gate is None
@@ -183,7 +213,9 @@ def _reconcile_gate(source: Source, gate_id: int, recovered_ids: set[int]) -> li
     owned = {q.instance_id for q in open_quarantines if q.instance_id in present}
     # A running rollback drill owns its subset between its two refreshes (refresh/drills).
     owned |= drilled_instances(source, gate.namespace)
-    drifted, still_verified = find_drift(gate, workers, owned, recovered_ids)
+    known = {r.instance_id: r for r in ledger.current(source, [gate.namespace])}
+    admitted = {iid: r for iid, r in known.items() if r.admitted}
+    drifted = find_drift(gate, workers, owned, recovered_ids, admitted)
 
     policy = source.drift_policy
     outcome = _outcome_state(policy)
@@ -191,10 +223,26 @@ def _reconcile_gate(source: Source, gate_id: int, recovered_ids: set[int]) -> li
     # is still drift (recomputed each time, so it disappears when the worker is fixed).
     kept = [d for d in gate.drift if d.get("instance_id") in owned]
     new_entries = [d.entry(outcome) for d in drifted]
-    known = {d.get("instance_id") for d in gate.drift}
-    fresh = [e for e in new_entries if e["instance_id"] not in known]
+    listed = {d.get("instance_id") for d in gate.drift}
+    fresh = [e for e in new_entries if e["instance_id"] not in listed]
     drift = kept + new_entries
-    unverified = sum(1 for w in workers if w.instance_id not in still_verified)
+    held = Serving.QUARANTINED if policy == DriftPolicy.QUARANTINE else Serving.SERVING
+    facts: dict[tuple[str, str], ledger.Change] = {
+        (gate.namespace, iid): ledger.departed() for iid in known if iid not in present
+    }
+    for d in drifted:
+        facts[(gate.namespace, d.worker.instance_id)] = ledger.reported(
+            _declared(d.worker), key=d.worker.key, serving=held
+        )
+    for w in workers:  # admitted on a person's say-so without a readback: now it has one
+        row = admitted.get(w.instance_id)
+        if row is not None and row.evidence == Evidence.UNKNOWN and _declared(w) is not None:
+            facts[(gate.namespace, w.instance_id)] = ledger.read_back(_declared(w), key=w.key)
+    for w in workers:  # live workers the ledger never saw (owned by a quarantine, say)
+        if w.instance_id not in known and w.state == WorkerState.LIVE:
+            facts.setdefault(
+                (gate.namespace, w.instance_id), ledger.reported(_declared(w), key=w.key)
+            )
 
     close_reason = ""
     if policy == DriftPolicy.CLOSE and drifted:
@@ -228,11 +276,11 @@ def _reconcile_gate(source: Source, gate_id: int, recovered_ids: set[int]) -> li
     gates.record_drift(
         gate,
         actor=RECONCILER,
-        verified=sorted(still_verified),
-        unverified_count=unverified,
+        facts=facts,
         drift=drift,
         new=fresh,
         close_reason=close_reason,
+        run=DiscoveryRun.objects.filter(pk=run_id).first() if run_id else None,
     )
     # Audit last (lock order): the quarantines opened and dropped.
     for q in quarantines:

@@ -16,7 +16,7 @@ from django.db.models import OuterRef, Q, Subquery
 
 from controlplane.fleet.models import Source
 from controlplane.refresh.models import DrillOutcome, DrillRun, Gate, PolicyRefresh, RefreshState
-from controlplane.refresh.namespaces import FORCE_REOPENED
+from controlplane.refresh.namespaces import FORCE_REOPENED, outcome_in
 
 #: How far back in a source's succeeded refreshes to look for the previous policy.
 HISTORY_LIMIT = 500
@@ -36,7 +36,7 @@ def previous_policy(gate: Gate) -> dict[str, Any] | None:
     for namespaces, target, resolved in succeeded:
         if gate.namespace not in (namespaces or []):
             continue
-        if (resolved or {}).get(gate.namespace, {}).get("outcome") == FORCE_REOPENED:
+        if outcome_in(resolved, gate.namespace) == FORCE_REOPENED:
             continue
         if (target or {}).get("weight_version") != current:
             return target

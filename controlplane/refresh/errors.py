@@ -40,3 +40,18 @@ class ApprovalNotAllowed(RefreshError):
     """The approver is the requester, or the refresh does not wait for approval."""
 
     code = "approval_not_allowed"
+
+
+def state_refusal(subject: str, state: str, *, wanted: str = "", why: str = "") -> str:
+    """The one wording of an action refused for the state of `subject` (`policy refresh #7`,
+    `quarantine #3`): naming the state it wants (`... is running, not held`) or saying why
+    (`... is running; only an active refresh ends`)."""
+    said = f"{subject} is {state}"
+    return f"{said}; {why}" if why else f"{said}, not {wanted}"
+
+
+def wrong_state(refresh, *, wanted: str = "", why: str = "") -> InvalidTransition:
+    """An action refused for the refresh's state, worded by `state_refusal`."""
+    return InvalidTransition(
+        state_refusal(f"policy refresh #{refresh.pk}", refresh.state, wanted=wanted, why=why)
+    )

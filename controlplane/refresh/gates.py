@@ -7,8 +7,10 @@ source and change, listing its gates; `gate.force_reopened` is sent by the actio
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
@@ -18,9 +20,22 @@ from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.notify.emit import notify
-from controlplane.refresh import gate_cache
+from controlplane.refresh import gate_cache, ledger
+from controlplane.refresh.ledger import Readback
 from controlplane.refresh.live import publish_gate_changes
-from controlplane.refresh.models import ADMITTING_STATES, Gate, GateState, ScopeLock
+from controlplane.refresh.models import (
+    ADMITTING_STATES,
+    LEDGER_STATES,
+    Admission,
+    Closure,
+    Evidence,
+    Gate,
+    GateState,
+    ScopeLock,
+    Serving,
+    ServingInterval,
+)
+from controlplane.textlimits import LABEL_CHARS, REASON_CHARS
 
 
 def gate_for(source, namespace: str) -> Gate:
@@ -29,19 +44,56 @@ def gate_for(source, namespace: str) -> Gate:
     return gate
 
 
+@transaction.atomic
+def ensure_gates(source, seen: Mapping[str, Sequence[tuple[str, str, Any]]], *, run=None) -> None:
+    """Discovery saw these namespaces (`{namespace: [(instance id, key, declared version)]}`):
+    each gets its gate, `unverified` until a refresh verifies it, so trainers reading the API,
+    the gate stream or the pages learn it admits nothing. The ledger records the workers of an
+    unverified gate as reported (version as declared, not admitted)."""
+    lockorder.domain_lock("gates")
+    existing = {
+        g.namespace: g for g in Gate.objects.filter(source=source, namespace__in=list(seen))
+    }
+    created = [
+        Gate.objects.create(source=source, namespace=ns)
+        for ns in sorted(seen)
+        if ns not in existing
+    ]
+    unverified = [*created, *(g for g in existing.values() if g.state == GateState.UNVERIFIED)]
+    facts: dict[tuple[str, str], ledger.Change] = {}
+    for gate in unverified:
+        for instance_id, key, version in seen[gate.namespace]:
+            facts[(gate.namespace, instance_id)] = ledger.reported(version, key=key)
+    appended = ledger.write(source, facts, cause="seen by discovery", run=run)
+    touched = created if not appended else unverified
+    if touched:
+        _update([g.pk for g in touched])
+        project([g.pk for g in touched])
+        _announce(
+            list(Gate.objects.filter(pk__in=[g.pk for g in touched]).select_related("source"))
+        )
+
+
 def gate_state(source, namespace: str) -> dict[str, Any]:
     """What trainers and rollout frameworks read: is the namespace open, at which version."""
     gate = Gate.objects.filter(source=source, namespace=namespace).select_related("source").first()
     if gate is None:
-        # Never refreshed: admission is open and nothing has been verified yet.
+        # Never refreshed: nothing was ever verified here, so nothing is admitted.
         return {
             "source": source.name,
+            "source_id": source.pk,
             "namespace": namespace,
-            "state": GateState.OPEN.value,
-            "open": True,
+            "state": GateState.UNVERIFIED.value,
+            "open": False,
             "since": None,
-            "reason": "",
+            "reason": NEVER_VERIFIED,
+            "closure": "",
             "forced": None,
+            "version": None,
+            "versions": [],
+            "admitted": [],
+            "admitted_count": 0,
+            "disagreements": [],
             "verified_version": None,
             "verified_instances": [],
             "verified_count": 0,
@@ -57,6 +109,10 @@ def gate_state(source, namespace: str) -> dict[str, Any]:
             "updated_at": None,
         }
     return serialize_gate(gate)
+
+
+#: Why an unverified gate admits nothing.
+NEVER_VERIFIED = "never verified: no policy refresh has verified this namespace yet"
 
 
 def _iso(value) -> str | None:
@@ -78,13 +134,47 @@ def displayed_reason(gate: Gate) -> str:
             f"source {source.name} is stale: no successful discovery since "
             f"{source.last_success_at.isoformat()}"
         )
+    if gate.state == GateState.UNVERIFIED and not gate.reason:
+        return NEVER_VERIFIED
     return gate.reason
 
 
+def versions_served(admitted: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The versions the admitted instances serve, with counts (most served first)."""
+    counts: dict[str, dict[str, Any]] = {}
+    for entry in admitted:
+        row = counts.setdefault(
+            _vkey(entry["version"]), {"version": entry["version"], "count": 0, "verified": 0}
+        )
+        row["count"] += 1
+        row["verified"] += 1 if entry.get("verified") else 0
+    return sorted(counts.values(), key=lambda r: (-r["count"], _vkey(r["version"])))
+
+
 def serialize_gate(gate: Gate) -> dict[str, Any]:
+    admitted = list(gate.admitted or [])
+    versions = versions_served(admitted) if gate.is_open else []
     forced = None
     if gate.state == GateState.OPEN_FORCED:
-        forced = {"by": gate.forced_by, "at": _iso(gate.forced_at), "reason": gate.reason}
+        unverified = [
+            {"instance_id": e["instance_id"], "key": e["key"], "version": e["version"]}
+            for e in admitted
+            if not e.get("verified")
+        ]
+        forced = {
+            "by": gate.forced_by,
+            "at": _iso(gate.forced_at),
+            "reason": gate.reason,
+            "instances": unverified,
+        }
+    # Admitted instances serving another version than the one the gate was last verified at
+    # (a force-reopen admitted what they serve): shown, never reversed by drift. A refresh to
+    # either version, or a rollback, resolves it.
+    disagreements = [
+        {"instance_id": e["instance_id"], "key": e["key"], "version": e["version"]}
+        for e in admitted
+        if gate.verified_policy is not None and _vkey(e["version"]) != _vkey(gate.verified_version)
+    ]
     return {
         "source": gate.source.name,
         "source_id": gate.source_id,
@@ -93,7 +183,16 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
         "open": gate.is_open,
         "since": _iso(gate.since),
         "reason": displayed_reason(gate),
+        "closure": gate.closure if gate.state == GateState.CLOSED else "",
         "forced": forced,
+        # The version every admitted instance serves; null when none or several (open_mixed).
+        "version": versions[0]["version"] if len(versions) == 1 else None,
+        "versions": versions,
+        "admitted": admitted if gate.is_open else [],
+        "admitted_count": len(admitted) if gate.is_open else 0,
+        "disagreements": disagreements if gate.is_open else [],
+        # Deprecated, derived from `admitted` (docs/integrate/gates.md): the admitted instances
+        # verified at the version the namespace was last verified at.
         "verified_version": gate.verified_version,
         "verified_instances": list(gate.verified_instances),
         "verified_count": len(gate.verified_instances),
@@ -102,7 +201,7 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
         "drift": list(gate.drift),
         "drift_count": len(gate.drift),
         # A staged refresh (waves, canary) in progress: which instances are on which version.
-        "instance_sets": dict(gate.instance_sets or {}),
+        "instance_sets": staged_header(gate),
         # Workers a refresh's failure budget left out of the verified set, each with its reason
         # (they are quarantined; they leave this list when admitted or dropped).
         "left_out": left_out_entries(gate),
@@ -141,6 +240,162 @@ def _update(ids, *, state: str | None = None, now=None, **fields) -> None:
     _copy_on_commit(ids)
 
 
+# -- the projection: gates from the serving ledger --------------------------------------------
+
+
+def project(ids, *, lift: bool = False, now=None) -> None:
+    """Recompute the gates `ids` from the serving ledger, in the caller's transaction.
+
+    The one function that writes a gate's derived fields (`models.Gate`). A closed or unknown
+    gate keeps its state (a closure is the gate's own fact) unless `lift` (the closure ends
+    now: a reopen); every other gate takes the state the ledger says."""
+    gates = list(Gate.objects.filter(pk__in=list(ids)))
+    if not gates:
+        return
+    now = now or timezone.now()
+    rows: dict[tuple[int, str], list[ServingInterval]] = defaultdict(list)
+    for row in ServingInterval.objects.filter(
+        source_id__in={g.source_id for g in gates},
+        namespace__in={g.namespace for g in gates},
+        valid_to__isnull=True,
+    ):
+        rows[(row.source_id, row.namespace)].append(row)
+    for gate in gates:
+        values = derive(gate, rows[(gate.source_id, gate.namespace)], lift=lift)
+        if values["state"] != gate.state:
+            values["since"] = now
+        Gate.objects.filter(pk=gate.pk).update(**values)
+
+
+def _vkey(version: Any) -> str:
+    return json.dumps(version, sort_keys=True)
+
+
+def derive(gate: Gate, rows: Sequence[ServingInterval], *, lift: bool = False) -> dict[str, Any]:
+    """A gate's derived fields from its namespace's current ledger intervals (pure)."""
+    live = [r for r in rows if r.serving != Serving.DEPARTED]
+    admitted = sorted((r for r in live if r.admitted), key=lambda r: int(r.instance_id))
+    verified_version = (gate.verified_policy or {}).get("weight_version")
+    if gate.verified_policy is None:
+        verified_version = gate.verified_version  # a gate verified before the ledger existed
+    unverified = [r for r in admitted if not r.verified]
+    versions = {_vkey(r.version) for r in admitted if r.verified}
+    state = gate.state
+    if lift or gate.state in LEDGER_STATES:
+        if unverified or gate.forced_by:
+            # a person opened it: forced until a verified opening or a closure
+            state = GateState.OPEN_FORCED
+        elif not admitted:
+            verified_ever = gate.verified_policy is not None or gate.verified_version is not None
+            state = GateState.OPEN if verified_ever else GateState.UNVERIFIED
+        elif len(versions) > 1:
+            state = GateState.OPEN_MIXED
+        else:
+            state = GateState.OPEN
+    verified_ids = [
+        r.instance_id
+        for r in admitted
+        if r.verified and _vkey(r.version) == _vkey(verified_version)
+    ]
+    return {
+        "state": state,
+        "verified_version": verified_version,
+        "verified_instances": verified_ids,
+        "unverified_count": len(live) - len(verified_ids),
+        "admitted": [_admitted_entry(r) for r in admitted],
+        "instance_sets": _staged_sets(gate, live),
+    }
+
+
+def _admitted_entry(r: ServingInterval) -> dict[str, Any]:
+    return {
+        "instance_id": r.instance_id,
+        "key": r.key,
+        "version": r.version,
+        "evidence": r.evidence,
+        "verified": r.verified,
+        "admission": r.admission,
+        "refresh_id": r.refresh_id,
+        "quarantine_id": r.quarantine_id,
+        "since": _iso(r.valid_from),
+        "forced": (
+            {"by": r.forced_by, "at": _iso(r.forced_at), "reason": r.forced_reason}
+            if r.admission == Admission.FORCED
+            else None
+        ),
+    }
+
+
+class StagedHeader(TypedDict, total=False):
+    """`Gate.instance_sets` as stored: the staged refresh that owns the gate (its lists are
+    derived from the ledger, see `InstanceSets`). This module owns the column's keys."""
+
+    refresh_id: int
+    from_version: Any
+    to_version: Any
+    #: The wave being run (0 before the first) and how many the plan has.
+    wave: int
+    waves: int
+
+
+class InstanceSets(StagedHeader, total=False):
+    """The header with which instances are on which version (`_staged_sets`)."""
+
+    serving_old: list[str]
+    in_flight: list[str]
+    verified_new: list[str]
+    left_out: list[str]
+
+
+#: The header's keys, each present (None when unknown) in what `_staged_sets` returns.
+_STAGED_HEADER = tuple(StagedHeader.__annotations__)
+
+
+def staged_header(gate: Gate) -> StagedHeader:
+    """A copy of the gate's stored `instance_sets` (empty when no staged refresh owns it)."""
+    return cast(StagedHeader, dict(gate.instance_sets or {}))
+
+
+def _staged_sets(gate: Gate, live: Sequence[ServingInterval]) -> dict[str, Any]:
+    """While a staged refresh (waves, canary) owns the gate: which instances are on which
+    version, from the ledger. `serving_old`: admitted at the old version and untouched;
+    `in_flight`: paused by the refresh; `verified_new`: verified by it at the new version;
+    `left_out`: left out by its failure budget."""
+    stored = staged_header(gate)
+    header = {k: stored.get(k) for k in _STAGED_HEADER}
+    refresh_id = header["refresh_id"]
+    if refresh_id is None or refresh_id != gate.active_refresh_id:
+        return {}
+    to_version = _vkey(header["to_version"])
+    from_version = _vkey(header["from_version"])
+    sets: dict[str, list[str]] = {name: [] for name in _STAGED_SETS}
+    for r in live:
+        moving = r.transition_refresh_id == refresh_id
+        if moving and r.serving == Serving.PAUSED:
+            sets["in_flight"].append(r.instance_id)
+        elif moving and r.serving == Serving.QUARANTINED:
+            sets["left_out"].append(r.instance_id)
+        elif (
+            r.refresh_id == refresh_id
+            and r.evidence == Evidence.VERIFIED_REFRESH
+            and _vkey(r.version) == to_version
+        ):
+            sets["verified_new"].append(r.instance_id)
+        elif r.admitted and _vkey(r.version) == from_version:
+            sets["serving_old"].append(r.instance_id)
+    return {**header, **{name: _ids(ids) for name, ids in sets.items()}}
+
+
+def _withdraw_all(source, namespaces: Sequence[str], *, cause: str, transition=None) -> None:
+    """Every admitted instance of these namespaces stops being admitted (its gate closed)."""
+    facts = {
+        (r.namespace, r.instance_id): ledger.withdrawn(transition=transition)
+        for r in ledger.current(source, namespaces)
+        if r.admission
+    }
+    ledger.write(source, facts, cause=cause)
+
+
 def _change(
     gates: list[Gate],
     action: AuditAction,
@@ -150,14 +405,21 @@ def _change(
     note: str = "",
     state: str | None = None,
     per_gate: Mapping[int, Mapping[str, Any]] | None = None,
+    facts: Callable[[], Any] | None = None,
+    lift: bool = False,
     **fields,
 ) -> list[Gate]:
+    """Change gates: their own fields (`state` for a closure, `fields`, `per_gate`), then the
+    ledger `facts`, then the projection, then audit, notifications and the push."""
     ids = [g.pk for g in gates]
     before = {g.pk: g.state for g in gates}
     now = timezone.now()
     _update(ids, state=state, now=now, **fields)
     for gate_id, values in (per_gate or {}).items():
         Gate.objects.filter(pk=gate_id).update(**values)
+    if facts is not None:
+        facts()
+    project(ids, lift=lift, now=now)
     fresh = list(Gate.objects.filter(pk__in=ids).select_related("source"))
     for gate in fresh:
         record(
@@ -170,6 +432,7 @@ def _change(
                 "refresh_id": refresh.pk if refresh else None,
                 "verified_version": gate.verified_version,
                 "verified_count": len(gate.verified_instances),
+                "admitted_count": len(gate.admitted),
                 "reason": note or gate.reason,
             },
             correlation_id=refresh.correlation_id if refresh else None,
@@ -184,6 +447,7 @@ def _change(
 #: the force-reopen action (which sends `gate.force_reopened`) or by returning from `unknown`.
 _STATE_EVENTS = {
     GateState.OPEN: "gate.opened",
+    GateState.OPEN_MIXED: "gate.opened",
     GateState.OPEN_FORCED: "gate.opened",
     GateState.CLOSED: "gate.closed",
     GateState.UNKNOWN: "gate.unknown",
@@ -197,16 +461,22 @@ def _notify_state_changes(
     namespaces sends one `gate.closed`, not three; a gate already closed sends none)."""
     changed: dict[str, list[Gate]] = {}
     for gate in fresh:
-        if before.get(gate.pk) != gate.state:
-            changed.setdefault(_STATE_EVENTS[GateState(gate.state)], []).append(gate)
+        event = _STATE_EVENTS.get(GateState(gate.state))
+        if before.get(gate.pk) != gate.state and event is not None:
+            # open <-> open_mixed is one admission, seen differently: not a new opening
+            if before.get(gate.pk) in ADMITTING_STATES and gate.state in ADMITTING_STATES:
+                continue
+            changed.setdefault(event, []).append(gate)
     for event, gates in changed.items():
         notify(event, source=gates[0].source, refresh=refresh, gates=gates, reason=reason)
 
 
+#: A closure or a verified opening ends a person's force-reopen (`forced_by`, `forced_at`).
 _NOT_FORCED: dict[str, Any] = {"forced_by": "", "forced_at": None}
 
 
 def close_gates(refresh, *, actor: Actor, reason: str) -> None:
+    """The refresh closes its namespaces: no instance of them is admitted until a reopen."""
     gates = [gate_for(refresh.source, ns) for ns in refresh.namespaces]
     _change(
         gates,
@@ -215,9 +485,16 @@ def close_gates(refresh, *, actor: Actor, reason: str) -> None:
         refresh=refresh,
         state=GateState.CLOSED,
         reason=reason,
+        closure=Closure.REFRESH,
+        **_NOT_FORCED,
         active_refresh=refresh,
         state_before_unknown="",
-        **_NOT_FORCED,
+        facts=lambda: _withdraw_all(
+            refresh.source,
+            refresh.namespaces,
+            cause=f"gate closed by policy refresh #{refresh.pk}",
+            transition=refresh,
+        ),
     )
 
 
@@ -226,46 +503,70 @@ def open_gates_verified(
     *,
     actor: Actor,
     verified: Mapping[str, Sequence[str]],
-    unverified: Mapping[str, int] | None = None,
+    serving: Mapping[str, Sequence[str]] | None = None,
     namespaces: Sequence[str] | None = None,
     left_out: Mapping[str, Sequence[dict[str, Any]]] | None = None,
 ) -> None:
     """Open the refresh's gates at its version for exactly the instances verified at it.
 
     `verified` maps each namespace to the instance ids (decimal strings) verified at the
-    refresh's version; `unverified` counts the serving workers of a namespace left out.
-    `namespaces` opens only those (a refresh resolved namespace by namespace); default: all.
-    `left_out` lists per namespace the drift entries of workers the failure budget left out
-    (kind `left_out`, quarantined): the gate shows how many and why.
+    refresh's version: the ledger records them verified and admitted, and every other instance
+    of the namespace not admitted. `serving` lists the live instance ids per namespace (those
+    the ledger does not know yet are recorded, unverified; those it knows that are not listed
+    have departed); None: as the ledger knows them. `namespaces` opens only those (a refresh
+    resolved namespace by namespace); default: all. `left_out` lists per namespace the drift
+    entries of workers the failure budget left out (kind `left_out`, quarantined).
     """
     namespaces = refresh.namespaces if namespaces is None else namespaces
     gates = [gate_for(refresh.source, ns) for ns in sorted(namespaces)]
-    unverified = unverified or {}
     left_out = left_out or {}
-    per_gate = {
-        g.pk: {
-            "verified_instances": sorted(set(verified.get(g.namespace, ())), key=int),
-            "unverified_count": unverified.get(g.namespace, 0),
-            "drift": list(left_out.get(g.namespace, [])),
-        }
-        for g in gates
-    }
+    per_gate = {g.pk: {"drift": list(left_out.get(g.namespace, []))} for g in gates}
+
+    def facts() -> None:
+        version = refresh.weight_version
+        changes: dict[tuple[str, str], ledger.Change] = {}
+        for namespace in namespaces:
+            ids = set(verified.get(namespace, ()))
+            out = {str(d.get("instance_id")) for d in left_out.get(namespace, [])}
+            live = None if serving is None else set(serving.get(namespace, ()))
+            for row in ledger.current(refresh.source, [namespace]):
+                if row.instance_id in ids:
+                    continue
+                if row.instance_id in out:
+                    change = ledger.withdrawn(serving=Serving.QUARANTINED, transition=_CLEAR)
+                elif live is not None and row.instance_id not in live:
+                    change = ledger.departed()
+                else:
+                    change = ledger.withdrawn(serving=Serving.SERVING, transition=_CLEAR)
+                changes[(namespace, row.instance_id)] = change
+            for instance_id in sorted(live or ()):
+                if instance_id not in ids:
+                    changes.setdefault((namespace, instance_id), ledger.seen())
+            for instance_id in ids:
+                changes[(namespace, instance_id)] = ledger.verified(refresh, version, admitted=True)
+        ledger.write(refresh.source, changes, cause=f"policy refresh #{refresh.pk} reopened")
+
     _change(
         gates,
         AuditAction.GATE_OPENED,
         actor=actor,
         refresh=refresh,
-        state=GateState.OPEN,
         per_gate=per_gate,
+        facts=facts,
+        lift=True,
         reason="",
+        closure="",
+        **_NOT_FORCED,
         active_refresh=None,
-        verified_version=refresh.weight_version,
         verified_policy=refresh.target,
         confirmed_at=timezone.now(),
         instance_sets={},
         state_before_unknown="",
-        **_NOT_FORCED,
     )
+
+
+#: `ledger.withdrawn(transition=_CLEAR)`: the refresh that moved the instance is done with it.
+_CLEAR = ledger.CLEAR
 
 
 def update_gate_reason(refresh, reason: str) -> None:
@@ -278,18 +579,63 @@ def update_gate_reason(refresh, reason: str) -> None:
     _announce(list(gates.select_related("source")))
 
 
-def force_open(gates: list[Gate], *, actor: Actor, refresh, reason: str) -> None:
-    """Opened by a person without verification: never shown like a verified `open`."""
+def force_open(
+    gates: list[Gate],
+    *,
+    actor: Actor,
+    refresh,
+    reason: str,
+    readbacks: Mapping[str, Sequence[Readback]] | None = None,
+    run=None,
+) -> None:
+    """Opened by a person without verification, for what the workers actually serve.
+
+    `readbacks` lists per namespace every live instance with the version its readback reports:
+    each is admitted, forced, at that version (never at a version nobody serves); the ledger's
+    instances not listed have departed. None: no readback, every instance the ledger knows
+    serving is admitted at the version and evidence it has there. Never shown like a verified
+    `open`: the gate stays `open_forced` until a verified opening or a closure."""
+    at = timezone.now()
+
+    def known(gate: Gate) -> list[Readback]:
+        return [
+            Readback(r.instance_id, r.key, r.version, r.evidence)
+            for r in ledger.current(gate.source, [gate.namespace])
+            if r.serving != Serving.DEPARTED
+        ]
+
+    def facts() -> None:
+        for gate in gates:
+            given = known(gate) if readbacks is None else readbacks.get(gate.namespace, ())
+            listed = {rb.instance_id: rb for rb in given}
+            changes: dict[tuple[str, str], ledger.Change] = {
+                (gate.namespace, row.instance_id): ledger.departed()
+                for row in ledger.current(gate.source, [gate.namespace])
+                if row.instance_id not in listed
+            }
+            for rb in listed.values():
+                changes[(gate.namespace, rb.instance_id)] = ledger.forced(
+                    rb.version,
+                    key=rb.key,
+                    by=actor.label,
+                    at=at,
+                    reason=reason,
+                    evidence=rb.evidence,
+                )
+            ledger.write(gate.source, changes, cause=f"force-reopened by {actor.label}", run=run)
+
     _change(
         gates,
         AuditAction.GATE_FORCE_REOPENED,
         actor=actor,
         refresh=refresh,
         note=reason,
-        state=GateState.OPEN_FORCED,
+        facts=facts,
+        lift=True,
         reason=reason,
-        forced_by=actor.label,
-        forced_at=timezone.now(),
+        closure="",
+        forced_by=actor.label[:LABEL_CHARS],
+        forced_at=at,
         active_refresh=None,
         state_before_unknown="",
     )
@@ -329,6 +675,7 @@ def restore_source_known(source, *, actor: Actor) -> list[Gate]:
         _update(
             [gate.pk], state=gate.state_before_unknown or GateState.CLOSED, state_before_unknown=""
         )
+    project([g.pk for g in gates])  # the ledger may have moved while nobody could see it
     note = f"source {source.name} answers discovery again"
     return _audited(gates, AuditAction.GATE_KNOWN, actor=actor, before=before, note=note)
 
@@ -366,16 +713,34 @@ def release_scope(refresh, reason: str) -> None:
 
 
 def detach_refresh(refresh, reason: str) -> None:
-    """The refresh ended: gates stop naming it. A closed gate keeps saying why it is closed."""
+    """The refresh ended: gates stop naming it. A closed gate keeps saying why it is closed.
+
+    The instances it paused are serving again. Those it moved without verifying stay "in
+    transition" in the ledger (old version or its target: nobody read them back) until a
+    later fact (a readback at force-reopen, a refresh, a catch-up) says which."""
     lockorder.domain_lock("gates")
     closed = Gate.objects.filter(active_refresh=refresh, state=GateState.CLOSED)
     if reason:
         _update(list(closed.values_list("pk", flat=True)), reason=reason)
     touched = list(Gate.objects.filter(active_refresh=refresh).select_related("source"))
+    if not touched:
+        return
+    Gate.objects.filter(pk__in=[g.pk for g in touched]).update(active_refresh=None)
+    paused = ServingInterval.objects.filter(
+        source=refresh.source,
+        valid_to__isnull=True,
+        transition_refresh=refresh,
+        serving=Serving.PAUSED,
+    ).values_list("namespace", "instance_id")
+    ledger.write(
+        refresh.source,
+        {key: ledger.withdrawn(serving=Serving.SERVING) for key in paused},
+        cause=f"policy refresh #{refresh.pk} ended",
+    )
     # A staged refresh's sets described its waves; drift reconciliation takes over from here.
-    Gate.objects.filter(active_refresh=refresh).update(active_refresh=None, instance_sets={})
-    if touched:
-        _announce(touched)
+    Gate.objects.filter(pk__in=[g.pk for g in touched]).update(instance_sets={})
+    project([g.pk for g in touched])
+    _announce(list(Gate.objects.filter(pk__in=[g.pk for g in touched]).select_related("source")))
 
 
 # -- drift and quarantine (refresh/drift.py, refresh/quarantine.py) ---------------------------
@@ -397,29 +762,25 @@ def record_drift(
     gate: Gate,
     *,
     actor: Actor,
-    verified: Sequence[str],
-    unverified_count: int,
+    facts: ledger.Facts,
     drift: list[dict[str, Any]],
     new: Sequence[dict[str, Any]] = (),
     close_reason: str = "",
+    run=None,
 ) -> Gate:
     """Write what one discovery found for a gate the caller holds locked (`locked_gate`).
 
-    `verified` is the verified set minus instances that left or drifted, `drift` the complete
-    drift list, `new` the entries found this time (audited as drift) and `close_reason` set
-    when the source's drift policy closes the gate. A discovery that changes nothing only
-    moves `confirmed_at` (no revision, no push: trainers' ETags stay valid).
+    `facts` are the ledger facts it found (instances that departed, drifted, joined), `drift`
+    the complete drift list, `new` the entries found this time (audited as drift) and
+    `close_reason` set when the source's drift policy closes the gate. A discovery that changes
+    nothing only moves `confirmed_at` (no revision, no push: trainers' ETags stay valid).
     """
     now = timezone.now()
+    appended = ledger.write(gate.source, facts, cause="drift reconciliation", run=run, now=now)
     changes: dict[str, Any] = {}
-    verified_sorted = sorted(set(verified), key=int)
-    if verified_sorted != list(gate.verified_instances):
-        changes["verified_instances"] = verified_sorted
-    if unverified_count != gate.unverified_count:
-        changes["unverified_count"] = unverified_count
     if drift != list(gate.drift):
         changes["drift"] = drift
-    if not changes and not close_reason:
+    if not appended and not changes and not close_reason:
         Gate.objects.filter(pk=gate.pk).update(confirmed_at=now)
         _copy_on_commit([gate.pk])  # the API serves `confirmed_at`: same revision, new copy
         return gate
@@ -433,9 +794,11 @@ def record_drift(
             note=close_reason,
             state=GateState.CLOSED,
             reason=close_reason,
+            closure=Closure.DRIFT,
+            **_NOT_FORCED,
             confirmed_at=now,
             state_before_unknown="",
-            **_NOT_FORCED,
+            facts=lambda: _withdraw_all(gate.source, [gate.namespace], cause=close_reason),
             **changes,
         )[0]
     action = AuditAction.GATE_DRIFT_RECORDED if new else AuditAction.GATE_RECONCILED
@@ -469,27 +832,94 @@ def close_for_drift(gate_id: int, *, actor: Actor, reason: str) -> None:
     if gate is None:
         return
     if gate.state == GateState.CLOSED:  # already closed: add the worker to the reason
-        _update([gate.pk], reason=(f"{gate.reason}; {reason}" if gate.reason else reason)[:2000])
+        joined = f"{gate.reason}; {reason}" if gate.reason else reason
+        _update([gate.pk], reason=joined[:REASON_CHARS])
         _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
         return
-    _change(
-        [gate],
+    close_gate(gate, actor=actor, closure=Closure.DRIFT, reason=reason)
+
+
+def close_gate(gate: Gate, *, actor: Actor, closure: str, reason: str) -> Gate:
+    """Close one gate for a reason that is not a refresh: the place for closing facts.
+
+    `closure` names what closed it (`Closure`: drift, stale_policy, ...); every instance stops
+    being admitted in the ledger, so version windows end here. A caller that holds no lock
+    gets the gate row locked here. The exits: `lift_closure` (the condition cleared), a
+    refresh, or a force-reopen."""
+    locked = locked_gate(gate.pk) or gate
+    return _change(
+        [locked],
         AuditAction.GATE_CLOSED,
         actor=actor,
         refresh=None,
         note=reason,
         state=GateState.CLOSED,
         reason=reason,
-        state_before_unknown="",
+        closure=closure,
         **_NOT_FORCED,
-    )
+        state_before_unknown="",
+        facts=lambda: _withdraw_all(locked.source, [locked.namespace], cause=reason),
+    )[0]
+
+
+def lift_closure(gate: Gate, *, actor: Actor, closure: str, note: str) -> Gate | None:
+    """A closure of kind `closure` ends because its condition cleared. The instances whose
+    last admission was withdrawn by that closure are admitted again as they were (verified or
+    forced, at the same version); the ledger then decides the state. None when the gate is not
+    closed for that kind (someone else closed or reopened it meanwhile)."""
+    locked = locked_gate(gate.pk)
+    if locked is None or locked.state != GateState.CLOSED or locked.closure != closure:
+        return None
+
+    def facts() -> None:
+        previous = _last_admissions(locked)
+        ledger.write(
+            locked.source,
+            {(locked.namespace, iid): ledger.readmitted(row) for iid, row in previous.items()},
+            cause=note,
+        )
+
+    return _change(
+        [locked],
+        AuditAction.GATE_OPENED,
+        actor=actor,
+        refresh=None,
+        note=note,
+        facts=facts,
+        lift=True,
+        reason="",
+        closure="",
+    )[0]
+
+
+def _last_admissions(gate: Gate) -> dict[str, ServingInterval]:
+    """Per instance still serving, its last admitted interval, if that ended when the gate
+    last closed (`since`) and nothing changed what it serves afterwards."""
+    current = {
+        r.instance_id: r
+        for r in ledger.current(gate.source, [gate.namespace])
+        if r.serving == Serving.SERVING and not r.admission
+    }
+    ended = ServingInterval.objects.filter(
+        source=gate.source,
+        namespace=gate.namespace,
+        instance_id__in=list(current),
+        valid_to__gte=gate.since,
+    ).exclude(admission="")
+    out: dict[str, ServingInterval] = {}
+    for row in ended.order_by("valid_to"):
+        now = current[row.instance_id]
+        if now.version == row.version and now.evidence == row.evidence:
+            out[row.instance_id] = row
+    return out
 
 
 @transaction.atomic
 def admit_instance(
-    gate_id: int, instance_id: str, *, version: Any, actor: Actor, note: str
+    gate_id: int, instance_id: str, *, version: Any, actor: Actor, note: str, quarantine
 ) -> bool:
-    """A caught-up worker joins the verified set, if the gate is still at `version`.
+    """A caught-up worker is admitted again, verified by its catch-up, if the gate still
+    stands for `version` (its `verified_policy`).
 
     False (nothing written) when the gate has moved to another version since the drift was
     found: the worker was verified at a policy the gate no longer stands for.
@@ -497,19 +927,39 @@ def admit_instance(
     gate = locked_gate(gate_id)
     if gate is None or gate.verified_version != version:
         return False
-    verified = sorted({*gate.verified_instances, instance_id}, key=int)
     drift = [d for d in gate.drift if d.get("instance_id") != instance_id]
+
+    def facts() -> None:
+        change = ledger.caught_up(quarantine, version)
+        ledger.write(gate.source, {(gate.namespace, instance_id): change}, cause=note)
+
     _change(
         [gate],
         AuditAction.GATE_INSTANCE_ADMITTED,
         actor=actor,
         refresh=None,
         note=note,
-        verified_instances=verified,
+        facts=facts,
         drift=drift,
-        unverified_count=max(0, gate.unverified_count - 1),
     )
     return True
+
+
+@transaction.atomic
+def instance_released(gate_id: int, instance_id: str, *, version: Any, key: str) -> None:
+    """A quarantined worker was resumed without admission: it serves `version` (its readback
+    said so) outside its gate."""
+    gate = locked_gate(gate_id)
+    if gate is None:
+        return
+    ledger.write(
+        gate.source,
+        {(gate.namespace, instance_id): ledger.reported(version, key=key)},
+        cause=f"{key} released from quarantine, not admitted",
+    )
+    _update([gate.pk])
+    project([gate.pk])
+    _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
 
 
 @transaction.atomic
@@ -521,6 +971,12 @@ def forget_drift(gate_id: int, instance_id: str) -> None:
     drift = [d for d in gate.drift if d.get("instance_id") != instance_id]
     if drift != gate.drift:
         _update([gate.pk], drift=drift)
+        ledger.write(
+            gate.source,
+            {(gate.namespace, instance_id): ledger.departed()},
+            cause="dropped: left the fleet",
+        )
+        project([gate.pk])
         _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
 
 
@@ -530,29 +986,8 @@ def forget_drift(gate_id: int, instance_id: str) -> None:
 # version. The executor calls these inside its fenced transaction.
 
 
-#: A staged refresh's instance sets (`Gate.instance_sets`).
+#: A staged refresh's instance sets (`Gate.instance_sets`), derived from the ledger.
 _STAGED_SETS = ("serving_old", "in_flight", "verified_new", "left_out")
-
-
-def _sets_of(gate: Gate) -> dict[str, Any]:
-    sets = dict(gate.instance_sets or {})
-    for name in _STAGED_SETS:
-        sets[name] = list(sets.get(name, []))
-    return sets
-
-
-def _unverified_after(
-    gate: Gate, before: dict[str, Any], after: dict[str, Any], values: dict[str, Any]
-) -> int:
-    """`unverified_count` once a move is written, derived rather than adjusted by each move:
-    the staged instances outside the verified set, plus the gate's unverified workers outside
-    the staged sets (whatever the row counted before the move; nothing else writes a staged
-    gate's count, the drift reconciler leaves gates with an active refresh alone)."""
-    staged_before = set().union(*(before[name] for name in _STAGED_SETS))
-    outside = max(0, gate.unverified_count - len(staged_before - set(gate.verified_instances)))
-    staged_after = set().union(*(after[name] for name in _STAGED_SETS))
-    verified_after = set(values.get("verified_instances", gate.verified_instances))
-    return outside + len(staged_after - verified_after)
 
 
 def _ids(values) -> list[str]:
@@ -560,24 +995,21 @@ def _ids(values) -> list[str]:
 
 
 def begin_staged(refresh, *, actor: Actor, reason: str, waves: int) -> None:
-    """Take the refresh's gates without closing them: each keeps its state and verified set
+    """Take the refresh's gates without closing them: each keeps its state and admitted set
     (the instances still serving the old version) and names the refresh."""
     gates = [gate_for(refresh.source, ns) for ns in refresh.namespaces]
     per_gate = {
         g.pk: {
-            "instance_sets": {
-                **_sets_of(g),
-                "refresh_id": refresh.pk,
-                "from_version": g.verified_version,
-                "to_version": refresh.weight_version,
-                "wave": 0,
-                "waves": waves,
-                "serving_old": _ids(g.verified_instances),
-            }
-            if (g.instance_sets or {}).get("refresh_id") != refresh.pk
-            else g.instance_sets
+            "instance_sets": StagedHeader(
+                refresh_id=refresh.pk,
+                from_version=g.verified_version,
+                to_version=refresh.weight_version,
+                wave=0,
+                waves=waves,
+            )
         }
         for g in gates
+        if staged_header(g).get("refresh_id") != refresh.pk
     }
     _change(
         gates,
@@ -594,16 +1026,17 @@ def begin_staged(refresh, *, actor: Actor, reason: str, waves: int) -> None:
 def _move_instances(
     refresh,
     instances: Mapping[str, Sequence[str]],
-    change: Callable[[Gate, set[str], dict[str, Any]], dict[str, Any]],
+    change: Callable[[Gate, set[str]], tuple[ledger.Change, dict[str, Any]]],
     *,
     action: AuditAction | None = None,
+    cause: str,
 ) -> None:
-    """Move instance ids between a staged refresh's sets, one namespace per gate.
+    """Record a staged refresh's facts about some instances, one namespace per gate.
 
-    `change(gate, ids, sets)` edits `sets` (the gate's `instance_sets`, lists copied) and
-    returns the other columns to write. The gates are read with their rows locked and written
-    in the same transaction, so a concurrent writer of the same gate (a quarantine admitting
-    a worker, say) is never overwritten with what was read before it.
+    `change(gate, ids)` returns the ledger fact for each of `ids` and the gate's own columns to
+    write (reason, wave, the version it stands for). The gates are locked and the projection
+    runs in the same transaction, so a concurrent writer of the same gate (a quarantine
+    admitting a worker, say) is never overwritten with what was read before it.
     """
     with transaction.atomic():
         for namespace in instances:
@@ -616,12 +1049,14 @@ def _move_instances(
         )
         ids = [g.pk for g in gates]
         _update(ids)
+        facts: dict[tuple[str, str], ledger.Change] = {}
         for g in gates:
-            before = _sets_of(g)
-            sets = _sets_of(g)
-            values = change(g, set(instances[g.namespace]), sets)
-            values["unverified_count"] = _unverified_after(g, before, sets, values)
-            Gate.objects.filter(pk=g.pk).update(instance_sets=sets, **values)
+            fact, values = change(g, set(instances[g.namespace]))
+            facts.update({(g.namespace, iid): fact for iid in instances[g.namespace]})
+            if values:
+                Gate.objects.filter(pk=g.pk).update(**values)
+        ledger.write(refresh.source, facts, cause=cause)
+        project(ids)
         fresh = list(Gate.objects.filter(pk__in=ids).select_related("source"))
         if action is not None:
             for gate in fresh:
@@ -640,73 +1075,71 @@ def _move_instances(
     _announce(fresh)
 
 
+def _with_wave(g: Gate, wave: int) -> dict[str, Any]:
+    header = staged_header(g)
+    header["wave"] = wave
+    return {"instance_sets": header}
+
+
 def stage_wave(refresh, wave: int, instances: Mapping[str, Sequence[str]], *, reason: str) -> None:
-    """Wave `wave` is about to be paused: its instances leave the verified set (trainers stop
-    sending them rollouts before they stop serving) and are listed in flight."""
+    """Wave `wave` is about to be paused: its instances stop being admitted (trainers stop
+    sending them rollouts before they stop serving) and are in flight."""
 
-    def change(g: Gate, ids: set[str], sets: dict[str, Any]) -> dict[str, Any]:
-        sets["wave"] = wave
-        sets["serving_old"] = _ids(set(sets["serving_old"]) - ids)
-        sets["in_flight"] = _ids(set(sets["in_flight"]) | ids)
-        return {
-            "verified_instances": [i for i in g.verified_instances if i not in ids],
-            "reason": reason,
-        }
+    def change(g: Gate, ids: set[str]) -> tuple[ledger.Change, dict[str, Any]]:
+        fact = ledger.withdrawn(serving=Serving.PAUSED, transition=refresh)
+        return fact, {"reason": reason, **_with_wave(g, wave)}
 
-    _move_instances(refresh, instances, change)
+    _move_instances(refresh, instances, change, cause=f"policy refresh #{refresh.pk} wave {wave}")
 
 
 def wave_verified(
     refresh, verified: Mapping[str, Sequence[str]], *, admit: bool, reason: str
 ) -> None:
-    """A wave passed verify: its instances move from in flight to the new version's set. With
-    `admit` (the strategy's `admit_as_verified`) the gate moves to the new version at once for
-    every instance verified so far; otherwise it keeps admitting the old set until the end."""
+    """A wave passed verify: its instances are verified at the new version. With `admit` (the
+    strategy's `admit_as_verified`) they are admitted at once and the gate stands for the new
+    version (the old set stays admitted at the old one: `open_mixed`); otherwise they wait,
+    unadmitted, for the end."""
 
-    def change(g: Gate, ids: set[str], sets: dict[str, Any]) -> dict[str, Any]:
-        sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
-        sets["verified_new"] = _ids(set(sets["verified_new"]) | ids)
+    def change(g: Gate, ids: set[str]) -> tuple[ledger.Change, dict[str, Any]]:
+        fact = ledger.verified(refresh, refresh.weight_version, admitted=admit)
         if not admit:
-            return {"reason": reason}
-        return {
+            return fact, {"reason": reason}
+        return fact, {
             "reason": reason,
-            "verified_version": refresh.weight_version,
             "verified_policy": refresh.target,
-            "verified_instances": sets["verified_new"],
             "confirmed_at": timezone.now(),
         }
 
-    _move_instances(refresh, verified, change, action=AuditAction.GATE_WAVE_VERIFIED)
+    _move_instances(
+        refresh,
+        verified,
+        change,
+        action=AuditAction.GATE_WAVE_VERIFIED,
+        cause=f"policy refresh #{refresh.pk} verified a wave",
+    )
 
 
 def wave_left_out(refresh, left_out: Mapping[str, Sequence[str]], *, reason: str) -> None:
-    """Workers the failure budget leaves out: no longer in flight, listed as left out."""
+    """Workers the failure budget leaves out: not admitted, quarantined."""
 
-    def change(g: Gate, ids: set[str], sets: dict[str, Any]) -> dict[str, Any]:
-        sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
-        sets["serving_old"] = _ids(set(sets["serving_old"]) - ids)
-        sets["left_out"] = _ids(set(sets["left_out"]) | ids)
-        return {
-            "verified_instances": [i for i in g.verified_instances if i not in ids],
-            "reason": reason,
-        }
+    def change(g: Gate, ids: set[str]) -> tuple[ledger.Change, dict[str, Any]]:
+        return ledger.withdrawn(serving=Serving.QUARANTINED, transition=refresh), {"reason": reason}
 
-    _move_instances(refresh, left_out, change)
+    _move_instances(refresh, left_out, change, cause=f"left out by policy refresh #{refresh.pk}")
 
 
 def canary_rolled_back(refresh, back: Mapping[str, Sequence[str]], *, reason: str) -> None:
-    """Canary workers verified back at the old version rejoin the old set (and the verified
-    set, where the gate still stands for the old version)."""
+    """Canary workers verified back at the old version: admitted again where the gate still
+    stands for the old version."""
 
-    def change(g: Gate, ids: set[str], sets: dict[str, Any]) -> dict[str, Any]:
-        sets["in_flight"] = _ids(set(sets["in_flight"]) - ids)
-        sets["verified_new"] = _ids(set(sets["verified_new"]) - ids)
-        sets["serving_old"] = _ids(set(sets["serving_old"]) | ids)
-        if g.verified_version != sets.get("from_version"):
-            return {"reason": reason}
-        return {"reason": reason, "verified_instances": _ids(set(g.verified_instances) | ids)}
+    def change(g: Gate, ids: set[str]) -> tuple[ledger.Change, dict[str, Any]]:
+        old = staged_header(g).get("from_version")
+        same = json.dumps(g.verified_version, sort_keys=True) == json.dumps(old, sort_keys=True)
+        return ledger.verified(refresh, old, admitted=same), {"reason": reason}
 
-    _move_instances(refresh, back, change)
+    _move_instances(
+        refresh, back, change, cause=f"canary of policy refresh #{refresh.pk} rolled back"
+    )
 
 
 def left_out_entries(gate: Gate) -> list[dict[str, Any]]:

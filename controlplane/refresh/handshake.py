@@ -35,6 +35,7 @@ from controlplane.realtime import publish
 from controlplane.refresh.errors import InvalidTransition
 from controlplane.refresh.live import refresh_group
 from controlplane.refresh.models import PolicyRefresh, RefreshState
+from controlplane.textlimits import LABEL_CHARS
 
 JOINING = "joining"
 READY = "ready"
@@ -179,7 +180,7 @@ def report_broadcast_done(
                 **group,
                 "state": BROADCAST_DONE,
                 "broadcast_done_at": now_iso(),
-                "broadcast_done_by": actor.label[:200],
+                "broadcast_done_by": actor.label[:LABEL_CHARS],
             }
             locked.save(update_fields=["group"])
             record(

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
+
 from controlplane.fleet import live as fleet_live
 from controlplane.realtime import publish
 
@@ -52,6 +54,12 @@ def publish_state(refresh: PolicyRefresh) -> None:
     # Lists and banners follow every refresh through one group.
     publish(REFRESHES_GROUP, EVENT_REFRESH_STATE, {**payload, "source_id": refresh.source_id})
     announce_to_fleet_pages({refresh.source_id})
+
+
+def publish_state_on_commit(refresh: PolicyRefresh) -> None:
+    """Publish the refresh's state once the current transaction commits (at once outside one):
+    nobody sees a state the database may still roll back."""
+    transaction.on_commit(lambda: publish_state(refresh))
 
 
 def publish_step(refresh_id: int, step: str, status: str, detail: str | None = None) -> None:

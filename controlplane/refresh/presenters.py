@@ -16,11 +16,14 @@ from django.urls import reverse
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
 from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
 from controlplane.fleet.rows import pager
-from controlplane.refresh.gates import displayed_reason
+from controlplane.refresh.gates import displayed_reason, versions_served
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
+from controlplane.refresh.inflight import in_flight_table
 from controlplane.refresh.intents.queries import can_end, is_membership_hold
+from controlplane.refresh.membership import change_of
 from controlplane.refresh.models import (
     ACTIVE_STATES,
+    TERMINAL_STATES,
     Gate,
     GateState,
     JournalEntry,
@@ -29,9 +32,10 @@ from controlplane.refresh.models import (
     StepRun,
     WorkerStepResult,
 )
-from controlplane.refresh.namespaces import verified_namespaces
+from controlplane.refresh.namespaces import outcome_in, verified_namespaces
 from controlplane.refresh.plansummary import describe_duration, plan_summary
 from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
+from controlplane.refresh.windows import admitted_at
 
 
 @dataclass
@@ -318,6 +322,9 @@ class NamespaceGate:
     gate_id: int | None = None
     #: When the gate last changed state (shown as "closed since" while it is not admitting).
     since: datetime | None = None
+    #: What the gate admitted when the refresh ended, from the serving ledger ("" while it
+    #: runs): the page shows it apart from `text`, which is the gate now.
+    then: str = ""
 
     @property
     def closed(self) -> bool:
@@ -333,8 +340,17 @@ def _gate_text(gate: Gate) -> str:
         if gate.unverified_count:
             text += f" ({gate.unverified_count} serving outside the verified set)"
         return text
+    if gate.state == GateState.OPEN_MIXED:
+        served = ", ".join(
+            f"{v['count']} at {v['version']}" for v in versions_served(gate.admitted or [])
+        )
+        return f"open at mixed versions ({served}): pin rollouts to an instance"
     if gate.state == GateState.OPEN_FORCED:
-        return f"open (forced) by {gate.forced_by}: {gate.reason}"
+        served = ", ".join(
+            f"{v['count']} at {v['version']}" for v in versions_served(gate.admitted or [])
+        )
+        text = f"open (forced) by {gate.forced_by}: {gate.reason}"
+        return f"{text}; admitted: {served}" if served else text
     reason = displayed_reason(gate)
     return f"{gate.get_state_display()}: {reason}" if reason else gate.get_state_display()
 
@@ -347,13 +363,19 @@ def namespace_gates(refresh: PolicyRefresh) -> list[NamespaceGate]:
             source=refresh.source, namespace__in=refresh.namespaces
         ).select_related("source")
     }
-    resolved = refresh.resolved_namespaces or {}
+    ended_at = refresh.finished_at if refresh.state in TERMINAL_STATES else None
+    then = admitted_at(refresh.source, refresh.namespaces, ended_at) if ended_at else {}
     rows = []
     for namespace in refresh.namespaces:
         gate = gates.get(namespace)
-        outcome = (resolved.get(namespace) or {}).get("outcome", "")
+        outcome = outcome_in(refresh.resolved_namespaces, namespace)
+        left = _then_text(then.get(namespace, [])) if ended_at else ""
         if gate is None:
-            rows.append(NamespaceGate(namespace, "open", "open: never gated", False, outcome))
+            rows.append(
+                NamespaceGate(
+                    namespace, "unverified", "unverified: never gated", False, outcome, then=left
+                )
+            )
             continue
         rows.append(
             NamespaceGate(
@@ -364,9 +386,24 @@ def namespace_gates(refresh: PolicyRefresh) -> list[NamespaceGate]:
                 outcome,
                 gate.pk,
                 gate.since,
+                then=left,
             )
         )
     return rows
+
+
+def _then_text(admitted: list[dict[str, Any]]) -> str:
+    """What a gate admitted at one moment, in words, from the ledger."""
+    if not admitted:
+        return "admitting nobody"
+    parts = []
+    for served in versions_served(admitted):
+        forced = sum(
+            1 for a in admitted if a["admission"] == "forced" and a["version"] == served["version"]
+        )
+        how = f"{forced} forced" if forced else "verified"
+        parts.append(f"{served['count']} at {served['version']} ({how})")
+    return f"admitting {len(admitted)}: " + ", ".join(parts)
 
 
 def recovery_context(refresh: PolicyRefresh) -> dict[str, Any]:
@@ -377,7 +414,7 @@ def recovery_context(refresh: PolicyRefresh) -> dict[str, Any]:
         "namespace_gates": namespace_gates(refresh),
         "verified_namespaces": verified_namespaces(refresh) if held else [],
         "membership_hold": is_membership_hold(refresh),
-        "membership_change": refresh.membership_change or {},
+        "membership_change": change_of(refresh),
     }
 
 
@@ -421,6 +458,8 @@ def detail_context(
             # The grid's parameters, kept by the journal's page links (ends with "&").
             "grid_keep": f"{view.query}&" if view.query else "",
             "grid_namespaces": grid_namespaces(refresh),
+            # What each worker's pause did to its requests in flight (journal view).
+            "in_flight": None if planned else in_flight_table(refresh),
             "worker_steps": [STEP_LABELS[s] for s in WORKER_STEPS],
             "agreement": agreement_summary(refresh),
             "fingerprint": fingerprint_summary(refresh),
@@ -473,9 +512,11 @@ def gates_of(source=None) -> list[Gate]:
 #: The badge class of each gate state: a forced gate never looks like a verified one.
 GATE_BADGE = {
     GateState.OPEN: "open",
+    GateState.OPEN_MIXED: "mixed",
     GateState.OPEN_FORCED: "forced",
     GateState.CLOSED: "closed",
     GateState.UNKNOWN: "unknown",
+    GateState.UNVERIFIED: "unverified",
 }
 
 

@@ -57,6 +57,7 @@ from controlplane.fleet.models import Worker, WorkerState
 from controlplane.notify.emit import notify
 from controlplane.notify.models import NotificationEvent
 from controlplane.refresh import gates
+from controlplane.refresh.errors import state_refusal
 from controlplane.refresh.executor.calls import CallRecord, CallSettings, WorkerJob, run_jobs
 from controlplane.refresh.executor.runner import call_settings
 from controlplane.refresh.models import (
@@ -76,6 +77,7 @@ from controlplane.refresh.planning import (
     source_policy,
 )
 from controlplane.refresh.step_order import StepName
+from controlplane.textlimits import STATE_REASON_CHARS, URL_CHARS
 
 CATCH_UP = Actor.system("quarantine catch-up")
 RECONCILER = Actor.system("quarantine reconciler")
@@ -86,6 +88,12 @@ logger = logging.getLogger(__name__)
 
 class QuarantineRefused(ValidationError):
     """An exit that is not possible in the quarantine's current state (changes nothing)."""
+
+
+def wrong_state(q: Quarantine, *, why: str) -> QuarantineRefused:
+    """An exit refused for the quarantine's state, worded as a refresh's is
+    (`quarantine #3 is admitted; only an open one is dropped`)."""
+    return QuarantineRefused(state_refusal(f"quarantine #{q.pk}", q.state, why=why))
 
 
 #: The Celery task that runs `catch_up` (refresh/tasks.py).
@@ -113,7 +121,7 @@ def _journal(q: Quarantine, step: str, records: list[CallRecord]) -> None:
             attempt=max(q.attempts, 1),
             operation=r.operation,
             method=r.method,
-            url=r.url[:800],
+            url=r.url[:URL_CHARS],
             request_body=r.request_body,
             http_status=r.http_status,
             response_body=r.response_body,
@@ -196,7 +204,7 @@ def _move(
             gates.locked_gate(gate.pk)
             if state not in (QuarantineState.ADMITTED, QuarantineState.DROPPED):
                 gates.set_drift_state(gate.pk, q.instance_id, state)
-        q.state, q.reason, q.updated_at = state, reason[:4000], now
+        q.state, q.reason, q.updated_at = state, reason[:STATE_REASON_CHARS], now
         for name, value in fields.items():
             setattr(q, name, value)
         if state in (QuarantineState.ADMITTED, QuarantineState.DROPPED):
@@ -432,6 +440,7 @@ def catch_up(quarantine_id: int) -> str:
             version=version,
             actor=CATCH_UP,
             note=f"{q.key} caught up to {version!r} (quarantine #{q.pk})",
+            quarantine=q,
         )
 
     if not _move(
@@ -571,9 +580,7 @@ def retry(q: Quarantine, *, actor: Actor) -> Quarantine:
     _require(actor, Perm.OPERATE_REFRESH)
     stale = Quarantine.objects.filter(stalled(), pk=q.pk).exists()
     if q.state not in (QuarantineState.FAILED, QuarantineState.QUARANTINED) and not stale:
-        raise QuarantineRefused(
-            f"quarantine #{q.pk} is {q.state}; only a failed, queued or stalled one is retried"
-        )
+        raise wrong_state(q, why="only a failed, queued or stalled one is retried")
     if _current_worker(q) is None:
         raise QuarantineRefused(f"{q.key} has left the fleet; drop it instead")
     with transaction.atomic():
@@ -599,7 +606,7 @@ def release(q: Quarantine, *, actor: Actor, reason: str) -> Quarantine:
     if not reason.strip():
         raise QuarantineRefused("a release needs a reason")
     if q.state not in (QuarantineState.FAILED, QuarantineState.QUARANTINED):
-        raise QuarantineRefused(f"quarantine #{q.pk} is {q.state}; only a held one is released")
+        raise wrong_state(q, why="only a held one is released")
     worker = _current_worker(q)
     if worker is None:
         raise QuarantineRefused(f"{q.key} has left the fleet; drop it instead")
@@ -618,6 +625,11 @@ def release(q: Quarantine, *, actor: Actor, reason: str) -> Quarantine:
     if outcome is None or outcome.status != "ok":
         error = outcome.error if outcome else "no resume route"
         raise QuarantineRefused(f"resume failed: {error}")
+
+    def served(gate_id: int) -> bool:
+        gates.instance_released(gate_id, q.instance_id, version=plan.version, key=q.key)
+        return True
+
     _move(
         q,
         QuarantineState.RELEASED,
@@ -625,6 +637,7 @@ def release(q: Quarantine, *, actor: Actor, reason: str) -> Quarantine:
         f"released by {actor.label}: {reason.strip()}",
         paused=False,
         actor=actor,
+        gate_write=served if _gate_of(q) is not None else None,
     )
     return q
 
@@ -633,7 +646,7 @@ def drop(q: Quarantine, *, actor: Actor) -> Quarantine:
     """Forget a quarantined worker that has left the fleet (refused while it is still there)."""
     _require(actor, Perm.OPERATE_REFRESH)
     if not q.is_open:
-        raise QuarantineRefused(f"quarantine #{q.pk} is {q.state} already")
+        raise wrong_state(q, why="only an open one is dropped")
     if _current_worker(q) is not None:
         raise QuarantineRefused(f"{q.key} is still in the fleet; retry or release it")
     _drop(q, actor, f"dropped by {actor.label}: it left the fleet")

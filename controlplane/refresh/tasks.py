@@ -6,11 +6,12 @@ from celery import shared_task
 from django.conf import settings
 
 from controlplane import jobs
-from controlplane.refresh import drift, freshness, quarantine
-from controlplane.refresh.apps import RECONCILE_DRIFT_TASK
+from controlplane.refresh import drift, freshness, quarantine, stale_policy
+from controlplane.refresh.apps import ENFORCE_LAG_TASK, RECONCILE_DRIFT_TASK
 from controlplane.refresh.drills import runner, schedule
 from controlplane.refresh.drills.runner import RUN_DRILL_TASK
 from controlplane.refresh.executor import execute_refresh
+from controlplane.refresh.executor.tracing import quarantine_trace
 from controlplane.refresh.intents import canary, expiry
 from controlplane.refresh.intents.base import EXECUTE_TASK
 from controlplane.refresh.quarantine import CATCH_UP_TASK
@@ -44,7 +45,15 @@ def reconcile_drift(source_id: int, run_id: int | None = None) -> list[int]:
 
 @shared_task(name=CATCH_UP_TASK, ignore_result=True)
 def catch_up_quarantine(quarantine_id: int) -> str:
-    return quarantine.catch_up(quarantine_id)
+    with quarantine_trace(quarantine_id):  # its calls carry the target version
+        return quarantine.catch_up(quarantine_id)
+
+
+@shared_task(name=ENFORCE_LAG_TASK, ignore_result=True)
+def enforce_policy_lag(source_id: int | None = None) -> dict[int, list[str]]:
+    """One source after a publication; every source with a max-lag action on the beat."""
+    ids = [source_id] if source_id is not None else stale_policy.sources_to_enforce()
+    return {pk: stale_policy.enforce(pk) for pk in ids}
 
 
 @shared_task(name="refresh.sync_gate_freshness", ignore_result=True)

@@ -59,6 +59,9 @@ class WorkerSpec:
     lora_capacity: int | None = None
     #: vLLM only: `DYN_LORA_HOTSWAP_ENABLED=true` (a load of a loaded name replaces it).
     lora_hotswap: bool = False
+    #: SGLang only: requests in flight that a `retract`/`in_place` pause holds; a disk update
+    #: reports them as `num_paused_requests` and drops them when `abort_all_requests` is true.
+    paused_requests: int = 0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -36,6 +36,8 @@ class SimFleet:
         self.workers: dict[str, SimWorker] = {}
         self.by_instance: dict[int, SimWorker] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=1000)
+        #: Each request's `x-rl-*` headers, by server (a worker's key, or "frontend").
+        self.received_headers: deque[dict[str, Any]] = deque(maxlen=20_000)
         #: Set when the fleet stops, so hung handlers wake up instead of sleeping for an hour.
         self.stopping = asyncio.Event()
         self._churn_task: asyncio.Task[None] | None = None

@@ -131,8 +131,8 @@ def test_a_grant_and_copy_about_to_lapse_are_rebuilt_while_the_poll_is_answered(
         key, tokens.Grant(**{**grant.__dict__, "refresh_at": 0.0}).encode()
     )
     copy_key = gate_cache.gate_key("src-a", "rl-a")
-    revision, source_id, _, body = redis_client.sync_client().get(copy_key).split(b" ", 3)
-    redis_client.sync_client().set(copy_key, b" ".join([revision, source_id, b"0", body]))
+    revision, source_id, _, mark, body = redis_client.sync_client().get(copy_key).split(b" ", 4)
+    redis_client.sync_client().set(copy_key, b" ".join([revision, source_id, b"0", mark, body]))
     # What the database says now and the copy does not (words changed outside the gate writer).
     Gate.objects.filter(pk=fleet["gate"].pk).update(reason="held: disk full")
     django = CountingDjango()

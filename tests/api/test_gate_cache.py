@@ -1,5 +1,6 @@
 """The gate API from Redis: the copy follows every gate change at commit and matches the
-database's serialisation; polls make no query once cached; a missing copy falls back to the
+database's serialisation; polls make one indexed query once cached (the check that the copy is
+the revision the database has committed); a missing copy falls back to the
 database and is primed; cached token grants stay exactly as strict as the database."""
 
 import time
@@ -13,8 +14,9 @@ from controlplane.accounts import tokens
 from controlplane.accounts.models import ApiToken
 from controlplane.audit.recorder import Actor
 from controlplane.intake.api.gates import render_gate
-from controlplane.refresh import gate_cache, gates
+from controlplane.refresh import gate_cache, gates, ledger
 from controlplane.refresh.models import Gate, GateState
+from controlplane.refresh.policy_lag import with_lag
 from tests.api.conftest import U64, bearer
 
 GATE = "/api/v1/gates/src-a/rl-a"
@@ -22,17 +24,18 @@ SYSTEM = Actor.system("test")
 
 
 def _db_payload(gate: Gate) -> dict:
-    return gates.serialize_gate(Gate.objects.select_related("source").get(pk=gate.pk))
+    return with_lag(gates.serialize_gate(Gate.objects.select_related("source").get(pk=gate.pk)))
 
 
 def _assert_copy_matches_database(client: Client, secret: str, gate: Gate, queries) -> dict:
-    """Redis holds exactly the database's serialisation, and the API serves it query-free."""
+    """Redis holds exactly the database's serialisation, and the API serves it with one query
+    (the revision check)."""
     expected = _db_payload(gate)
     cached = gate_cache.read("src-a", "rl-a")
     assert cached is not None
     assert cached.payload() == expected
     assert cached.revision == expected["revision"] and cached.source_id == gate.source_id
-    with queries(0):
+    with queries(1):
         response = client.get(GATE, **bearer(secret))
     assert response.status_code == 200
     assert response.content == render_gate(expected)
@@ -68,7 +71,10 @@ def test_the_copy_follows_every_kind_of_gate_change(
     with transaction.atomic(), django_capture_on_commit_callbacks(execute=True):
         locked = gates.locked_gate(gate.pk)
         assert locked is not None
-        gates.record_drift(locked, actor=SYSTEM, verified=[], unverified_count=1, drift=[])
+        # The one admitted worker departed (the ledger's fact); a joiner is reported.
+        departed = {(gate.namespace, i): ledger.departed() for i in locked.verified_instances}
+        joined = {(gate.namespace, "424242"): {"version": "v0"}}
+        gates.record_drift(locked, actor=SYSTEM, facts={**departed, **joined}, drift=[])
     body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
     assert body["verified_instances"] == [] and body["unverified_count"] == 1
     revision = body["revision"]
@@ -78,7 +84,7 @@ def test_the_copy_follows_every_kind_of_gate_change(
     with transaction.atomic(), django_capture_on_commit_callbacks(execute=True):
         locked = gates.locked_gate(gate.pk)
         assert locked is not None
-        gates.record_drift(locked, actor=SYSTEM, verified=[], unverified_count=1, drift=[])
+        gates.record_drift(locked, actor=SYSTEM, facts={}, drift=[])
     body = _assert_copy_matches_database(client, secret, gate, django_assert_num_queries)
     assert body["revision"] == revision and body["confirmed_at"] != before
 
@@ -117,12 +123,12 @@ def test_a_missing_copy_is_read_from_the_database_and_primed(
     assert from_db.status_code == 200 and from_db.json() == first.json()
     assert from_db["ETag"] == first["ETag"]
     assert gate_cache.read("src-a", "rl-a") is not None
-    with django_assert_num_queries(0):
+    with django_assert_num_queries(1):  # the revision check
         again = client.get(GATE, **bearer(secret))
     assert again.content == from_db.content
 
 
-def test_a_never_refreshed_namespace_is_served_open_and_primed(
+def test_a_never_refreshed_namespace_is_served_unverified_and_primed(
     fleet, viewer, token_factory, django_assert_num_queries
 ):
     secret = token_factory(viewer, label="poller")
@@ -130,8 +136,11 @@ def test_a_never_refreshed_namespace_is_served_open_and_primed(
     client = Client()
     first = client.get(GATE, **bearer(secret))
     assert first.status_code == 200
-    assert first.json()["state"] == "open" and first.json()["revision"] == 0
-    with django_assert_num_queries(0):
+    # Never verified: not open (it used to answer `open`, admitting unverified weights).
+    assert first.json()["state"] == "unverified" and first.json()["open"] is False
+    assert first.json()["revision"] == 0
+    # The revision check finds no gate row, then reads the source's policy mark.
+    with django_assert_num_queries(2):
         unchanged = client.get(GATE, HTTP_IF_NONE_MATCH=first["ETag"], **bearer(secret))
     assert unchanged.status_code == 304
 
@@ -154,8 +163,8 @@ def test_a_reader_never_overwrites_a_newer_revision(fleet):
 def _due_copy(source: str, namespace: str) -> None:
     """Make the gate's copy due for its rebuild (as it is REFRESH_AHEAD_SECONDS before lapsing)."""
     key = gate_cache.gate_key(source, namespace)
-    revision, source_id, _, body = redis_client.sync_client().get(key).split(b" ", 3)
-    redis_client.sync_client().set(key, b" ".join([revision, source_id, b"0", body]))
+    revision, source_id, _, mark, body = redis_client.sync_client().get(key).split(b" ", 4)
+    redis_client.sync_client().set(key, b" ".join([revision, source_id, b"0", mark, body]))
 
 
 def test_a_copy_about_to_lapse_is_rebuilt_from_the_database_by_one_request(
@@ -171,17 +180,17 @@ def test_a_copy_about_to_lapse_is_rebuilt_from_the_database_by_one_request(
     assert rebuilt.json()["reason"] == "held: disk full"
     cached = gate_cache.read("src-a", "rl-a")
     assert cached is not None and not cached.due(time.time())
-    with django_assert_num_queries(0):
+    with django_assert_num_queries(1):  # the revision check
         assert client.get(GATE, **bearer(secret)).json()["reason"] == "held: disk full"
 
 
 def test_the_copy_carries_exactly_what_the_api_serves(fleet):
-    """serialize_gate's keys are GateOut's plus the internal source id: nothing else could
-    leak into a body rendered from Redis."""
+    """The copy's keys are GateOut's plus the internal source id and policy mark: nothing else
+    could leak into a body rendered from Redis."""
     from controlplane.intake.api.gates import GateOut
 
     payload = _db_payload(fleet["gate"])
-    assert set(payload) - set(GateOut.model_fields) == {"source_id"}
+    assert set(payload) - set(GateOut.model_fields) == {"source_id", "policy_mark"}
     assert set(GateOut.model_fields) <= set(payload)
 
 
@@ -264,7 +273,7 @@ def test_a_grant_about_to_lapse_is_rebuilt_from_the_database_by_one_request(
     client = Client()
     assert client.get(GATE, **bearer(secret)).status_code == 200
     viewer.groups.clear()  # the cached grant still says viewer
-    with django_assert_num_queries(0):
+    with django_assert_num_queries(1):  # the revision check
         assert client.get(GATE, **bearer(secret)).status_code == 200
     _rewrite_grant(secret, refresh_at=0.0)
     assert client.get(GATE, **bearer(secret)).status_code == 403  # rebuilt: no longer a viewer

@@ -97,13 +97,14 @@ def test_gate_etag_gives_304_until_the_gate_changes(
     assert changed.json()["state"] == GateState.OPEN_FORCED
 
 
-def test_gate_poll_makes_no_query_once_token_and_gate_are_cached(
+def test_gate_poll_makes_one_query_once_token_and_gate_are_cached(
     fleet, admin_user, token_factory, django_assert_num_queries
 ):
     secret = token_factory(admin_user, label="poll")
     client = Client()
     first = client.get("/api/v1/gates/src-a/rl-a", **bearer(secret))  # caches both
-    with django_assert_num_queries(0):
+    # One indexed read per poll: the copy is used only at the revision the database committed.
+    with django_assert_num_queries(2):
         again = client.get("/api/v1/gates/src-a/rl-a", **bearer(secret))
         unchanged = client.get(
             "/api/v1/gates/src-a/rl-a", HTTP_IF_NONE_MATCH=first["ETag"], **bearer(secret)
@@ -132,3 +133,24 @@ def test_bad_input_is_4xx_with_the_error_body(fleet, viewer_client, path):
     response = viewer_client.get(path)
     assert 400 <= response.status_code < 500
     assert set(response.json()["error"]) == {"code", "message", "details"}
+
+
+def test_a_source_declares_its_backend_family_and_dynamo_release(fleet, admin_client):
+    response = admin_client.patch(
+        "/api/v1/sources/src-a",
+        {"declared_families": {"rl-a": "vllm-sidecar"}, "dynamo_release": "1.7"},
+        content_type="application/json",
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["declared_families"], body["dynamo_release"]) == ({"rl-a": "vllm-sidecar"}, "1.7")
+    refused = admin_client.patch(
+        "/api/v1/sources/src-a",
+        {"declared_family": "tgi", "dynamo_release": "9.9"},
+        content_type="application/json",
+    )
+    assert refused.status_code == 422  # the API's validation refusal
+    text = refused.content.decode()
+    assert "declared family 'tgi' is unknown" in text
+    assert "unknown Dynamo release '9.9'" in text
+    assert admin_client.get("/api/v1/sources/src-a").json()["dynamo_release"] == "1.7"

@@ -100,7 +100,17 @@ def test_frontend_errors(simfleet):
         "status": "live",
         "message": "Service is live",
     }
-    assert len(httpx.get(f"{simfleet.frontend_url}/health").json()["instances"]) == 4
+    # Every registered endpoint instance, as 1.6.1 lists them: each vLLM worker's `generate`
+    # and `rl` under its one instance id.
+    health = httpx.get(f"{simfleet.frontend_url}/health").json()
+    assert sorted(i["endpoint"] for i in health["instances"]) == ["generate"] * 4 + ["rl"] * 4
+    for worker in simfleet.workers():
+        ids = {
+            i["instance_id"]
+            for i in health["instances"]
+            if i["component"] == worker["component"] and i["namespace"] == worker["namespace"]
+        }
+        assert worker["instance_id"] in ids
 
 
 def test_pin_by_header_and_streaming(simfleet):

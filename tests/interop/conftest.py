@@ -93,6 +93,8 @@ class WorkerSpec:
     world_size: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     model_dir: str | None = None
+    #: The rl probe answers this descriptor verbatim (e.g. one our parser rejects).
+    probe_reply: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -226,6 +228,8 @@ def _entry_settled(entry: Mapping[str, Any], specs: Sequence[WorkerSpec]) -> boo
         return True  # e.g. a worker the test expects the listener to filter out
     if spec.probe_error is not None:
         return entry.get("error") == spec.probe_error
+    if spec.probe_reply is not None:
+        return "error" not in entry
     return "error" not in entry and "system_url" in entry
 
 
@@ -299,6 +303,8 @@ def dynamo_deployment(
                 argv += ["--model-name", spec.model_name, "--model-dir", str(model_dir)]
             if spec.probe_error is not None:
                 argv += ["--probe-error", spec.probe_error]
+            if spec.probe_reply is not None:
+                argv += ["--probe-reply", json.dumps(spec.probe_reply)]
             for route in spec.omit_routes:
                 argv += ["--omit-route", route]
             env = {**base, "DYN_SYSTEM_PORT": str(port), **spec.env}

@@ -127,7 +127,7 @@ def test_policy_refresh_succeeds_on_real_workers_across_two_namespaces(dynamo_de
         ], namespace
         assert all(e.http_status == 200 for e in entries)
         by_op = {e.operation: e for e in entries}
-        assert by_op["pause"].request_body == {"mode": "keep"}
+        assert by_op["pause"].request_body == {"mode": "wait"}
         assert by_op["update_from_disk"].request_body == {
             "model_path": MODEL_PATH,
             "weight_version": VERSION,
@@ -222,7 +222,9 @@ def test_policy_refresh_refuses_at_plan_time_when_a_worker_lacks_the_update_rout
     assert not JournalEntry.objects.exists()
     assert not Gate.objects.exists()
     gate = gate_state(source, "dynamo")
-    assert gate["open"] is True and gate["active_refresh_id"] is None
+    # Never refreshed: unverified, not open (it used to answer open with nothing verified).
+    assert gate["state"] == "unverified" and gate["open"] is False
+    assert gate["active_refresh_id"] is None
 
     # The real workers were neither paused nor updated.
     for worker in dep.workers:

@@ -143,6 +143,8 @@ def sources_via_forms_and_api(w: World) -> None:
             "listener_url": h.url("listener url (form)"),
             "allowed_networks": h("allowed networks (form)"),
             "refresh_interval_seconds": "10",
+            # Echoed in the refusal ("expected namespace=family, got ...").
+            "declared_families": h("declared families (form)"),
         },
     )
     assert refused.status_code in (200, 400), refused.status_code
@@ -194,6 +196,7 @@ def static_workers_via_form(w: World) -> None:
             "name": "static-1",
             "namespace": "rl-s",
             "component": h("static worker component"),
+            "endpoint": h("static worker endpoint"),
             "system_url": "http://127.0.0.1:9/" + h("static worker url"),
             "family": "vllm",
             "allowed_routes": h("static worker route").replace(" ", ""),
@@ -458,12 +461,31 @@ def drill_records(w: World) -> None:
     )
 
 
+def policy_published_from_the_trainer(w: World) -> None:
+    """A published policy (policy lag): its version is shown wherever lag is (the gates and
+    source pages, the gate API); a hostile lineage is refused and audited."""
+    h = w.hostile
+
+    def published(n: int, **data) -> bytes:
+        body = {"step": 8, "weight_version": h(f"published {n} weight_version", shown=False)}
+        body |= {"checkpoint_digest": h(f"published {n} digest", shown=False), **data}
+        return json.dumps({"type": "policy.published", "data": body}).encode()
+
+    answer = post_webhook(Client(), published(1), webhook_id="msg_" + "p" * 20)
+    assert answer.status_code == 200, answer.content
+    refused = post_webhook(
+        Client(), published(2, lineage=h("lineage", shown=False)), webhook_id="msg_" + "q" * 20
+    )
+    assert refused.status_code == 422, refused.content
+
+
 CHANNELS: list[Callable[[World], None]] = [
     discovery_payloads,
     sources_via_forms_and_api,
     static_workers_via_form,
     webhook_endpoints_tokens_destinations,
     trainer_webhooks,
+    policy_published_from_the_trainer,
     api_refresh_plan,
     cli_policy_refresh_with_failing_workers,
     gate_force_reopen_reason,
@@ -477,7 +499,7 @@ CHANNELS: list[Callable[[World], None]] = [
 
 #: Named routes that are not pages: they only accept POST (checked to answer GET with 405).
 POST_ONLY = {
-    "fleet:refresh_now",
+    "fleet:run_discovery",
     "fleet:static_worker_delete",
     "refresh:start",
     "refresh:discard",
@@ -567,6 +589,16 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "provenance:version": [reverse("provenance:version", args=[v]) for v in versions],
         "intake:api-v1:get_provenance": [
             reverse("intake:api-v1:get_provenance", args=[v]) for v in versions
+        ],
+        # The serving ledger's answer for an instance (hostile keys and versions in it), and
+        # hostile input itself.
+        "intake:api-v1:get_instance_provenance": [
+            *(
+                "/api/v1/provenance?"
+                + urlencode({"instance_id": x.instance_id, "from": "2020-01-01T00:00:00Z"})
+                for x in workers[:3]
+            ),
+            "/api/v1/provenance?" + urlencode({"instance_id": PAYLOAD, "at": PAYLOAD}),
         ],
         # Global search echoes its query and lists hostile keys, namespaces and versions.
         "search:search": [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .base import (
     AdminCall,
@@ -21,17 +22,18 @@ FAMILIES: dict[str, AdminFamily] = {f.name: f for f in (VLLM_WORKER, VLLM_SIDECA
 
 # Route names unique to one dialect. `update/model_taints` is advertised by several families
 # (and alone by a sidecar without RL capabilities), so it identifies nothing.
-_SIDECAR_MARKERS = frozenset(
+#
+# Native Rust sidecars (vLLM, SGLang, TRT-LLM) all advertise the `control/*` + `update/*`
+# dialect: `control/pause_generation`, `control/resume_generation`, `control/get_weight_version`,
+# `update/update_weight_version` say "a native sidecar", not which engine is behind it. Only
+# the names of vLLM's own weight-transfer API (`init_weight_transfer_engine`, `start_weight_update`,
+# `update_weights`, `finish_weight_update`, the RPCs of vLLM's gRPC `Control` service) say vLLM.
+_VLLM_SIDECAR_MARKERS = frozenset(
     {
-        "control/pause_generation",
-        "control/resume_generation",
-        "control/get_weight_version",
-        "control/is_paused",
-        "update/start_weight_update",
-        "update/finish_weight_update",
-        "update/update_weights",
         "update/init_weight_transfer_engine",
-        "update/update_weight_version",
+        "update/start_weight_update",
+        "update/update_weights",
+        "update/finish_weight_update",
     }
 )
 _SGLANG_MARKERS = frozenset(
@@ -54,25 +56,103 @@ _VLLM_MARKERS = frozenset(
         "flush_cache",
     }
 )
+_NATIVE_PREFIXES = ("control/", "update/")
+
+#: What an operator may declare for a source or namespace. The native SGLang and TRT-LLM
+#: sidecars are declarable so that a declaration can refuse them by name: no adapter drives
+#: them (their routes share the vLLM sidecar's names, their bodies do not).
+DECLARABLE_FAMILIES = ("vllm", "vllm-sidecar", "sglang", "sglang-sidecar", "trtllm-sidecar")
+_WITHOUT_ADAPTER = {"sglang-sidecar": "SGLang", "trtllm-sidecar": "TRT-LLM"}
+
+
+def _native(names: frozenset[str]) -> bool:
+    return any(n.startswith(_NATIVE_PREFIXES) for n in names if n != "update/model_taints")
 
 
 def detect_family(routes: Iterable[str]) -> AdminFamily | None:
-    """Pick the dialect from advertised route names; None when nothing is recognisable.
+    """Pick the dialect from advertised route names; None when the names do not say.
 
-    Sidecar first (its `control/pause_generation` is unique), then SGLang (`continue_generation`
-    and `control/update_*` never appear on vLLM), then the Python vLLM worker's bare names.
+    vLLM's sidecar only on vLLM's weight-transfer names (a bare native route set is
+    ambiguous, see `family_verdict`), then SGLang (`continue_generation` and `control/update_*`
+    never appear on vLLM), then the Python vLLM worker's bare names.
     """
     names = frozenset(routes)
-    if names & _SIDECAR_MARKERS:
+    if names & _VLLM_SIDECAR_MARKERS:
         return VLLM_SIDECAR
     if names & _SGLANG_MARKERS:
         return SGLANG
+    if _native(names):
+        return None
     if names & _VLLM_MARKERS:
         return VLLM_WORKER
     return None
 
 
+@dataclass(frozen=True)
+class FamilyVerdict:
+    """The family to drive a worker with, or why none may be (`reason`, naming it)."""
+
+    family: AdminFamily | None
+    reason: str = ""
+    #: Where the family comes from: "routes", "declared", or "" when refused.
+    evidence: str = ""
+
+
+def family_verdict(routes: Iterable[str], declared: str = "") -> FamilyVerdict:
+    """The family from evidence: the route names where they identify the engine, an operator's
+    declaration (per source or namespace) where they do not. A declaration never overrides
+    routes that say otherwise; an ambiguous worker is refused, so nothing mutating is sent."""
+    names = frozenset(routes)
+    detected = detect_family(names)
+    if declared:
+        if declared in _WITHOUT_ADAPTER:
+            return FamilyVerdict(
+                None,
+                f"declared family {declared}: there is no adapter for the native "
+                f"{_WITHOUT_ADAPTER[declared]} sidecar, so it is never paused or updated",
+            )
+        family = FAMILIES.get(declared)
+        if family is None:
+            return FamilyVerdict(None, f"declared family {declared!r} is unknown")
+        if detected is not None and detected is not family:
+            return FamilyVerdict(
+                None,
+                f"declared family {declared} contradicts the advertised routes, which are "
+                f"{detected.name}'s",
+            )
+        if detected is None and _native(names) != (family is VLLM_SIDECAR):
+            return FamilyVerdict(
+                None,
+                f"declared family {declared} does not advertise "
+                + ("control/* and update/* routes" if family is VLLM_SIDECAR else "these routes"),
+            )
+        return FamilyVerdict(family, evidence="declared" if detected is None else "routes")
+    if detected is not None:
+        return FamilyVerdict(detected, evidence="routes")
+    if _native(names):
+        return FamilyVerdict(
+            None,
+            "ambiguous family: only native sidecar routes (control/*, update/*), which the vLLM, "
+            "SGLang and TRT-LLM sidecars all advertise; declare the family on the source or "
+            "namespace",
+        )
+    return FamilyVerdict(None, "no known admin route family in the advertised routes")
+
+
+def routes_fit(routes: Iterable[str], family_name: str) -> bool:
+    """Whether a worker advertising `routes` can still be the `family_name` worker it was
+    planned as (a re-read of the listing during a refresh)."""
+    family = FAMILIES.get(family_name)
+    if family is None:
+        return False
+    detected = detect_family(routes)
+    if detected is not None:
+        return detected is family
+    return family is VLLM_SIDECAR and _native(frozenset(routes))
+
+
 __all__ = [
+    "DECLARABLE_FAMILIES",
     "FAMILIES",
     "SGLANG",
     "VLLM_SIDECAR",
@@ -80,6 +160,7 @@ __all__ = [
     "AdminCall",
     "AdminFamily",
     "AdminOutcome",
+    "FamilyVerdict",
     "LoraAction",
     "Negotiation",
     "Operation",
@@ -87,6 +168,8 @@ __all__ = [
     "UpdateMethod",
     "custom_call",
     "detect_family",
+    "family_verdict",
     "negotiate",
     "offered_methods",
+    "routes_fit",
 ]

@@ -9,7 +9,10 @@
 - Group init/destroy, flush and weight-version read have no built-in route: they need configured
   routes (`--engine-route init_weights_update_group` etc., engine target). Tuple results
   normalize to `{"success","message"}`.
-- SGLang flushes its cache after a successful weight update, so updates invalidate the cache.
+- SGLang flushes its cache after a successful weight update when `flush_cache` is true; the disk
+  update always sends it (and an explicit `abort_all_requests`), so updates invalidate the cache.
+  Its reply's `num_paused_requests` says how many requests were paused across the update
+  (`dynamo.inflight` accounts for them).
 - Liveness: `GET {system_url}/health` expecting 200 `status: ready`.
 - Pause modes are SGLang's (`abort` default, `retract`, `in_place`); `keep`/`wait` are vLLM's.
 - Memory release/resume (`release_memory_occupation`/`resume_memory_occupation`, default routes)
@@ -120,7 +123,16 @@ class SglangFamily(AdminFamily):
             body["abort_all_requests"] = bool(params.get("abort_all_requests", False))
         elif op == Operation.UPDATE_FROM_DISK:
             require(params, "model_path")
+            if params.get("flush_cache") is False:
+                # SGLang would keep the old-weights prefix cache while the plan says it is gone.
+                raise ValueError("flush_cache=false would keep the old-weights prefix cache")
             body.update(params)  # SGLang's UpdateWeightFromDiskReqInput fields, verbatim
+            # Always explicit: the cache reset is what makes the update invalidate the cache,
+            # and `abort_all_requests`' default differs between SGLang builds. True drops what
+            # was paused (a request never finishes on the new weights); the plan sends False
+            # only when it declares that requests may straddle the update.
+            body["flush_cache"] = True
+            body["abort_all_requests"] = bool(params.get("abort_all_requests", True))
         elif op in (
             Operation.UPDATE_FROM_DISTRIBUTED,
             Operation.UPDATE_FROM_TENSOR,

@@ -3,6 +3,15 @@
 Cache: `update_weights_from_disk` resets the prefix cache itself, and
 `update_weights_from_distributed` does too unless `reset_prefix_cache=false` is sent (we never
 send it false), so FLUSH_CACHE after an update is optional (Dynamo ignores its result anyway).
+
+Default pause mode: `wait`. Dynamo's own default is `keep`, which freezes the requests in flight
+and lets them *continue under the new weights* after resume: samples that span two policies,
+the thing RL frameworks fight (a rollout straddling a refit). Dynamo's current weight-update
+guide pauses with `{"mode": "wait", "clear_cache": false}`: requests in flight finish on the
+old weights, new ones queue. The drain is bounded by the pause call's own timeout (the
+executor's admin timeout); a drain that outlasts it fails the pause step, which resumes the
+worker. `keep` stays available when the plan declares that requests may straddle the update
+(docs/reference/in-flight-requests.md).
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ class VllmWorkerFamily(AdminFamily):
     routes = {op: frozenset({route}) for op, route in _ROUTE.items()}
     invalidating = frozenset({Operation.UPDATE_FROM_DISK, Operation.UPDATE_FROM_DISTRIBUTED})
     pause_modes = PAUSE_MODES
-    default_pause_mode = "keep"
+    default_pause_mode = "wait"
 
     def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
         body: dict[str, Any] = {}

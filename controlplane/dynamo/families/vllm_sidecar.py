@@ -6,10 +6,11 @@ updates → `{"message": ...}`, version → `{"weight_version": ""}` ("" = never
 
 Cache invalidation: the sidecar has **no flush route**. This adapter therefore always pauses with
 `clear_cache: true` unless the caller explicitly asks otherwise, so the prefix cache is dropped
-at pause time; with the default `abort` mode nothing runs while paused, so after the update no
-old-weights cache remains. FLUSH_CACHE is unsupported; `update_invalidates_cache` reports True
-for the distributed update on that basis (and False if the caller disabled clear_cache — the
-refresh planner must then treat the cache as stale).
+at pause time; with the default `wait` mode (as the Python worker's, see `families/vllm.py`)
+requests in flight finish on the old weights before the engine pauses and nothing runs while
+paused, so after the update no old-weights cache remains. FLUSH_CACHE is unsupported;
+`update_invalidates_cache` reports True for the distributed update on that basis (and False
+if the caller disabled clear_cache: the refresh planner must then treat the cache as stale).
 
 Liveness is `GET {system_url}/health`, expecting 200 with `status: ready`. It is not a pause
 signal (it stays ready while paused); use `control/is_paused` for that.
@@ -66,7 +67,7 @@ class VllmSidecarFamily(AdminFamily):
     }
     invalidating = frozenset({Operation.UPDATE_FROM_DISTRIBUTED})
     pause_modes = PAUSE_MODES
-    default_pause_mode = "abort"
+    default_pause_mode = "wait"
 
     def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
         if op == Operation.LIVENESS:

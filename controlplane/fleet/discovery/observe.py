@@ -8,7 +8,6 @@ touches the database: the caller passes plain data in and gets plain data out.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,12 +26,21 @@ from controlplane.dynamo.discovery import (
 )
 from controlplane.dynamo.errors import TransportError, one_line
 from controlplane.dynamo.families import FAMILIES, AdminFamily, Operation, detect_family
+from controlplane.dynamo.frontend_health import (
+    FrontendHealthError,
+    FrontendInstances,
+    Identity,
+    fetch_frontend_instances,
+    resolve_identity,
+)
 from controlplane.dynamo.http import MAX_RESPONSE_BYTES, DynamoClient, make_client
 from controlplane.dynamo.limits import storable_text, weight_version_problem
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.fleet.declared_scope import DeclaredScope
 
-#: Endpoint name given to static workers, which have no discovery endpoint of their own.
-STATIC_ENDPOINT = "static"
+#: The endpoint text of a static worker whose real identity is unknown or refused: its row is
+#: keyed `namespace/component/static:<name>/` with an empty instance id, never an invented one.
+UNIDENTIFIED_ENDPOINT = "static:{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,8 @@ class StaticSpec:
     family: str
     allowed_routes: tuple[str, ...]
     model: str
+    endpoint: str = "generate"
+    declared_instance_id: str = ""
 
 
 @dataclass(slots=True)
@@ -74,6 +84,8 @@ class Observation:
     version_error: str = ""
     liveness: str = "unknown"
     liveness_error: str = ""
+    #: Static workers: why the real instance id is unknown ("" when resolved).
+    identity_note: str = ""
 
     @property
     def key(self) -> str:
@@ -91,12 +103,6 @@ class ObservedFleet:
         # included, when it restores the SIGINT handler (signal.getsignal builds a ValueError
         # text with its repr), and a full repr of 2,000 workers costs more than their parse.
         return f"<ObservedFleet {len(self.workers)} workers, {self.requests} requests>"
-
-
-def static_instance_id(source_id: int, name: str) -> str:
-    """A stable u64 per (source, static worker name), so the row keeps its history."""
-    digest = hashlib.blake2b(f"{source_id}/{name}".encode(), digest_size=8).digest()
-    return str(int.from_bytes(digest, "big"))
 
 
 def _from_discovered(worker: DiscoveredWorker, families: dict[tuple[str, ...], str]) -> Observation:
@@ -123,18 +129,68 @@ def _from_discovered(worker: DiscoveredWorker, families: dict[tuple[str, ...], s
     )
 
 
-def _from_static(source_id: int, spec: StaticSpec) -> Observation:
-    return Observation(
+def _from_static(spec: StaticSpec, identity: Identity) -> Observation:
+    """A static worker under its real identity, or unidentified (empty id, with why)."""
+    obs = Observation(
         namespace=spec.namespace,
         component=spec.component,
-        endpoint=STATIC_ENDPOINT,
-        instance_id=static_instance_id(source_id, spec.name),
+        endpoint=UNIDENTIFIED_ENDPOINT.format(name=spec.name),
+        instance_id="",
         family=spec.family,
         system_url=spec.system_url,
         model=spec.model,
         routes=spec.allowed_routes,
         static_worker_id=spec.pk,
+        error=identity.refusal,
+        identity_note=identity.note,
     )
+    if identity.instance is not None:
+        obs.endpoint = identity.instance.endpoint
+        obs.instance_id = str(identity.instance.instance_id)
+        obs.transport = identity.instance.transport
+    return obs
+
+
+async def _static_identities(
+    client: DynamoClient,
+    policy: OutboundPolicy,
+    frontend_url: str,
+    statics: list[StaticSpec],
+    timeout: float,
+) -> list[Identity]:
+    """Resolve every static worker against one fresh read of the frontend's `/health`."""
+    listing: FrontendInstances | None = None
+    unavailable = ""
+    if statics and frontend_url:
+        try:
+            listing = await fetch_frontend_instances(client, policy, frontend_url, timeout=timeout)
+        except FrontendHealthError as exc:
+            unavailable = exc.reason
+    return [
+        resolve_identity(
+            name=s.name,
+            namespace=s.namespace,
+            component=s.component,
+            endpoint=s.endpoint,
+            system_url=s.system_url,
+            declared_id=s.declared_instance_id,
+            listing=listing,
+            unavailable=unavailable,
+        )
+        for s in statics
+    ]
+
+
+def _refuse_out_of_scope(workers: list[Observation], scope: DeclaredScope, reported: str) -> None:
+    """Mark every listed worker outside the declared scope erroring, with why (never probed,
+    never planned). Verdicts are per namespace, so a fleet costs one check per namespace."""
+    verdicts: dict[str, str] = {}
+    for obs in workers:
+        verdict = verdicts.get(obs.namespace)
+        if verdict is None:
+            verdict = verdicts[obs.namespace] = scope.refusal(obs.namespace, reported)
+        if verdict:
+            obs.error = f"{verdict}; {obs.error}" if obs.error else verdict
 
 
 #: What one probe reply means for a worker: `(version_ok, version, declared, version_error)`
@@ -260,6 +316,12 @@ class Prober:
                     obs.version_error = reading[3]
             else:
                 obs.liveness, obs.liveness_error = reading
+        if obs.static_worker_id is not None and obs.liveness == "dead":
+            # Nothing vouches for a static worker but its URL: one we cannot reach is refused
+            # (named, so a wrong URL is a clear reason and never a half-paused refresh).
+            obs.error = storable_text(
+                f"static worker unreachable at {obs.system_url}: {obs.liveness_error}"
+            )
 
 
 def _judge(
@@ -298,8 +360,13 @@ async def observe(
     listener_timeout: float,
     probe_timeout: float,
     concurrency: int,
+    frontend_url: str = "",
+    scope: DeclaredScope | None = None,
 ) -> ObservedFleet:
-    """Fetch discovery and probe every worker. Raises DiscoveryError for listener problems."""
+    """Fetch discovery and probe every worker. Raises DiscoveryError for listener problems.
+
+    Static workers are resolved against the frontend's `/health` on every call (a restart
+    changes their id); listed workers outside the declared `scope` are refused."""
     policy = policy.for_run()
     async with make_client(
         timeout=max(listener_timeout, probe_timeout), max_connections=concurrency
@@ -307,7 +374,9 @@ async def observe(
         result = await fetch_discovery(client, policy, listener_url, timeout=listener_timeout)
         families: dict[tuple[str, ...], str] = {}
         workers = [_from_discovered(w, families) for w in result.workers]
-        workers += [_from_static(source_id, s) for s in statics]
+        _refuse_out_of_scope(workers, scope or DeclaredScope(""), result.namespace)
+        identities = await _static_identities(client, policy, frontend_url, statics, probe_timeout)
+        workers += [_from_static(s, i) for s, i in zip(statics, identities, strict=True)]
         prober = Prober(client, policy, timeout=probe_timeout, concurrency=concurrency)
         await asyncio.gather(*(prober.probe(obs) for obs in workers))
     return ObservedFleet(result, workers, prober.requests + 1)

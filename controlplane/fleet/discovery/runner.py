@@ -27,6 +27,7 @@ from controlplane.dynamo.errors import DiscoveryError, one_line
 from controlplane.dynamo.limits import storable_text
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import live
+from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.discovery.observe import ObservedFleet, StaticSpec, observe
 from controlplane.fleet.discovery.store import StoredRefresh, store_observation
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source
@@ -144,6 +145,8 @@ def _refresh_claimed(source: Source, trigger: str) -> DiscoveryRun:
             s.family,
             tuple(s.allowed_routes),
             s.model,
+            s.endpoint,
+            s.declared_instance_id,
         )
         for s in source.static_workers.all()
     ]
@@ -160,6 +163,8 @@ def _refresh_claimed(source: Source, trigger: str) -> DiscoveryRun:
                 listener_timeout=settings.DISCOVERY_LISTENER_TIMEOUT_SECONDS,
                 probe_timeout=settings.DISCOVERY_PROBE_TIMEOUT_SECONDS,
                 concurrency=settings.DISCOVERY_PROBE_CONCURRENCY,
+                frontend_url=source.frontend_url,
+                scope=DeclaredScope.of(source),
             )
         )
     except DiscoveryError as exc:

@@ -44,6 +44,7 @@ REFRESHED_FIELDS = [
     "liveness_error",
     "gone_at",
     "static_worker",
+    "identity_note",
 ]
 BATCH = 500
 
@@ -148,6 +149,7 @@ def _refreshed(o: Observation, weight_version, declared: bool, lists: dict) -> t
         o.liveness_error,
         None,
         o.static_worker_id,
+        o.identity_note,
     )
 
 
@@ -283,17 +285,23 @@ def store_observation(
         values = _refreshed(o, row[version_at], row[declared_at], lists)
         if values != row[_HEAD:]:
             updated.append(_changed_row(row[0], values))
+    departed: list[Worker] = []
     for key in diff.left:
         row = existing[key]
         gone = list(row[_HEAD:])
         gone[_F["state"] - _HEAD] = WorkerState.GONE
         gone[_F["gone_at"] - _HEAD] = now
-        updated.append(_changed_row(row[0], tuple(gone)))
+        # A static worker's identity moves to a new row when its instance id changes (a
+        # restart): the gone row lets go of it first (the link is one-to-one).
+        gone[_F["static_worker"] - _HEAD] = None
+        departed.append(_changed_row(row[0], tuple(gone)))
 
-    if created:
-        _insert_new(source, created, new_rows, pks)
+    if departed:
+        Worker.objects.bulk_update(departed, REFRESHED_FIELDS, batch_size=BATCH)
     if updated:
         Worker.objects.bulk_update(updated, REFRESHED_FIELDS, batch_size=BATCH)
+    if created:
+        _insert_new(source, created, new_rows, pks)
     _stamp(source, observed, pks, now)
     # Plain rows: a cold refresh records one event per joining worker, and nothing reads
     # the event instances back.

@@ -3,12 +3,15 @@
 Rollout frameworks poll `GET /api/v1/gates/<source>/<namespace>` with a bearer token, every
 second, by the hundred. Through Django each poll runs the whole middleware stack, Ninja's
 routing and a worker thread of its own; this ASGI wrapper answers the common case itself with
-one Redis round trip (the token's grant and the gate's copy, one MGET) and the same bytes and
+one Redis round trip (the token's grant and the gate's copy, one MGET) and one shared
+revision read and the same bytes and
 headers Django would send (`tests/api/test_fast_gate.py` compares the two).
 
 It answers only when everything is certain: a well-formed bearer token whose cached grant
-accepts the secret, allows viewing and covers the gate's source, a gate copy in Redis, an
-allowed Host, and no redirect due. A grant or copy missing from Redis is first loaded from the
+accepts the secret, allows viewing and covers the gate's source, a gate copy in Redis at the
+revision the gate row has committed (checked by a database read that began after the poll
+arrived, shared with the other polls of the moment: `gate_revisions`), an allowed Host, and
+no redirect due. A grant or copy missing from Redis is first loaded from the
 database, once per process in a worker thread, while the polls that missed it wait. Anything
 else — a revoked, unknown or expired token, a limited token asking for another source, a gate
 the database does not have, Redis away — goes to Django unchanged, which answers from the
@@ -38,6 +41,7 @@ from django.utils.csp import CSP, build_policy
 from controlplane import redis_client
 from controlplane.accounts import tokens
 from controlplane.accounts.roles import Perm
+from controlplane.intake.api.gate_revisions import committed_revision
 from controlplane.intake.api.gates import (
     CACHE_CONTROL,
     JSON_CONTENT_TYPE,
@@ -127,12 +131,17 @@ async def _answer(scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] 
         or (grant.source_ids is not None and cached.source_id not in grant.source_ids)
     ):
         return None
+    # The copy is a hint: only at the revision the row has committed now (read after this poll
+    # arrived) is it the answer. Otherwise, or when the database cannot say, Django answers
+    # from the row and primes the copy.
+    if not gate_cache.is_current(cached, await committed_revision(source, namespace)):
+        return None
     # About to lapse: rebuilt from the database in a thread, while this request is answered.
     if grant.due(now) and _claim(key_id, now):
         _in_background(tokens.rebuild_grant, secret)
     if cached.due(now) and _claim(f"{source}/{namespace}", now):
         _in_background(rebuild_copy, source, namespace)
-    etag = etag_for(cached.source_id, namespace, cached.revision)
+    etag = etag_for(cached.source_id, namespace, cached.revision, cached.mark)
     offered = headers.get(b"if-none-match", b"").decode("latin-1")
     if not_modified(offered, etag):
         status, body, content_type = 304, b"", b"text/html; charset=utf-8"

@@ -1,8 +1,9 @@
 """The gate API rollout frameworks poll: is a scope open, at which verified policy version.
 
-Built to be polled every second by many clients, without the database: the token's grant and
-the gate come from Redis (`accounts.tokens.grant_for`, `refresh.gate_cache`), the `ETag` is
-the gate's revision, and `If-None-Match` is answered with 304 before anything is rendered. A
+Built to be polled every second by many clients, with one indexed read of the database: the
+token's grant and the gate come from Redis (`accounts.tokens.grant_for`, `refresh.gate_cache`),
+the copy is used only at the revision the gate row has committed (`gate_cache.current`), the
+`ETag` is that revision, and `If-None-Match` is answered with 304 before anything is rendered. A
 gate missing from Redis (or about to lapse) is read from the database and its copy primed,
 once per process at a time. `fast_gate` serves the same answers in front of Django.
 """
@@ -37,6 +38,7 @@ from controlplane.refresh import gate_cache
 from controlplane.refresh.gates import gate_state, serialize_gate
 from controlplane.refresh.intents.action_table import FORCE_REOPEN, ActionInput
 from controlplane.refresh.models import ADMITTING_STATES, Gate
+from controlplane.refresh.policy_lag import with_lag
 
 router = Router(tags=["gates"])
 
@@ -44,10 +46,49 @@ CACHE_CONTROL = "private, no-cache"
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 
 
+class InstanceVersionOut(Schema):
+    instance_id: str
+    key: str = ""
+    version: Any = None
+
+
 class ForcedOut(Schema):
     by: str
     at: str | None
     reason: str
+    #: The admitted instances not verified at the version they serve, with that version.
+    instances: list[InstanceVersionOut] = []
+
+
+class AdmittedForcedOut(Schema):
+    by: str
+    at: str | None
+    reason: str
+
+
+class AdmittedOut(Schema):
+    """One admitted instance, from the serving ledger."""
+
+    instance_id: str
+    key: str = ""
+    #: The version it serves (its readback, or the version verified at).
+    version: Any = None
+    #: verified_refresh | verified_catch_up | reported | assumed | unknown
+    evidence: str
+    verified: bool
+    #: verified | forced
+    admission: str
+    refresh_id: int | None = None
+    quarantine_id: int | None = None
+    since: str | None = None
+    forced: AdmittedForcedOut | None = None
+
+
+class VersionCountOut(Schema):
+    version: Any = None
+    #: Admitted instances serving it, and how many of them are verified at it.
+    count: int
+    verified: int
 
 
 class DriftOut(Schema):
@@ -57,18 +98,54 @@ class DriftOut(Schema):
     detail: str = ""
 
 
+class PolicyLagOut(Schema):
+    lineage: str = Field(description="the training run compared ('' when unnamed)")
+    latest_step: int
+    latest_version: Any
+    latest_digest: str
+    latest_published_at: str
+    serving_version: Any = Field(
+        None, description="the admitted version furthest behind; null when nothing is admitted"
+    )
+    serving_step: int | None = Field(
+        None, description="its published step; null when that version was never published"
+    )
+    steps: int | None = Field(None, description="latest_step - serving_step; null: unknown")
+    seconds: float | None = Field(
+        None, description="time between the two publications; null: unknown"
+    )
+    max_lag_steps: int
+    action: Literal["observe", "alert", "close"]
+    exceeded: bool = Field(description="steps > max_lag_steps")
+
+
 class GateOut(Schema):
     source: str
     namespace: str
-    state: Literal["open", "open_forced", "closed", "unknown"]
-    #: Rollouts are admitted: `open` (verified) or `open_forced` (a person's decision).
+    state: Literal["open", "open_mixed", "open_forced", "closed", "unverified", "unknown"]
+    #: Rollouts are admitted: `open` (every admitted instance verified at one version),
+    #: `open_mixed` (verified at several versions: pin) or `open_forced` (a person's decision).
     open: bool
     since: str | None
     reason: str
+    #: What closed a closed gate: refresh | drift | stale_policy; "" otherwise.
+    closure: str = ""
     forced: ForcedOut | None = None
+    #: The one version every admitted instance serves; null when none or several.
+    version: Any = None
+    #: The versions the admitted instances serve, with counts.
+    versions: list[VersionCountOut] = []
+    #: The admitted instances, each with its version and evidence (the serving ledger's view);
+    #: pin generations to them with `nvext.backend_instance_id`.
+    admitted: list[AdmittedOut] = []
+    admitted_count: int = 0
+    #: Admitted instances serving another version than `verified_version` (a force-reopen
+    #: admitted what they serve): a refresh or a rollback resolves it.
+    disagreements: list[InstanceVersionOut] = []
+    #: Deprecated (derived): the version the namespace was last verified at.
     verified_version: Any = None
-    #: Instance ids (u64 as decimal strings) verified at `verified_version`; pin generations
-    #: to them with `nvext.backend_instance_id`.
+    #: Deprecated (derived from `admitted`): the admitted instance ids verified at
+    #: `verified_version`.
     verified_instances: list[str]
     verified_count: int
     unverified_count: int
@@ -85,6 +162,10 @@ class GateOut(Schema):
     active_refresh_id: int | None
     revision: int
     updated_at: str | None
+    #: How far the admitted workers' policy is behind the trainer's latest published one
+    #: (`checkpoint.ready` with a step, or `policy.published`); null when nothing was
+    #: published for this namespace. docs/concepts/policy-lag.md.
+    policy_lag: PolicyLagOut | None = None
 
 
 class GateFilters(PageParams):
@@ -96,9 +177,10 @@ class ForceReopenIn(Schema):
     reason: str = Field(min_length=1, max_length=2000)
 
 
-def etag_for(source_id: int, namespace: str, revision: int) -> str:
-    # crc32, not hash(): every web replica must compute the same tag for the same gate.
-    return f'"{source_id}.{zlib.crc32(namespace.encode()):08x}.{revision}"'
+def etag_for(source_id: int, namespace: str, revision: int, mark: int = 0) -> str:
+    # crc32, not hash(): every web replica must compute the same tag for the same gate. The
+    # policy mark moves the tag when the trainer publishes (the lag shown changes).
+    return f'"{source_id}.{zlib.crc32(namespace.encode()):08x}.{revision}.{mark}"'
 
 
 def not_modified(offered: str, etag: str) -> bool:
@@ -150,7 +232,11 @@ def list_gates(request: HttpRequest, filters: Query[GateFilters]):
     if filters.open is not None:
         admitting = Q(state__in=ADMITTING_STATES)
         gates = gates.filter(admitting if filters.open else ~admitting)
-    return paginate(gates.order_by("source__name", "namespace"), filters, serialize_gate)
+    return paginate(
+        gates.order_by("source__name", "namespace"),
+        filters,
+        lambda gate: with_lag(serialize_gate(gate), gate.source),
+    )
 
 
 @router.get(
@@ -176,7 +262,7 @@ def get_gate(request: HttpRequest, response: HttpResponse, source: str, namespac
             cached = _visible_copy(request, source, namespace)
             if cached is None:
                 return _from_database(request, response, source, namespace)
-    etag = etag_for(cached.source_id, namespace, cached.revision)
+    etag = etag_for(cached.source_id, namespace, cached.revision, cached.mark)
     if _not_modified(request, etag):
         answer = HttpResponse(status=304)
     else:
@@ -194,7 +280,9 @@ def _visible_copy(request: HttpRequest, source: str, namespace: str):
     limit = token_source_ids(request)
     if cached is None or (limit is not None and cached.source_id not in limit):
         return None
-    return cached
+    # Only a copy at the revision the database has committed now: a close committed by a
+    # writer whose copy never reached this Redis is answered from the row (gate_cache.py).
+    return gate_cache.current(cached, source, namespace)
 
 
 def _serialized(found: Source, namespace: str) -> dict[str, Any] | None:
@@ -203,9 +291,9 @@ def _serialized(found: Source, namespace: str) -> dict[str, Any] | None:
     if gate is None:
         if not found.workers.filter(namespace=namespace).exists():
             return None
-        return gate_state(found, namespace)
+        return with_lag(gate_state(found, namespace), found)
     gate.source = found
-    return serialize_gate(gate)
+    return with_lag(serialize_gate(gate), found)
 
 
 def rebuild_copy(source: str, namespace: str) -> None:
@@ -229,7 +317,7 @@ def _from_database(request: HttpRequest, response: HttpResponse, source: str, na
     if payload is None:
         raise Http404(f"source {source!r} has no namespace {namespace!r}")
     gate_cache.prime(payload, found.pk)
-    etag = etag_for(found.pk, namespace, payload["revision"])
+    etag = etag_for(found.pk, namespace, payload["revision"], payload["policy_mark"])
     response["ETag"] = etag
     response["Cache-Control"] = CACHE_CONTROL
     if _not_modified(request, etag):
@@ -259,6 +347,6 @@ def force_reopen(
     def reopen():
         FORCE_REOPEN.run(gate, actor(request), ActionInput(reason=payload.reason))
         fresh = Gate.objects.select_related("source").get(pk=gate.pk)
-        return 200, serialize_gate(fresh)
+        return 200, with_lag(serialize_gate(fresh), fresh.source)
 
     return idempotency.run(request, response, reopen)

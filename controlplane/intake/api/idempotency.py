@@ -21,6 +21,7 @@ from ninja import Status
 
 from controlplane.intake.api.errors import ApiError
 from controlplane.intake.models import IdempotencyRecord, IdempotencyState
+from controlplane.textlimits import REQUEST_PATH_CHARS
 
 HEADER = "Idempotency-Key"
 _KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
@@ -92,7 +93,7 @@ def _claim(request, principal: str, key: str, fingerprint: str) -> IdempotencyRe
             return IdempotencyRecord.objects.create(
                 principal=principal,
                 key=key,
-                operation=request.path[:200],
+                operation=request.path[:REQUEST_PATH_CHARS],
                 request_hash=fingerprint,
                 user=request.user if request.user.is_authenticated else None,
             )

@@ -11,6 +11,7 @@ from django.http import HttpRequest, JsonResponse
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.dynamo.jsonsafe import UnsafeJSON, loads_bounded
+from controlplane.textlimits import QUOTED_CHARS
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Signed endpoints check the signature before they look at the body (and audit refusals).
@@ -48,7 +49,7 @@ def _audit_change(request: HttpRequest, response) -> None:
             target=token,
             details={
                 "method": request.method,
-                "path": request.path[:300],
+                "path": request.path[:QUOTED_CHARS],
                 "status": response.status_code,
             },
         )

@@ -25,6 +25,7 @@ from controlplane.refresh.eta import eta_json
 from controlplane.refresh.intents import action_table
 from controlplane.refresh.intents.action_table import Action, ActionInput
 from controlplane.refresh.models import PolicyRefresh
+from controlplane.refresh.progress import canary_of
 from controlplane.refresh.strategy import stored as stored_strategy
 
 router = Router(tags=["policy refreshes"])
@@ -288,7 +289,7 @@ def serialize_refresh(refresh) -> dict[str, Any]:
         "instances": refresh.instances,
         "wave": refresh.wave,
         "waves": refresh.waves,
-        "canary": (refresh.progress or {}).get("canary"),
+        "canary": canary_of(refresh),
         "plan_blockers": list(refresh.plan_blockers or []),
         "failed_step": refresh.failed_step,
         "held_reason": refresh.held_reason,

@@ -1,4 +1,4 @@
-"""Sources: list, read, create, update, delete, and "refresh now" (a discovery refresh).
+"""Sources: list, read, create, update, delete, and "refresh now" (a discovery run).
 
 A source's `default_strategy` is validated here and stored by `refresh.source_strategy` (only
 the refresh app knows a strategy), in the same transaction as the source's other changes."""
@@ -38,6 +38,13 @@ DriftPolicyName = Literal["quarantine", "close", "observe"]
 DRIFT_POLICY_HELP = (
     "what drift does: quarantine (pause, catch up alone, admit back), close the gate, or observe"
 )
+MaxLagActionName = Literal["observe", "alert", "close"]
+MAX_LAG_HELP = (
+    "what a namespace serving a policy more than `max_lag_steps` behind the trainer's latest "
+    "published one does: observe, alert (notify), or close its gate as stale_policy until a "
+    "refresh brings it within bounds"
+)
+MAX_LAG_STEPS_HELP = "training steps the served policy may be behind the latest published one"
 DRILL_EVERY_HELP = "hours between scheduled rollback drills of a small canary subset; 0 = never"
 AGREEMENT_TOKENS_HELP = "how many leading completion tokens workers of one model must agree on"
 
@@ -58,6 +65,19 @@ def _strategy_or_400(raw: dict[str, Any] | None) -> dict[str, Any] | None:
         raise ApiError(400, "invalid_strategy", str(exc), exc.errors) from None
 
 
+DECLARED_FAMILY_HELP = (
+    "the backend family where routes cannot tell (native sidecars all advertise control/* and "
+    "update/*): vllm, vllm-sidecar, sglang, sglang-sidecar or trtllm-sidecar; blank = routes only"
+)
+DYNAMO_RELEASE_HELP = "the Dynamo release the workers run: 1.6.1 or 1.7; blank = 1.6.1"
+ListenerScopeName = Literal["", "exact", "prefix", "suffix", "global"]
+LISTENER_SCOPE_HELP = (
+    "the namespace scope the RL listener is expected to have: exact, prefix, suffix or global "
+    "('' = undeclared: follow the listener, but refuse a global one); workers outside it are "
+    "refused on every discovery"
+)
+
+
 class SourceOut(Schema):
     id: int
     name: str
@@ -66,6 +86,7 @@ class SourceOut(Schema):
     expected_namespace: str
     expected_prefix: str
     expected_worker_suffix: str
+    listener_scope: str = Field("", description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str]
     refresh_interval_seconds: float
     require_approval: bool
@@ -75,6 +96,11 @@ class SourceOut(Schema):
     agreement_epsilon: float
     drift_policy: str
     drill_every: int
+    declared_family: str = Field("", description=DECLARED_FAMILY_HELP)
+    declared_families: dict[str, str] = Field(default_factory=dict)
+    dynamo_release: str = Field("", description=DYNAMO_RELEASE_HELP)
+    max_lag_action: str
+    max_lag_steps: int
     default_strategy: dict[str, Any] = Field(
         default_factory=dict,
         description="the strategy plans get unless they name one ({} = all at once)",
@@ -94,6 +120,7 @@ class SourceIn(Schema):
     expected_namespace: str = Field("", max_length=200)
     expected_prefix: str = Field("", max_length=200)
     expected_worker_suffix: str = Field("", max_length=200)
+    listener_scope: ListenerScopeName = Field("", description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str] = Field(default_factory=list, max_length=100)
     refresh_interval_seconds: float = Field(10.0, ge=1.0, le=86400.0)
     require_approval: bool = False
@@ -103,6 +130,11 @@ class SourceIn(Schema):
     agreement_epsilon: float = Field(0.05, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName = Field("quarantine", description=DRIFT_POLICY_HELP)
     drill_every: int = Field(0, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
+    declared_family: str = Field("", max_length=32, description=DECLARED_FAMILY_HELP)
+    declared_families: dict[str, str] = Field(default_factory=dict, max_length=200)
+    dynamo_release: str = Field("", max_length=16, description=DYNAMO_RELEASE_HELP)
+    max_lag_action: MaxLagActionName = Field("observe", description=MAX_LAG_HELP)
+    max_lag_steps: int = Field(1, ge=0, le=10**9, description=MAX_LAG_STEPS_HELP)
     default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 
@@ -113,6 +145,7 @@ class SourcePatch(Schema):
     expected_namespace: str | None = Field(None, max_length=200)
     expected_prefix: str | None = Field(None, max_length=200)
     expected_worker_suffix: str | None = Field(None, max_length=200)
+    listener_scope: ListenerScopeName | None = Field(None, description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str] | None = Field(None, max_length=100)
     refresh_interval_seconds: float | None = Field(None, ge=1.0, le=86400.0)
     require_approval: bool | None = None
@@ -122,6 +155,11 @@ class SourcePatch(Schema):
     agreement_epsilon: float | None = Field(None, gt=0, le=10, allow_inf_nan=False)
     drift_policy: DriftPolicyName | None = Field(None, description=DRIFT_POLICY_HELP)
     drill_every: int | None = Field(None, ge=0, le=24 * 365, description=DRILL_EVERY_HELP)
+    declared_family: str | None = Field(None, max_length=32, description=DECLARED_FAMILY_HELP)
+    declared_families: dict[str, str] | None = Field(None, max_length=200)
+    dynamo_release: str | None = Field(None, max_length=16, description=DYNAMO_RELEASE_HELP)
+    max_lag_action: MaxLagActionName | None = Field(None, description=MAX_LAG_HELP)
+    max_lag_steps: int | None = Field(None, ge=0, le=10**9, description=MAX_LAG_STEPS_HELP)
     default_strategy: StrategyField | None = Field(None, description=STRATEGY_HELP)
 
 
@@ -195,7 +233,7 @@ def delete_source(request: HttpRequest, name: str):
     openapi_extra=idempotency.OPENAPI_PARAMETER,
 )
 def refresh_source_now(request: HttpRequest, response: HttpResponse, name: str):
-    """Run a discovery refresh of the source now (on a Celery worker)."""
+    """Run a discovery run of the source now (on a Celery worker)."""
     require(request, Perm.RUN_DISCOVERY)
     source = source_or_404(request, name)
 

@@ -3,6 +3,8 @@
 from django.conf import settings
 from django.db import models
 
+from controlplane.textlimits import REQUEST_PATH_CHARS
+
 
 class IdempotencyState(models.TextChoices):
     IN_FLIGHT = "in_flight"
@@ -19,7 +21,7 @@ class IdempotencyRecord(models.Model):
 
     principal = models.CharField(max_length=200)
     key = models.CharField(max_length=200)
-    operation = models.CharField(max_length=200)
+    operation = models.CharField(max_length=REQUEST_PATH_CHARS)
     request_hash = models.CharField(max_length=64)
     state = models.CharField(
         max_length=16, choices=IdempotencyState.choices, default=IdempotencyState.IN_FLIGHT

@@ -78,6 +78,8 @@ class ReceivedWebhookOutcome(models.TextChoices):
     BROADCAST_DONE = "broadcast_done"
     # A `canary.verdict` recorded on its canary (passed or failed: the detail says which).
     CANARY_VERDICT = "canary_verdict"
+    # A `policy.published` recorded as a published policy (fleet.PublishedPolicy).
+    POLICY_PUBLISHED = "policy_published"
     # Only on rows stored before webhooks were processed in the background.
     PROCESSING = "processing"
     CONFLICT = "conflict"

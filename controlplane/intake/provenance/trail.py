@@ -15,29 +15,17 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.audit.actions import AuditAction
-from controlplane.audit.models import AuditEvent
 from controlplane.intake.models import ReceivedWebhook
 from controlplane.intake.webhooks.trainer.events import CHECKPOINT_READY
 from controlplane.refresh.models import (
-    ADMITTING_STATES,
     Gate,
-    GateState,
     PlannedWorker,
     PolicyRefresh,
     WorkerStepResult,
 )
 from controlplane.refresh.step_order import WORKER_STEPS, StepName
+from controlplane.refresh.windows import admission_windows
 
-#: The audit actions that move a gate between admitting and not (drift and reconcile rows
-#: do not change its state).
-GATE_STATE_ACTIONS = (
-    AuditAction.GATE_OPENED,
-    AuditAction.GATE_FORCE_REOPENED,
-    AuditAction.GATE_CLOSED,
-    AuditAction.GATE_UNKNOWN,
-    AuditAction.GATE_KNOWN,
-)
 _FAILED = ("failed", "unreached")
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]{0,17})")
 
@@ -162,7 +150,7 @@ def trail(version: str, *, source_ids: Iterable[int] | None = None) -> Trail:
         if g.verified_version is not None and version_key(g.verified_version) == version
     ]
     if found:
-        result.admission = _admission(version, set(ids), gates, found[0].created_at)
+        result.admission = _admission(version, limit)
     return result
 
 
@@ -242,7 +230,7 @@ def _refresh_trails(refreshes: list[PolicyRefresh]) -> list[RefreshTrail]:
         workers = by_refresh[refresh.pk]
         verified: dict[str, list[str]] = {}
         for w in workers:
-            if w.verified:
+            if w.verified and w.instance_id:  # an unidentified static worker is never verified
                 verified.setdefault(w.namespace, []).append(w.instance_id)
         for namespace in verified:
             verified[namespace].sort(key=lambda iid: (len(iid), iid))
@@ -250,55 +238,23 @@ def _refresh_trails(refreshes: list[PolicyRefresh]) -> list[RefreshTrail]:
     return out
 
 
-def _admission(
-    version: str, refresh_ids: set[int], gates: list[Gate], since: datetime
-) -> list[AdmissionWindow]:
-    """Replay each gate's state changes from the audit log: a window opens when the gate
-    admits at this version (verified at it, or force-reopened by one of its refreshes) and
-    closes at the next change that stops admitting or admits another version."""
-    by_id = {str(g.pk): g for g in gates}
-    events = (
-        AuditEvent.objects.filter(
-            target_type=Gate._meta.label_lower,
-            target_id__in=list(by_id),
-            action__in=[a.value for a in GATE_STATE_ACTIONS],
-            occurred_at__gte=since,
+def _admission(version: str, limit: set[int] | None) -> list[AdmissionWindow]:
+    """The namespaces' admission windows at this version, from the serving ledger's version
+    windows (`refresh/windows.py`): a window opens when its gate admits an instance at the
+    version (verified at it, or force-reopened while serving it) and closes when no instance
+    is admitted at it any more."""
+    return [
+        AdmissionWindow(
+            source=span.source,
+            namespace=span.namespace,
+            opened_at=span.start,
+            opened_by=span.opened_by,
+            forced=span.forced,
+            refresh_id=span.refresh_id,
+            verified_count=len(span.instances),
+            closed_at=span.end,
+            closed_by=span.closed_by if span.end else "",
+            closed_reason=span.closed_by if span.end else "",
         )
-        .order_by("sequence")
-        .values_list("target_id", "occurred_at", "actor_label", "details")
-    )
-    known_version: dict[str, str | None] = {}
-    current: dict[str, AdmissionWindow] = {}
-    windows: list[AdmissionWindow] = []
-    for gate_id, at, actor, details in events:
-        details = details if isinstance(details, dict) else {}
-        state = details.get("state")
-        if "verified_version" in details:
-            seen = details["verified_version"]
-            known_version[gate_id] = None if seen is None else version_key(seen)
-        admitting = state in ADMITTING_STATES
-        ours = admitting and (
-            (state == GateState.OPEN and known_version.get(gate_id) == version)
-            or (state == GateState.OPEN_FORCED and details.get("refresh_id") in refresh_ids)
-        )
-        window = current.get(gate_id)
-        if ours and window is None:
-            gate = by_id[gate_id]
-            count = details.get("verified_count")
-            current[gate_id] = AdmissionWindow(
-                source=gate.source.name,
-                namespace=gate.namespace,
-                opened_at=at,
-                opened_by=actor,
-                forced=state == GateState.OPEN_FORCED,
-                refresh_id=details.get("refresh_id"),
-                verified_count=count if isinstance(count, int) else None,
-            )
-        elif window is not None and not ours:
-            window.closed_at = at
-            window.closed_by = actor
-            reason = details.get("reason")
-            window.closed_reason = reason if isinstance(reason, str) else ""
-            windows.append(current.pop(gate_id))
-    windows.extend(current.values())
-    return sorted(windows, key=lambda w: (w.opened_at, w.source, w.namespace))
+        for span in admission_windows(version, source_ids=limit)
+    ]

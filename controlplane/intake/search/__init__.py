@@ -33,6 +33,17 @@ from controlplane.fleet.models import Worker
 from controlplane.intake.provenance.trail import version_key
 from controlplane.refresh.models import PolicyRefresh
 
+__all__ = [
+    "LIMIT",
+    "MAX_QUERY",
+    "Group",
+    "JsonText",
+    "Results",
+    "VersionHit",
+    "normalize",
+    "search",
+]
+
 #: Hits shown per group.
 LIMIT = 20
 #: Longer queries are cut here: no worker key, id or version we store is longer.

@@ -20,6 +20,8 @@ from controlplane.intake.views.common import ADMIN_PERMS
 from controlplane.notify.models import NotificationDestination
 from controlplane.requests import HtmxHttpRequest
 
+__all__ = ["index"]
+
 
 @require_GET
 @requires(*ADMIN_PERMS)

@@ -20,6 +20,7 @@ from controlplane.refresh.drill_hold import serialize_scope
 from controlplane.refresh.drills import runner
 from controlplane.refresh.errors import InvalidTransition, RefreshConflict
 from controlplane.refresh.models import DrillRun, Gate, GateState, ScopeLock
+from controlplane.textlimits import LABEL_CHARS
 
 #: Workers per namespace a drill takes unless told otherwise.
 DEFAULT_COUNT = 1
@@ -163,7 +164,7 @@ def start_drill(
                 previous_policy=previous[names[0]],
                 scheduled=scheduled,
                 requested_by=actor.user,
-                requested_by_label=actor.label[:200],
+                requested_by_label=actor.label[:LABEL_CHARS],
             )
             record(
                 AuditAction.DRILL_STARTED,

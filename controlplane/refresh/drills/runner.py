@@ -45,6 +45,7 @@ from controlplane.refresh.models import (
     ScopeLock,
 )
 from controlplane.refresh.quarantine import CATCH_UP_TASK
+from controlplane.textlimits import STATE_REASON_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -328,8 +329,8 @@ def fail(drill: DrillRun, reason: str, *, refresh: PolicyRefresh | None = None) 
     with transaction.atomic():
         changed = DrillRun.objects.filter(pk=drill.pk, outcome=DrillOutcome.RUNNING).update(
             outcome=DrillOutcome.FAILED,
-            reason=reason[:4000],
-            next_step=next_step[:4000],
+            reason=reason[:STATE_REASON_CHARS],
+            next_step=next_step[:STATE_REASON_CHARS],
             finished_at=timezone.now(),
             updated_at=timezone.now(),
             claimed_until=None,

@@ -21,6 +21,7 @@ from controlplane.dynamo.generation import completion_sample
 from controlplane.refresh.models import JournalEntry, PolicyRefresh, WorkerStepResult
 from controlplane.refresh.planning import GENERATION
 from controlplane.refresh.step_order import StepName
+from controlplane.textlimits import REASON_CHARS, URL_CHARS
 
 AGREEMENT = "agreement"
 MAX_NAMED = 5
@@ -107,7 +108,7 @@ def _record(refresh, lease, attempt: int, rule: AgreementRule, checks) -> None:
                 step=StepName.VERIFY,
                 operation=AGREEMENT,
                 method="CHECK",
-                url=f"cross-worker agreement on {model}"[:800],
+                url=f"cross-worker agreement on {model}"[:URL_CHARS],
                 request_body={"rule": rule.to_dict(), "workers": [s.key for _, s in pairs]},
                 response_body={
                     "reference_ids": list(check.reference_ids),
@@ -135,7 +136,7 @@ def _record(refresh, lease, attempt: int, rule: AgreementRule, checks) -> None:
                     step=StepName.VERIFY,
                     operation=AGREEMENT,
                     method="CHECK",
-                    url=f"cross-worker agreement on {model}"[:800],
+                    url=f"cross-worker agreement on {model}"[:URL_CHARS],
                     request_body={"rule": rule.to_dict()},
                     response_body={
                         "got_ids": list(sample.ids),
@@ -158,7 +159,7 @@ def _record(refresh, lease, attempt: int, rule: AgreementRule, checks) -> None:
                     step=StepName.VERIFY,
                     attempt=attempt,
                     status="failed",
-                    error=reason[:2000],
+                    error=reason[:REASON_CHARS],
                     finished_at=now,
                 )
             )

@@ -38,6 +38,7 @@ from controlplane.refresh.executor.calls import WorkerJob
 from controlplane.refresh.executor.departures import EXECUTOR, LEFT_THE_FLEET, write_departures
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.waves import by_namespace, is_canary_wave
+from controlplane.refresh.membership import MembershipChange, changed_details
 from controlplane.refresh.models import (
     OPEN_QUARANTINE_STATES,
     PlannedWorker,
@@ -48,6 +49,7 @@ from controlplane.refresh.models import (
 )
 from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import stored
+from controlplane.textlimits import REASON_CHARS
 
 #: The quarantine kind (and gate drift kind) of a worker left out by a refresh's budget.
 KIND = gates.LEFT_OUT_KIND
@@ -127,7 +129,7 @@ def absorb(ctx, step: StepName) -> tuple[bool, str]:
     )
 
 
-def absorb_membership(ctx, step: StepName, change: dict[str, Any]) -> tuple[bool, str]:
+def absorb_membership(ctx, step: StepName, change: MembershipChange) -> tuple[bool, str]:
     """Let the budget cover a membership change found by `resolve` or `reopen`.
 
     Returns (absorbed, note) like `absorb`: absorbed means the step goes on without the
@@ -141,7 +143,7 @@ def absorb_membership(ctx, step: StepName, change: dict[str, Any]) -> tuple[bool
         return False, ""
     planned = {w.key: w for w in refresh.workers.all()}
     leavers = [planned[k] for k in change.get("left", []) if k in planned]
-    changed = {planned[c["key"]].pk: c["detail"] for c in change.get("changed", [])}
+    changed = {planned[key].pk: detail for key, detail in changed_details(change).items()}
     changed_workers = [w for w in planned.values() if w.pk in changed]
     joined = sorted(k for k in change.get("joined", []) if k not in planned)
     if is_canary_wave(refresh) and any(w.wave == 1 for w in [*leavers, *changed_workers]):
@@ -250,7 +252,7 @@ def leave_out(
         w.pk: f"failed {step.value} in policy refresh #{refresh.pk}: {errors.get(w.pk, '')}"
         for w in workers
     }
-    reasons = {pk: reason[:2000] for pk, reason in reasons.items()}
+    reasons = {pk: reason[:REASON_CHARS] for pk, reason in reasons.items()}
     with transaction.atomic():
         ctx.lease.guard()
         WorkerStepResult.objects.bulk_create(

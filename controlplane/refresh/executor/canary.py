@@ -26,6 +26,7 @@ from controlplane.refresh.executor.steps import (
 )
 from controlplane.refresh.models import PlannedWorker
 from controlplane.refresh.planning import normalize_verification, plan_worker, source_policy
+from controlplane.refresh.progress import previous_policy
 from controlplane.refresh.step_order import StepName
 
 #: Only the version readback: the old policy was verified when the gate opened for it.
@@ -37,7 +38,7 @@ class CanaryRollback(WorkerStep):
 
     def run(self, ctx: StepContext) -> StepResult:
         refresh = ctx.refresh
-        previous = (refresh.progress or {}).get("previous_policy")
+        previous = previous_policy(refresh)
         if not previous:
             return StepResult(
                 False,

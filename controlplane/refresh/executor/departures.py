@@ -29,10 +29,13 @@ from controlplane.audit.recorder import Actor, record
 from controlplane.dynamo.discovery import DiscoveredWorker, fetch_discovery
 from controlplane.dynamo.errors import DiscoveryError
 from controlplane.dynamo.http import make_client
+from controlplane.fleet.discovery.deadlines import listener_read_timeout
+from controlplane.fleet.discovery.rejections import blocker_text, blocking
 from controlplane.refresh.departed import (
     DEPARTED,
 )
 from controlplane.refresh.models import JournalEntry, PlannedWorker, WorkerStepResult
+from controlplane.textlimits import REASON_CHARS, URL_CHARS
 
 LEFT_THE_FLEET = "left the fleet: absent from a fresh discovery of {source}"
 EXECUTOR = Actor.system("policy-refresh executor")
@@ -48,10 +51,14 @@ def read_listing(ctx, step: str) -> tuple[dict[str, DiscoveredWorker], str]:
     started = datetime.now(UTC)
     t0 = time.perf_counter()
 
+    # Past the listener's per-worker deadline: one hung worker is then named in the listing
+    # (its `error`) instead of failing the read (contract §1.4).
+    timeout = listener_read_timeout(ctx.cfg.timeout)
+
     async def fetch():
-        async with make_client(timeout=ctx.cfg.timeout) as client:
+        async with make_client(timeout=timeout) as client:
             return await fetch_discovery(
-                client, ctx.cfg.policy, refresh.source.listener_url, timeout=ctx.cfg.timeout
+                client, ctx.cfg.policy, refresh.source.listener_url, timeout=timeout
             )
 
     error = ""
@@ -61,6 +68,8 @@ def read_listing(ctx, step: str) -> tuple[dict[str, DiscoveredWorker], str]:
         listed = {
             w.identity.key: w for w in result.workers if w.identity.namespace in refresh.namespaces
         }
+        # An entry we could not read may be a serving worker of the scope: fail closed.
+        error = blocker_text(blocking(result.rejected, refresh.namespaces))
     except DiscoveryError as exc:
         error = exc.reason
     body: dict[str, Any] | None = None
@@ -74,7 +83,7 @@ def read_listing(ctx, step: str) -> tuple[dict[str, DiscoveredWorker], str]:
             step=step,
             operation="discovery",
             method="GET",
-            url=refresh.source.listener_url[:800],
+            url=refresh.source.listener_url[:URL_CHARS],
             ok=not error,
             error=error,
             response_body=body,
@@ -145,7 +154,7 @@ def write_departures(
             step=step,
             attempt=attempt,
             status=DEPARTED,
-            error=reason[:2000],
+            error=reason[:REASON_CHARS],
             finished_at=now,
         )
         for w in workers

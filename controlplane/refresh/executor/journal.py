@@ -58,6 +58,7 @@ from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerO
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.live import publish_progress, publish_step_running
 from controlplane.refresh.models import JournalEntry, WorkerStepResult
+from controlplane.textlimits import REASON_CHARS, URL_CHARS
 
 #: Count-based flushes per step, whatever the number of workers.
 FLUSHES_PER_STEP = 4
@@ -111,7 +112,7 @@ def journal_rows(refresh_id, token, step, attempt, outcome: WorkerOutcome) -> li
             step,
             r.operation,
             r.method,
-            r.url[:800],
+            r.url[:URL_CHARS],
             r.request_body,
             r.http_status,
             r.response_body,
@@ -225,7 +226,7 @@ class StepJournal:
                         self.step,
                         self.attempt,
                         o.status,
-                        o.error[:2000],
+                        o.error[:REASON_CHARS],
                         o.duration_ms,
                         o.finished_at,
                     )

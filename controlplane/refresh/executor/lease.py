@@ -31,6 +31,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh
+from controlplane.textlimits import LABEL_CHARS
 
 
 class LeaseLost(Exception):
@@ -68,7 +69,7 @@ class Lease:
             .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
             .update(
                 lease_token=F("lease_token") + 1,
-                lease_owner=owner[:200],
+                lease_owner=owner[:LABEL_CHARS],
                 lease_expires_at=now + timedelta(seconds=seconds),
             )
         )

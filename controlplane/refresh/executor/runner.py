@@ -10,6 +10,10 @@ already made rather than making them again), and anything else that meets one ru
 again from the database's state after reconnecting, with backoff (`controlplane.dbretry`).
 Only when `REFRESH_DB_OUTAGE_SECONDS` pass without a step ending does the refresh hold, with a
 reason naming the database.
+
+Every transaction the executor opens is durable (`atomic(durable=True)`): steps call workers
+between them, so none may be folded into a caller's outer transaction that would hold the
+refresh's locks (and hide its journal) across that network I/O.
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ from controlplane.refresh.models import (
     WorkerStepResult,
     state_change,
 )
+from controlplane.refresh.namespaces import resolved_of
 from controlplane.refresh.planning import source_policy
+from controlplane.refresh.progress import with_canary_failed
 from controlplane.refresh.step_order import (
     STATE_STEP,
     STEP_STATE,
@@ -58,6 +64,7 @@ from controlplane.refresh.step_order import (
     StepName,
     next_step,
 )
+from controlplane.textlimits import STATE_REASON_CHARS
 
 #: Every step the executor runs: the sequence's, and the rollback of a failed canary.
 ALL_STEPS = {**STEPS, StepName.CANARY_ROLLBACK: CanaryRollback()}
@@ -176,7 +183,7 @@ class Runner:
         step_run = self._step_run
         if step_run is None or not self._interrupted:
             return
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             self.lease.guard()
             self._finish_step_run(
                 step_run,
@@ -191,7 +198,7 @@ class Runner:
         self._close_interrupted_step_run()
         if self.takeover_pending and not self._recovery_recorded:
             refresh = self.load()
-            with transaction.atomic():
+            with transaction.atomic(durable=True):
                 self.lease.guard()
                 record(
                     AuditAction.POLICY_REFRESH_RECOVERED,
@@ -208,7 +215,7 @@ class Runner:
             refresh = ended if ended is not None else self.load()
             ended = None
             if refresh.state not in EXECUTING_STATES:
-                with transaction.atomic():
+                with transaction.atomic(durable=True):
                     self.lease.release()
                 return refresh.state
             if refresh.abort_requested and refresh.state != RefreshState.RELEASING:
@@ -282,12 +289,12 @@ class Runner:
         dbretry.retry(hold, what="holding the refresh after a failed step")
 
     def _roll_back_canary(self, refresh, step: StepName, step_run: StepRun, reason: str) -> None:
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             self.lease.guard(
                 **state_change(
                     RefreshState.CANARY_ROLLBACK,
-                    held_reason=reason[:4000],
-                    progress=waves.failed_canary_progress(refresh, reason, EXECUTOR.label),
+                    held_reason=reason[:STATE_REASON_CHARS],
+                    progress=with_canary_failed(refresh, reason, EXECUTOR.label),
                 )
             )
             self._finish_step_run(step_run, "failed", reason)
@@ -305,7 +312,7 @@ class Runner:
     ) -> tuple[StepResult, StepRun, StepContext]:
         # Attempts count per wave: wave 2's first pause is a first attempt, not a retry.
         attempt = StepRun.objects.filter(refresh=refresh, name=step, wave=refresh.wave).count() + 1
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             self.lease.guard()
             step_run = StepRun.objects.create(
                 refresh=refresh,
@@ -347,7 +354,7 @@ class Runner:
         now = timezone.now()
         StepRun.objects.filter(pk=step_run.pk).update(
             status=status,
-            detail=detail[:4000],
+            detail=detail[:STATE_REASON_CHARS],
             finished_at=now,
             duration_ms=(now - step_run.started_at).total_seconds() * 1000.0,
         )
@@ -371,7 +378,7 @@ class Runner:
         if step == StepName.VERIFY and refresh.wave < refresh.waves:
             return self._next_wave(refresh, step_run, result)
         following = next_step(step)
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             if following is None:
                 self.lease.release(**state_change(RefreshState.SUCCEEDED))
             else:
@@ -400,7 +407,7 @@ class Runner:
 
     def _next_wave(self, refresh, step_run: StepRun, result: StepResult) -> PolicyRefresh:
         """A wave (not the last) verified: the next wave, a canary verdict or a pause point."""
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             self.lease.guard()
             self._finish_step_run(step_run, "ok", result.detail)
             waves.finish_wave(self.lease, refresh, EXECUTOR)
@@ -420,12 +427,12 @@ class Runner:
             .exclude(status__in=("ok", "skipped"))
             .values_list("planned_worker__key", "error")[:50]
         )
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             self.lease.release(
                 **state_change(
                     RefreshState.HELD,
                     failed_step=step.value if failed_step is None else failed_step,
-                    held_reason=reason[:4000],
+                    held_reason=reason[:STATE_REASON_CHARS],
                     abort_requested=False,
                     # A failed release keeps its end state, so a retry still ends the same way.
                     end_state=refresh.end_state if step == StepName.RELEASE else "",
@@ -456,7 +463,7 @@ class Runner:
         step = STATE_STEP[RefreshState(refresh.state)]
         reason = refresh.end_reason or "aborted by an operator"
         if refresh.end_state:
-            with transaction.atomic():
+            with transaction.atomic(durable=True):
                 self.lease.guard(
                     **state_change(
                         RefreshState.RELEASING, abort_requested=False, failed_step=step.value
@@ -495,8 +502,10 @@ class Runner:
             )
         if departed:
             end_reason += f" — {len(departed)} worker(s) had left the fleet"
-        with transaction.atomic():
-            self.lease.release(**state_change(end_state, end_reason=end_reason[:4000]))
+        with transaction.atomic(durable=True):
+            self.lease.release(
+                **state_change(end_state, end_reason=end_reason[:STATE_REASON_CHARS])
+            )
             self._finish_step_run(step_run, "failed" if unresumed else "ok", result.detail)
             gates.release_scope(refresh, f"policy refresh #{refresh.pk} {end_state}: {end_reason}")
             action = (
@@ -528,7 +537,7 @@ class Runner:
             .exclude(status__in=("ok", "skipped", DEPARTED))
             .values_list("planned_worker__key", "error")
         )
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             self.lease.release(
                 **state_change(
                     RefreshState.HELD, end_state="", end_reason="", abort_requested=False
@@ -544,7 +553,7 @@ class Runner:
                     "reason": refresh.held_reason,
                     "released": result.detail,
                     "not_resumed": [{"worker": k, "error": e} for k, e in unresumed],
-                    "resolved_namespaces": sorted(refresh.resolved_namespaces or {}),
+                    "resolved_namespaces": sorted(resolved_of(refresh)),
                 },
                 correlation_id=refresh.correlation_id,
             )

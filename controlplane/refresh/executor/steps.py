@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
-from controlplane.dynamo.families import UpdateMethod, detect_family
+from controlplane.dynamo.families import UpdateMethod, routes_fit
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
 from controlplane.refresh.compat_record import verification_ran
@@ -28,6 +28,7 @@ from controlplane.refresh.executor.departures import (
 from controlplane.refresh.executor.distributed import run_distributed_update, tear_down
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.step_base import Step, StepContext, StepResult
+from controlplane.refresh.membership import ChangedWorker, MembershipChange, has_change
 from controlplane.refresh.models import (
     Gate,
     JournalEntry,
@@ -36,7 +37,12 @@ from controlplane.refresh.models import (
     RefreshState,
     WorkerStepResult,
 )
-from controlplane.refresh.namespaces import REOPENED, open_namespaces, out_of_play_ids
+from controlplane.refresh.namespaces import (
+    open_namespaces,
+    out_of_play_ids,
+    reopened_namespaces,
+    resolved_of,
+)
 from controlplane.refresh.planning import update_is_idempotent
 from controlplane.refresh.step_order import StepName
 
@@ -67,7 +73,7 @@ def _namespace_of(key: str) -> str:
     return key.split("/", 1)[0]
 
 
-def membership_change(ctx: StepContext, step: StepName) -> tuple[dict, dict, str]:
+def membership_change(ctx: StepContext, step: StepName) -> tuple[MembershipChange, dict, str]:
     """Read the listener now and compare the scope with what the refresh expects.
 
     Returns (change, the listed workers of the namespaces in play by key, error).
@@ -82,7 +88,7 @@ def membership_change(ctx: StepContext, step: StepName) -> tuple[dict, dict, str
     refresh = ctx.refresh
     listed, error = read_listing(ctx, step)
     if error:
-        return {}, {}, error
+        return MembershipChange(), {}, error
     in_play = set(open_namespaces(refresh))
     listed = {k: w for k, w in listed.items() if w.identity.namespace in in_play}
     planned = {w.key: w for w in refresh.workers.all() if w.namespace in in_play}
@@ -96,43 +102,36 @@ def membership_change(ctx: StepContext, step: StepName) -> tuple[dict, dict, str
         left_planned = [planned[k] for k in sorted(expected - set(listed)) if k in planned]
         record_departures(ctx, step, left_planned, set(listed))
         expected &= set(listed)
-    changed = []
+    changed: list[ChangedWorker] = []
     for key in sorted(expected & set(listed)):
         worker, plan = listed[key], planned.get(key)
         if worker.error is not None:
-            changed.append({"key": key, "detail": f"listed with an error: {worker.error}"})
+            changed.append(ChangedWorker(key=key, detail=f"listed with an error: {worker.error}"))
         elif plan is not None and (worker.system_url or "") != plan.system_url:
             changed.append(
-                {
-                    "key": key,
-                    "detail": f"admin route moved from {plan.system_url or 'none'} "
+                ChangedWorker(
+                    key=key,
+                    detail=f"admin route moved from {plan.system_url or 'none'} "
                     f"to {worker.system_url or 'none'}",
-                }
-            )
-        elif plan is not None and plan.family:
-            family = detect_family(worker.routes)
-            if family is None or family.name != plan.family:
-                changed.append(
-                    {
-                        "key": key,
-                        "detail": f"advertised routes are no longer those of a {plan.family} "
-                        "worker",
-                    }
                 )
+            )
+        elif plan is not None and plan.family and not routes_fit(worker.routes, plan.family):
+            changed.append(
+                ChangedWorker(
+                    key=key,
+                    detail=f"advertised routes are no longer those of a {plan.family} worker",
+                )
+            )
     left = sorted(expected - set(listed))
     joined = sorted(set(listed) - expected - out_keys - set(refresh.left_out or []))
     touched = {_namespace_of(k) for k in left + joined} | {_namespace_of(c["key"]) for c in changed}
-    change = {
-        "step": str(step),
-        "namespaces": sorted(touched),
-        "left": left,
-        "joined": joined,
-        "changed": changed,
-    }
+    change = MembershipChange(
+        step=str(step), namespaces=sorted(touched), left=left, joined=joined, changed=changed
+    )
     return change, listed, ""
 
 
-def describe_membership_change(change: dict) -> str:
+def describe_membership_change(change: MembershipChange) -> str:
     """One line naming who left, joined or changed (the first few of each)."""
 
     def named(keys: list[str]) -> str:
@@ -161,7 +160,7 @@ def membership_problem(ctx: StepContext, step: StepName) -> tuple[str | None, di
     change, listed, error = membership_change(ctx, step)
     if error:
         return f"discovery failed: {error}", {}
-    problem = any(change[k] for k in ("left", "joined", "changed"))
+    problem = has_change(change)
     note = ""
     if problem:
         absorbed, note = budget.absorb_membership(ctx, step, change)
@@ -471,7 +470,7 @@ class Reopen(Step):
         serving = [(w.identity.namespace, str(w.identity.instance_id)) for w in listed.values()]
         if ctx.refresh.instances is not None:
             return finish_instances(ctx, namespaces, serving)
-        verified, unverified = verified_instance_sets(ctx.refresh, namespaces, serving)
+        verified, _ = verified_instance_sets(ctx.refresh, namespaces, serving)
         left_out = budget.drift_entries(ctx.refresh)
         with transaction.atomic():
             ctx.lease.guard()
@@ -479,7 +478,7 @@ class Reopen(Step):
                 ctx.refresh,
                 actor=EXECUTOR,
                 verified=verified,
-                unverified=unverified,
+                serving=serving_by_namespace(serving),
                 namespaces=namespaces,
                 left_out=left_out,
             )
@@ -492,6 +491,14 @@ class Reopen(Step):
         if out:
             detail += f"; {out} left out by the failure budget (listed on the gate with why)"
         return StepResult(True, detail=detail)
+
+
+def serving_by_namespace(serving) -> dict[str, list[str]]:
+    """[(namespace, instance id)] as {namespace: [instance ids]}."""
+    out: dict[str, list[str]] = {}
+    for namespace, instance_id in serving:
+        out.setdefault(namespace, []).append(instance_id)
+    return out
 
 
 def finish_instances(ctx: StepContext, namespaces: list[str], serving) -> StepResult:
@@ -512,12 +519,12 @@ def finish_instances(ctx: StepContext, namespaces: list[str], serving) -> StepRe
                 g.namespace: [*g.verified_instances, *verified_new.get(g.namespace, [])]
                 for g in Gate.objects.filter(source=refresh.source, namespace__in=same)
             }
-            live: dict[str, int] = {}
-            for namespace, instance_id in serving:
-                if namespace in kept and instance_id not in kept[namespace]:
-                    live[namespace] = live.get(namespace, 0) + 1
             gates.open_gates_verified(
-                refresh, actor=EXECUTOR, verified=kept, unverified=live, namespaces=same
+                refresh,
+                actor=EXECUTOR,
+                verified=kept,
+                serving=serving_by_namespace(serving),
+                namespaces=same,
             )
         if other:
             named = ", ".join(sorted(refresh.instances or []))
@@ -554,7 +561,9 @@ def verified_instance_sets(
     for pk, namespace, instance_id in refresh.workers.filter(namespace__in=namespaces).values_list(
         "pk", "namespace", "instance_id"
     ):
-        if pk not in gone:
+        # A static worker whose identity is unknown (no instance id) was refreshed by its URL:
+        # nothing can pin to it, so it is never in a verified set.
+        if pk not in gone and instance_id:
             verified[namespace].append(instance_id)
     unverified: dict[str, int] = {}
     if serving is None:
@@ -593,9 +602,9 @@ class Release(WorkerStep):
             | left_out_ids(ctx.refresh.pk)
         )
         workers = [w for w in ctx.refresh.workers.all() if w.pk in touched and w.pk not in done]
-        resolved = ctx.refresh.resolved_namespaces or {}
+        resolved = resolved_of(ctx.refresh)
         # A namespace reopened verified serves already: its engines were resumed and verified.
-        serving = {ns for ns, how in resolved.items() if how.get("outcome") == REOPENED}
+        serving = reopened_namespaces(ctx.refresh)
         workers = [w for w in workers if w.namespace not in serving]
         if ctx.refresh.end_state == RefreshState.HELD:
             # A namespace closed out on its own: resume only its engines; the rest stay held.

@@ -14,11 +14,30 @@ from contextlib import contextmanager
 from opentelemetry.trace import Span
 
 from controlplane import telemetry
-from controlplane.refresh.models import PolicyRefresh
+from controlplane.dynamo import trace_join
+from controlplane.refresh.models import PolicyRefresh, Quarantine
 
 
 @contextmanager
 def refresh_trace(refresh_id: int) -> Iterator[None]:
+    """The run's trace span, and the trace-join headers of every call it sends
+    (`dynamo/trace_join.py`: the refresh's target version, `refresh-<id>`)."""
+    target = PolicyRefresh.objects.filter(pk=refresh_id).values_list("target", flat=True).first()
+    version = (target or {}).get("weight_version")
+    with trace_join.serving(version, f"refresh-{refresh_id}"), _run_span(refresh_id):
+        yield
+
+
+@contextmanager
+def quarantine_trace(quarantine_id: int) -> Iterator[None]:
+    """The trace-join headers of a quarantine catch-up's calls: its target version."""
+    target = Quarantine.objects.filter(pk=quarantine_id).values_list("target", flat=True).first()
+    with trace_join.serving((target or {}).get("weight_version"), f"quarantine-{quarantine_id}"):
+        yield
+
+
+@contextmanager
+def _run_span(refresh_id: int) -> Iterator[None]:
     if not telemetry.enabled():
         yield
         return

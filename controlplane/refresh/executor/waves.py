@@ -29,13 +29,20 @@ from controlplane.refresh.models import (
     WorkerStepResult,
     state_change,
 )
+from controlplane.refresh.progress import (
+    CANARY_AWAITING,
+    CANARY_PASSED,
+    CanaryReview,
+    Progress,
+    canary_of,
+    pause_is_requested,
+    progress_of,
+    waiting_after,
+    with_canary,
+    with_previous_policy,
+)
 from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import CANARY, EVAL_NONE, Strategy, stored, wave_label
-
-#: `progress["canary"]["state"]` values.
-CANARY_AWAITING = "awaiting"
-CANARY_PASSED = "passed"
-CANARY_FAILED = "failed"
 
 
 def is_staged(refresh: PolicyRefresh) -> bool:
@@ -78,9 +85,7 @@ def begin(lease, refresh: PolicyRefresh, actor) -> str:
         .values_list("verified_policy", flat=True)
         .first()
     )
-    progress = dict(refresh.progress or {})
-    progress.setdefault("previous_policy", policy)
-    progress.setdefault("previous_version", (policy or {}).get("weight_version"))
+    progress = with_previous_policy(refresh, policy)
     lease.guard(progress=progress)
     refresh.progress = progress
     gates.begin_staged(refresh, actor=actor, reason=staged_reason(refresh), waves=refresh.waves)
@@ -114,45 +119,49 @@ def next_move(refresh: PolicyRefresh) -> tuple[str, dict[str, Any], str]:
     """After wave `refresh.wave` verified: (state, fields, what happened) — the next wave's
     pause, a canary verdict to wait for, or a pause point."""
     strategy = stored(refresh)
-    progress = dict(refresh.progress or {})
+    progress = progress_of(refresh)
     wave = refresh.wave
     label = wave_label(strategy, wave)
     if strategy.kind == CANARY and wave == 1:
         assert strategy.canary is not None
         if strategy.canary.evaluation != EVAL_NONE:
             deadline = timezone.now() + timedelta(seconds=strategy.canary.timeout_seconds)
-            progress["canary"] = {
-                "state": CANARY_AWAITING,
-                "evaluation": strategy.canary.evaluation,
-                "deadline": deadline.isoformat(),
-                "instances": by_namespace(verified_in_wave(refresh)),
-            }
+            with_canary(
+                progress,
+                CanaryReview(
+                    state=CANARY_AWAITING,
+                    evaluation=strategy.canary.evaluation,
+                    deadline=deadline.isoformat(),
+                    instances=by_namespace(verified_in_wave(refresh)),
+                ),
+            )
             return (
                 RefreshState.CANARY_REVIEW,
                 {"progress": progress},
                 f"canary verified; waiting for a {strategy.canary.evaluation} verdict until "
                 f"{deadline.isoformat()}",
             )
-        progress["canary"] = {
-            "state": CANARY_PASSED,
-            "by": "the fingerprint and generation checks",
-            "at": timezone.now().isoformat(),
-        }
+        with_canary(
+            progress,
+            CanaryReview(
+                state=CANARY_PASSED,
+                by="the fingerprint and generation checks",
+                at=timezone.now().isoformat(),
+            ),
+        )
     return after_verdict(refresh, progress, label)
 
 
 def after_verdict(
-    refresh: PolicyRefresh, progress: dict[str, Any], label: str
+    refresh: PolicyRefresh, progress: Progress, label: str
 ) -> tuple[str, dict[str, Any], str]:
     """Go on after wave `refresh.wave`: wait at a pause point, or pause the next wave."""
     strategy = stored(refresh)
     wave = refresh.wave
-    if wave in strategy.pause_after or progress.get("pause_requested"):
-        progress["pause_requested"] = False
-        progress["waiting_after"] = wave
+    if wave in strategy.pause_after or pause_is_requested(progress):
         return (
             RefreshState.WAITING,
-            {"progress": progress},
+            {"progress": waiting_after(progress, wave)},
             f"{label} verified; waiting until continued",
         )
     return (
@@ -201,7 +210,7 @@ def finish_wave(lease, refresh: PolicyRefresh, actor) -> str:
             AuditAction.POLICY_REFRESH_CANARY_REVIEW,
             actor=actor,
             target=refresh,
-            details={"canary": refresh.progress["canary"]},
+            details={"canary": canary_of(refresh)},
             correlation_id=refresh.correlation_id,
         )
         notify("refresh.canary_review", refresh=refresh, reason=what)
@@ -223,11 +232,3 @@ def admit_verified_so_far(
     """After a canary verdict: with `admit_as_verified` the canary joins the new version's
     gate; either way the gate's reason says what comes next."""
     gates.wave_verified(refresh, canary, admit=stored(refresh).admit_as_verified, reason=reason)
-
-
-def failed_canary_progress(refresh: PolicyRefresh, reason: str, by: str) -> dict[str, Any]:
-    progress = dict(refresh.progress or {})
-    canary = dict(progress.get("canary") or {})
-    canary.update(state=CANARY_FAILED, reason=reason[:2000], by=by, at=timezone.now().isoformat())
-    progress["canary"] = canary
-    return progress

@@ -34,11 +34,8 @@ from django.utils import timezone
 from controlplane.accounts.roles import Perm
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
-from controlplane.refresh.errors import InvalidTransition
+from controlplane.refresh.errors import InvalidTransition, wrong_state
 from controlplane.refresh.executor.waves import (
-    CANARY_AWAITING,
-    CANARY_FAILED,
-    CANARY_PASSED,
     admit_verified_so_far,
     after_verdict,
     by_namespace,
@@ -46,9 +43,19 @@ from controlplane.refresh.executor.waves import (
 )
 from controlplane.refresh.intents import base
 from controlplane.refresh.intents.base import audit_refresh, locked_refresh
-from controlplane.refresh.live import publish_state
+from controlplane.refresh.live import publish_state_on_commit
 from controlplane.refresh.models import PolicyRefresh, RefreshState
+from controlplane.refresh.progress import (
+    CANARY_AWAITING,
+    CANARY_FAILED,
+    CANARY_PASSED,
+    CanaryReview,
+    canary_deadline,
+    canary_of,
+    with_canary_verdict,
+)
 from controlplane.refresh.strategy import EVAL_MANUAL, EVAL_NONE, EVAL_TRAINER, stored
+from controlplane.textlimits import LABEL_CHARS, STATE_REASON_CHARS
 
 #: The most metrics a verdict may carry (their JSON text), so a verdict stays a small record.
 MAX_METRICS_BYTES = 16_384
@@ -158,13 +165,13 @@ def _record(
             reason=refused,
         )
         raise TrainerVerdictRefused(refused)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
 def _needs_deciding(refresh: PolicyRefresh, *, passed: bool, weight_version: Any) -> bool:
     """False for the same verdict again; raises when no canary waits or for another version."""
-    canary = dict((refresh.progress or {}).get("canary") or {})
+    canary = canary_of(refresh) or CanaryReview()
     if weight_version is not None and not same_version(weight_version, refresh.weight_version):
         raise InvalidTransition(
             f"policy refresh #{refresh.pk} is to {refresh.weight_version!r}, "
@@ -173,9 +180,9 @@ def _needs_deciding(refresh: PolicyRefresh, *, passed: bool, weight_version: Any
     if canary.get("verdict") == (CANARY_PASSED if passed else CANARY_FAILED):
         return False
     if refresh.state != RefreshState.CANARY_REVIEW or canary.get("state") != CANARY_AWAITING:
-        raise InvalidTransition(
-            f"policy refresh #{refresh.pk} is {refresh.state}; a canary verdict is taken "
-            "only while its canary waits for one"
+        raise wrong_state(
+            refresh,
+            why="a canary verdict is taken only while its canary waits for one",
         )
     return True
 
@@ -193,19 +200,10 @@ def _decide(
     refresh: PolicyRefresh, *, passed: bool, metrics: dict, actor: Actor, reason: str
 ) -> None:
     """Move a locked refresh out of `canary_review` (the caller holds its row)."""
-    progress = dict(refresh.progress or {})
-    canary = dict(progress.get("canary") or {})
-    now = timezone.now().isoformat()
-    canary.update(
-        verdict=CANARY_PASSED if passed else CANARY_FAILED,
-        metrics=metrics,
-        by=actor.label[:200],
-        at=now,
-        reason=reason[:2000],
+    progress = with_canary_verdict(
+        refresh, passed=passed, metrics=metrics, by=actor.label[:LABEL_CHARS], reason=reason
     )
     if passed:
-        canary["state"] = CANARY_PASSED
-        progress["canary"] = canary
         canary_set = by_namespace(verified_in_wave(refresh))
         state, fields, what = after_verdict(refresh, progress, "canary")
         refresh.transition(state, **fields)
@@ -215,10 +213,10 @@ def _decide(
             AuditAction.POLICY_REFRESH_CANARY_PASSED, refresh, actor, metrics=metrics, next=what
         )
     else:
-        canary["state"] = CANARY_FAILED
-        progress["canary"] = canary
         held = f"canary rejected by {actor.label}" + (f": {reason}" if reason else "")
-        refresh.transition(RefreshState.CANARY_ROLLBACK, progress=progress, held_reason=held[:4000])
+        refresh.transition(
+            RefreshState.CANARY_ROLLBACK, progress=progress, held_reason=held[:STATE_REASON_CHARS]
+        )
         audit_refresh(
             AuditAction.POLICY_REFRESH_CANARY_FAILED, refresh, actor, metrics=metrics, reason=held
         )
@@ -259,7 +257,7 @@ def _require_manual(refresh: PolicyRefresh) -> None:
 
 
 def deadline_of(refresh: PolicyRefresh) -> datetime | None:
-    raw = ((refresh.progress or {}).get("canary") or {}).get("deadline")
+    raw = canary_deadline(refresh)
     return datetime.fromisoformat(raw) if raw else None
 
 

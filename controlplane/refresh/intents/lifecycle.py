@@ -23,11 +23,12 @@ from controlplane.refresh.errors import (
     InvalidTransition,
     PlanBlocked,
     RefreshConflict,
+    wrong_state,
 )
 from controlplane.refresh.intents import base
 from controlplane.refresh.intents.base import audit_refresh, locked_refresh, scope_conflict
 from controlplane.refresh.intents.queries import ENDABLE_STATES, executor_alive, left_paused_keys
-from controlplane.refresh.live import publish_state
+from controlplane.refresh.live import publish_state_on_commit
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     WAITING_STATES,
@@ -36,6 +37,7 @@ from controlplane.refresh.models import (
     ScopeLock,
 )
 from controlplane.refresh.step_order import STEP_STATE, StepName
+from controlplane.textlimits import STATE_REASON_CHARS
 
 __all__ = [
     "abort_policy_refresh",
@@ -60,7 +62,7 @@ def start_policy_refresh(
     with transaction.atomic():
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.PLANNED:
-            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not planned")
+            raise wrong_state(refresh, wanted="planned")
         if refresh.plan_blockers:
             raise PlanBlocked("the plan has blockers: " + "; ".join(refresh.plan_blockers))
         # Lock order: refresh row, then scope locks (sorted namespaces), audit chain head last.
@@ -91,7 +93,7 @@ def start_policy_refresh(
             audit_refresh(AuditAction.POLICY_REFRESH_STARTED, refresh, actor)
             if enqueue:
                 base.enqueue_execution(refresh.pk)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -109,7 +111,7 @@ def approve_policy_refresh(
         audit_refresh(AuditAction.POLICY_REFRESH_STARTED, refresh, actor)
         if enqueue:
             base.enqueue_execution(refresh.pk)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -125,7 +127,7 @@ def reject_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) 
         refresh.transition(RefreshState.REJECTED, end_reason=reason.strip())
         gates.release_scope(refresh, "")
         audit_refresh(AuditAction.POLICY_REFRESH_REJECTED, refresh, actor, reason=reason.strip())
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -163,7 +165,7 @@ def abort_policy_refresh(
         audit_refresh(
             AuditAction.POLICY_REFRESH_ABORTED, refresh, actor, resume_engines=resume_engines
         )
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -179,15 +181,15 @@ def discard_policy_refresh(
     with transaction.atomic():
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.PLANNED:
-            raise InvalidTransition(
-                f"policy refresh #{refresh.pk} is {refresh.state}; only a planned refresh that "
-                "was never started can be discarded"
+            raise wrong_state(
+                refresh,
+                why="only a planned refresh that was never started can be discarded",
             )
         reason = (reason or "").strip()
         end_reason = f"plan discarded by {actor.label}" + (f": {reason}" if reason else "")
-        refresh.transition(RefreshState.ABORTED, end_reason=end_reason[:4000])
+        refresh.transition(RefreshState.ABORTED, end_reason=end_reason[:STATE_REASON_CHARS])
         audit_refresh(AuditAction.POLICY_REFRESH_DISCARDED, refresh, actor, reason=reason)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -201,12 +203,12 @@ def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefre
                 f"{refresh.held_reason or 'no failed step'}); roll back the scope or end it"
             )
         if refresh.state != RefreshState.HELD or not refresh.failed_step:
-            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+            raise wrong_state(refresh, wanted="held")
         step = StepName(refresh.failed_step)
         refresh.transition(STEP_STATE[step], held_reason="", abort_requested=False)
         audit_refresh(AuditAction.POLICY_REFRESH_RETRIED, refresh, actor, step=step.value)
         base.enqueue_execution(refresh.pk)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -229,8 +231,9 @@ def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> 
     with transaction.atomic():
         refresh = locked_refresh(refresh)
         if refresh.state not in ENDABLE_STATES:
-            raise InvalidTransition(
-                f"policy refresh #{refresh.pk} is {refresh.state}; only an active refresh ends"
+            raise wrong_state(
+                refresh,
+                why="only an active refresh ends",
             )
         if refresh.state in EXECUTING_STATES and executor_alive(refresh):
             raise InvalidTransition(
@@ -248,7 +251,7 @@ def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> 
         previous = refresh.state
         refresh.transition(
             RefreshState.ABORTED,
-            end_reason=end_reason[:4000],
+            end_reason=end_reason[:STATE_REASON_CHARS],
             end_state="",
             abort_requested=False,
             lease_token=F("lease_token") + 1,
@@ -267,5 +270,5 @@ def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> 
             left_paused=left_paused,
             gates="unchanged: closed gates stay closed",
         )
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh

@@ -18,12 +18,18 @@ from django.db import transaction
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
-from controlplane.refresh.errors import InvalidTransition
+from controlplane.refresh.errors import InvalidTransition, wrong_state
 from controlplane.refresh.executor.waves import is_staged
 from controlplane.refresh.intents import base
 from controlplane.refresh.intents.base import audit_refresh, locked_refresh
-from controlplane.refresh.live import publish_state
+from controlplane.refresh.live import publish_state_on_commit
 from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState
+from controlplane.refresh.progress import (
+    leaving_pause_point,
+    pause_is_requested,
+    progress_of,
+    with_pause_requested,
+)
 
 
 def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
@@ -41,23 +47,22 @@ def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
             RefreshState.REOPENING,
             RefreshState.CANARY_ROLLBACK,
         ):
-            raise InvalidTransition(
-                f"policy refresh #{refresh.pk} is {refresh.state}; a pause is asked for while "
-                "its waves run"
+            raise wrong_state(
+                refresh,
+                why="a pause is asked for while its waves run",
             )
         if refresh.wave >= refresh.waves:
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is in its last wave: nothing is left to wait for"
             )
-        progress = dict(refresh.progress or {})
-        if progress.get("pause_requested"):
+        if pause_is_requested(progress_of(refresh)):
             return refresh
-        progress["pause_requested"] = True
+        progress = with_pause_requested(refresh)
         # Only this column: the executor owns the rest of the row while it runs.
         PolicyRefresh.objects.filter(pk=refresh.pk).update(progress=progress)
         refresh.progress = progress
         audit_refresh(AuditAction.POLICY_REFRESH_PAUSE_REQUESTED, refresh, actor, wave=refresh.wave)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -68,11 +73,8 @@ def continue_refresh(
     with transaction.atomic():
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.WAITING:
-            raise InvalidTransition(
-                f"policy refresh #{refresh.pk} is {refresh.state}, not waiting at a pause point"
-            )
-        progress = dict(refresh.progress or {})
-        after = progress.pop("waiting_after", refresh.wave)
+            raise wrong_state(refresh, wanted="waiting at a pause point")
+        progress, after = leaving_pause_point(refresh)
         refresh.transition(RefreshState.PAUSING, wave=after + 1, progress=progress)
         audit_refresh(
             AuditAction.POLICY_REFRESH_CONTINUED,
@@ -84,5 +86,5 @@ def continue_refresh(
         )
         if enqueue:
             base.enqueue_execution(refresh.pk)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh

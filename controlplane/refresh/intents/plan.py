@@ -7,6 +7,7 @@ fleet changes until it is started (`lifecycle.start_policy_refresh`).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -17,6 +18,7 @@ from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
+from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
 from controlplane.refresh.compat_record import compat_at_plan, normalize_versions
 from controlplane.refresh.intents.base import audit_refresh
@@ -26,6 +28,9 @@ from controlplane.refresh.models import (
     PolicyRefresh,
 )
 from controlplane.refresh.planning import (
+    Scope,
+    ScopeRequest,
+    WorkerPlan,
     agreement_rule_of,
     group_plan,
     normalize_fingerprint,
@@ -34,14 +39,12 @@ from controlplane.refresh.planning import (
     normalize_verification,
     plan_level_blockers,
     plan_worker,
+    select_scope,
     source_policy,
 )
-from controlplane.refresh.strategy import (
-    Placed,
-    assign_waves,
-    instance_list,
-    parse_strategy,
-)
+from controlplane.refresh.planning.scope import membership_of
+from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy
+from controlplane.textlimits import LABEL_CHARS
 
 __all__ = [
     "PLAN_DISCOVERY_WAIT_SECONDS",
@@ -54,19 +57,15 @@ def _live_workers(source: Source, namespaces: list[str] | None):
     workers = Worker.objects.filter(source=source).exclude(state=WorkerState.GONE)
     if namespaces:
         workers = workers.filter(namespace__in=namespaces)
-    return workers.select_related("static_worker")
+    return workers.select_related("static_worker", "source")
 
 
-def _membership(workers) -> list[str]:
-    return sorted(w.key for w in workers if w.static_worker_id is None)
-
-
-#: How long a plan waits for a scheduled discovery refresh that holds the source.
+#: How long a plan waits for a scheduled discovery run that holds the source.
 PLAN_DISCOVERY_WAIT_SECONDS = 15.0
 
 
 def fresh_discovery(source: Source) -> tuple[DiscoveryRun | None, str]:
-    """A fresh discovery refresh through the fleet app: (run, problem).
+    """A fresh discovery run through the fleet app: (run, problem).
 
     Fresh means observed after this plan was asked for. When another refresh holds the source,
     a run of it that started after we asked serves this plan too, so a burst of plans on one
@@ -94,6 +93,66 @@ def fresh_discovery(source: Source) -> tuple[DiscoveryRun | None, str]:
     return run, ""
 
 
+@dataclass(frozen=True)
+class PlanRequest:
+    """A plan's inputs once validated: what every worker is asked, and of which scope."""
+
+    target: dict[str, Any]
+    pause_mode: str
+    pause_modes: dict[str, str]
+    flush_policy: str
+    verification: dict[str, Any]
+    fingerprint: dict[str, Any] | None
+    versions: dict[str, str]
+    strategy: Strategy
+    instance_ids: list[str] | None
+    namespaces: list[str] | None
+
+
+def validated_request(
+    source: Source,
+    *,
+    target: dict[str, Any],
+    namespaces: list[str] | None,
+    pause_mode: str,
+    verification: dict[str, Any] | None,
+    flush_policy: str,
+    fingerprint: dict[str, Any] | None,
+    pause_modes: dict[str, str] | None,
+    versions: dict[str, str] | None,
+    strategy: dict[str, Any] | None,
+    instances: list[str] | None,
+) -> PlanRequest:
+    """Bad input raises ValidationError here, before the discovery runs or anything is written."""
+    parsed = parse_strategy(source.default_strategy if strategy is None else strategy)
+    instance_ids = instance_list(instances)
+    target = normalize_target(target)
+    verification = normalize_verification(verification)
+    verification["agreement"] = agreement_rule_of(source).to_dict()
+    fingerprint = normalize_fingerprint(fingerprint)
+    if fingerprint and not verification["generation"]:
+        raise ValidationError("a fingerprint needs the generation check, which is turned off")
+    clean_modes = normalize_pause_modes(pause_mode, pause_modes)
+    try:
+        clean_versions = normalize_versions(versions)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
+    if flush_policy not in FlushPolicy.values:
+        raise ValidationError(f"unknown flush policy {flush_policy!r}")
+    return PlanRequest(
+        target=target,
+        pause_mode=pause_mode,
+        pause_modes=clean_modes,
+        flush_policy=flush_policy,
+        verification=verification,
+        fingerprint=fingerprint,
+        versions=clean_versions,
+        strategy=parsed,
+        instance_ids=instance_ids,
+        namespaces=sorted(set(namespaces)) if namespaces else None,
+    )
+
+
 def plan_policy_refresh(
     *,
     source: Source,
@@ -119,112 +178,130 @@ def plan_policy_refresh(
     strategy). `instances` refreshes only those instance ids of the scope: the others keep
     serving and stay in the gate's verified set (the refresh runs staged, the gate is not
     closed; see `executor.waves.finish_instances`).
-    """
-    parsed = parse_strategy(source.default_strategy if strategy is None else strategy)
-    instance_ids = instance_list(instances)
-    target = normalize_target(target)
-    verification = normalize_verification(verification)
-    verification["agreement"] = agreement_rule_of(source).to_dict()
-    fingerprint = normalize_fingerprint(fingerprint)
-    if fingerprint and not verification["generation"]:
-        raise ValidationError("a fingerprint needs the generation check, which is turned off")
-    pause_modes = normalize_pause_modes(pause_mode, pause_modes)
-    try:
-        versions = normalize_versions(versions)
-    except ValueError as exc:
-        raise ValidationError(str(exc)) from None
-    if flush_policy not in FlushPolicy.values:
-        raise ValidationError(f"unknown flush policy {flush_policy!r}")
-    namespaces = sorted(set(namespaces)) if namespaces else None
 
-    last_view = set(_membership(_live_workers(source, namespaces)))
+    The plan's blockers come in a fixed order: the discovery's, then the scope passes'
+    (`planning.SCOPE_PASSES`), the plan-wide ones, the group's, and a count of the workers
+    whose own passes (`planning.WORKER_PASSES`) found blockers.
+    """
+    request = validated_request(
+        source,
+        target=target,
+        namespaces=namespaces,
+        pause_mode=pause_mode,
+        verification=verification,
+        flush_policy=flush_policy,
+        fingerprint=fingerprint,
+        pause_modes=pause_modes,
+        versions=versions,
+        strategy=strategy,
+        instances=instances,
+    )
+    last_view = frozenset(membership_of(_live_workers(source, request.namespaces)))
     run, problem = fresh_discovery(source)  # network I/O: outside any transaction
     blockers: list[str] = [problem] if problem else []
 
-    workers = list(_live_workers(source, namespaces))
-    membership = _membership(workers)
-    if namespaces is None:
-        namespaces = sorted({w.namespace for w in workers})
-    if last_view and set(membership) != last_view:
-        joined, left = set(membership) - last_view, last_view - set(membership)
-        blockers.append(
-            f"membership differs from the last view ({len(joined)} joined, {len(left)} left); "
-            "review the fleet and plan again"
+    workers = list(_live_workers(source, request.namespaces))
+    scope = select_scope(
+        ScopeRequest(
+            workers=workers,
+            last_view=last_view,
+            strategy=request.strategy,
+            method=request.target["method"],
+            worker_ids=worker_ids,
+            instance_ids=request.instance_ids,
+            rejected=tuple(run.rejected_entries or ()) if run is not None and run.ok else (),
+            declared=DeclaredScope.of(source),
+            named=request.namespaces,
         )
-    selected = workers
-    subset_keys = None
-    if worker_ids:
-        selected = [w for w in workers if w.pk in set(worker_ids)]
-        subset_keys = sorted(w.key for w in selected)
-        if len(selected) != len(set(worker_ids)):
-            blockers.append("some selected workers are gone or outside the chosen namespaces")
-    if instance_ids is not None:
-        by_instance = {w.instance_id: w for w in selected}
-        missing = [i for i in instance_ids if i not in by_instance]
-        if missing:
-            blockers.append(
-                f"instance(s) {', '.join(missing)} are not live workers of the chosen scope"
-            )
-        selected = [by_instance[i] for i in instance_ids if i in by_instance]
-    if not selected:
-        blockers.append("no live workers in the chosen scope")
-    staged = parsed.staged or instance_ids is not None
-    if staged and target["method"] == "distributed":
-        blockers.append(
-            "a distributed update forms one collective group of every worker: it cannot run "
-            "in waves, as a canary or on named instances; plan it all at once"
-        )
-    wave_of, wave_count, wave_blockers = assign_waves(
-        parsed, [Placed(w.key, w.namespace, w.instance_id) for w in selected]
     )
-    blockers += wave_blockers
-
+    blockers += scope.blockers
     policy = source_policy(source)
-    blockers += plan_level_blockers(source, verification=verification, policy=policy)
-    group = group_plan(target, selected)
+    blockers += plan_level_blockers(source, verification=request.verification, policy=policy)
+    group = group_plan(request.target, scope.selected)
     blockers += group.pop("blockers", [])
-    ranks = group.get("ranks", {})
-    plans = [
-        plan_worker(
-            w,
-            target=target,
-            pause_mode=pause_mode,
-            pause_modes=pause_modes,
-            flush_policy=flush_policy,
-            verification=verification,
-            policy=policy or OutboundPolicy(()),
-            fingerprint=fingerprint,
-            rank=tuple(ranks[w.key]) if w.key in ranks else None,
-            group_world_size=group.get("world_size"),
-        )
-        for w in selected
-    ]
+    plans = _worker_plans(request, scope, group, policy)
     blocked = sum(1 for p in plans if p.blockers)
     if blocked:
         blockers.append(f"{blocked} of {len(plans)} workers have blockers")
+    return _store_plan(
+        source,
+        actor,
+        request,
+        namespaces=request.namespaces or sorted({w.namespace for w in workers}),
+        membership=membership_of(workers),
+        scope=scope,
+        group=group,
+        plans=plans,
+        blockers=blockers,
+        run=run,
+        rollback_of=rollback_of,
+    )
 
-    with transaction.atomic():
+
+def _worker_plans(
+    request: PlanRequest, scope: Scope, group: dict[str, Any], policy: OutboundPolicy | None
+) -> list[WorkerPlan]:
+    ranks = group.get("ranks", {})
+    return [
+        plan_worker(
+            w,
+            target=request.target,
+            pause_mode=request.pause_mode,
+            pause_modes=request.pause_modes,
+            flush_policy=request.flush_policy,
+            verification=request.verification,
+            # Allowed networks that do not parse (a plan-wide blocker) allow no network.
+            policy=policy or OutboundPolicy(()),
+            fingerprint=request.fingerprint,
+            rank=tuple(ranks[w.key]) if w.key in ranks else None,
+            group_world_size=group.get("world_size"),
+        )
+        for w in scope.selected
+    ]
+
+
+def _store_plan(
+    source: Source,
+    actor: Actor,
+    request: PlanRequest,
+    *,
+    namespaces: list[str],
+    membership: list[str],
+    scope: Scope,
+    group: dict[str, Any],
+    plans: list[WorkerPlan],
+    blockers: list[str],
+    run: DiscoveryRun | None,
+    rollback_of: PolicyRefresh | None,
+) -> PolicyRefresh:
+    """The refresh, its planned workers and the audit row, in one transaction.
+
+    Durable: the plan follows a discovery over the network, so it must be the caller's own
+    transaction, never part of an outer one that would hold its locks across that I/O."""
+    with transaction.atomic(durable=True):
         refresh = PolicyRefresh.objects.create(
             source=source,
             namespaces=namespaces,
-            worker_keys=subset_keys,
-            target=target,
-            pause_mode=pause_mode,
-            pause_modes=pause_modes,
-            flush_policy=flush_policy,
-            verification=verification,
-            fingerprint=fingerprint,
+            worker_keys=scope.subset_keys,
+            target=request.target,
+            pause_mode=request.pause_mode,
+            pause_modes=request.pause_modes,
+            flush_policy=request.flush_policy,
+            verification=request.verification,
+            fingerprint=request.fingerprint,
             group=group,
-            compat=compat_at_plan(source, target, verification, plans, group, run, versions),
+            compat=compat_at_plan(
+                source, request.target, request.verification, plans, group, run, request.versions
+            ),
             plan_blockers=blockers,
             plan_membership=membership,
             discovery_run=run,
             requested_by=actor.user,
-            requested_by_label=actor.label[:200],
+            requested_by_label=actor.label[:LABEL_CHARS],
             rollback_of=rollback_of,
-            strategy=parsed.to_dict(),
-            instances=instance_ids,
-            waves=max(wave_count, 1),
+            strategy=request.strategy.to_dict(),
+            instances=request.instance_ids,
+            waves=max(scope.wave_count, 1),
         )
         PlannedWorker.objects.bulk_create(
             PlannedWorker(
@@ -244,7 +321,7 @@ def plan_policy_refresh(
                 pause_mode=p.pause_mode,
                 rank_offset=p.rank_offset,
                 ranks=p.ranks,
-                wave=wave_of.get(p.worker.key, 1),
+                wave=scope.wave_of.get(p.worker.key, 1),
             )
             for p in plans
         )
@@ -254,16 +331,16 @@ def plan_policy_refresh(
             actor,
             source=source.name,
             namespaces=namespaces,
-            target=target,
+            target=request.target,
             workers=len(plans),
             blockers=blockers,
             rollback_of=rollback_of.pk if rollback_of else None,
-            agreement=verification["agreement"],
-            fingerprint=fingerprint,
-            pause_modes=pause_modes,
+            agreement=request.verification["agreement"],
+            fingerprint=request.fingerprint,
+            pause_modes=request.pause_modes,
             world_size=group.get("world_size"),
-            strategy=parsed.to_dict(),
-            waves=wave_count,
-            instances=instance_ids,
+            strategy=request.strategy.to_dict(),
+            waves=scope.wave_count,
+            instances=request.instance_ids,
         )
     return refresh

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from controlplane.fleet.models import Source
 from controlplane.refresh.departed import DEPARTED
+from controlplane.refresh.membership import change_of, has_change
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     WAITING_STATES,
@@ -18,6 +19,7 @@ from controlplane.refresh.models import (
     PolicyRefresh,
     RefreshState,
 )
+from controlplane.refresh.namespaces import resolved_summary
 from controlplane.refresh.step_order import StepName
 
 __all__ = [
@@ -79,25 +81,13 @@ def last_verified_policy(source: Source, namespaces: list[str]) -> dict[str, Any
     return gate.verified_policy if gate else None
 
 
-def resolved_summary(refresh: PolicyRefresh) -> str:
-    """The namespaces resolved on their own, in words (for an end reason); "" when none."""
-    parts = []
-    for namespace, how in sorted((refresh.resolved_namespaces or {}).items()):
-        text = f"{namespace} {how.get('outcome', '').replace('_', '-')} by {how.get('by', '?')}"
-        if how.get("reason"):
-            text += f": {how['reason']}"
-        parts.append(text)
-    return "; ".join(parts)
-
-
 MEMBERSHIP_STEPS = (StepName.RESOLVE, StepName.REOPEN)
 
 
 def is_membership_hold(refresh: PolicyRefresh) -> bool:
     """Held by a membership check that named who left, joined or changed."""
-    change = refresh.membership_change or {}
     return (
         refresh.state == RefreshState.HELD
         and refresh.failed_step in MEMBERSHIP_STEPS
-        and any(change.get(k) for k in ("left", "joined", "changed"))
+        and has_change(change_of(refresh))
     )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
@@ -17,6 +16,7 @@ from controlplane.refresh.departed import DEPARTED
 from controlplane.refresh.errors import (
     InvalidTransition,
     PlanBlocked,
+    wrong_state,
 )
 from controlplane.refresh.executor.departures import LEFT_THE_FLEET, write_departures
 from controlplane.refresh.executor.steps import verified_instance_sets
@@ -28,10 +28,18 @@ from controlplane.refresh.intents.queries import (
     last_verified_policy,
     resolved_summary,
 )
-from controlplane.refresh.live import publish_state
+from controlplane.refresh.ledger import Readback
+from controlplane.refresh.live import publish_state, publish_state_on_commit
+from controlplane.refresh.membership import (
+    change_of,
+    changed_details,
+    dropped_keys,
+    left_out_keys,
+)
 from controlplane.refresh.models import (
     EXECUTING_STATES,
     WAITING_STATES,
+    Evidence,
     Gate,
     PolicyRefresh,
     RefreshState,
@@ -42,12 +50,15 @@ from controlplane.refresh.namespaces import (
     REOPENED,
     release_namespace_locks,
     verified_namespaces,
+    with_resolved,
 )
+from controlplane.refresh.progress import previous_policy
 from controlplane.refresh.step_order import STEP_STATE, StepName
 from controlplane.refresh.strategy import (
     rollback_strategy,
     stored,
 )
+from controlplane.textlimits import LABEL_CHARS, STATE_REASON_CHARS
 
 __all__ = [
     "ROLLBACK_STATES",
@@ -71,10 +82,8 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     and the rollback runs in waves of the same size, so rolling back does not empty the fleet.
     """
     if refresh.state not in ROLLBACK_STATES:
-        raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
-    policy = (refresh.progress or {}).get("previous_policy") or last_verified_policy(
-        refresh.source, refresh.namespaces
-    )
+        raise wrong_state(refresh, wanted="held")
+    policy = previous_policy(refresh) or last_verified_policy(refresh.source, refresh.namespaces)
     if policy is None:
         raise InvalidTransition("this scope has no verified policy to roll back to")
     new = plan_policy_refresh(
@@ -91,10 +100,10 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     )
     if new.plan_blockers:
         raise PlanBlocked("the rollback plan has blockers: " + "; ".join(new.plan_blockers))
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         old = locked_refresh(refresh)
         if old.state not in ROLLBACK_STATES:
-            raise InvalidTransition(f"policy refresh #{old.pk} is {old.state}, not held")
+            raise wrong_state(old, wanted="held")
         new = locked_refresh(new)
         # The rollback takes over the scope (and the paused workers) without a gap.
         ScopeLock.objects.filter(refresh=old).update(refresh=new)
@@ -128,15 +137,6 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     return new
 
 
-def _namespace_outcome(outcome: str, actor: Actor, reason: str = "") -> dict[str, str]:
-    return {
-        "outcome": outcome,
-        "by": actor.label[:200],
-        "at": timezone.now().isoformat(),
-        "reason": reason,
-    }
-
-
 def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
     """Open a closed gate on a person's written say-so, for its namespace only.
 
@@ -144,10 +144,19 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
     paused there and holds again for the other namespaces, which keep their own recoveries
     (retry, reopen all verified, force-reopen, abort). Force-reopening the last namespace still
     held closes the refresh out: its engines are resumed and it ends as failed.
+
+    The gate admits what the workers actually serve: a fresh discovery reads back every
+    worker's `get_weight_version` first, and each live worker is admitted, forced, at the
+    version it reported. When no readback is possible (the listener is down), each is admitted
+    at the last version discovery saw, with `unknown` evidence, and the gate says so.
     """
     if not reason or not reason.strip():
         raise ValidationError("force-reopening a gate needs a written reason")
     reason = reason.strip()
+    gate = Gate.objects.select_related("source").get(pk=gate.pk)
+    if gate.is_open and gate.active_refresh_id is None:
+        raise InvalidTransition(f"gate {gate.source.name}/{gate.namespace} is already open")
+    run, problem = fresh_discovery(gate.source)  # network I/O: outside any transaction
     with transaction.atomic():
         # Lock order: the refresh row before its gate (controlplane/lockorder.py).
         refresh = Gate.objects.get(pk=gate.pk).active_refresh
@@ -172,8 +181,13 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
                     )
                 )
             if refresh.state == RefreshState.HELD:
-                resolved = dict(refresh.resolved_namespaces or {})
-                resolved[gate.namespace] = _namespace_outcome(FORCE_REOPENED, actor, reason)
+                resolved = with_resolved(
+                    refresh,
+                    [gate.namespace],
+                    FORCE_REOPENED,
+                    by=actor.label[:LABEL_CHARS],
+                    reason=reason,
+                )
                 remaining = [ns for ns in refresh.namespaces if ns not in resolved]
                 if remaining:
                     refresh.transition(
@@ -199,12 +213,44 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
                 base.enqueue_execution(refresh.pk)
         elif gate.is_open:
             raise InvalidTransition(f"gate {gate.source.name}/{gate.namespace} is already open")
-        gates.force_open([gate], actor=actor, refresh=refresh, reason=reason)
+        readbacks = readbacks_of(gate, trusted=not problem)
+        gates.force_open(
+            [gate],
+            actor=actor,
+            refresh=refresh,
+            reason=reason,
+            readbacks={gate.namespace: readbacks},
+            run=run if not problem else None,
+        )
         gate.refresh_from_db()
         notify("gate.force_reopened", gate=gate, refresh=refresh, reason=reason)
     if refresh is not None:
-        transaction.on_commit(lambda: publish_state(refresh))
+        publish_state_on_commit(refresh)
     return gate
+
+
+def readbacks_of(gate: Gate, *, trusted: bool) -> list[Readback]:
+    """What each live worker of the gate's namespace reported at the last discovery: its
+    readback (`reported`) when `trusted` (that discovery just ran) and it declared one."""
+    out = []
+    for worker in Worker.objects.filter(
+        source=gate.source, namespace=gate.namespace, state=WorkerState.LIVE
+    ).order_by("instance_id"):
+        declared = (
+            trusted
+            and worker.version_probed_at is not None
+            and not worker.version_error
+            and worker.weight_version_declared
+        )
+        out.append(
+            Readback(
+                worker.instance_id,
+                worker.key,
+                worker.weight_version,
+                Evidence.REPORTED if declared else Evidence.UNKNOWN,
+            )
+        )
+    return out
 
 
 def _gate_of_refresh(refresh: PolicyRefresh, namespace: str) -> Gate:
@@ -246,19 +292,16 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
                 + (f" at {refresh.failed_step}" if refresh.failed_step else "")
                 + ", not held on a membership change"
             )
-        change = refresh.membership_change
+        change = change_of(refresh)
         step = StepName(refresh.failed_step)
-        dropped_keys = set(change.get("left", [])) | {c["key"] for c in change.get("changed", [])}
         already = set(
             refresh.results.filter(status=DEPARTED).values_list("planned_worker_id", flat=True)
         )
-        dropped = [w for w in refresh.workers.filter(key__in=dropped_keys) if w.pk not in already]
+        dropped = [
+            w for w in refresh.workers.filter(key__in=dropped_keys(change)) if w.pk not in already
+        ]
         # Changed workers are still listed: left out too, so the reopen does not see them join.
-        left_out = sorted(
-            set(refresh.left_out or [])
-            | set(change.get("joined", []))
-            | {c["key"] for c in change.get("changed", [])}
-        )
+        left_out = sorted(set(refresh.left_out or []) | left_out_keys(change))
         attempt = refresh.steps.filter(name=step).count()
         refresh.transition(
             STEP_STATE[step],
@@ -267,7 +310,7 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
             left_out=left_out,
             membership_change={},
         )
-        changed = {c["key"]: c["detail"] for c in change.get("changed", [])}
+        changed = changed_details(change)
         # Leavers in one record; each changed worker with its own detail.
         for gone in [[w for w in dropped if w.key not in changed]] + [
             [w] for w in dropped if w.key in changed
@@ -299,7 +342,7 @@ def resolve_membership(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh
             namespaces=change.get("namespaces", []),
         )
         base.enqueue_execution(refresh.pk)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh
 
 
@@ -311,33 +354,33 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
     unverified); the others stay closed with their reasons and the refresh stays held for
     them. When no namespace is left, the refresh ends succeeded.
     """
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.HELD:
-            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+            raise wrong_state(refresh, wanted="held")
     run, problem = fresh_discovery(refresh.source)  # network I/O: outside any transaction
     if problem:
         raise InvalidTransition(f"cannot confirm who serves before reopening: {problem}")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         refresh = locked_refresh(refresh)
         if refresh.state != RefreshState.HELD:
-            raise InvalidTransition(f"policy refresh #{refresh.pk} is {refresh.state}, not held")
+            raise wrong_state(refresh, wanted="held")
         namespaces = verified_namespaces(refresh)
         if not namespaces:
             raise InvalidTransition(
                 f"no namespace of policy refresh #{refresh.pk} has every worker verified; "
                 "retry, force-reopen a namespace or abort"
             )
-        verified, unverified = verified_instance_sets(refresh, namespaces)
-        live = set(
-            Worker.objects.filter(
-                source=refresh.source, namespace__in=namespaces, state=WorkerState.LIVE
-            ).values_list("instance_id", flat=True)
-        )
-        verified = {ns: [i for i in ids if i in live] for ns, ids in verified.items()}
-        resolved = dict(refresh.resolved_namespaces or {})
-        for namespace in namespaces:
-            resolved[namespace] = _namespace_outcome(REOPENED, actor)
+        verified, _ = verified_instance_sets(refresh, namespaces)
+        serving: dict[str, list[str]] = {ns: [] for ns in namespaces}
+        for namespace, instance_id in Worker.objects.filter(
+            source=refresh.source, namespace__in=namespaces, state=WorkerState.LIVE
+        ).values_list("namespace", "instance_id"):
+            serving[namespace].append(instance_id)
+        verified = {
+            ns: [i for i in ids if i in serving.get(ns, [])] for ns, ids in verified.items()
+        }
+        resolved = with_resolved(refresh, namespaces, REOPENED, by=actor.label[:LABEL_CHARS])
         refresh.resolved_namespaces = resolved
         remaining = [ns for ns in refresh.namespaces if ns not in resolved]
         if remaining:
@@ -348,12 +391,12 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
                 RefreshState.SUCCEEDED,
                 resolved_namespaces=resolved,
                 end_reason=f"every namespace resolved on its own: {resolved_summary(refresh)}"[
-                    :4000
+                    :STATE_REASON_CHARS
                 ],
             )
             gates.release_scope(refresh, "")
         gates.open_gates_verified(
-            refresh, actor=actor, verified=verified, unverified=unverified, namespaces=namespaces
+            refresh, actor=actor, verified=verified, serving=serving, namespaces=namespaces
         )
         audit_refresh(
             AuditAction.POLICY_REFRESH_NAMESPACES_REOPENED,
@@ -372,5 +415,5 @@ def reopen_verified_namespaces(refresh: PolicyRefresh, *, actor: Actor) -> Polic
                 weight_version=refresh.weight_version,
             )
             notify("refresh.succeeded", refresh=refresh)
-    transaction.on_commit(lambda: publish_state(refresh))
+    publish_state_on_commit(refresh)
     return refresh

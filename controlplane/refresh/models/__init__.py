@@ -1,8 +1,9 @@
 """The refresh app's models (app label `refresh`; tables and migrations as they were).
 
-`refresh` holds the policy refresh, its plan, journal, gates and quarantines; `drill` the
-rollback drill. Every model is imported here, so Django registers them and the rest of the
-project (and audit rows, which name models by label) keeps one place to take them from.
+`refresh` holds the policy refresh, its plan, journal, gates and quarantines; `ledger` the
+serving ledger; `drill` the rollback drill. Every model is imported here, so Django registers
+them and the rest of the project (and audit rows, which name models by label) keeps one place
+to take them from.
 """
 
 from controlplane.refresh.models.drill import (
@@ -10,14 +11,23 @@ from controlplane.refresh.models.drill import (
     DrillPhase,
     DrillRun,
 )
+from controlplane.refresh.models.ledger import (
+    VERIFIED_EVIDENCE,
+    Admission,
+    Evidence,
+    Serving,
+    ServingInterval,
+)
 from controlplane.refresh.models.refresh import (
     ACTIVE_STATES,
     ADMITTING_STATES,
     EXECUTING_STATES,
     HELD_QUARANTINE_STATES,
+    LEDGER_STATES,
     OPEN_QUARANTINE_STATES,
     TERMINAL_STATES,
     WAITING_STATES,
+    Closure,
     FlushPolicy,
     Gate,
     GateState,
@@ -40,12 +50,17 @@ __all__ = [
     "ADMITTING_STATES",
     "EXECUTING_STATES",
     "HELD_QUARANTINE_STATES",
+    "LEDGER_STATES",
     "OPEN_QUARANTINE_STATES",
     "TERMINAL_STATES",
+    "VERIFIED_EVIDENCE",
     "WAITING_STATES",
+    "Admission",
+    "Closure",
     "DrillOutcome",
     "DrillPhase",
     "DrillRun",
+    "Evidence",
     "FlushPolicy",
     "Gate",
     "GateState",
@@ -58,6 +73,8 @@ __all__ = [
     "QuarantineState",
     "RefreshState",
     "ScopeLock",
+    "Serving",
+    "ServingInterval",
     "StepRun",
     "WorkerStepResult",
     "state_change",

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from controlplane.textlimits import LABEL_CHARS
+
 
 class DrillPhase(models.TextChoices):
     #: The subset is being refreshed to the previous verified policy.
@@ -46,7 +48,7 @@ class DrillRun(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    requested_by_label = models.CharField(max_length=200, blank=True)
+    requested_by_label = models.CharField(max_length=LABEL_CHARS, blank=True)
 
     phase = models.CharField(max_length=16, choices=DrillPhase.choices, default="forward")
     outcome = models.CharField(

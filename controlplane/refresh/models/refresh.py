@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from controlplane import telemetry
+from controlplane.textlimits import LABEL_CHARS, URL_CHARS
 
 
 class RefreshState(models.TextChoices):
@@ -112,42 +113,70 @@ class FlushPolicy(models.TextChoices):
 class GateState(models.TextChoices):
     """What a gate tells trainers about one namespace (docs/integrate/gates.md)."""
 
-    #: Every serving worker reported and was verified at `verified_version`.
+    #: Every admitted worker is verified, all at one version (`verified_version`).
     OPEN = "open", "open"
-    #: Opened by a person without verification (`forced_by`, `forced_at`, `reason`).
+    #: Admitted workers are verified at more than one version (a staged refresh's waves).
+    OPEN_MIXED = "open_mixed", "open (mixed versions)"
+    #: An admitted worker is not verified at the version it serves (a person forced it in).
     OPEN_FORCED = "open_forced", "open (forced)"
     #: Refreshing, held, drifted or awaiting approval; `reason` and `active_refresh` say which.
     CLOSED = "closed", "closed"
     #: The source is stale (its listener failed or is too old): nobody knows; do not assume open.
     UNKNOWN = "unknown", "unknown"
+    #: Nothing was ever verified here (never refreshed): not open, whatever the workers say.
+    UNVERIFIED = "unverified", "unverified"
+
+
+class Closure(models.TextChoices):
+    """What closed a closed gate (`Gate.closure`, `gates.close_gate`)."""
+
+    REFRESH = "refresh", "a policy refresh"
+    DRIFT = "drift", "drift"
+    #: The admitted workers are too far behind the trainer's latest policy (a `max_lag` rule).
+    STALE_POLICY = "stale_policy", "stale policy"
 
 
 #: States in which rollouts are admitted.
-ADMITTING_STATES = frozenset({GateState.OPEN, GateState.OPEN_FORCED})
+ADMITTING_STATES = frozenset({GateState.OPEN, GateState.OPEN_MIXED, GateState.OPEN_FORCED})
+
+#: States the serving ledger decides (`gates.project`): a gate neither closed nor unknown.
+LEDGER_STATES = frozenset({*ADMITTING_STATES, GateState.UNVERIFIED})
 
 
 class Gate(models.Model):
     """Rollout admission for one namespace of one source, as trainers read it.
 
-    `revision` increments on every change so the gate API can serve it as an ETag, and
-    `updated_at` moves with it; `since` moves only when `state` changes. `verified_policy` is
-    the full target of the refresh that last verified the namespace, which is what a rollback
-    goes back to. `verified_instances` is the exact set of instance ids (u64 as decimal
-    strings) verified at `verified_version`; `confirmed_at` is the discovery time it was last
-    confirmed and `unverified_count` how many serving workers are not in it. `drift` lists the
+    A projection: `gates.project` recomputes it from the serving ledger (`ServingInterval`) in
+    the transaction that records the facts, and nothing else writes the derived fields. Its own
+    facts are the closures: `state` closed (with `reason`, `closure` naming what closed it and
+    `active_refresh`; `gates.close_gate` / `gates.lift_closure` for closures that are not a
+    refresh, such as `stale_policy`) or unknown (`state_before_unknown`), and a person's
+    force-reopen (`forced_by`, `forced_at`, `reason`: `open_forced` until a verified opening or
+    a closure). Otherwise the ledger decides `state`
+    (open, open_mixed, open_forced or unverified), `verified_version`, `verified_instances`
+    (the admitted instances verified at `verified_version`), `admitted` (each admitted
+    instance's version and evidence) and `instance_sets`. `verified_policy` is the target of
+    the refresh that last verified the namespace, which is what a rollback and a catch-up go
+    back to. `revision` increments on every change so the gate API can serve it as an ETag, and
+    `updated_at` moves with it; `since` moves only when `state` changes. `drift` lists the
     workers that no longer match the gate (`[{"key", "instance_id", "kind", "detail"}]`).
     Only `controlplane.refresh.gates` writes these fields.
     """
 
     source = models.ForeignKey("fleet.Source", on_delete=models.CASCADE, related_name="gates")
     namespace = models.CharField(max_length=200)
-    state = models.CharField(max_length=16, choices=GateState.choices, default=GateState.OPEN)
+    state = models.CharField(max_length=16, choices=GateState.choices, default=GateState.UNVERIFIED)
     #: The state to return to when a stale source recovers (set while `state` is unknown).
     state_before_unknown = models.CharField(
         max_length=16, choices=GateState.choices, blank=True, default=""
     )
     since = models.DateTimeField(default=timezone.now)
     reason = models.TextField(blank=True)
+    #: What closed a closed gate: `refresh`, `drift`, `stale_policy`, ... (`gates.close_gate`).
+    closure = models.CharField(max_length=32, blank=True)
+    #: Derived from the ledger: `[{"instance_id", "key", "version", "evidence", "admission",
+    #: "refresh_id", "quarantine_id", "forced": {"by", "at", "reason"} | null}]`.
+    admitted = models.JSONField(default=list, blank=True)
     forced_by = models.CharField(max_length=200, blank=True)
     forced_at = models.DateTimeField(null=True, blank=True)
     verified_version = models.JSONField(null=True, blank=True)
@@ -253,7 +282,7 @@ class PolicyRefresh(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    requested_by_label = models.CharField(max_length=200, blank=True)
+    requested_by_label = models.CharField(max_length=LABEL_CHARS, blank=True)
     approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -267,7 +296,7 @@ class PolicyRefresh(models.Model):
     trace_context = models.CharField(max_length=128, blank=True, default="")
 
     lease_token = models.PositiveBigIntegerField(default=0)
-    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_owner = models.CharField(max_length=LABEL_CHARS, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
@@ -434,7 +463,7 @@ class JournalEntry(models.Model):
     step = models.CharField(max_length=24)
     operation = models.CharField(max_length=32)
     method = models.CharField(max_length=8)
-    url = models.CharField(max_length=800)
+    url = models.CharField(max_length=URL_CHARS)
     request_body = models.JSONField(null=True, blank=True)
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)
@@ -550,7 +579,7 @@ class QuarantineCall(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     operation = models.CharField(max_length=32)
     method = models.CharField(max_length=8)
-    url = models.CharField(max_length=800)
+    url = models.CharField(max_length=URL_CHARS)
     request_body = models.JSONField(null=True, blank=True)
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)

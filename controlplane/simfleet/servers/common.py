@@ -14,6 +14,28 @@ TEXT_JSON = "text/plain; charset=utf-8"
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
+#: Request headers named so by the caller to join its traces (the control plane's
+#: `x-rl-policy-version`, `x-rl-rollout-id`, `x-rl-attempt-id`): the fleet records them per
+#: request (`SimFleet.received_headers`) so tests can see what a worker or frontend was sent.
+TRACE_HEADER_PREFIX = "x-rl-"
+
+
+def note_trace_headers(log: Any, server: str, request: web.BaseRequest) -> None:
+    """Append the request's `x-rl-*` headers to `log` (a bounded deque)."""
+    log.append(
+        {
+            "server": server,
+            "method": request.method,
+            "path": request.path,
+            "headers": {
+                k.lower(): v
+                for k, v in request.headers.items()
+                if k.lower().startswith(TRACE_HEADER_PREFIX)
+            },
+        }
+    )
+
+
 class DropConnection(Exception):
     """Raised by a handler to close the connection without sending any response."""
 

@@ -19,11 +19,20 @@ from aiohttp import web
 
 from controlplane.simfleet.faults import GENERATE, Fault
 from controlplane.simfleet.fleet import SimFleet
-from controlplane.simfleet.servers.common import DropConnection, dumps, json_response, pause_for
+from controlplane.simfleet.servers.common import (
+    DropConnection,
+    dumps,
+    json_response,
+    note_trace_headers,
+    pause_for,
+)
 from controlplane.simfleet.tokens import (
+    FIRST_EMITTED_ID,
+    VOCAB_SIZE,
     completion_logprobs,
     expected_completion_ids,
     jittered_completion,
+    token_logprob,
     token_text,
     tokenize,
     wrong_completion_ids,
@@ -64,6 +73,7 @@ class Frontend:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         method, path = request.method, request.path
+        note_trace_headers(self.fleet.received_headers, "frontend", request)
         if path == "/v1/completions" and method == "POST":
             try:
                 return await self.completions(request)
@@ -85,25 +95,30 @@ class Frontend:
         ]
 
     def _health(self) -> dict[str, Any]:
-        workers = self.fleet.routable()
-        return {
-            "status": "healthy",
-            "endpoints": sorted({f"dyn://{w.namespace}.{w.component}.generate" for w in workers}),
-            "instances": [
-                {
-                    "component": w.component,
-                    "endpoint": "generate",
-                    "namespace": w.namespace,
-                    "instance_id": w.instance_id,
-                    "transport": {
-                        "tcp": f"127.0.0.1:0/{w.token}/{w.namespace}/{w.component}/generate"
-                    },
-                    "device_type": "cpu",
-                    "request_plane_codec": "json",
-                }
-                for w in workers
-            ],
-        }
+        """Every registered endpoint instance of the cluster, as the 1.6.1 frontend lists them
+        (observed: not scoped to any namespace; one entry per endpoint, so a vLLM worker shows
+        its `generate` and its `rl` instance under one id; contract §3)."""
+        instances = []
+        for w in self.fleet.workers.values():
+            endpoints = ["generate"] if w.routable else []
+            if w.advertised_routes is not None and not w.dead:
+                endpoints.append(w.endpoint)
+            for endpoint in endpoints:
+                instances.append(
+                    {
+                        "component": w.component,
+                        "endpoint": endpoint,
+                        "namespace": w.namespace,
+                        "instance_id": w.instance_id,
+                        "transport": {
+                            "tcp": f"127.0.0.1:0/{w.token}/{w.namespace}/{w.component}/{endpoint}"
+                        },
+                        "device_type": "cuda",
+                        "request_plane_codec": "msgpack",
+                    }
+                )
+        names = {f"dyn://{i['namespace']}.{i['component']}.{i['endpoint']}" for i in instances}
+        return {"status": "healthy", "endpoints": sorted(names), "instances": instances}
 
     # -- completions ----------------------------------------------------------------------------
     async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -240,6 +255,19 @@ class Frontend:
         }
 
     @staticmethod
+    def _prompt_logprobs(prompt: list[int], top: int) -> list[dict[str, Any] | None]:
+        """vLLM's shape: position 0 has no logprob (`None`); every other position scores the
+        prompt's own token (keyed by its id as a string) plus up to `top` alternatives."""
+        entries: list[dict[str, Any] | None] = [None]
+        for token in prompt[1:]:
+            entry = {str(token): {"logprob": token_logprob(token), "rank": 1}}
+            for rank, alt in enumerate(range(1, top + 1), start=2):
+                other = FIRST_EMITTED_ID + (token + alt) % (VOCAB_SIZE - FIRST_EMITTED_ID)
+                entry.setdefault(str(other), {"logprob": token_logprob(other) - 1.0, "rank": rank})
+            entries.append(entry)
+        return entries
+
+    @staticmethod
     def _nvext(
         extra: set[str], worker: SimWorker, prompt: list[int], ids: list[int], detailed: str
     ) -> dict[str, Any]:
@@ -287,6 +315,8 @@ class Frontend:
             },
         }
         nvext = self._nvext(extra, worker, prompt, ids, detailed)
+        if "prompt_logprobs" in extra and req.get("prompt_logprobs") is not None:
+            nvext["prompt_logprobs"] = self._prompt_logprobs(prompt, int(req["prompt_logprobs"]))
         if nvext:
             body["nvext"] = nvext
         return body

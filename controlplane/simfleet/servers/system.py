@@ -17,6 +17,7 @@ from controlplane.simfleet.servers.common import (
     TEXT_JSON,
     DropConnection,
     json_response,
+    note_trace_headers,
     pause_for,
     read_json_body,
 )
@@ -50,6 +51,7 @@ class SystemServers:
         worker = self.fleet.workers.get(token)
         if worker is None or worker.system_url is None:
             raise DropConnection
+        note_trace_headers(self.fleet.received_headers, token, request)
         rest = slash + rest
         if rest in ("/health", "/live"):
             return await self._health(worker)

@@ -92,6 +92,10 @@ class SglangWorker(SimWorker):
         #: Memory-occupation tags currently released.
         self.released: set[str] = set()
         super().__init__(*args, **kwargs)
+        #: Requests held across a pause (`WorkerSpec.paused_requests`). A disk update reports
+        #: them as `num_paused_requests`, as SGLang does, and drops them when
+        #: `abort_all_requests` is true.
+        self.paused_requests = self.spec.paused_requests
 
     def build_routes(self) -> dict[str, Handler]:
         routes = {
@@ -162,14 +166,20 @@ class SglangWorker(SimWorker):
                 }
             )
         self.update_count += 1
-        self.cache_resets += 1
+        # SGLang's UpdateWeightFromDiskReqInput defaults flush_cache to True; false keeps the
+        # old-weights prefix cache.
+        if body.get("flush_cache", True):
+            self.cache_resets += 1
         if body.get("weight_version") is not None:
             self.set_version(body["weight_version"])
+        paused = self.paused_requests
+        if body.get("abort_all_requests", False):
+            self.paused_requests = 0
         return ok(
             {
                 "success": True,
                 "message": "Succeeded to update model weights.",
-                "num_paused_requests": 0,
+                "num_paused_requests": paused,
             }
         )
 
@@ -265,7 +275,11 @@ class SglangWorker(SimWorker):
         return None
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "released": sorted(self.released)}
+        return {
+            **super().state(),
+            "released": sorted(self.released),
+            "paused_requests": self.paused_requests,
+        }
 
     async def flush_cache(self, body: JsonObject) -> Reply:
         self.flush_count += 1

@@ -41,7 +41,7 @@ def test_duplicate_ticks_do_not_double_run(celery_worker, simfleet, make_source)
     assert DiscoveryRun.objects.filter(source=source, trigger="schedule").count() == 1
 
 
-def test_refresh_now_runs_on_the_worker_after_commit(
+def test_run_discovery_runs_on_the_worker_after_commit(
     celery_worker, simfleet, make_source, operator
 ):
     from controlplane.audit.recorder import Actor

@@ -235,3 +235,28 @@ def test_discover_says_discovery_when_another_holds_the_source(db, make_source, 
     assert str(info.value) == "sim: another discovery held the source too long"
     assert out.getvalue().startswith("sim: not discovered (showing last known workers)")
     assert "refresh" not in out.getvalue() + str(info.value)
+
+
+def test_source_max_lag_sets_the_policy_lag_policy_and_refuses_bad_input(db):
+    _run(
+        "source",
+        "add",
+        "lagged",
+        "--listener-url",
+        "http://127.0.0.1:9/",
+        "--admin-network",
+        "127.0.0.0/8",
+    )
+    source = Source.objects.get(name="lagged")
+    assert (source.max_lag_action, source.max_lag_steps) == ("observe", 1)
+    out = _run("source", "max-lag", "lagged", "--max-lag", "close", "--max-lag-steps", "2")
+    assert "on policy lag close past 2 step(s)" in out
+    source.refresh_from_db()
+    assert (source.max_lag_action, source.max_lag_steps) == ("close", 2)
+    assert AuditEvent.objects.filter(action="source.updated").exists()
+    with pytest.raises(CommandError, match="max_lag_steps"):
+        _run("source", "max-lag", "lagged", "--max-lag-steps", "-1")
+    with pytest.raises(CommandError, match="give --max-lag"):
+        _run("source", "max-lag", "lagged")
+    source.refresh_from_db()
+    assert (source.max_lag_action, source.max_lag_steps) == ("close", 2)

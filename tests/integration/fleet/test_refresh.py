@@ -233,6 +233,11 @@ def test_static_worker_is_probed_with_its_family_and_marked_static(simfleet, mak
         allowed_routes=["get_weight_version", "liveness_probe"],
     )
     refresh_source(source.pk, trigger=MANUAL)
-    static = Worker.objects.get(source=source, endpoint="static")
+    static = Worker.objects.get(source=source, static_worker__name="pinned")
     assert static.is_static and static.state == WorkerState.LIVE
     assert static.version_probed_at is not None and static.liveness == Liveness.ALIVE
+    # Nothing in rl-static is registered at the frontend: no id is invented for it.
+    assert static.instance_id == "" and static.endpoint == "static:pinned"
+    assert static.identity_note == (
+        "identity unknown: the frontend lists no instance of rl-static/backend/generate"
+    )

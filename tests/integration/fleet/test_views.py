@@ -76,7 +76,7 @@ def _mutations(source, static):
         ("post", reverse("fleet:source_create"), SOURCE_POST),
         ("post", reverse("fleet:source_edit", args=[source.pk]), SOURCE_POST),
         ("post", reverse("fleet:source_delete", args=[source.pk]), {}),
-        ("post", reverse("fleet:refresh_now", args=[source.pk]), {}),
+        ("post", reverse("fleet:run_discovery", args=[source.pk]), {}),
         ("post", reverse("fleet:static_worker_create", args=[source.pk]), {}),
         ("post", reverse("fleet:static_worker_delete", args=[static.pk]), {}),
     ]
@@ -91,10 +91,10 @@ def test_viewer_gets_403_on_every_mutating_view_and_nothing_changes(viewer_clien
     assert AuditEvent.objects.count() == before
 
 
-def test_operator_cannot_manage_sources_but_can_refresh(operator_client, source, static):
+def test_operator_cannot_manage_sources_but_can_run_discovery(operator_client, source, static):
     for method, url, data in _mutations(source, static):
         response = getattr(operator_client, method)(url, data)
-        expected = 302 if url.endswith("/refresh/") else 403
+        expected = 302 if url.endswith("/discovery/") else 403
         assert response.status_code == expected, url
     assert AuditEvent.objects.filter(action="discovery.requested").count() == 1
 
@@ -103,7 +103,7 @@ def test_anonymous_is_sent_to_login(client, source, static):
     urls = [reverse("fleet:overview"), reverse("fleet:source", args=[source.pk])]
     urls += [url for _, url, _ in _mutations(source, static)]
     for url in urls:
-        response = client.post(url) if "/refresh/" in url or "delete" in url else client.get(url)
+        response = client.post(url) if "/discovery/" in url or "delete" in url else client.get(url)
         assert response.status_code == 302 and "/accounts/login/" in response["Location"], url
 
 
@@ -194,8 +194,10 @@ def test_source_page_query_count_does_not_grow_with_workers(
     _workers(source, 10)
     viewer_client.get(url)  # warm the session and permission caches alike
     # Session, user, permissions, source, page count and rows, aggregates, filter choices,
-    # timeline, static workers, plus the gate slot (refresh app): constant, whatever the size.
-    with django_assert_max_num_queries(25) as small:
+    # timeline, static workers, the gate slot (refresh app), the latest discovery run's
+    # rejected listener entries and the published policy the lag is read against: constant,
+    # whatever the size.
+    with django_assert_max_num_queries(27) as small:
         viewer_client.get(url)
     _workers(source, 1990, start=10)
     with django_assert_max_num_queries(len(small.captured_queries)) as large:
@@ -237,7 +239,7 @@ def test_discovery_is_called_discovery_not_refresh(operator_client, source):
     assert ">Run discovery</button>" in page and "Refresh now" not in page
     assert "<dt>Discovery</dt><dd>every" in page
     queued = operator_client.post(
-        reverse("fleet:refresh_now", args=[source.pk]), headers={"HX-Request": "true"}
+        reverse("fleet:run_discovery", args=[source.pk]), headers={"HX-Request": "true"}
     )
     assert "Discovery requested" in queued.content.decode()
 
@@ -249,3 +251,33 @@ def test_worker_history_and_source_form_say_discovery(viewer_client, admin_clien
     assert "<th>Details</th><th>Discovery</th>" in html
     form = admin_client.get(reverse("fleet:source_create")).content.decode()
     assert "Discovery interval (s)" in form and "Refresh interval" not in form
+
+
+def test_admin_declares_backend_families_and_a_bad_one_is_refused(admin_client, source):
+    url = reverse("fleet:source_edit", args=[source.pk])
+    response = admin_client.post(
+        url,
+        {
+            **SOURCE_POST,
+            "name": "src",
+            "declared_family": "vllm-sidecar",
+            "declared_families": "rl-b=sglang-sidecar\n",
+        },
+    )
+    assert response.status_code == 302
+    source.refresh_from_db()
+    assert (source.declared_family, source.declared_families) == (
+        "vllm-sidecar",
+        {"rl-b": "sglang-sidecar"},
+    )
+    assert source.declared_family_for("rl-a") == "vllm-sidecar"
+    assert source.declared_family_for("rl-b") == "sglang-sidecar"
+    # The edit form shows the declarations back, so a save keeps them.
+    page = admin_client.get(url).content.decode()
+    assert "rl-b=sglang-sidecar" in page
+
+    bad = admin_client.post(url, {**SOURCE_POST, "name": "src", "declared_families": "rl-c=trtllm"})
+    assert bad.status_code == 400
+    assert "declared family &#x27;trtllm&#x27; is unknown" in bad.content.decode()
+    source.refresh_from_db()
+    assert source.declared_families == {"rl-b": "sglang-sidecar"}

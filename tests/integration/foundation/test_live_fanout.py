@@ -33,6 +33,7 @@ from controlplane.fleet import live
 from controlplane.fleet.models import Source
 from controlplane.realtime import fanout
 from controlplane.refresh.live import GATES_GROUP
+from controlplane.refresh.models import Gate
 from tests.fixtures.live_server import asgi_server
 
 pytestmark = [
@@ -136,12 +137,17 @@ async def test_events_that_arrive_during_a_resync_follow_it_in_order(viewer):
 async def test_a_token_limited_to_one_source_never_receives_another_sources_gates(viewer):
     from controlplane.asgi import application
 
+    source_ids: dict[str, int] = {}
+
     def setup() -> dict[str, list[tuple[bytes, bytes]]]:
         headers = {}
         for name in ("fleet-a", "fleet-b"):
             source = Source.objects.create(
                 name=name, listener_url="http://127.0.0.1:9/", allowed_networks=["127.0.0.0/8"]
             )
+            # A frame carries the gate as committed, so each push names a real gate row.
+            Gate.objects.create(source=source, namespace="rl")
+            source_ids[name] = source.pk
             _, secret = create_token(
                 user=viewer, label=name, actor=Actor.system("test"), sources=[source]
             )
@@ -162,7 +168,7 @@ async def test_a_token_limited_to_one_source_never_receives_another_sources_gate
     await _until(lambda: _numsub(GATES_GROUP) == 1, "the process subscribed to the gates")
     try:
         for source in ("fleet-b", "fleet-a"):
-            gate = {"source": source, "namespace": "rl", "open": True, "revision": 1}
+            gate = {"source": source, "source_id": source_ids[source], "namespace": "rl"}
             await asyncio.to_thread(realtime.publish, GATES_GROUP, "gate.changed", gate)
 
         async def sources(c: WebsocketCommunicator, count: int) -> list[str]:

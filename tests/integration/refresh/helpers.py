@@ -31,14 +31,13 @@ def fleet_config(workers: int = 12, **kwargs) -> FleetConfig:
 
 
 def make_source(fleet, name: str = "sim", **fields) -> Source:
-    return Source.objects.create(
-        name=name,
-        listener_url=fleet.listener_url,
-        frontend_url=fleet.frontend_url,
-        expected_prefix="rl",
-        allowed_networks=["127.0.0.0/8"],
-        **fields,
-    )
+    values = {
+        "listener_url": fleet.listener_url,
+        "frontend_url": fleet.frontend_url,
+        "expected_prefix": "rl",
+        "allowed_networks": ["127.0.0.0/8"],
+    }
+    return Source.objects.create(name=name, **{**values, **fields})
 
 
 def sync_workers(source: Source) -> None:

@@ -81,6 +81,9 @@ def generate_faults() -> dict[str, Fault]:
 def probe_faults() -> dict[str, Fault]:
     return {
         "latency": Fault.latency(0.05),
+        # Past the listener's per-worker deadline (2 s here): the listener names the worker
+        # `timed out after 2s`; the executor's read waits past that deadline.
+        "hang": Fault.hang(),
         "probe_error": Fault.probe_error("engine is dead"),
         "body": Fault.reply(GARBAGE),
         "http_error": Fault.http(500, "probe failed"),
@@ -268,3 +271,38 @@ def test_every_fault_is_recoverable_to_an_unlocked_scope(
     assert paused_workers(fleet) == []
     assert set(fleet_versions(fleet).values()) == {"v3"}
     TALLY["recoverable"] += 1
+
+
+@pytest.mark.parametrize("step", ["pause", "reopen"])
+def test_a_hung_probe_names_its_worker_and_never_holds_spuriously_or_forever(
+    fleet, source, operator, step
+):
+    """The executor's admin-call timeout (0.5 s here) is far below the listener's per-worker
+    deadline (2 s): its discovery reads must wait past that deadline, so one hung probe
+    is a worker named in the listing, not a failed listener read that names nobody."""
+    victim = next(w for w in fleet.workers() if w["namespace"] == "rl-a")
+    refresh = plan(source, operator, "v2")
+    assert not refresh.plan_blockers, refresh.plan_blockers
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    if step == "pause":  # armed before resolve reads the listener
+        fleet.inject(victim["key"], "probe", Fault.hang())
+        refresh = run(refresh)
+    else:  # armed before reopen reads it again
+        assert run(refresh, stop_after="verify").state != RefreshState.HELD, refresh.held_reason
+        PolicyRefresh.objects.filter(pk=refresh.pk).update(lease_owner="", lease_expires_at=None)
+        fleet.inject(victim["key"], "probe", Fault.hang())
+        refresh = run(refresh)
+
+    assert refresh.state == RefreshState.HELD
+    reason = refresh.held_reason
+    assert "discovery failed" not in reason and "listener timed out" not in reason, reason
+    assert victim["identity"] in reason and "worker discovery timed out after 2s" in reason
+    # The plan stays truthful: nothing was paused by a hold at resolve.
+    if step == "pause":
+        assert paused_workers(fleet) == []
+    # Not endless: once the worker answers again, a retry goes on and finishes.
+    fleet.clear_faults()
+    intents.retry_policy_refresh(refresh, actor=actor_for(operator))
+    refresh = run(refresh)
+    assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
+    assert paused_workers(fleet) == []

@@ -26,8 +26,8 @@ from controlplane.fleet.discovery import refresh_source
 from controlplane.fleet.models import DiscoveryTrigger, Source
 from controlplane.intake.forms import DestinationForm
 from controlplane.notify.models import NotificationDelivery, NotificationDestination
-from controlplane.refresh import gates
-from controlplane.refresh.models import Gate, GateState
+from controlplane.refresh import gates, ledger
+from controlplane.refresh.models import Admission, Evidence, Gate, GateState
 from controlplane.refresh.tasks import sync_gate_freshness
 from controlplane.routing import websocket_urlpatterns
 from tests.integration.fleet.conftest import closed_port_url
@@ -195,7 +195,16 @@ def quiet_source(db):
         refresh_interval_seconds=10,
         last_success_at=timezone.now() - timedelta(minutes=10),
     )
-    _gate(source, "verified", GateState.OPEN, verified_instances=["7", "11"])
+    # The verified gate's workers are in the serving ledger, which the gate is a view of.
+    verified = _gate(source, "verified", GateState.OPEN, verified_version="v1")
+    admitted = {
+        "version": "v1",
+        "evidence": Evidence.VERIFIED_REFRESH,
+        "admission": Admission.VERIFIED,
+    }
+    with transaction.atomic():
+        ledger.write(source, {("verified", i): admitted for i in ("7", "11")}, cause="fixture")
+        gates.project([verified.pk])
     _gate(
         source,
         "forced",
@@ -323,7 +332,9 @@ def test_force_reopen_shows_open_forced_with_its_reason_on_api_page_and_badges(
     assert badge, overview
     assert badge[1].startswith("force-reopened by approver-1 at ")
     assert badge[1].endswith(" UTC: eval needs samples now")
-    assert 'class="badge gate-open open" data-gate-state="open"' in overview
+    # The force-reopen's readback discovery found the listener unreachable: the source is
+    # stale, so its verified gate is `unknown` now, never shown open.
+    assert 'data-gate-state="unknown"' in overview
     assert 'class="badge gate-closed closed" data-gate-state="closed"' not in overview
 
 
@@ -352,6 +363,7 @@ async def test_force_reopen_reaches_both_gate_streams(quiet_source, approver, vi
         "by": "approver-1",
         "at": frame["gate"]["forced"]["at"],
         "reason": "go now",
+        "instances": [],  # no live worker: nothing admitted that is not verified
     }
     row = (await _frames_until(page_stream, lambda f: f'id="gate-{gate.pk}"' in f))[-1]
     assert row.startswith("<tr ") and 'hx-swap-oob="true"' in row
@@ -392,7 +404,14 @@ def test_metrics_count_gates_by_source_and_state(quiet_source, client):
         for s in family.samples
         if s.name == "controlplane_gates"
     }
-    expected = {"open": 1, "open_forced": 1, "closed": 1, "unknown": 0}
+    expected = {
+        "open": 1,
+        "open_mixed": 0,
+        "open_forced": 1,
+        "closed": 1,
+        "unverified": 0,
+        "unknown": 0,
+    }
     assert samples == {
         ("controlplane_gates", (("source", "quiet"), ("state", state))): n
         for state, n in expected.items()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from controlplane.audit.recorder import Actor
-from controlplane.fleet.discovery.observe import static_instance_id
 from controlplane.fleet.services import add_static_worker
 from controlplane.refresh.models import JournalEntry, RefreshState
 from controlplane.simfleet import FleetConfig, WorkerSpec
@@ -28,9 +27,10 @@ SGLANG_ALLOWLIST = [
 ]
 
 
-def sglang_fleet(simfleet_factory, version_route: str):
-    """Two SGLang workers registered as static workers (SGLang is not discoverable). Their
-    instance ids are the ones the control plane derives, so the generation check can pin them.
+def sglang_fleet(simfleet_factory, version_route: str, **spec):
+    """Two SGLang workers registered as static workers (SGLang is not discoverable). Both are
+    replicas of one component on one host, so the frontend's `/health` cannot tell them apart:
+    the operator declares each one's instance id, and discovery checks it is registered.
     `version_route` is the `--engine-route` descriptor serving the weight-version read."""
     fleet = simfleet_factory(FleetConfig(workers=[], listener_env={"DYN_NAMESPACE": "rl-a"}))
     source = make_source(fleet)
@@ -39,9 +39,9 @@ def sglang_fleet(simfleet_factory, version_route: str):
             WorkerSpec(
                 namespace="rl-a",
                 family="sglang",
-                instance_id=int(static_instance_id(source.pk, name)),
                 engine_routes=[version_route],
                 version="v1",
+                **spec,
             )
         )
         add_static_worker(
@@ -53,6 +53,7 @@ def sglang_fleet(simfleet_factory, version_route: str):
             family="sglang",
             allowed_routes=[*SGLANG_ALLOWLIST, version_route],
             model="sim-model",
+            declared_instance_id=str(fleet.state(key)["instance_id"]),
         )
     return fleet, source
 
@@ -211,3 +212,39 @@ def test_lora_capacity_is_enforced(simfleet_factory, operator):
     second = run_inline(source, operator, target=lora_target("v3", "load", name="policy-b"))
     assert second.state == RefreshState.HELD
     assert "LoRA capacity exceeded: at most 1 adapter(s) may be loaded" in second.held_reason
+
+
+def test_sglang_disk_update_resets_the_cache_and_the_page_counts_paused_requests(
+    simfleet_factory, operator, operator_client
+):
+    from django.urls import reverse
+
+    fleet, source = sglang_fleet(simfleet_factory, "get_weight_version", paused_requests=2)
+    refresh = run_inline(source, operator, "v2", pause_mode="retract")
+    assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
+    updates = journal_of(refresh, "update")
+    assert {
+        (u.request_body["flush_cache"], u.request_body["abort_all_requests"]) for u in updates
+    } == {(True, True)}
+    assert {u.response_body["num_paused_requests"] for u in updates} == {2}
+    # The paused requests were dropped, never finished on the new weights.
+    assert {w["paused_requests"] for w in fleet.workers()} == {0}
+    page = operator_client.get(reverse("refresh:detail", args=[refresh.pk])).content.decode()
+    assert 'id="in-flight"' in page
+    assert "2 aborted (mode retract; SGLang update reply (num_paused_requests))" in page
+
+
+def test_the_compatibility_record_names_the_dynamo_release(simfleet_factory, operator):
+    _fleet, source = sglang_fleet(simfleet_factory, "get_weight_version")
+    refresh = run_inline(source, operator, "v2")
+    assert refresh.compat["dynamo_release"] == {
+        "release": "1.6.1",
+        "from": "default (not declared)",
+        "contract": "run: real frontend, RL listener, runtime, system servers and the native "
+        "vLLM sidecar (tests/interop)",
+    }
+    source.dynamo_release = "1.7"
+    source.save(update_fields=["dynamo_release"])
+    again = run_inline(source, operator, "v3")
+    assert again.compat["dynamo_release"]["release"] == "1.7"
+    assert again.compat["dynamo_release"]["from"] == "declared on the source"

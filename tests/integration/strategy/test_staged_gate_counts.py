@@ -6,9 +6,10 @@ forgot to adjust it left the gate saying something false."""
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 from controlplane.audit.recorder import Actor
-from controlplane.refresh import gates
+from controlplane.refresh import gates, ledger
 from controlplane.refresh.models import Gate
 from tests.integration.refresh.helpers import plan
 
@@ -87,7 +88,9 @@ def test_workers_unverified_outside_the_staged_sets_stay_counted(source, operato
     refresh, ids = _staged(source, operator)
     # One more serving worker the gate never verified (say a joiner seen by discovery before
     # the refresh took the gate): it is not in any staged set and must not be forgotten.
-    Gate.objects.filter(pk=_gate(source).pk).update(unverified_count=1)
+    # The ledger knows it (discovery recorded it, version reported, not admitted).
+    with transaction.atomic():
+        ledger.write(source, {(NS, "999"): {"version": "v0"}}, cause="joined")
     gates.stage_wave(refresh, 1, {NS: ids[:2]}, reason="wave 1 paused")
     assert _gate(source).unverified_count == 3
     gates.wave_verified(refresh, {NS: ids[:2]}, admit=True, reason="wave 1 verified")

@@ -304,7 +304,9 @@ class ScriptedVllmWorker:
         prompt = list(request.get("token_ids") or [])
         stop = request.get("stop_conditions") or {}
         max_tokens = int(stop.get("max_tokens") or 4)
-        want_logprobs = (request.get("output_options") or {}).get("logprobs") is not None
+        options = request.get("output_options") or {}
+        want_logprobs = options.get("logprobs") is not None
+        want_prompt_logprobs = options.get("prompt_logprobs") is not None
         declared = self.weight_version is not _UNDECLARED
         tokens = policy_tokens(self.weight_version if declared else None, prompt, max_tokens)
         for i, token in enumerate(tokens):
@@ -313,6 +315,14 @@ class ScriptedVllmWorker:
                 chunk["log_probs"] = [SYNTHETIC_LOGPROB]
             if i == len(tokens) - 1:
                 chunk["finish_reason"] = "length"
+                if want_prompt_logprobs:
+                    # As dynamo.common.backend.logprobs hands vLLM's to the frontend: on the
+                    # final chunk's engine_data, position 0 undefined (None), then per position
+                    # the prompt's own token (id as a string) with its logprob and rank.
+                    chunk["engine_data"] = {
+                        "prompt_logprobs": [None]
+                        + [{str(t): {"logprob": SYNTHETIC_LOGPROB, "rank": 1}} for t in prompt[1:]]
+                    }
                 chunk["completion_usage"] = {
                     "prompt_tokens": len(prompt),
                     "completion_tokens": len(tokens),
@@ -341,6 +351,10 @@ async def _serve(args: argparse.Namespace) -> None:
         if args.probe_error is not None:
             # A worker whose descriptor request fails: the listener must report an `error`.
             yield {"status": "error", "message": args.probe_error}
+            return
+        if args.probe_reply is not None:
+            # A descriptor of the test's choosing, passed through by the listener as it is.
+            yield json.loads(args.probe_reply)
             return
         async for response in registry.dispatch_stream(request):
             yield response
@@ -399,6 +413,9 @@ def main(argv: list[str] | None = None) -> None:
         help='answer the rl probe with {"status": "error", "message": MESSAGE}',
     )
     parser.add_argument("--omit-route", action="append", default=[], metavar="ROUTE")
+    parser.add_argument(
+        "--probe-reply", metavar="JSON", help="answer the rl probe with this descriptor"
+    )
     args = parser.parse_args(argv)
     if args.model_name and not args.model_dir:
         parser.error("--model-name needs --model-dir")

@@ -12,6 +12,8 @@ from controlplane.dynamo.families import (
     Operation,
     UnsupportedOperation,
     detect_family,
+    family_verdict,
+    routes_fit,
 )
 
 Op = Operation
@@ -74,6 +76,58 @@ def one(family, op, **params) -> AdminCall:
 )
 def test_detect_family(routes, family):
     assert detect_family(routes) is family
+
+
+#: What every native Rust sidecar (vLLM, SGLang, TRT-LLM) advertises: no engine in the names.
+NATIVE_ONLY = [
+    "control/pause_generation",
+    "control/resume_generation",
+    "control/get_weight_version",
+    "update/update_weight_version",
+]
+
+
+def test_native_sidecar_routes_alone_are_an_ambiguous_family_refused_by_name():
+    # A native SGLang sidecar advertises these too: it must never be driven as vLLM's.
+    assert detect_family(NATIVE_ONLY) is None
+    verdict = family_verdict(NATIVE_ONLY)
+    assert verdict.family is None
+    assert verdict.reason.startswith("ambiguous family: only native sidecar routes")
+    assert "declare the family on the source or namespace" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("routes", "declared", "family", "reason"),
+    [
+        (NATIVE_ONLY, "vllm-sidecar", VLLM_SIDECAR, ""),
+        (SIDECAR_ADVERTISED, "", VLLM_SIDECAR, ""),
+        (SIDECAR_ADVERTISED, "vllm-sidecar", VLLM_SIDECAR, ""),
+        (
+            NATIVE_ONLY,
+            "sglang-sidecar",
+            None,
+            "declared family sglang-sidecar: there is no adapter for the native SGLang sidecar",
+        ),
+        (
+            SIDECAR_ADVERTISED,
+            "sglang",
+            None,
+            "declared family sglang contradicts the advertised routes, which are vllm-sidecar's",
+        ),
+        (VLLM_ADVERTISED, "vllm-sidecar", None, "declared family vllm-sidecar contradicts"),
+        (NATIVE_ONLY, "vllm", None, "declared family vllm does not advertise these routes"),
+    ],
+)
+def test_a_declaration_decides_only_where_routes_do_not(routes, declared, family, reason):
+    verdict = family_verdict(routes, declared)
+    assert verdict.family is family
+    assert verdict.reason.startswith(reason)
+
+
+def test_a_relisted_native_sidecar_still_fits_its_declared_plan():
+    assert routes_fit(NATIVE_ONLY, "vllm-sidecar")
+    assert not routes_fit(NATIVE_ONLY, "vllm")
+    assert not routes_fit(VLLM_ADVERTISED, "vllm-sidecar")
 
 
 def test_registry_names():
@@ -575,9 +629,12 @@ def test_sglang_builds():
     assert one(SGLANG, Op.PAUSE) == AdminCall(Op.PAUSE, "POST", "engine/pause_generation", {})
     assert one(SGLANG, Op.PAUSE, mode="retract").body == {"mode": "retract"}
     assert one(SGLANG, Op.RESUME).path == "engine/continue_generation"
+    # The cache reset and the fate of paused requests are always explicit (§6, §9).
     assert one(SGLANG, Op.UPDATE_FROM_DISK, model_path="/m", weight_version="v1").body == {
         "model_path": "/m",
         "weight_version": "v1",
+        "flush_cache": True,
+        "abort_all_requests": True,
     }
     assert one(SGLANG, Op.SET_WEIGHT_VERSION, weight_version="v1") == AdminCall(
         Op.SET_WEIGHT_VERSION,

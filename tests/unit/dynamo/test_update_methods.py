@@ -152,8 +152,9 @@ def test_sglang_pause_modes_and_auto_default():
         ValueError, match="sglang has no pause mode 'keep'; choose one of abort, retract, in_place"
     ):
         SGLANG.pause_mode_for("keep")
-    assert VLLM_WORKER.pause_mode_for("auto") == "keep"
-    assert VLLM_SIDECAR.pause_mode_for("auto") == "abort"
+    # Drain, not vLLM's own keep (docs/reference/in-flight-requests.md).
+    assert VLLM_WORKER.pause_mode_for("auto") == "wait"
+    assert VLLM_SIDECAR.pause_mode_for("auto") == "wait"
 
 
 @pytest.mark.parametrize(

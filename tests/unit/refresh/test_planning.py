@@ -94,6 +94,16 @@ def test_vllm_disk_plan_has_the_exact_call_of_every_step():
     assert p.flush_skipped == skipped_reason("vllm", "update_from_disk")
 
 
+def test_vllm_auto_pause_drains_requests_in_flight():
+    # Not vLLM's own `keep`: kept requests would finish on the new weights (docs/reference/
+    # in-flight-requests.md).
+    p = plan(vllm_worker(), pause_mode="auto")
+    assert (p.pause_mode, p.calls["pause"]) == (
+        "wait",
+        [call("pause", "engine/pause_generation", {"mode": "wait"})],
+    )
+
+
 @pytest.mark.parametrize("mode", ["keep", "wait", "abort"])
 def test_vllm_pause_sends_the_chosen_mode(mode):
     p = plan(vllm_worker(), pause_mode=mode)
@@ -238,7 +248,12 @@ def test_sglang_disk_plan_has_the_exact_call_of_every_step():
             call(
                 "update_from_disk",
                 "engine/control/update_weights_from_disk",
-                {"model_path": "/ckpt/v7", "weight_version": "v7"},
+                {
+                    "model_path": "/ckpt/v7",
+                    "weight_version": "v7",
+                    "flush_cache": True,
+                    "abort_all_requests": True,
+                },
             )
         ],
         "flush": [],
@@ -519,3 +534,52 @@ def test_a_sidecar_without_version_readback_cannot_take_a_distributed_update():
         f"update: vllm-sidecar {DIST_LABEL} needs control/get_weight_version, {NOT_ADVERTISED}",
         "verify: missing route control/get_weight_version",
     ]
+
+
+# -- family from evidence --------------------------------------------------------------------------
+
+#: What every native Rust sidecar (vLLM, SGLang, TRT-LLM) advertises: no engine in the names.
+NATIVE_ONLY = [
+    "control/pause_generation",
+    "control/resume_generation",
+    "control/get_weight_version",
+    "update/update_weight_version",
+]
+
+
+def _declared(worker, family="", per_namespace=None):
+    from controlplane.fleet.models import Source
+
+    worker.source = Source(
+        pk=7, name="s", declared_family=family, declared_families=per_namespace or {}
+    )
+    return worker
+
+
+def test_an_ambiguous_native_sidecar_is_refused_by_name_and_nothing_is_planned():
+    # Stored as a vLLM sidecar by an older discovery: the routes alone decide now.
+    p = plan(discovered("vllm-sidecar", NATIVE_ONLY), pause_mode="auto")
+    assert p.blockers == [
+        "ambiguous family: only native sidecar routes (control/*, update/*), which the vLLM, "
+        "SGLang and TRT-LLM sidecars all advertise; declare the family on the source or namespace"
+    ]
+    assert p.calls == {} and p.family == ""
+
+
+def test_a_declared_family_decides_where_routes_do_not():
+    worker = _declared(discovered("", NATIVE_ONLY), per_namespace={"rl-a": "vllm-sidecar"})
+    p = plan(worker, pause_mode="auto")
+    assert p.family == "vllm-sidecar"
+    assert p.calls["pause"] == [
+        call("pause", "engine/control/pause_generation", {"mode": "wait", "clear_cache": True})
+    ]
+
+
+def test_a_declared_sidecar_without_an_adapter_is_refused_by_name():
+    worker = _declared(discovered("", NATIVE_ONLY), family="sglang-sidecar")
+    p = plan(worker, pause_mode="auto")
+    assert p.blockers == [
+        "declared family sglang-sidecar: there is no adapter for the native SGLang sidecar, so "
+        "it is never paused or updated"
+    ]
+    assert p.calls == {}

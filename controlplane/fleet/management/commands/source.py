@@ -1,4 +1,5 @@
-"""`manage.py source add|list|remove|add-static|remove-static` — sources from the command line.
+"""`manage.py source add|list|remove|max-lag|add-static|remove-static` — sources from the
+command line.
 
 Goes through the same services as the UI, so input is validated the same way and every change
 is audited (actor: the system user `cli:<os user>`).
@@ -30,6 +31,24 @@ def _one_line(exc: ValidationError) -> str:
     return "; ".join(exc.messages)
 
 
+def _max_lag_arguments(parser, *, defaults: bool) -> None:
+    parser.add_argument(
+        "--max-lag",
+        choices=["observe", "alert", "close"],
+        default="observe" if defaults else None,
+        help="past the max lag: observe, alert (notify) or close the gate as stale_policy"
+        + (" (default observe)" if defaults else ""),
+    )
+    parser.add_argument(
+        "--max-lag-steps",
+        type=int,
+        default=1 if defaults else None,
+        metavar="STEPS",
+        help="training steps the served policy may be behind the latest published one"
+        + (" (default 1)" if defaults else ""),
+    )
+
+
 class Command(BaseCommand):
     help = "Manage discovery sources and their static workers."
 
@@ -51,6 +70,12 @@ class Command(BaseCommand):
         add.add_argument("--expected-namespace", default="")
         add.add_argument("--expected-prefix", default="")
         add.add_argument("--expected-worker-suffix", default="")
+        add.add_argument(
+            "--listener-scope",
+            default="",
+            choices=["", "exact", "prefix", "suffix", "global"],
+            help="the declared listener scope; workers outside it are refused",
+        )
         add.add_argument("--disabled", action="store_true")
         add.add_argument(
             "--if-absent",
@@ -90,6 +115,12 @@ class Command(BaseCommand):
             metavar="HOURS",
             help="hours between scheduled rollback drills (default 0: never)",
         )
+        _max_lag_arguments(add, defaults=True)
+        max_lag = sub.add_parser(
+            "max-lag", help="set what a namespace serving an old policy does (policy lag)"
+        )
+        max_lag.add_argument("name")
+        _max_lag_arguments(max_lag, defaults=False)
         sub.add_parser("list", help="list sources")
         remove = sub.add_parser("remove", help="remove a source and its history")
         remove.add_argument("name")
@@ -108,6 +139,14 @@ class Command(BaseCommand):
         )
         static.add_argument("--component", default="backend")
         static.add_argument("--model", default="")
+        static.add_argument(
+            "--endpoint", default="generate", help="endpoint it registers with the frontend"
+        )
+        static.add_argument(
+            "--declared-instance-id",
+            default="",
+            help="its instance id, where several of the frontend's /health instances match",
+        )
         remove_static = sub.add_parser("remove-static", help="remove a static worker")
         remove_static.add_argument("source")
         remove_static.add_argument("name")
@@ -117,6 +156,20 @@ class Command(BaseCommand):
             getattr(self, "_" + action.replace("-", "_"))(opts)
         except ValidationError as exc:
             raise CommandError(_one_line(exc)) from None
+
+    def _max_lag(self, o):
+        changes = {
+            k: v
+            for k, v in (("max_lag_action", o["max_lag"]), ("max_lag_steps", o["max_lag_steps"]))
+            if v is not None
+        }
+        if not changes:
+            raise CommandError("give --max-lag and/or --max-lag-steps")
+        source = services.update_source(self._source(o["name"]), actor=_actor(), **changes)
+        self.stdout.write(
+            f"source {source.name}: on policy lag {source.max_lag_action} "
+            f"past {source.max_lag_steps} step(s)"
+        )
 
     def _source(self, name: str) -> Source:
         try:
@@ -139,12 +192,15 @@ class Command(BaseCommand):
             expected_namespace=o["expected_namespace"],
             expected_prefix=o["expected_prefix"],
             expected_worker_suffix=o["expected_worker_suffix"],
+            listener_scope=o["listener_scope"],
             enabled=not o["disabled"],
             agreement_rule=o["agreement_rule"],
             agreement_tokens=o["agreement_tokens"],
             agreement_epsilon=o["agreement_epsilon"],
             drift_policy=o["drift_policy"],
             drill_every=o["drill_every"],
+            max_lag_action=o["max_lag"],
+            max_lag_steps=o["max_lag_steps"],
         )
         self.stdout.write(f"created source {source.name} (id {source.pk})")
 
@@ -181,6 +237,8 @@ class Command(BaseCommand):
             allowed_routes=o["routes"],
             component=o["component"],
             model=o["model"],
+            endpoint=o["endpoint"],
+            declared_instance_id=o["declared_instance_id"],
         )
         self.stdout.write(f"added static worker {static} ({', '.join(static.allowed_routes)})")
 

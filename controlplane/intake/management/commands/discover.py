@@ -1,4 +1,4 @@
-"""`manage.py discover [SOURCE] [--all-states] [--json]` — one synchronous discovery refresh,
+"""`manage.py discover [SOURCE] [--all-states] [--json]` — one synchronous discovery run,
 printed as a table (or as JSON for scripts).
 
 Exit 0 when every refresh succeeded; otherwise exit 1, the reason printed once, on one line

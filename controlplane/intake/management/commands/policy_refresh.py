@@ -42,6 +42,7 @@ from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.intents.action_table import ActionInput
 from controlplane.refresh.models import RefreshState
 from controlplane.refresh.presenters import verification_summary
+from controlplane.textlimits import SUMMARY_CHARS
 
 POLL_SECONDS = 0.5
 OWNER = "manage.py policy_refresh"
@@ -117,7 +118,7 @@ class Command(refresh_command.Command):
                     ms = step["duration_ms"] or 0
                     self.stdout.write(
                         f"  {step['name']:<15} {step['status']:<7} {ms:8.0f} ms  "
-                        f"{shown(step['detail'])[:200]}"
+                        f"{shown(step['detail'])[:SUMMARY_CHARS]}"
                     )
 
         status, outcome = watch(refresh_id, interval=POLL_SECONDS, timeout=None, on_change=report)

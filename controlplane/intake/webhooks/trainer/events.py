@@ -14,7 +14,9 @@ TEST_PING = "test.ping"
 BROADCAST_DONE = "broadcast.done"
 #: The trainer's verdict on a canary (after `refresh.canary_review`).
 CANARY_VERDICT = "canary.verdict"
-EVENT_TYPES = (CHECKPOINT_READY, TEST_PING, BROADCAST_DONE, CANARY_VERDICT)
+#: The trainer published a checkpoint (step, version, digest), refresh or not.
+POLICY_PUBLISHED = "policy.published"
+EVENT_TYPES = (CHECKPOINT_READY, TEST_PING, BROADCAST_DONE, CANARY_VERDICT, POLICY_PUBLISHED)
 
 
 class BroadcastDone(BaseModel):

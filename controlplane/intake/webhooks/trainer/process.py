@@ -45,6 +45,7 @@ from controlplane.intake.webhooks.trainer.events import (
 from controlplane.refresh import intents
 from controlplane.refresh.errors import PlanBlocked, RefreshConflict, RefreshError
 from controlplane.refresh.models import ScopeLock
+from controlplane.textlimits import QUOTED_CHARS, REASON_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def process_delivery(delivery_id: int) -> float | None:
     except OperationalError as exc:
         # Deadlock, serialization failure, a dropped connection: the database's word that
         # trying again may work.
-        error = f"database: {str(exc).splitlines()[0][:300]}"
+        error = f"database: {str(exc).splitlines()[0][:QUOTED_CHARS]}"
         logger.warning("webhook %s: transient database error: %s", delivery.webhook_id, error)
     except Exception as exc:
         logger.exception("webhook %s: policy refresh could not be started", delivery.webhook_id)
@@ -146,7 +147,7 @@ def _finish(delivery: ReceivedWebhook, outcome: str, refresh_id: int | None, det
     ReceivedWebhook.objects.filter(pk=delivery.pk).update(
         state=DeliveryState.DONE,
         outcome=outcome,
-        detail=detail[:2000],
+        detail=detail[:REASON_CHARS],
         refresh_id=refresh_id,
         next_attempt_at=None,
         updated_at=timezone.now(),
@@ -156,7 +157,7 @@ def _finish(delivery: ReceivedWebhook, outcome: str, refresh_id: int | None, det
             "delivery_id": delivery.pk,
             "outcome": outcome,
             "refresh_id": refresh_id,
-            "detail": detail[:2000],
+            "detail": detail[:REASON_CHARS],
         },
     )
 
@@ -167,7 +168,7 @@ def _retry_later(delivery: ReceivedWebhook, error: str) -> float | None:
     if delivery.attempts >= delivery.attempt_limit:
         ReceivedWebhook.objects.filter(pk=delivery.pk).update(
             state=DeliveryState.RETRYABLE,
-            last_error=error[:2000],
+            last_error=error[:REASON_CHARS],
             next_attempt_at=None,
             updated_at=now,
         )
@@ -175,7 +176,7 @@ def _retry_later(delivery: ReceivedWebhook, error: str) -> float | None:
     delay = retry_delay(delivery.attempts)
     ReceivedWebhook.objects.filter(pk=delivery.pk).update(
         state=DeliveryState.RETRYING,
-        last_error=error[:2000],
+        last_error=error[:REASON_CHARS],
         next_attempt_at=now + timedelta(seconds=delay),
         updated_at=now,
     )

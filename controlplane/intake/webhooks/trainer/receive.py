@@ -40,13 +40,16 @@ from controlplane.intake.webhooks.trainer.events import (
     CANARY_VERDICT,
     CHECKPOINT_READY,
     EVENT_TYPES,
+    POLICY_PUBLISHED,
     TEST_PING,
     CheckpointReady,
     approval_reasons,
 )
 from controlplane.intake.webhooks.trainer.process import PROCESS_TASK, sweep_within_seconds
+from controlplane.intake.webhooks.trainer.published import policy_published, record_checkpoint
 from controlplane.intake.webhooks.trainer.verdict import canary_verdict
 from controlplane.notify.signing import VerificationError, sign_headers, verify
+from controlplane.textlimits import QUOTED_CHARS, SUMMARY_CHARS
 
 #: A trainer's repeat re-enqueues a delivery whose task looks lost after these.
 STALE = timedelta(minutes=10)
@@ -74,8 +77,8 @@ def _reject(endpoint_name: str, answer: Answer, *, webhook_id: str | None, sourc
         details={
             "status": answer.status,
             "code": error["code"],
-            "message": error["message"][:300],
-            "webhook_id": (webhook_id or "")[:200],
+            "message": error["message"][:QUOTED_CHARS],
+            "webhook_id": (webhook_id or "")[:SUMMARY_CHARS],
         },
         source_ip=source_ip,
     )
@@ -144,6 +147,23 @@ def receive(
         return _acted(
             endpoint, webhook_id, envelope, digest, source_ip, Outcome.BROADCAST_DONE, answer, done
         )
+    if event_type == POLICY_PUBLISHED:
+        (status, answer_body), recorded = policy_published(
+            endpoint, webhook_id, envelope.get("data", {})
+        )
+        answer = Answer(status, answer_body)
+        if recorded is None:
+            return reject(answer)
+        return _acted(
+            endpoint,
+            webhook_id,
+            envelope,
+            digest,
+            source_ip,
+            Outcome.POLICY_PUBLISHED,
+            answer,
+            recorded,
+        )
     if event_type == CANARY_VERDICT:
         # A repeat is answered from the stored delivery before anything acts, so a replayed
         # verdict never meets a canary that has already moved on.
@@ -206,6 +226,8 @@ def receive(
         )
         return answer if stored else _repeat(endpoint, webhook_id, digest, source_ip)
 
+    # A checkpoint with a step is a published policy too (policy lag), refresh or not.
+    published = record_checkpoint(endpoint, webhook_id, event)
     reasons = approval_reasons(endpoint.rules or [], event.metrics)
     require_approval = endpoint.policy == Policy.REQUIRE_APPROVAL or bool(reasons)
     with jobs.tracking() as sends:
@@ -225,6 +247,7 @@ def receive(
                 "require_approval": require_approval,
                 "approval_reasons": reasons,
                 "strategy": event.strategy,
+                "policy_published": published,
             },
             source_ip=source_ip,
         )

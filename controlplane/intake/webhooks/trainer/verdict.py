@@ -23,6 +23,7 @@ from controlplane.intake.webhooks.trainer.events import CanaryVerdict
 from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.intents import canary
 from controlplane.refresh.models import PolicyRefresh
+from controlplane.refresh.progress import CanaryReview, canary_of
 
 
 def _error(status: int, code: str, message: str, details: Any = None):
@@ -84,7 +85,7 @@ def canary_verdict(
 
 def public_canary(refresh: PolicyRefresh) -> dict[str, Any]:
     """The canary as a trainer may read it back: state, verdict, instances, deadline."""
-    review = (refresh.progress or {}).get("canary") or {}
+    review = canary_of(refresh) or CanaryReview()
     keys = ("state", "evaluation", "verdict", "instances", "deadline", "by", "at", "metrics")
     return {
         "refresh_state": refresh.state,

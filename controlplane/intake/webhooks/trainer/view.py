@@ -18,6 +18,7 @@ from controlplane.intake.webhooks.trainer.events import (
     CanaryVerdict,
     CheckpointReady,
 )
+from controlplane.intake.webhooks.trainer.published import PolicyPublished
 from controlplane.intake.webhooks.trainer.receive import receive, too_large
 
 router = Router(tags=["trainer webhooks"])
@@ -46,6 +47,16 @@ class WebhookResult(Schema):
     )
     canary: dict[str, Any] | None = Field(
         None, description="canary.verdict: the canary's state, verdict and instances"
+    )
+    created: bool | None = Field(
+        None,
+        description="policy.published: false when the same publication was recorded before "
+        "(same lineage, step, version and digest)",
+    )
+    published: dict[str, Any] | None = Field(
+        None,
+        description="policy.published: the recorded publication (lineage, step, "
+        "weight_version, checkpoint_digest, published_at)",
     )
 
 
@@ -98,6 +109,7 @@ _BODY = {
                             _inline(CheckpointReady.model_json_schema()),
                             _inline(BroadcastDone.model_json_schema()),
                             _inline(CanaryVerdict.model_json_schema()),
+                            _inline(PolicyPublished.model_json_schema()),
                         ]
                     },
                 },
@@ -126,7 +138,10 @@ _BODY = {
 def trainer_webhook(request: HttpRequest, endpoint: str) -> Status:
     """A trainer's "checkpoint ready" event, signed with the Standard Webhooks scheme (or its
     `broadcast.done` for a distributed refresh, or its `canary.verdict` on a canary waiting in
-    `canary_review`: both acted on at once and answered 200, 409 when nothing waits for them).
+    `canary_review`: both acted on at once and answered 200, 409 when nothing waits for them;
+    or its `policy.published`: a checkpoint it published, step, version and digest, recorded
+    for policy lag and answered 200, 409 `not_monotonic` when it would move its lineage
+    backwards).
 
     Stored and answered 202 at once; the refresh is planned in the background. Read the outcome
     at `GET /api/v1/webhooks/deliveries/{webhook_id}` or by sending the same delivery again."""

@@ -1,0 +1,142 @@
+"""`PolicyRefresh.progress`: what a staged refresh remembers between its waves.
+
+This module owns the column's keys: its shape is `Progress` (and the canary's `CanaryReview`),
+and every read or update goes through a helper here, so a key is spelled in one place and mypy
+checks every write. Helpers that update return a new `Progress` (a copy): the caller stores it
+with the transition or guarded update it is making, under the row lock it already holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict, cast
+
+from django.utils import timezone
+
+from controlplane.textlimits import REASON_CHARS
+
+#: A canary's review states (`CanaryReview.state`, and the `verdict` once one came).
+CANARY_AWAITING = "awaiting"
+CANARY_PASSED = "passed"
+CANARY_FAILED = "failed"
+
+
+class CanaryReview(TypedDict, total=False):
+    """The canary wave's evaluation, as the pages, the API and the trainer read it back."""
+
+    #: awaiting (a verdict is due), passed or failed.
+    state: str
+    #: How it is judged: the strategy's `evaluation` (manual, trainer, ...).
+    evaluation: str
+    #: ISO time after which an absent verdict fails the canary.
+    deadline: str
+    #: The canary's verified instances, by namespace.
+    instances: dict[str, list[str]]
+    #: The verdict that came (passed or failed), its metrics, who gave it, when and why.
+    verdict: str
+    metrics: dict[str, Any] | None
+    by: str
+    at: str
+    reason: str
+
+
+class Progress(TypedDict, total=False):
+    """`PolicyRefresh.progress`; every key is optional (a refresh all at once has none)."""
+
+    #: The gate's verified policy before a staged refresh began: what a failed canary and a
+    #: rollback go back to (None: the scope had none).
+    previous_policy: dict[str, Any] | None
+    previous_version: Any
+    #: A person asked to wait after the wave in progress.
+    pause_requested: bool
+    #: The wave the refresh waits after, at a pause point.
+    waiting_after: int
+    canary: CanaryReview
+
+
+def progress_of(refresh) -> Progress:
+    """A copy of the refresh's progress, to update and store."""
+    return cast(Progress, dict(refresh.progress or {}))
+
+
+def canary_of(refresh) -> CanaryReview | None:
+    """A copy of the canary's review; None when the refresh has had no canary evaluation."""
+    canary = (refresh.progress or {}).get("canary")
+    return cast(CanaryReview, dict(canary)) if canary else None
+
+
+def previous_policy(refresh) -> dict[str, Any] | None:
+    """The gate's verified policy from before the refresh (None when unknown or none)."""
+    return (refresh.progress or {}).get("previous_policy")
+
+
+def canary_deadline(refresh) -> str | None:
+    return (canary_of(refresh) or {}).get("deadline")
+
+
+def pause_is_requested(progress: Progress) -> bool:
+    return bool(progress.get("pause_requested"))
+
+
+def with_previous_policy(refresh, policy: dict[str, Any] | None) -> Progress:
+    """Remember the gate's policy when the refresh first takes the gate (a retry keeps the
+    first: by then the gate may stand for the new version)."""
+    progress = progress_of(refresh)
+    progress.setdefault("previous_policy", policy)
+    progress.setdefault("previous_version", (policy or {}).get("weight_version"))
+    return progress
+
+
+def with_pause_requested(refresh) -> Progress:
+    progress = progress_of(refresh)
+    progress["pause_requested"] = True
+    return progress
+
+
+def waiting_after(progress: Progress, wave: int) -> Progress:
+    """At a pause point after `wave`: the request (if any) is served."""
+    progress["pause_requested"] = False
+    progress["waiting_after"] = wave
+    return progress
+
+
+def leaving_pause_point(refresh) -> tuple[Progress, int]:
+    """The progress without its pause point, and the wave it waited after."""
+    progress = progress_of(refresh)
+    return progress, progress.pop("waiting_after", refresh.wave)
+
+
+def with_canary(progress: Progress, canary: CanaryReview) -> Progress:
+    progress["canary"] = canary
+    return progress
+
+
+def with_canary_verdict(
+    refresh, *, passed: bool, metrics: dict[str, Any] | None, by: str, reason: str
+) -> Progress:
+    """The canary's verdict, given by a person, the trainer or the deadline."""
+    progress = progress_of(refresh)
+    outcome = CANARY_PASSED if passed else CANARY_FAILED
+    canary = canary_of(refresh) or CanaryReview()
+    canary.update(
+        CanaryReview(
+            verdict=outcome,
+            metrics=metrics,
+            by=by,
+            at=timezone.now().isoformat(),
+            reason=reason[:REASON_CHARS],
+            state=outcome,
+        )
+    )
+    return with_canary(progress, canary)
+
+
+def with_canary_failed(refresh, reason: str, by: str) -> Progress:
+    """The canary failed its own checks (no verdict was asked: `verdict` stays unset)."""
+    progress = progress_of(refresh)
+    canary = canary_of(refresh) or CanaryReview()
+    canary.update(
+        CanaryReview(
+            state=CANARY_FAILED, reason=reason[:REASON_CHARS], by=by, at=timezone.now().isoformat()
+        )
+    )
+    return with_canary(progress, canary)

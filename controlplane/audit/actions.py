@@ -44,6 +44,7 @@ class AuditAction(models.TextChoices):
     QUARANTINE_RELEASED = "quarantine.released"
     QUARANTINE_DROPPED = "quarantine.dropped"
     QUARANTINE_REQUEUED = "quarantine.requeued"
+    QUARANTINE_SUPERSEDED = "quarantine.superseded"
     POLICY_REFRESH_PLANNED = "policy_refresh.planned"
     POLICY_REFRESH_REQUESTED = "policy_refresh.requested"
     POLICY_REFRESH_APPROVED = "policy_refresh.approved"

@@ -825,6 +825,33 @@ def set_drift_state(gate_id: int, instance_id: str, state: str, detail: str = ""
         _announce(list(Gate.objects.filter(pk=gate.pk).select_related("source")))
 
 
+def lock_scope_gates(source, namespaces: Sequence[str]) -> list[Gate]:
+    """Lock the gates of these namespaces, in namespace order (a refresh's start, after its
+    scope locks: it orders the start against a quarantine's claim, which locks its gate)."""
+    lockorder.domain_lock("gates")
+    return list(
+        Gate.objects.select_for_update(no_key=True, of=("self",))
+        .filter(source=source, namespace__in=list(namespaces))
+        .order_by("namespace")
+    )
+
+
+def drop_drift_entries(source, instances: Mapping[str, set[str]]) -> None:
+    """A refresh took these drifted instances over (`executor/handover.py`): their entries
+    leave the drift lists of their gates (`{namespace: {instance id}}`), locked in namespace
+    order. Call inside the caller's transaction, before it locks any quarantine."""
+    for gate in Gate.objects.filter(source=source, namespace__in=sorted(instances)).order_by(
+        "namespace"
+    ):
+        locked = locked_gate(gate.pk)
+        if locked is None:
+            continue
+        gone = instances[locked.namespace]
+        drift = [d for d in locked.drift if d.get("instance_id") not in gone]
+        if drift != list(locked.drift):
+            _update([locked.pk], drift=drift)
+
+
 @transaction.atomic
 def close_for_drift(gate_id: int, *, actor: Actor, reason: str) -> None:
     """Drift the control plane could not contain (a worker that cannot be paused)."""

@@ -29,6 +29,12 @@ thread, so a long update call keeps it fresh); one whose heartbeat falls silent 
 the reconciler beat (`requeue_stalled`). Each claim bumps `attempts`, which fences the old
 runner: its heartbeat stops matching, its remaining calls are skipped, and it writes nothing.
 
+One owner at a time (`executor/handover.py`): a catch-up is claimed only while no policy
+refresh holds its namespace, a refresh does not start while a catch-up runs there, and a
+refresh that planned the worker ends its quarantine as `superseded`. A claim aims the catch-up
+at the gate's verified policy of that moment: a refresh may have moved it since the drift was
+found, and catching up to the older policy would undo that refresh on this worker.
+
 Lock order: the gate row (level 4), then quarantine rows, then the audit chain head.
 """
 
@@ -67,6 +73,7 @@ from controlplane.refresh.models import (
     Quarantine,
     QuarantineCall,
     QuarantineState,
+    ScopeLock,
 )
 from controlplane.refresh.planning import (
     GENERATION,
@@ -250,7 +257,8 @@ def _current_worker(q: Quarantine) -> Worker | None:
 
 
 def pause(q: Quarantine) -> bool:
-    """Stop the drifted worker generating. A worker that cannot be paused closes its gate."""
+    """Stop the drifted worker generating, for the runner that claimed it. A worker that cannot
+    be paused closes its gate (the quarantine fails); one that left is dropped."""
     worker = _current_worker(q)
     if worker is None:
         _drop(q, CATCH_UP, "left the fleet before it was paused")
@@ -263,7 +271,12 @@ def pause(q: Quarantine) -> bool:
     outcome = plan.run(q, StepName.PAUSE, pause_calls)
     if outcome.status != "ok":
         return _cannot_pause(q, f"pause failed: {outcome.error}")
-    _move(q, QuarantineState.QUARANTINED, None, "paused; catch-up queued", paused=True)
+    # Paused by the runner that claimed it: the state stays `catching_up` (this attempt's).
+    lockorder.domain_lock("quarantines")
+    Quarantine.objects.filter(pk=q.pk, attempts=q.attempts).update(
+        paused=True, reason="paused; catching up", updated_at=timezone.now()
+    )
+    q.paused = True
     return True
 
 
@@ -285,20 +298,58 @@ def claim(q: Quarantine) -> bool:
     Bumping `attempts` is the fencing token: a runner whose attempt is no longer the row's
     has been taken over (`Heartbeat`). A `catching_up` row is only taken back through
     `requeue_stalled` or `retry`, which first prove its runner went silent.
+
+    Refused (False, the row says why) while a policy refresh holds the namespace: the refresh
+    owns its workers until it ends, and the reconciler queues this catch-up again once the row
+    has waited `QUARANTINE_STALL_SECONDS`. The gate row is locked first, which orders the claim
+    against a refresh's start (it locks the same rows after taking its scope locks).
     """
     states = [QuarantineState.QUARANTINED, QuarantineState.FAILED]
     now = timezone.now()
-    lockorder.domain_lock("quarantines")
-    claimed = Quarantine.objects.filter(pk=q.pk, state__in=states, attempts=q.attempts).update(
-        state=QuarantineState.CATCHING_UP,
-        attempts=q.attempts + 1,
-        updated_at=now,
-        heartbeat_at=now,
-        reason="catching up",
-    )
+    with transaction.atomic():
+        gate = _gate_of(q)
+        if gate is not None:
+            gate = gates.locked_gate(gate.pk)
+        holder = (
+            ScopeLock.objects.filter(source_id=q.source_id, namespace=q.namespace)
+            .values_list("refresh_id", flat=True)
+            .first()
+        )
+        lockorder.domain_lock("quarantines")
+        if holder is not None:
+            reason = f"waiting: policy refresh #{holder} holds {q.namespace}"
+            Quarantine.objects.filter(pk=q.pk, state__in=states, attempts=q.attempts).update(
+                reason=reason[:STATE_REASON_CHARS], updated_at=now
+            )
+            q.refresh_from_db()
+            return False
+        target = q.target
+        if gate is not None and gate.verified_policy and gate.verified_policy != q.target:
+            target = gate.verified_policy  # a refresh moved the gate since the drift was found
+        claimed = Quarantine.objects.filter(pk=q.pk, state__in=states, attempts=q.attempts).update(
+            state=QuarantineState.CATCHING_UP,
+            attempts=q.attempts + 1,
+            updated_at=now,
+            heartbeat_at=now,
+            reason="catching up",
+            target=target,
+        )
     if claimed:
         q.refresh_from_db()
     return bool(claimed)
+
+
+def running_catch_up(source, namespaces: list[str]) -> Quarantine | None:
+    """A catch-up running in these namespaces, if any (a refresh's start refuses meanwhile).
+
+    The caller holds the namespaces' gate rows locked, as `claim` does."""
+    return (
+        Quarantine.objects.filter(
+            source=source, namespace__in=namespaces, state=QuarantineState.CATCHING_UP
+        )
+        .order_by("pk")
+        .first()
+    )
 
 
 def stall_cutoff():
@@ -399,9 +450,6 @@ def catch_up(quarantine_id: int) -> str:
     q = Quarantine.objects.select_related("source").get(pk=quarantine_id)
     if q.state not in HELD_QUARANTINE_STATES:
         return q.state
-    if not q.paused and not pause(q):
-        q.refresh_from_db()
-        return q.state
     if not claim(q):
         return q.state
     attempt = q.attempts
@@ -417,11 +465,14 @@ def catch_up(quarantine_id: int) -> str:
         gates.set_drift_state(gate.pk, q.instance_id, QuarantineState.CATCHING_UP)
     with Heartbeat(q.pk, attempt) as heartbeat:
         try:
-            problem = _catch_up_steps(q, heartbeat.lost)
+            if not q.paused and not pause(q):
+                problem = "moved"  # dropped (it left) or failed (it cannot be paused)
+            else:
+                problem = _catch_up_steps(q, heartbeat.lost)
         except Exception as exc:  # never leave it `catching_up` without an owner
             problem = f"catch-up error: {type(exc).__name__}: {exc}"
     q.refresh_from_db()
-    if problem == "left":
+    if problem in ("left", "moved"):
         return q.state
     if q.state != QuarantineState.CATCHING_UP or q.attempts != attempt:
         # Taken over (re-queued after this runner looked dead) or moved on meanwhile (dropped):

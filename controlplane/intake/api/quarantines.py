@@ -31,7 +31,7 @@ router = Router(tags=["quarantines"])
 Id = Annotated[int, Path(ge=1, le=2**63 - 1)]
 ACTION_ERRORS = {409: ErrorOut, **COMMON_ERRORS}
 States = Literal[
-    "quarantined", "catching_up", "admitted", "failed", "released", "dropped"
+    "quarantined", "catching_up", "admitted", "failed", "released", "dropped", "superseded"
 ]  # QuarantineState's values; a test keeps them equal
 
 

@@ -26,6 +26,7 @@ from controlplane.refresh.executor.departures import (
     record_departures,
 )
 from controlplane.refresh.executor.distributed import run_distributed_update, tear_down
+from controlplane.refresh.executor.handover import audit_taken_over, take_over_quarantines
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.step_base import Step, StepContext, StepResult
 from controlplane.refresh.membership import ChangedWorker, MembershipChange, has_change
@@ -56,15 +57,20 @@ class CloseGate(Step):
     def run(self, ctx: StepContext) -> StepResult:
         if waves.is_staged(ctx.refresh):
             with transaction.atomic():
+                ctx.lease.guard()
+                taken = take_over_quarantines(ctx.refresh)
                 detail = waves.begin(ctx.lease, ctx.refresh, EXECUTOR)
+                audit_taken_over(ctx.refresh, taken, actor=EXECUTOR)
             return StepResult(True, detail=detail)
         with transaction.atomic():
             ctx.lease.guard()
+            taken = take_over_quarantines(ctx.refresh)
             gates.close_gates(
                 ctx.refresh,
                 actor=EXECUTOR,
                 reason=f"policy refresh #{ctx.refresh.pk} to {ctx.refresh.weight_version!r}",
             )
+            audit_taken_over(ctx.refresh, taken, actor=EXECUTOR)
         return StepResult(True, detail=f"closed {', '.join(ctx.refresh.namespaces)}")
 
 

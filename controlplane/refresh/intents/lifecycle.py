@@ -16,7 +16,7 @@ from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
 from controlplane.notify.emit import notify
-from controlplane.refresh import abort_signal, gates
+from controlplane.refresh import abort_signal, gates, quarantine
 from controlplane.refresh.drill_hold import held_by_drill_message, holding_drill, serialize_scope
 from controlplane.refresh.errors import (
     ApprovalNotAllowed,
@@ -80,6 +80,15 @@ def start_policy_refresh(
                 )
         except IntegrityError:
             raise scope_conflict(refresh.source, refresh.namespaces) from None
+        # One owner per worker (executor/handover.py): a catch-up running in the scope finishes
+        # first; the conflict is transient (a trainer's webhook is retried).
+        gates.lock_scope_gates(refresh.source, refresh.namespaces)
+        catching_up = quarantine.running_catch_up(refresh.source, refresh.namespaces)
+        if catching_up is not None:
+            raise RefreshConflict(
+                f"quarantine #{catching_up.pk} is catching up {catching_up.key} on "
+                f"{refresh.source.name}/{catching_up.namespace}; start again once it ends"
+            )
         needs_approval = refresh.source.require_approval or require_approval
         refresh.transition(
             RefreshState.AWAITING_APPROVAL if needs_approval else STEP_STATE[StepName.GATE]

@@ -498,6 +498,9 @@ class QuarantineState(models.TextChoices):
     RELEASED = "released"
     #: It left the fleet; nothing more to do.
     DROPPED = "dropped"
+    #: A policy refresh planned the worker and took it over (`executor/handover.py`): the
+    #: refresh brings it to its own target, so catching up to the older policy would undo it.
+    SUPERSEDED = "superseded"
 
 
 #: States in which the quarantine row, not drift detection, owns the instance.

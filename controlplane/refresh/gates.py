@@ -544,7 +544,13 @@ def open_gates_verified(
                     changes.setdefault((namespace, instance_id), ledger.seen())
             for instance_id in ids:
                 changes[(namespace, instance_id)] = ledger.verified(refresh, version, admitted=True)
-        ledger.write(refresh.source, changes, cause=f"policy refresh #{refresh.pk} reopened")
+        proved = [(ns, iid) for ns in namespaces for iid in verified.get(ns, ())]
+        ledger.write(
+            refresh.source,
+            changes,
+            cause=f"policy refresh #{refresh.pk} reopened",
+            journal=ledger.refresh_journal(refresh, proved),
+        )
 
     _change(
         gates,
@@ -958,7 +964,9 @@ def admit_instance(
 
     def facts() -> None:
         change = ledger.caught_up(quarantine, version)
-        ledger.write(gate.source, {(gate.namespace, instance_id): change}, cause=note)
+        where = (gate.namespace, instance_id)
+        journal = {where: ledger.catch_up_journal(quarantine)}
+        ledger.write(gate.source, {where: change}, cause=note, journal=journal)
 
     _change(
         [gate],
@@ -1057,8 +1065,12 @@ def _move_instances(
     *,
     action: AuditAction | None = None,
     cause: str,
+    proved: bool = False,
 ) -> None:
     """Record a staged refresh's facts about some instances, one namespace per gate.
+
+    `proved`: the facts are verifications by `refresh`, whose journal rows are recorded with
+    them (`ledger.refresh_journal`).
 
     `change(gate, ids)` returns the ledger fact for each of `ids` and the gate's own columns to
     write (reason, wave, the version it stands for). The gates are locked and the projection
@@ -1082,7 +1094,8 @@ def _move_instances(
             facts.update({(g.namespace, iid): fact for iid in instances[g.namespace]})
             if values:
                 Gate.objects.filter(pk=g.pk).update(**values)
-        ledger.write(refresh.source, facts, cause=cause)
+        journal = ledger.refresh_journal(refresh, facts) if proved else None
+        ledger.write(refresh.source, facts, cause=cause, journal=journal)
         project(ids)
         fresh = list(Gate.objects.filter(pk__in=ids).select_related("source"))
         if action is not None:
@@ -1143,6 +1156,7 @@ def wave_verified(
         change,
         action=AuditAction.GATE_WAVE_VERIFIED,
         cause=f"policy refresh #{refresh.pk} verified a wave",
+        proved=True,
     )
 
 
@@ -1165,7 +1179,11 @@ def canary_rolled_back(refresh, back: Mapping[str, Sequence[str]], *, reason: st
         return ledger.verified(refresh, old, admitted=same), {"reason": reason}
 
     _move_instances(
-        refresh, back, change, cause=f"canary of policy refresh #{refresh.pk} rolled back"
+        refresh,
+        back,
+        change,
+        cause=f"canary of policy refresh #{refresh.pk} rolled back",
+        proved=True,
     )
 
 

@@ -26,6 +26,8 @@ from controlplane.fleet.models import Worker
 from controlplane.refresh.models import (
     Admission,
     Evidence,
+    JournalEntry,
+    QuarantineCall,
     Serving,
     ServingInterval,
 )
@@ -76,8 +78,27 @@ def current(source, namespaces: Iterable[str]) -> list[ServingInterval]:
     )
 
 
-def write(source, facts: Facts, *, cause: str, run=None, now: datetime | None = None) -> int:
-    """Record `facts` for `source`; returns how many intervals were appended."""
+#: Per instance, the journal rows behind its fact (`JournalEntry` or `QuarantineCall` ids).
+Journal = Mapping[tuple[str, str], list[int]]
+
+#: The steps whose calls are the evidence of a verification.
+_EVIDENCE_STEPS = ("update", "flush", "verify")
+
+
+def write(
+    source,
+    facts: Facts,
+    *,
+    cause: str,
+    run=None,
+    now: datetime | None = None,
+    journal: Journal | None = None,
+) -> int:
+    """Record `facts` for `source`; returns how many intervals were appended.
+
+    `run` is the discovery behind the facts and `journal` the call rows behind each instance's
+    (`refresh_journal`, `catch_up_journal`): both are stored on the intervals they append, so a
+    provenance answer can point at the readback that proved it."""
     if not facts:
         return 0
     now = now or timezone.now()
@@ -110,7 +131,8 @@ def write(source, facts: Facts, *, cause: str, run=None, now: datetime | None = 
                 valid_from=now,
                 discovery_run=run,
                 cause=(values.pop("cause", None) or cause)[:CAUSE_CHARS],
-                **{k: v for k, v in values.items() if k in _CARRIED or k == "journal_ids"},
+                journal_ids=list((journal or {}).get((namespace, instance_id), [])),
+                **{k: v for k, v in values.items() if k in _CARRIED},
             )
         )
     _name_instances(source, [row for row in appended if not row.key])
@@ -177,6 +199,49 @@ def verified(
         return out
 
     return change
+
+
+def refresh_journal(
+    refresh, instances: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], list[int]]:
+    """The journal rows behind each (namespace, instance)'s verification by `refresh`: its last
+    successful call of each update, flush and verify operation. One query for any fleet size."""
+    wanted = set(instances)
+    if not wanted:
+        return {}
+    rows = JournalEntry.objects.filter(
+        refresh=refresh,
+        ok=True,
+        step__in=_EVIDENCE_STEPS,
+        planned_worker__instance_id__in={iid for _, iid in wanted},
+    ).values_list(
+        "planned_worker__namespace", "planned_worker__instance_id", "step", "operation", "pk"
+    )
+    return _collect(rows, wanted)
+
+
+def catch_up_journal(quarantine) -> list[int]:
+    """The call rows behind a catch-up's verification: the last successful call of each
+    update, flush and verify operation of the quarantine."""
+    rows = QuarantineCall.objects.filter(
+        quarantine=quarantine, ok=True, step__in=_EVIDENCE_STEPS
+    ).values_list("step", "operation", "pk")
+    last: dict[tuple[str, str], int] = {}
+    for step, operation, pk in rows:
+        last[(step, operation)] = max(pk, last.get((step, operation), 0))
+    return sorted(last.values())
+
+
+def _collect(rows, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], list[int]]:
+    last: dict[tuple[str, str, str, str], int] = {}
+    for namespace, instance_id, step, operation, pk in rows:
+        if (namespace, instance_id) in wanted:
+            slot = (namespace, instance_id, step, operation)
+            last[slot] = max(pk, last.get(slot, 0))
+    out: dict[tuple[str, str], list[int]] = {}
+    for (namespace, instance_id, _, _), pk in last.items():
+        out.setdefault((namespace, instance_id), []).append(pk)
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def verification_detail(refresh) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from controlplane.refresh.models import (
     QuarantineCall,
     QuarantineState,
     RefreshState,
+    ServingInterval,
 )
 from controlplane.simfleet import Fault
 from controlplane.simfleet.tokens import expected_completion_ids
@@ -158,6 +159,11 @@ def test_restarted_worker_is_paused_caught_up_alone_and_admitted(
     steps = list(QuarantineCall.objects.filter(quarantine=q).values_list("step", "operation"))
     assert steps[0] == ("pause", "pause")
     assert ("update", "update_from_disk") in steps and ("verify", "agreement") in steps
+    # The ledger's interval for it points at the catch-up's own successful calls.
+    now = ServingInterval.objects.get(source=source, instance_id=new_id, valid_to__isnull=True)
+    proof = QuarantineCall.objects.filter(pk__in=now.journal_ids)
+    assert now.quarantine_id == q.pk and proof.count() == len(now.journal_ids) > 0
+    assert {c.quarantine_id for c in proof} == {q.pk} and all(c.ok for c in proof)
     assert gate(source, "rl-b").state == GateState.OPEN  # other namespaces untouched
 
 

@@ -23,6 +23,7 @@ from controlplane.refresh.models import (
     Evidence,
     Gate,
     GateState,
+    JournalEntry,
     PolicyRefresh,
     Quarantine,
     QuarantineState,
@@ -163,6 +164,13 @@ def test_force_reopen_admits_what_rl_b_serves_and_drift_never_reverses_it(
         assert verified_then["versions"] == ["v1"]
         assert verified_then["intervals"][0]["confidence"] == "verified"
         assert verified_then["intervals"][0]["refresh_id"] == history[0].refresh_id
+        # The journal rows behind it: that refresh's successful calls to this very worker,
+        # its version readback among them.
+        proof = JournalEntry.objects.filter(pk__in=verified_then["intervals"][0]["journal_ids"])
+        assert {(j.refresh_id, j.planned_worker.instance_id, j.ok) for j in proof} == {
+            (history[0].refresh_id, instance_id, True)
+        }
+        assert ("verify", "get_weight_version") in {(j.step, j.operation) for j in proof}
         moving = asked(at=history[1].valid_from.isoformat())
         assert moving["versions"] == ["v1", "v2"]
         assert moving["intervals"][0]["confidence"] == "in_transition"

@@ -13,9 +13,10 @@ canary first, retried, taken over after a crash, released):
   run of the step decides: every call ok → the refresh's version; any call failed → unknown
   (the engine may hold part of the new weights). Before that it serves its namespace's previous
   verified version.
-- the gate history (the audit rows of each gate change, which carry the state after it): per
-  namespace, when rollouts were admitted. A namespace is *gated* while its gate is not
-  admitting (`closed`, or `unknown` because the source went stale).
+- the serving ledger's admission windows (`ServingInterval`, the one record of what each gate
+  admitted): per namespace, when rollouts were admitted. A namespace is *gated* while the
+  ledger admits none of its instances (its gate closed, or never verified); its version before
+  the refresh is the one most of its instances were admitted at when the refresh started.
 
 "Serving" is shown twice, because an engine running is not a rollout admitted: **engines
 running** (per version) counts every worker not paused; **admitted** counts those whose
@@ -34,24 +35,25 @@ feeds it with four queries whatever the fleet size, streaming the journal as tup
 from __future__ import annotations
 
 import datetime as dt
+import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from django.db.models import CharField, OuterRef, Q, Subquery
-from django.db.models.functions import Cast
+from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.audit.models import AuditEvent
 from controlplane.refresh.models import (
     ADMITTING_STATES,
-    Gate,
+    Admission,
     GateState,
     JournalEntry,
     PlannedWorker,
     PolicyRefresh,
+    Serving,
+    ServingInterval,
 )
 
 PAUSE_OPERATION = "pause"
@@ -61,8 +63,6 @@ UPDATE_STEP = "update"
 PREVIOUS = "previous"
 #: The series of a worker whose latest update run failed: what it serves is not known.
 UNKNOWN = "unknown (update failed)"
-#: What `Gate` audit rows are filed under (`audit.recorder`: the model's label).
-GATE_TARGET = Gate._meta.label_lower
 _ADMITTING = frozenset(str(s) for s in ADMITTING_STATES)
 
 
@@ -465,9 +465,9 @@ def _summary(
 
 
 def capacity_of(refresh: PolicyRefresh, *, now: dt.datetime | None = None) -> Capacity | None:
-    """The capacity of `refresh` (None before it started). Four queries whatever its size:
-    planned workers, the journal's pause/resume/update rows (streamed as tuples), its gates
-    with their state at the start, and their changes during it."""
+    """The capacity of `refresh` (None before it started). Three queries whatever its size:
+    planned workers, the journal's pause/resume/update rows and the ledger's admitted
+    intervals of its namespaces during it (both streamed as tuples)."""
     if refresh.started_at is None:
         return None
     start = refresh.started_at
@@ -485,7 +485,7 @@ def capacity_of(refresh: PolicyRefresh, *, now: dt.datetime | None = None) -> Ca
         .values_list("planned_worker_id", "step", "attempt", "operation", "ok", "finished_at")
         .iterator(chunk_size=5000)
     )
-    gate_start, gate_changes = gate_history(refresh, start, end)
+    gate_start, gate_changes = ledger_history(refresh, start, end)
     return compute(
         workers=workers,
         calls=(Call._make(row) for row in rows),
@@ -499,54 +499,65 @@ def capacity_of(refresh: PolicyRefresh, *, now: dt.datetime | None = None) -> Ca
     )
 
 
-def gate_history(
+def ledger_history(
     refresh: PolicyRefresh, start: dt.datetime, end: dt.datetime
 ) -> tuple[dict[str, GateStart], list[GateChange]]:
-    """Each namespace gate's state at `start` (its last audited change before) and its audited
-    changes from `start` to `end`, in order. Every gate write that changes a state is audited
-    with the state it left (`refresh.gates`), which is what makes this the gate's history."""
-    before = (
-        AuditEvent.objects.filter(
-            target_type=GATE_TARGET,
-            target_id=Cast(OuterRef("pk"), CharField()),
-            occurred_at__lt=start,
-            details__has_key="state",
+    """Each namespace's admission from the serving ledger: admitting at `start` when some
+    instance of it was admitted then (at the version most of them were admitted at), and a
+    change each time that flips within [start, end]. One query, streamed.
+
+    The ledger ends an interval and appends its successor at the same instant, so the events
+    of one instant are applied together before the namespace's state is read."""
+    namespaces = list(refresh.namespaces or [])
+    rows = (
+        ServingInterval.objects.filter(
+            source_id=refresh.source_id,
+            namespace__in=namespaces,
+            serving=Serving.SERVING,
+            valid_from__lte=end,
         )
-        .order_by("-sequence")
-        .values("details")[:1]
+        .exclude(admission=Admission.NOT_ADMITTED)
+        .filter(Q(valid_to__isnull=True) | Q(valid_to__gt=start))
+        .order_by()
+        .values_list("namespace", "version", "valid_from", "valid_to")
+        .iterator(chunk_size=5000)
     )
-    gates = list(
-        Gate.objects.filter(source_id=refresh.source_id, namespace__in=refresh.namespaces or [])
-        .annotate(before=Subquery(before))
-        .values_list("pk", "namespace", "before")
-    )
+    versions: dict[str, Any] = {}
+    at_start: dict[str, Counter[str]] = defaultdict(Counter)
+    events: dict[str, list[tuple[dt.datetime, int, str]]] = defaultdict(list)
+    for namespace, version, since, until in rows:
+        key = json.dumps(version, sort_keys=True, default=str)
+        versions[key] = version
+        if since <= start:
+            at_start[namespace][key] += 1
+        else:
+            events[namespace].append((since, 1, key))
+        if until is not None and until <= end:
+            events[namespace].append((until, -1, key))
+
+    def state(active: Counter[str]) -> tuple[str, Any]:
+        live = +active
+        if not live:
+            return GateState.CLOSED.value, None
+        key = min(live, key=lambda k: (-live[k], k))
+        return GateState.OPEN.value, versions[key]
+
     gate_start: dict[str, GateStart] = {}
-    for _pk, namespace, details in gates:
-        if isinstance(details, dict):
-            gate_start[namespace] = GateStart(
-                str(details.get("state") or GateState.OPEN), details.get("verified_version")
-            )
-    names = {str(pk): namespace for pk, namespace, _ in gates}
-    seen: set[str] = set()
-    changes = [
-        GateChange(names[target_id], at, str(details.get("state")), details.get("verified_version"))
-        for target_id, at, details in AuditEvent.objects.filter(
-            target_type=GATE_TARGET,
-            target_id__in=list(names),
-            occurred_at__gte=start,
-            occurred_at__lte=end,
-            details__has_key="state",
-        )
-        .order_by("sequence")
-        .values_list("target_id", "occurred_at", "details")
-    ]
-    # The first change inside the window names the version verified before it (closing keeps
-    # `verified_version`), which an older change (a stale source's `unknown`) may not carry.
-    for change in changes:
-        if change.namespace in seen:
-            continue
-        seen.add(change.namespace)
-        if change.verified_version is not None:
-            state = gate_start.get(change.namespace, GateStart()).state
-            gate_start[change.namespace] = GateStart(state, change.verified_version)
+    changes: list[GateChange] = []
+    for namespace in namespaces:
+        active = Counter(at_start[namespace])
+        now_state, version = state(active)
+        gate_start[namespace] = GateStart(now_state, version)
+        ordered = sorted(events[namespace], key=lambda e: e[0])
+        i = 0
+        while i < len(ordered):
+            at = ordered[i][0]
+            while i < len(ordered) and ordered[i][0] == at:
+                active[ordered[i][2]] += ordered[i][1]
+                i += 1
+            after, version = state(active)
+            if after != now_state:
+                changes.append(GateChange(namespace, at, after, version))
+                now_state = after
+    changes.sort(key=lambda c: c.at)
     return gate_start, changes

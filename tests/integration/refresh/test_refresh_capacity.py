@@ -15,10 +15,12 @@ from django.utils import timezone
 from controlplane.audit.recorder import Actor
 from controlplane.bulk import insert_values
 from controlplane.fleet.models import Source
-from controlplane.refresh import gates
+from controlplane.refresh import gates, ledger
 from controlplane.refresh.capacity import capacity_of
 from controlplane.refresh.executor.journal import JOURNAL_FIELDS
 from controlplane.refresh.models import (
+    Admission,
+    Evidence,
     Gate,
     JournalEntry,
     PlannedWorker,
@@ -220,16 +222,30 @@ def test_a_gate_closed_before_the_refresh_counts_as_gated_from_its_start():
     )
     closed = Gate.objects.create(source=source, namespace="rl-a", verified_version="v1")
     Gate.objects.create(source=source, namespace="rl-b", verified_version="v1")
+    # Both admitted at v1 in the serving ledger (what a verifying refresh leaves there).
+    admitted = {
+        "version": "v1",
+        "admission": Admission.VERIFIED,
+        "evidence": Evidence.VERIFIED_REFRESH,
+    }
+    ledger.write(
+        source, {(ns, f"{i}"): admitted for i, ns in enumerate(["rl-a", "rl-b"])}, cause="t"
+    )
     gates.close_for_drift(closed.pk, actor=Actor.system("test"), reason="a worker drifted")
     started = timezone.now()
     refresh = PolicyRefresh.objects.create(
         source=source,
-        namespaces=["rl-a", "rl-b"],
+        namespaces=["rl-a", "rl-b", "rl-c"],
         target={"weight_version": "v2", "method": "disk", "model_path": "/m"},
         state=RefreshState.HELD,
         started_at=started,
     )
     cap = capacity_of(refresh, now=started + dt.timedelta(seconds=10))
+    # Never verified (no admission in the ledger): it admitted nothing, so it counts as gated
+    # for the whole window, though no gate change was ever audited for it.
+    assert [
+        (iv.start, iv.end) for iv in {n.namespace: n for n in cap.namespaces}["rl-c"].intervals
+    ] == [(started, None)]
     gating = {n.namespace: n for n in cap.namespaces}
     # Closed by drift before the refresh: gated from the refresh's start, not from the closing.
     assert [(iv.start, iv.end) for iv in gating["rl-a"].intervals] == [(started, None)]

@@ -137,8 +137,10 @@ except Exception as exc:  # dj-database-url raises several types for bad URLs
 # - celery (worker, beat): a fixed number of threads (the worker's -c), each keeps its own
 #   connection for DATABASE_CONN_MAX_AGE seconds — bounded by the concurrency, and cheaper than
 #   reconnecting for every task.
-# Budget on one server: (web replicas * DATABASE_POOL_MAX_SIZE) + (sum of worker concurrency)
-# + 1 for beat must stay below max_connections (100 by default, shared by all its databases).
+# Budget on one server: (web replicas * (DATABASE_POOL_MAX_SIZE + 1)) + (sum of worker
+# concurrency) + 1 for beat must stay below max_connections (100 by default, shared by all its
+# databases); the + 1 per web process is the gate poll's revision reader
+# (controlplane/intake/api/gate_revisions.py), outside the pool.
 PROCESS_KIND = env_choice("CONTROLPLANE_PROCESS", "web", ("web", "celery"))
 DATABASE_POOL_MIN_SIZE = env_int("DATABASE_POOL_MIN_SIZE", 2, minimum=0)
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 10, minimum=1)

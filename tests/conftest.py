@@ -33,6 +33,16 @@ def _clean_cache():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _close_gate_revision_readers():
+    """A test's event loop ends with it: its gate-revision reader connection goes too, so the
+    test database never has sessions left over from loops that are gone."""
+    yield
+    from controlplane.intake.api.gate_revisions import close_readers
+
+    close_readers(only_closed_loops=True)
+
+
 def _persona(role: Role):
     return create_user_with_role(f"{role.value}-1", role, PASSWORD, validate=False)
 

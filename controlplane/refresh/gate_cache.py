@@ -46,7 +46,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,25 +189,47 @@ def committed_revisions(scopes: Iterable[Scope]) -> dict[Scope, Committed]:
     database's error when it cannot be read (the caller then uses no copy).
 
     Plain SQL on the polls' hot path: building the equivalent queryset cost more CPU than the
-    rest of a poll."""
+    rest of a poll. The same statements serve the web process's own reader connection
+    (`intake/api/gate_revisions.py`), through `revisions_query` and `collect_revisions`."""
     wanted = set(scopes)
-    found: dict[Scope, Committed] = {}
     if not wanted:
-        return found
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(*revisions_query(wanted))
+        found, missing = collect_revisions(wanted, cursor.fetchall())
+        if missing:
+            cursor.execute(*marks_query(missing))
+            add_marks(wanted, found, cursor.fetchall())
+    return found
+
+
+def revisions_query(wanted: set[Scope]) -> tuple[str, list[str]]:
     names = sorted({s for s, _ in wanted})
     namespaces = sorted({n for _, n in wanted})
-    with connection.cursor() as cursor:
-        cursor.execute(_revisions_sql(len(names), len(namespaces)), [*names, *namespaces])
-        for source, namespace, revision, mark in cursor.fetchall():
-            if (source, namespace) in wanted:
-                found[(source, namespace)] = (int(revision), int(mark or 0))
-        missing = sorted({s for s, n in wanted if (s, n) not in found})
-        if missing:
-            cursor.execute(_marks_sql(len(missing)), missing)
-            marks = {name: int(mark or 0) for name, mark in cursor.fetchall()}
-            for scope in wanted - found.keys():
-                found[scope] = (0, marks.get(scope[0], 0))
-    return found
+    return _revisions_sql(len(names), len(namespaces)), [*names, *namespaces]
+
+
+def collect_revisions(
+    wanted: set[Scope], rows: Iterable[Sequence[Any]]
+) -> tuple[dict[Scope, Committed], list[str]]:
+    """The revisions found for `wanted`, and the sources of the scopes without a gate row."""
+    found: dict[Scope, Committed] = {}
+    for source, namespace, revision, mark in rows:
+        if (source, namespace) in wanted:
+            found[(source, namespace)] = (int(revision), int(mark or 0))
+    return found, sorted({s for s, n in wanted if (s, n) not in found})
+
+
+def marks_query(missing: list[str]) -> tuple[str, list[str]]:
+    return _marks_sql(len(missing)), missing
+
+
+def add_marks(
+    wanted: set[Scope], found: dict[Scope, Committed], rows: Iterable[Sequence[Any]]
+) -> None:
+    marks = {name: int(mark or 0) for name, mark in rows}
+    for scope in wanted - found.keys():
+        found[scope] = (0, marks.get(scope[0], 0))
 
 
 @functools.lru_cache(maxsize=64)

@@ -362,20 +362,20 @@ def test_the_check_costs_one_read_for_many_polls(scene):
     from controlplane.intake.api import gate_revisions
 
     calls: list[frozenset] = []
-    real = gate_revisions.committed_revisions
+    real = gate_revisions.read_revisions
 
-    def counted(scopes):
+    async def counted(reader, scopes):
         calls.append(frozenset(scopes))
-        return real(scopes)
+        return await real(reader, scopes)
 
     async def many() -> list[int | None]:
-        gate_revisions.committed_revisions = counted
+        gate_revisions.read_revisions = counted
         try:
             return await asyncio.gather(
                 *(gate_revisions.committed_revision("src-a", "rl-a") for _ in range(32))
             )
         finally:
-            gate_revisions.committed_revisions = real
+            gate_revisions.read_revisions = real
 
     answers = asyncio.run(many())
     assert answers == [(scene["payload"]["revision"], 0)] * 32

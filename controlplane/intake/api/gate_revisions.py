@@ -8,78 +8,144 @@ start, never one already running, whose read may have been taken before a close 
 must see: every answer rests on a read that began after its poll arrived. At concurrency 64 a
 round serves dozens of polls; an idle gate costs one indexed read per poll.
 
+The rounds run on the event loop itself, over one asynchronous connection of their own per
+loop (autocommit, so each read sees everything committed before it began). They borrow
+nothing from the request pool: a connection kept for the process's life there would be one the
+requests can never have. Before, each round hopped to a thread, checked a pooled connection
+out (with its liveness query) and back; at concurrency 64 that cost about as much CPU as the
+rest of a poll (`bench/gate_api.py`). The price is one more PostgreSQL connection per web
+process, counted in the connection budget (`docs/operate/configuration.md`).
+
 A round that cannot read the database answers None, and the poll goes to Django (which
-answers from the row, or with the database's error): no copy is used unchecked.
+answers from the row, or with the database's error): no copy is used unchecked. The broken
+connection is dropped, and the next round connects again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import logging
 import weakref
+from typing import Any
 
-from django.db import DatabaseError, connections
+import psycopg
+from django.db import connections
 
-from controlplane.refresh.gate_cache import Committed, Scope, committed_revisions
+from controlplane.refresh.gate_cache import (
+    Committed,
+    Scope,
+    add_marks,
+    collect_revisions,
+    marks_query,
+    revisions_query,
+)
 
 logger = logging.getLogger(__name__)
 
 Found = dict[Scope, Committed] | None
 
+#: Seconds a round may take to connect or read before its polls go to Django.
+READ_TIMEOUT_SECONDS = 5.0
+
+
+def connection_params() -> dict[str, Any]:
+    """The default database's connection parameters, as Django's own connections use them
+    (host, credentials, `application_name`, prepared statements), for a plain psycopg one."""
+    params = connections["default"].get_connection_params()
+    for django_only in ("cursor_factory", "context"):
+        params.pop(django_only, None)
+    return params
+
+
+class Reader:
+    """One loop's connection for revision reads, opened on first use and after a failure."""
+
+    def __init__(self) -> None:
+        self.connection: psycopg.AsyncConnection[Any] | None = None
+
+    async def read(self, scopes: frozenset[Scope]) -> Found:
+        try:
+            return await asyncio.wait_for(self._read(set(scopes)), READ_TIMEOUT_SECONDS)
+        except (psycopg.Error, OSError, TimeoutError):
+            logger.warning("gate revisions unreadable; polls go to Django", exc_info=True)
+            await self.drop()
+            return None
+
+    async def _read(self, wanted: set[Scope]) -> dict[Scope, Committed]:
+        if not wanted:
+            return {}
+        if self.connection is None or self.connection.closed:
+            self.connection = await psycopg.AsyncConnection.connect(
+                **connection_params(), autocommit=True
+            )
+        async with self.connection.cursor() as cursor:
+            await cursor.execute(*revisions_query(wanted))
+            found, missing = collect_revisions(wanted, await cursor.fetchall())
+            if missing:
+                await cursor.execute(*marks_query(missing))
+                add_marks(wanted, found, await cursor.fetchall())
+        return found
+
+    def close_now(self) -> None:
+        """Close the connection without a loop (its loop was closed and collected)."""
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            with contextlib.suppress(psycopg.Error, OSError):
+                connection.pgconn.finish()
+
+    async def drop(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await connection.close()
+
 
 class Rounds:
     """The rounds of one event loop: at most one read running and one gathering polls."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self) -> None:
+        # No reference to the loop: the rounds live exactly as long as their loop does.
+        self.reader = Reader()
         self.gathering: set[Scope] = set()
         self.next: asyncio.Future[Found] | None = None
         self.running = False
 
     async def revision(self, scope: Scope) -> Committed | None:
+        loop = asyncio.get_running_loop()
         if self.next is None:
-            self.next = self.loop.create_future()
+            self.next = loop.create_future()
             self.gathering = set()
         self.gathering.add(scope)
         joined = self.next
         if not self.running:
             # Started on the loop's next turn, not now: every poll this turn reaches joins it.
             self.running = True
-            self.loop.call_soon(self._start)
+            loop.call_soon(self._start)
         found = await asyncio.shield(joined)
         return None if found is None else found.get(scope)
 
     def _start(self) -> None:
+        loop = asyncio.get_running_loop()
         future, scopes = self.next, self.gathering
         assert future is not None
         self.next, self.gathering = None, set()
-        job = self.loop.run_in_executor(_reader, _read, frozenset(scopes))
+        job = loop.create_task(read_revisions(self.reader, frozenset(scopes)))
 
-        def done(job: asyncio.Future[Found]) -> None:
-            future.set_result(None if job.cancelled() or job.exception() else job.result())
+        def done(job: asyncio.Task[Found]) -> None:
+            failed = job.cancelled() or job.exception() is not None
+            future.set_result(None if failed else job.result())
             if self.next is not None:
-                self.loop.call_soon(self._start)  # the polls that came meanwhile, and this turn's
+                loop.call_soon(self._start)  # the polls that came meanwhile, and this turn's
             else:
                 self.running = False
 
         job.add_done_callback(done)
 
 
-#: One thread per process reads every round: rounds never overlap within a loop, so one thread
-#: is enough. Its connection goes back to the pool after each round: a connection kept for the
-#: process's life would be one the requests can never have (with a pool of one, none at all).
-_reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-revisions")
-
-
-def _read(scopes: frozenset[Scope]) -> Found:
-    try:
-        return committed_revisions(scopes)
-    except DatabaseError:
-        logger.warning("gate revisions unreadable; polls go to Django", exc_info=True)
-        return None
-    finally:
-        connections.close_all()  # back to the pool (a broken one is dropped and replaced)
+async def read_revisions(reader: Reader, scopes: frozenset[Scope]) -> Found:
+    """One round's read (a module function, so a test can count the rounds)."""
+    return await reader.read(scopes)
 
 
 _rounds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Rounds] = weakref.WeakKeyDictionary()
@@ -91,5 +157,19 @@ async def committed_revision(source: str, namespace: str) -> Committed | None:
     loop = asyncio.get_running_loop()
     rounds = _rounds.get(loop)
     if rounds is None:
-        rounds = _rounds[loop] = Rounds(loop)
+        close_readers(only_closed_loops=True)
+        rounds = _rounds[loop] = Rounds()
     return await rounds.revision((source, namespace))
+
+
+def close_readers(*, only_closed_loops: bool = False) -> None:
+    """Close the reader connections of loops that have ended (all of them, by default).
+
+    A server has one loop for its life; a process that runs many loops one after another (a
+    test session, `asyncio.run` per call) would otherwise keep one connection per ended loop:
+    each new loop's first poll closes those of the loops before it."""
+    for loop in list(_rounds.keys()):
+        if not only_closed_loops or loop.is_closed():
+            rounds = _rounds.pop(loop, None)
+            if rounds is not None:
+                rounds.reader.close_now()

@@ -44,6 +44,7 @@ from controlplane.refresh.planning import (
 )
 from controlplane.refresh.planning.scope import membership_of
 from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy
+from controlplane.refresh.targets import check_straddle
 from controlplane.textlimits import LABEL_CHARS
 
 __all__ = [
@@ -107,6 +108,9 @@ class PlanRequest:
     strategy: Strategy
     instance_ids: list[str] | None
     namespaces: list[str] | None
+    #: The plan declares that requests in flight may continue on the new weights (a pause
+    #: mode that keeps them is refused without it).
+    inflight_may_straddle: bool = False
 
 
 def validated_request(
@@ -122,6 +126,7 @@ def validated_request(
     versions: dict[str, str] | None,
     strategy: dict[str, Any] | None,
     instances: list[str] | None,
+    inflight_may_straddle: bool = False,
 ) -> PlanRequest:
     """Bad input raises ValidationError here, before the discovery runs or anything is written."""
     parsed = parse_strategy(source.default_strategy if strategy is None else strategy)
@@ -133,6 +138,7 @@ def validated_request(
     if fingerprint and not verification["generation"]:
         raise ValidationError("a fingerprint needs the generation check, which is turned off")
     clean_modes = normalize_pause_modes(pause_mode, pause_modes)
+    check_straddle(pause_mode, clean_modes, target["method"], bool(inflight_may_straddle))
     try:
         clean_versions = normalize_versions(versions)
     except ValueError as exc:
@@ -150,6 +156,7 @@ def validated_request(
         strategy=parsed,
         instance_ids=instance_ids,
         namespaces=sorted(set(namespaces)) if namespaces else None,
+        inflight_may_straddle=bool(inflight_may_straddle),
     )
 
 
@@ -169,6 +176,7 @@ def plan_policy_refresh(
     versions: dict[str, str] | None = None,
     strategy: dict[str, Any] | None = None,
     instances: list[str] | None = None,
+    inflight_may_straddle: bool = False,
 ) -> PolicyRefresh:
     """Run a fresh discovery and store the plan; blockers are stored, never raised.
 
@@ -177,7 +185,9 @@ def plan_policy_refresh(
     `strategy` is the JSON form of a `refresh.strategy.Strategy` (None: the source's default
     strategy). `instances` refreshes only those instance ids of the scope: the others keep
     serving and stay in the gate's verified set (the refresh runs staged, the gate is not
-    closed; see `executor.waves.finish_instances`).
+    closed; see `executor.waves.finish_instances`). `inflight_may_straddle` declares that
+    requests in flight may continue on the new weights: a pause mode that keeps them
+    (`targets.KEEPING_MODES`) is refused without it.
 
     The plan's blockers come in a fixed order: the discovery's, then the scope passes'
     (`planning.SCOPE_PASSES`), the plan-wide ones, the group's, and a count of the workers
@@ -195,6 +205,7 @@ def plan_policy_refresh(
         versions=versions,
         strategy=strategy,
         instances=instances,
+        inflight_may_straddle=inflight_may_straddle,
     )
     last_view = frozenset(membership_of(_live_workers(source, request.namespaces)))
     run, problem = fresh_discovery(source)  # network I/O: outside any transaction
@@ -286,6 +297,7 @@ def _store_plan(
             target=request.target,
             pause_mode=request.pause_mode,
             pause_modes=request.pause_modes,
+            inflight_may_straddle=request.inflight_may_straddle,
             flush_policy=request.flush_policy,
             verification=request.verification,
             fingerprint=request.fingerprint,
@@ -338,6 +350,7 @@ def _store_plan(
             agreement=request.verification["agreement"],
             fingerprint=request.fingerprint,
             pause_modes=request.pause_modes,
+            inflight_may_straddle=request.inflight_may_straddle,
             world_size=group.get("world_size"),
             strategy=request.strategy.to_dict(),
             waves=scope.wave_count,

@@ -230,6 +230,9 @@ class PolicyRefresh(models.Model):
     pause_mode = models.CharField(max_length=16, choices=PauseMode.choices, default="auto")
     #: Per-family overrides of `pause_mode` (`{"sglang": "retract"}`).
     pause_modes = models.JSONField(default=dict, blank=True)
+    #: The plan declares that requests in flight may continue on the new weights (a pause mode
+    #: that keeps them needs it); the serving ledger marks the windows it verifies as mixed.
+    inflight_may_straddle = models.BooleanField(default=False)
     flush_policy = models.CharField(max_length=16, choices=FlushPolicy.choices, default="auto")
     verification = models.JSONField(default=dict)
     #: The trainer's statement of what the new policy generates (`dynamo.fingerprint.

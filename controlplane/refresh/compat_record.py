@@ -18,6 +18,7 @@ from typing import Any
 from django.utils import timezone
 
 from controlplane.dynamo.releases import contract
+from controlplane.refresh.planning.group import world_size_provenance
 
 #: Version keys a requester may declare (`versions` in the plan request).
 VERSION_KEYS = ("dynamo", "vllm", "sglang", "trtllm", "trainer")
@@ -55,6 +56,9 @@ def compat_at_plan(source, target, verification, plans, group, run, versions=Non
     """The record as planned; `record_verification` adds what verification actually did."""
     families = Counter(p.family for p in plans if p.family)
     world_sizes = Counter(str(p.worker.world_size or "unreported") for p in plans)
+    world_size_from = Counter(
+        world_size_provenance(p.worker, p.family) or "unreported" for p in plans
+    )
     return {
         "versions": {
             "declared": dict(versions or {}),
@@ -74,6 +78,8 @@ def compat_at_plan(source, target, verification, plans, group, run, versions=Non
             "namespaces": sorted({p.worker.namespace for p in plans}),
             "workers": len(plans),
             "worker_world_sizes": dict(sorted(world_sizes.items())),
+            # Optional listener metadata, a count and never a rank map (the plan's `ranks` is).
+            "worker_world_size_from": dict(sorted(world_size_from.items())),
             "group_world_size": group.get("world_size"),
             "trainer_ranks": group.get("trainer_ranks"),
         },

@@ -42,6 +42,7 @@ from controlplane.refresh.planning import (
     select_scope,
     source_policy,
 )
+from controlplane.refresh.planning.group import world_size_provenance
 from controlplane.refresh.planning.scope import membership_of
 from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy
 from controlplane.refresh.targets import check_straddle
@@ -333,6 +334,8 @@ def _store_plan(
                 pause_mode=p.pause_mode,
                 rank_offset=p.rank_offset,
                 ranks=p.ranks,
+                world_size=p.worker.world_size,
+                world_size_from=world_size_provenance(p.worker, p.family),
                 wave=scope.wave_of.get(p.worker.key, 1),
             )
             for p in plans

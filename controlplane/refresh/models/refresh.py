@@ -402,6 +402,11 @@ class PlannedWorker(models.Model):
     #: Distributed only: its first rank in the group and how many ranks it holds.
     rank_offset = models.PositiveIntegerField(null=True, blank=True)
     ranks = models.PositiveIntegerField(null=True, blank=True)
+    #: Its `world_size` at plan time and where that came from (`world_size_from`, empty when
+    #: unreported): optional listener metadata, never a rank map. A distributed update checks
+    #: it again before the group forms; a change is topology drift and holds the refresh.
+    world_size = models.PositiveBigIntegerField(null=True, blank=True)
+    world_size_from = models.CharField(max_length=200, blank=True)
     #: The wave (from 1) this worker is refreshed in (`refresh.strategy.assign_waves`).
     wave = models.PositiveIntegerField(default=1)
 

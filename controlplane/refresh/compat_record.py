@@ -18,7 +18,6 @@ from typing import Any
 from django.utils import timezone
 
 from controlplane.dynamo.releases import contract
-from controlplane.refresh.planning.group import world_size_provenance
 
 #: Version keys a requester may declare (`versions` in the plan request).
 VERSION_KEYS = ("dynamo", "vllm", "sglang", "trtllm", "trainer")
@@ -50,6 +49,21 @@ def release_record(source) -> dict[str, Any]:
         "from": "declared on the source" if declared else "default (not declared)",
         "contract": release.verified,
     }
+
+
+def world_size_provenance(worker, family: str) -> str:
+    """Where a worker's `world_size` comes from, in words ("" when it reports none). It is
+    optional producer-supplied metadata of the listener entry (integration reference: "not a
+    rank map"); the native vLLM sidecar takes it from the engine's parallelism, or from the
+    operator's `--vllm-rl-world-size` when vLLM reports 0, and the listing cannot say which."""
+    if not worker.world_size:
+        return ""
+    if family == "vllm-sidecar":
+        return (
+            "listener metadata: the sidecar's engine parallelism (ParallelismInfo.world_size) "
+            "or the operator's --vllm-rl-world-size"
+        )
+    return "listener metadata: the worker's own rl descriptor"
 
 
 def compat_at_plan(source, target, verification, plans, group, run, versions=None) -> dict:

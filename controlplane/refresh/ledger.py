@@ -157,7 +157,7 @@ def _mark_mixed(rows: list[ServingInterval]) -> None:
     }
     if not straddling:
         return
-    kept = {
+    kept: dict[tuple[int | None, str, str], str] = {
         (refresh_id, namespace, instance_id): mode
         for refresh_id, namespace, instance_id, mode in PlannedWorker.objects.filter(
             refresh_id__in=list(straddling)

@@ -156,9 +156,7 @@ KEEPING_MODES = ("keep", "retract", "in_place")
 STRADDLE_FIELD = "inflight_may_straddle"
 
 
-def straddling_modes(
-    pause_mode: str, pause_modes: dict[str, str] | None, method: str
-) -> list[str]:
+def straddling_modes(pause_mode: str, pause_modes: dict[str, str] | None, method: str) -> list[str]:
     """The chosen pause modes under which requests in flight would continue on the new weights
     (`family: mode`, or the plan-wide mode alone), in a stable order."""
     chosen = [("", pause_mode), *sorted((pause_modes or {}).items())]

@@ -20,7 +20,11 @@ from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
 from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
-from controlplane.refresh.compat_record import compat_at_plan, normalize_versions
+from controlplane.refresh.compat_record import (
+    compat_at_plan,
+    normalize_versions,
+    world_size_provenance,
+)
 from controlplane.refresh.intents.base import audit_refresh
 from controlplane.refresh.models import (
     FlushPolicy,
@@ -42,7 +46,6 @@ from controlplane.refresh.planning import (
     select_scope,
     source_policy,
 )
-from controlplane.refresh.planning.group import world_size_provenance
 from controlplane.refresh.planning.scope import membership_of
 from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy
 from controlplane.refresh.targets import check_straddle

@@ -30,21 +30,6 @@ def plan_level_blockers(source, *, verification, policy: OutboundPolicy | None) 
     return blockers
 
 
-def world_size_provenance(worker: Worker, family: str) -> str:
-    """Where a worker's `world_size` comes from, in words ("" when it reports none). It is
-    optional producer-supplied metadata of the listener entry (integration reference: "not a
-    rank map"); the native vLLM sidecar takes it from the engine's parallelism, or from the
-    operator's `--vllm-rl-world-size` when vLLM reports 0, and the listing cannot say which."""
-    if not worker.world_size:
-        return ""
-    if family == "vllm-sidecar":
-        return (
-            "listener metadata: the sidecar's engine parallelism (ParallelismInfo.world_size) "
-            "or the operator's --vllm-rl-world-size"
-        )
-    return "listener metadata: the worker's own rl descriptor"
-
-
 def assign_ranks(
     workers: list[Worker], trainer_ranks: int = 1
 ) -> tuple[dict[str, tuple[int, int]], int, list[str]]:

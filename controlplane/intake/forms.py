@@ -68,6 +68,11 @@ class WebhookEndpointForm(ServiceErrorsMixin, forms.Form):
         '"value": 0.2}]',
     )
     pause_mode = forms.ChoiceField(choices=[(m, m) for m in PAUSE_MODES], initial="auto")
+    inflight_may_straddle = forms.BooleanField(
+        required=False,
+        label="Requests in flight may straddle the update",
+        help_text="needed by a pause mode that keeps them (keep, retract, in_place)",
+    )
     default_strategy = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),

@@ -51,10 +51,28 @@ def release_record(source) -> dict[str, Any]:
     }
 
 
+def world_size_provenance(worker, family: str) -> str:
+    """Where a worker's `world_size` comes from, in words ("" when it reports none). It is
+    optional producer-supplied metadata of the listener entry (integration reference: "not a
+    rank map"); the native vLLM sidecar takes it from the engine's parallelism, or from the
+    operator's `--vllm-rl-world-size` when vLLM reports 0, and the listing cannot say which."""
+    if not worker.world_size:
+        return ""
+    if family == "vllm-sidecar":
+        return (
+            "listener metadata: the sidecar's engine parallelism (ParallelismInfo.world_size) "
+            "or the operator's --vllm-rl-world-size"
+        )
+    return "listener metadata: the worker's own rl descriptor"
+
+
 def compat_at_plan(source, target, verification, plans, group, run, versions=None) -> dict:
     """The record as planned; `record_verification` adds what verification actually did."""
     families = Counter(p.family for p in plans if p.family)
     world_sizes = Counter(str(p.worker.world_size or "unreported") for p in plans)
+    world_size_from = Counter(
+        world_size_provenance(p.worker, p.family) or "unreported" for p in plans
+    )
     return {
         "versions": {
             "declared": dict(versions or {}),
@@ -74,6 +92,8 @@ def compat_at_plan(source, target, verification, plans, group, run, versions=Non
             "namespaces": sorted({p.worker.namespace for p in plans}),
             "workers": len(plans),
             "worker_world_sizes": dict(sorted(world_sizes.items())),
+            # Optional listener metadata, a count and never a rank map (the plan's `ranks` is).
+            "worker_world_size_from": dict(sorted(world_size_from.items())),
             "group_world_size": group.get("world_size"),
             "trainer_ranks": group.get("trainer_ranks"),
         },

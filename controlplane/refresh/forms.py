@@ -197,6 +197,12 @@ class PlanForm(StrategyFields):
     pause_mode_vllm = forms.ChoiceField(required=False)
     pause_mode_vllm_sidecar = forms.ChoiceField(required=False)
     pause_mode_sglang = forms.ChoiceField(required=False)
+    inflight_may_straddle = forms.BooleanField(
+        required=False,
+        label="Requests in flight may straddle the update",
+        help_text="needed by a pause mode that keeps them (keep, retract, in_place): they "
+        "continue on the new weights, and the serving ledger marks the window as mixed",
+    )
     flush_policy = forms.ChoiceField(choices=FlushPolicy.choices, initial=FlushPolicy.AUTO)
     version_readback = forms.BooleanField(required=False, initial=True)
     liveness = forms.BooleanField(required=False, initial=True)
@@ -308,6 +314,7 @@ class PlanForm(StrategyFields):
             "pause_modes": {
                 family: data[field] for field, family in FAMILY_PAUSE_FIELDS.items() if data[field]
             },
+            "inflight_may_straddle": bool(data.get("inflight_may_straddle")),
             "flush_policy": data["flush_policy"],
             "verification": {
                 "version_readback": data["version_readback"],

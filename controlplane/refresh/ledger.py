@@ -27,10 +27,13 @@ from controlplane.refresh.models import (
     Admission,
     Evidence,
     JournalEntry,
+    PlannedWorker,
+    PolicyRefresh,
     QuarantineCall,
     Serving,
     ServingInterval,
 )
+from controlplane.refresh.targets import straddling_modes
 from controlplane.textlimits import CAUSE_CHARS
 
 #: The fields that make an interval what it is (a fact changing none of them is no change).
@@ -136,6 +139,7 @@ def write(
             )
         )
     _name_instances(source, [row for row in appended if not row.key])
+    _mark_mixed(appended)
     if ended:
         ServingInterval.objects.filter(pk__in=ended).update(valid_to=now)
     if appended:
@@ -156,6 +160,41 @@ def _name_instances(source, rows: list[ServingInterval]) -> None:
     }
     for row in rows:
         row.key = keys.get((row.namespace, row.instance_id), "")
+
+
+def _mark_mixed(rows: list[ServingInterval]) -> None:
+    """Mark as mixed the intervals verified by a refresh that declared requests in flight may
+    straddle the update (`inflight_may_straddle`) for an instance it paused in a mode that keeps
+    them: the window starts with requests begun on the old weights finishing on the new ones,
+    samples that span two policies. One query for the refreshes, one for their workers, and
+    none at all when no row was verified by a refresh."""
+    verified = [r for r in rows if r.evidence == Evidence.VERIFIED_REFRESH and r.refresh_id]
+    if not verified:
+        return
+    straddling = {
+        pk: (target or {}).get("method", "")
+        for pk, target in PolicyRefresh.objects.filter(
+            pk__in={r.refresh_id for r in verified}, inflight_may_straddle=True
+        ).values_list("pk", "target")
+    }
+    if not straddling:
+        return
+    kept: dict[tuple[int | None, str, str], str] = {
+        (refresh_id, namespace, instance_id): mode
+        for refresh_id, namespace, instance_id, mode in PlannedWorker.objects.filter(
+            refresh_id__in=list(straddling)
+        ).values_list("refresh_id", "namespace", "instance_id", "pause_mode")
+        if straddling_modes(mode, None, straddling[refresh_id])
+    }
+    for row in verified:
+        mode = kept.get((row.refresh_id, row.namespace, row.instance_id))
+        if mode is not None:
+            row.evidence_detail = {
+                **(row.evidence_detail or {}),
+                "mixed": True,
+                "in_flight": "kept",
+                "pause_mode": mode,
+            }
 
 
 # -- the facts ---------------------------------------------------------------------------------

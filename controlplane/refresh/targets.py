@@ -146,3 +146,46 @@ def family_pause_modes(family: AdminFamily) -> tuple[str, ...]:
 PAUSE_MODE_CHOICES = tuple(
     dict.fromkeys(m for f in FAMILIES.values() for m in family_pause_modes(f))
 )
+
+
+#: Pause modes that keep the requests in flight: frozen (vLLM `keep`) or retracted (SGLang
+#: `retract`, `in_place`), they continue after resume on the new weights, so their samples span
+#: two policies. SGLang's disk update sends `abort_all_requests: true`, which drops them instead.
+KEEPING_MODES = ("keep", "retract", "in_place")
+#: The plan field that declares requests in flight may straddle the update.
+STRADDLE_FIELD = "inflight_may_straddle"
+
+
+def straddling_modes(pause_mode: str, pause_modes: dict[str, str] | None, method: str) -> list[str]:
+    """The chosen pause modes under which requests in flight would continue on the new weights
+    (`family: mode`, or the plan-wide mode alone), in a stable order."""
+    chosen = [("", pause_mode), *sorted((pause_modes or {}).items())]
+    out: list[str] = []
+    for family, mode in chosen:
+        if mode not in KEEPING_MODES:
+            continue
+        if mode != "keep" and method == UpdateMethod.DISK:
+            continue  # SGLang's disk update aborts what was retracted (abort_all_requests)
+        out.append(f"{family}: {mode}" if family else mode)
+    return out
+
+
+def check_straddle(
+    pause_mode: str, pause_modes: dict[str, str] | None, method: str, declared: bool
+) -> None:
+    """A pause mode that keeps requests in flight is refused unless the plan declares that they
+    may straddle the update; ValidationError keyed by the declaration's field."""
+    if declared:
+        return
+    modes = straddling_modes(pause_mode, pause_modes, method)
+    if modes:
+        raise ValidationError(
+            {
+                STRADDLE_FIELD: (
+                    f"pause mode {', '.join(modes)} keeps the requests in flight across the "
+                    "update: they continue on the new weights, so their samples span two "
+                    f"policies. Declare {STRADDLE_FIELD} to allow it (the serving ledger then "
+                    "marks the window as mixed), or choose wait or abort."
+                )
+            }
+        )

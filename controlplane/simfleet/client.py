@@ -88,6 +88,9 @@ class SimFleetControl:
     def set_version(self, key: str | int, version: Any) -> None:
         self._request("PUT", f"/workers/{_segment(key)}/version", {"version": version})
 
+    def set_world_size(self, key: str | int, world_size: int | None) -> None:
+        self._request("PUT", f"/workers/{_segment(key)}/world_size", {"world_size": world_size})
+
     def state(self, key: str | int) -> dict[str, Any]:
         state: dict[str, Any] = self._request("GET", f"/workers/{_segment(key)}")
         return state

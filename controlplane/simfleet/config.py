@@ -20,6 +20,8 @@ FAMILIES = (FAMILY_VLLM, FAMILY_SIDECAR, FAMILY_SGLANG)
 Family = Literal["vllm", "vllm-sidecar", "sglang"]
 
 DEFAULT_MODEL = "sim-model"
+#: The Dynamo releases a simulated worker can behave as (`controlplane.dynamo.releases`).
+RELEASES = ("1.6.1", "1.7")
 
 
 @dataclass
@@ -62,10 +64,21 @@ class WorkerSpec:
     #: SGLang only: requests in flight that a `retract`/`in_place` pause holds; a disk update
     #: reports them as `num_paused_requests` and drops them when `abort_all_requests` is true.
     paused_requests: int = 0
+    #: The Dynamo release this worker behaves as. 1.7 (DYNAMO_CONTRACT §9): the vLLM sidecar
+    #: refuses generation requests carrying `sampling_params.extra_args`; SGLang's disk update
+    #: continues generation afterwards unless `keep_pause` is true.
+    dynamo_release: str = "1.6.1"
+    #: vLLM only: False simulates a build that does not track declared versions: no
+    #: `set_weight_version` route, and `get_weight_version` answers without `version_declared`.
+    version_tracking: bool = True
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"unknown worker family {self.family!r}; expected one of {FAMILIES}")
+        if self.dynamo_release not in RELEASES:
+            raise ValueError(
+                f"unknown Dynamo release {self.dynamo_release!r}; expected one of {RELEASES}"
+            )
         if self.instance_id is not None and not 0 <= int(self.instance_id) < 2**64:
             raise ValueError("instance_id must be an unsigned 64-bit integer")
 

@@ -156,6 +156,12 @@ class SimFleet:
         """Operator backdoor: the worker now holds `version` (declared)."""
         self.get(key).set_version(version)
 
+    def set_world_size(self, key: str | int, world_size: int | None) -> None:
+        """The worker's topology changes (an engine restarted with other parallelism, an
+        operator's `--vllm-rl-world-size`): its `rl` descriptor advertises `world_size` from
+        the next probe on, under the same instance id."""
+        self.get(key).spec.world_size = world_size
+
     def state(self, key: str | int) -> dict[str, Any]:
         return self.get(key).state()
 

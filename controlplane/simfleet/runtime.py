@@ -139,6 +139,9 @@ class FleetHandle:
     def set_version(self, key: str | int, version: Any) -> None:
         self.call(lambda: self.fleet.set_version(key, version))
 
+    def set_world_size(self, key: str | int, world_size: int | None) -> None:
+        self.call(lambda: self.fleet.set_world_size(key, world_size))
+
     def state(self, key: str | int) -> dict[str, Any]:
         return self.call(lambda: self.fleet.state(key))
 

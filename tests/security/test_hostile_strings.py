@@ -224,6 +224,7 @@ def webhook_endpoints_tokens_destinations(w: World) -> None:
             "policy": "require_approval",
             "rules": json.dumps(rules),
             "pause_mode": "keep",
+            "inflight_may_straddle": "on",
             "enabled": "on",
         },
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..releases import DEFAULT_RELEASE, contract
 from .base import (
     AdminCall,
     AdminFamily,
@@ -14,11 +15,26 @@ from .base import (
     custom_call,
 )
 from .methods import LoraAction, Negotiation, UpdateMethod, negotiate, offered_methods
-from .sglang import SGLANG
-from .vllm import VLLM_WORKER
-from .vllm_sidecar import VLLM_SIDECAR
+from .sglang import SGLANG, SglangFamily
+from .vllm import VLLM_WORKER, VllmWorkerFamily
+from .vllm_sidecar import VLLM_SIDECAR, VllmSidecarFamily
 
+#: The adapters of the default release (1.6.1); `for_release` gives another release's.
 FAMILIES: dict[str, AdminFamily] = {f.name: f for f in (VLLM_WORKER, VLLM_SIDECAR, SGLANG)}
+_BY_RELEASE: dict[str, dict[str, AdminFamily]] = {DEFAULT_RELEASE: FAMILIES}
+
+
+def for_release(name: str, release: str = "") -> AdminFamily:
+    """The `name` adapter built from `release`'s contract (`dynamo.releases`: route tables,
+    bodies, success rules); blank = the default release. KeyError for an unknown family,
+    ValueError for an unknown release."""
+    found = contract(release)
+    families = _BY_RELEASE.get(found.name)
+    if families is None:
+        built = (VllmWorkerFamily(found), VllmSidecarFamily(found), SglangFamily(release=found))
+        families = _BY_RELEASE.setdefault(found.name, {f.name: f for f in built})
+    return families[name]
+
 
 # Route names unique to one dialect. `update/model_taints` is advertised by several families
 # (and alone by a sidecar without RL capabilities), so it identifies nothing.
@@ -169,6 +185,7 @@ __all__ = [
     "custom_call",
     "detect_family",
     "family_verdict",
+    "for_release",
     "negotiate",
     "offered_methods",
     "routes_fit",

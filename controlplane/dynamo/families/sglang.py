@@ -24,8 +24,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from ..releases import DEFAULT_RELEASE, ReleaseContract, contract
 from .base import (
     AdminCall,
     AdminFamily,
@@ -40,20 +42,6 @@ from .base import (
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 
-_ROUTE = {
-    Operation.PAUSE: "pause_generation",
-    Operation.RESUME: "continue_generation",
-    Operation.FLUSH_CACHE: "flush_cache",
-    Operation.UPDATE_FROM_DISK: "control/update_weights_from_disk",
-    Operation.INIT_WEIGHTS_GROUP: "init_weights_update_group",
-    Operation.UPDATE_FROM_DISTRIBUTED: "control/update_weights_from_distributed",
-    Operation.DESTROY_WEIGHTS_GROUP: "destroy_weights_update_group",
-    Operation.GET_WEIGHT_VERSION: "get_weight_version",
-    Operation.SET_WEIGHT_VERSION: "control/update_weight_version",
-    Operation.UPDATE_FROM_TENSOR: "control/update_weights_from_tensor",
-    Operation.RELEASE_MEMORY: "release_memory_occupation",
-    Operation.RESUME_MEMORY: "resume_memory_occupation",
-}
 #: Operations whose reply must carry `success: true` (SGLang's update-style results, and the
 #: `(success, message)` tuples the group methods return).
 _SUCCESS_OPS = frozenset(
@@ -82,8 +70,13 @@ class SglangFamily(AdminFamily):
     pause_modes = PAUSE_MODES
     default_pause_mode = "abort"
 
-    def __init__(self, paths: dict[Operation, str] | None = None) -> None:
-        self.paths = {**_ROUTE, **(paths or {})}
+    def __init__(
+        self, paths: dict[Operation, str] | None = None, release: ReleaseContract | None = None
+    ) -> None:
+        self.release = release or contract(DEFAULT_RELEASE)
+        #: The release's route table (`releases.Rules.sglang_routes`).
+        self.defaults = {Operation(op): r for op, r in self.release.rules.sglang_routes.items()}
+        self.paths = {**self.defaults, **(paths or {})}
         self.routes = {
             Operation.LIVENESS: frozenset(),
             **{op: frozenset({route}) for op, route in self.paths.items()},
@@ -92,9 +85,14 @@ class SglangFamily(AdminFamily):
     def bound(self, methods: dict[str, str]) -> SglangFamily:
         """This family with configured paths: `methods` maps a method name (the default route
         name of an operation, e.g. `flush_cache`) to the path an operator bound it to."""
-        by_route = {route: op for op, route in _ROUTE.items()}
+        by_route = {route: op for op, route in self.defaults.items()}
         paths = {by_route[m]: path for m, path in methods.items() if m in by_route}
-        return SglangFamily(paths) if paths else self
+        return SglangFamily(paths, self.release) if paths else self
+
+    def gone_routes(self, routes: Iterable[str]) -> list[str]:
+        """Allowlisted routes this release no longer serves (1.7 deleted the duplicate
+        `control/{release,resume}_memory_occupation` handlers)."""
+        return sorted(set(routes) & self.release.rules.sglang_gone_routes)
 
     def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
         if op == Operation.LIVENESS:
@@ -133,6 +131,7 @@ class SglangFamily(AdminFamily):
             # only when it declares that requests may straddle the update.
             body["flush_cache"] = True
             body["abort_all_requests"] = bool(params.get("abort_all_requests", True))
+            body.update(self.release.rules.sglang_disk_extra)  # 1.7: keep_pause
         elif op in (
             Operation.UPDATE_FROM_DISTRIBUTED,
             Operation.UPDATE_FROM_TENSOR,

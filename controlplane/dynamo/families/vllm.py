@@ -18,6 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..releases import (
+    DECLARED_WHERE_ADVERTISED,
+    DEFAULT_RELEASE,
+    ReleaseContract,
+    contract,
+)
 from .base import (
     AdminCall,
     AdminFamily,
@@ -32,33 +38,21 @@ from .base import (
 
 PAUSE_MODES = ("keep", "wait", "abort")
 
-_ROUTE = {
-    Operation.LIVENESS: "liveness_probe",
-    Operation.PAUSE: "pause_generation",
-    Operation.RESUME: "resume_generation",
-    Operation.FLUSH_CACHE: "flush_cache",
-    Operation.UPDATE_FROM_DISK: "update_weights_from_disk",
-    Operation.INIT_WEIGHTS_GROUP: "init_weights_update_group",
-    Operation.UPDATE_FROM_DISTRIBUTED: "update_weights_from_distributed",
-    Operation.DESTROY_WEIGHTS_GROUP: "destroy_weights_update_group",
-    Operation.GET_WEIGHT_VERSION: "get_weight_version",
-    Operation.SET_WEIGHT_VERSION: "set_weight_version",
-    # Registered (and advertised) only with `--enable-lora`; they answer `status: success`.
-    Operation.LOAD_LORA: "load_lora",
-    Operation.SWAP_LORA: "load_lora",
-    Operation.UNLOAD_LORA: "unload_lora",
-    # Advertised by 1.6.1 but always answers "not implemented": see `methods.REFUSED`.
-    Operation.UPDATE_FROM_TENSOR: "update_weights_from_tensor",
-}
 _LORA_OPS = frozenset({Operation.LOAD_LORA, Operation.SWAP_LORA, Operation.UNLOAD_LORA})
 
 
 class VllmWorkerFamily(AdminFamily):
+    """Routes and success rules from the release's contract (`releases.Rules`)."""
+
     name = "vllm"
-    routes = {op: frozenset({route}) for op, route in _ROUTE.items()}
     invalidating = frozenset({Operation.UPDATE_FROM_DISK, Operation.UPDATE_FROM_DISTRIBUTED})
     pause_modes = PAUSE_MODES
     default_pause_mode = "wait"
+
+    def __init__(self, release: ReleaseContract | None = None) -> None:
+        self.release = release or contract(DEFAULT_RELEASE)
+        self._route = {Operation(op): r for op, r in self.release.rules.vllm_routes.items()}
+        self.routes = {op: frozenset({route}) for op, route in self._route.items()}
 
     def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
         body: dict[str, Any] = {}
@@ -104,7 +98,7 @@ class VllmWorkerFamily(AdminFamily):
             body["lora_name"] = _lora_name(params)
         else:
             reject_unknown(params, set())
-        return [AdminCall(op, "POST", engine(_ROUTE[op]), body)]
+        return [AdminCall(op, "POST", engine(self._route[op]), body)]
 
     def _accept(self, call: AdminCall, body: Any) -> AdminOutcome:
         if call.operation in _LORA_OPS:
@@ -116,6 +110,15 @@ class VllmWorkerFamily(AdminFamily):
             return fail(body, "liveness_probe did not report alive=true")
         if op == Operation.GET_WEIGHT_VERSION:
             declared = body.get("version_declared")
+            if self.release.rules.vllm_version_declared == DECLARED_WHERE_ADVERTISED:
+                if "version" not in body:
+                    return fail(body, "get_weight_version reply lacks 'version'")
+                # 1.7: a missing field means "not tracked" (None), never false; whether a
+                # present one is trusted depends on `set_weight_version` being advertised,
+                # which the plan knows (`planning.worker.verify_pass`).
+                if "version_declared" in body and not isinstance(declared, bool):
+                    return fail(body, "get_weight_version 'version_declared' is not a boolean")
+                return ok(body, version=body["version"], version_declared=declared)
             if not isinstance(declared, bool) or "version" not in body:
                 return fail(body, "get_weight_version reply lacks 'version'/'version_declared'")
             return ok(body, version=body["version"], version_declared=declared)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..releases import DEFAULT_RELEASE, ReleaseContract, contract
 from .base import (
     AdminCall,
     AdminFamily,
@@ -34,40 +35,34 @@ from .base import (
 
 PAUSE_MODES = ("abort", "wait", "keep")
 
-PAUSE = "control/pause_generation"
-RESUME = "control/resume_generation"
-GET_VERSION = "control/get_weight_version"
-INIT = "update/init_weight_transfer_engine"
-START = "update/start_weight_update"
-UPDATE = "update/update_weights"
-FINISH = "update/finish_weight_update"
-SET_VERSION = "update/update_weight_version"
-IS_PAUSED = "control/is_paused"
-IS_SLEEPING = "control/is_sleeping"
-SLEEP = "control/sleep"
-WAKE_UP = "control/wake_up"
 WAKE_TAGS = ("weights", "kv_cache", "scheduling")
-_STATE_ROUTES = {IS_PAUSED: "is_paused", IS_SLEEPING: "is_sleeping"}
 
 
 class VllmSidecarFamily(AdminFamily):
     name = "vllm-sidecar"
-    routes = {
-        Operation.LIVENESS: frozenset(),  # GET /health on the system server, not an engine route
-        Operation.PAUSE: frozenset({PAUSE}),
-        Operation.RESUME: frozenset({RESUME}),
-        Operation.GET_WEIGHT_VERSION: frozenset({GET_VERSION}),
-        Operation.SET_WEIGHT_VERSION: frozenset({SET_VERSION}),
-        Operation.INIT_WEIGHTS_GROUP: frozenset({INIT}),
-        Operation.UPDATE_FROM_DISTRIBUTED: frozenset({START, UPDATE, FINISH}),
-        Operation.IS_PAUSED: frozenset({IS_PAUSED}),
-        Operation.IS_SLEEPING: frozenset({IS_SLEEPING}),
-        Operation.SLEEP: frozenset({SLEEP}),
-        Operation.WAKE_UP: frozenset({WAKE_UP}),
-    }
     invalidating = frozenset({Operation.UPDATE_FROM_DISTRIBUTED})
     pause_modes = PAUSE_MODES
     default_pause_mode = "wait"
+
+    def __init__(self, release: ReleaseContract | None = None) -> None:
+        self.release = release or contract(DEFAULT_RELEASE)
+        table = {Operation(op): tuple(r) for op, r in self.release.rules.sidecar_routes.items()}
+        self.routes = {
+            # GET /health on the system server, not an engine route.
+            Operation.LIVENESS: frozenset(),
+            **{op: frozenset(r) for op, r in table.items()},
+        }
+        one = {op: r[0] for op, r in table.items() if len(r) == 1}
+        self.PAUSE, self.RESUME = one[Operation.PAUSE], one[Operation.RESUME]
+        self.GET_VERSION, self.SET_VERSION = (
+            one[Operation.GET_WEIGHT_VERSION],
+            one[Operation.SET_WEIGHT_VERSION],
+        )
+        self.INIT = one[Operation.INIT_WEIGHTS_GROUP]
+        self.START, self.UPDATE, self.FINISH = table[Operation.UPDATE_FROM_DISTRIBUTED]
+        self.IS_PAUSED, self.IS_SLEEPING = one[Operation.IS_PAUSED], one[Operation.IS_SLEEPING]
+        self.SLEEP, self.WAKE_UP = one[Operation.SLEEP], one[Operation.WAKE_UP]
+        self._state_routes = {self.IS_PAUSED: "is_paused", self.IS_SLEEPING: "is_sleeping"}
 
     def _build(self, op: Operation, params: dict[str, Any]) -> list[AdminCall]:
         if op == Operation.LIVENESS:
@@ -84,13 +79,13 @@ class VllmSidecarFamily(AdminFamily):
             # No flush route exists: clearing at pause is how this family invalidates cache.
             clear = params.get("clear_cache")
             body["clear_cache"] = True if clear is None else bool(clear)
-            return [AdminCall(op, "POST", engine(PAUSE), body)]
+            return [AdminCall(op, "POST", engine(self.PAUSE), body)]
         if op == Operation.RESUME:
             reject_unknown(params, set())
-            return [AdminCall(op, "POST", engine(RESUME), {})]
+            return [AdminCall(op, "POST", engine(self.RESUME), {})]
         if op in (Operation.IS_PAUSED, Operation.IS_SLEEPING):
             reject_unknown(params, set())
-            route = IS_PAUSED if op == Operation.IS_PAUSED else IS_SLEEPING
+            route = self.IS_PAUSED if op == Operation.IS_PAUSED else self.IS_SLEEPING
             return [AdminCall(op, "POST", engine(route), {})]
         if op == Operation.SLEEP:
             reject_unknown(params, {"level", "mode"})
@@ -103,7 +98,7 @@ class VllmSidecarFamily(AdminFamily):
                 if params["mode"] not in PAUSE_MODES:
                     raise ValueError(f"invalid sleep mode {params['mode']!r}")
                 body["mode"] = params["mode"]
-            return [AdminCall(op, "POST", engine(SLEEP), body)]
+            return [AdminCall(op, "POST", engine(self.SLEEP), body)]
         if op == Operation.WAKE_UP:
             reject_unknown(params, {"tags"})
             body = {}
@@ -112,22 +107,22 @@ class VllmSidecarFamily(AdminFamily):
                 if not isinstance(tags, list) or not set(tags) <= set(WAKE_TAGS):
                     raise ValueError(f"wake_up tags must be a subset of {', '.join(WAKE_TAGS)}")
                 body["tags"] = list(tags)
-            return [AdminCall(op, "POST", engine(WAKE_UP), body)]
+            return [AdminCall(op, "POST", engine(self.WAKE_UP), body)]
         if op == Operation.GET_WEIGHT_VERSION:
             reject_unknown(params, set())
-            return [AdminCall(op, "POST", engine(GET_VERSION), {})]
+            return [AdminCall(op, "POST", engine(self.GET_VERSION), {})]
         if op == Operation.SET_WEIGHT_VERSION:
             reject_unknown(params, {"weight_version"})
             version = require(params, "weight_version")
             if not isinstance(version, str) or not version:
                 raise ValueError("sidecar weight_version must be a non-empty string")
-            return [AdminCall(op, "POST", engine(SET_VERSION), {"new_version": version})]
+            return [AdminCall(op, "POST", engine(self.SET_VERSION), {"new_version": version})]
         if op == Operation.INIT_WEIGHTS_GROUP:
             reject_unknown(params, {"init_info"})
             init_info = require(params, "init_info")
             if not isinstance(init_info, dict):
                 raise ValueError("init_info must be an object")
-            return [AdminCall(op, "POST", engine(INIT), {"init_info": init_info})]
+            return [AdminCall(op, "POST", engine(self.INIT), {"init_info": init_info})]
         if op == Operation.UPDATE_FROM_DISTRIBUTED:
             reject_unknown(params, {"update_infos", "update_info", "weight_version"})
             infos = params.get("update_infos")
@@ -141,9 +136,9 @@ class VllmSidecarFamily(AdminFamily):
                     raise ValueError("sidecar weight_version must be a string")
                 finish["weight_version"] = params["weight_version"]
             return [
-                AdminCall(op, "POST", engine(START), {}),
-                *(AdminCall(op, "POST", engine(UPDATE), {"update_info": i}) for i in infos),
-                AdminCall(op, "POST", engine(FINISH), finish),
+                AdminCall(op, "POST", engine(self.START), {}),
+                *(AdminCall(op, "POST", engine(self.UPDATE), {"update_info": i}) for i in infos),
+                AdminCall(op, "POST", engine(self.FINISH), finish),
             ]
         raise AssertionError(op)  # unreachable: required_routes() rejected it
 
@@ -155,44 +150,44 @@ class VllmSidecarFamily(AdminFamily):
             if body.get("status") != "ready":
                 return fail(body, f"health status is {body.get('status')!r}, not 'ready'")
             return ok(body)
-        if route == PAUSE:
+        if route == self.PAUSE:
             if body.get("status") != "paused":
                 return fail(body, f"expected status 'paused', got {body.get('status')!r}")
             return ok(body)
-        if route == RESUME:
+        if route == self.RESUME:
             if body.get("status") != "resumed":
                 return fail(body, f"expected status 'resumed', got {body.get('status')!r}")
             if body.get("is_sleeping") is True:
                 return fail(body, "engine resumed but is still sleeping; it stays out of routing")
             return ok(body)
-        if route in _STATE_ROUTES:
+        if route in self._state_routes:
             # Read after resume, as the check that the engine really runs again (`/health`
             # stays ready while paused, so it cannot tell).
-            key = _STATE_ROUTES[route]
+            key = self._state_routes[route]
             if not isinstance(body.get(key), bool):
                 return fail(body, f"{route} reply lacks a boolean {key!r}")
             if body[key]:
                 return fail(body, f"the engine reports {key}=true after resume")
             return ok(body, **{key: body[key]})
-        if route == SLEEP:
+        if route == self.SLEEP:
             if body.get("status") != "sleeping":
                 return fail(body, f"expected status 'sleeping', got {body.get('status')!r}")
             return ok(body)
-        if route == WAKE_UP:
+        if route == self.WAKE_UP:
             if body.get("status") != "awake" or body.get("is_sleeping") is True:
                 return fail(body, f"engine is not fully awake: status {body.get('status')!r}")
             return ok(body)
-        if route == GET_VERSION:
+        if route == self.GET_VERSION:
             version = body.get("weight_version")
             if not isinstance(version, str):
                 return fail(body, "get_weight_version reply lacks a string 'weight_version'")
             # "" means never set: report it like the Python worker's undeclared null.
             return ok(body, version=version or None, version_declared=version != "")
-        if route == SET_VERSION:
+        if route == self.SET_VERSION:
             if body.get("success") is not True:
                 return fail(body, "update_weight_version did not report success=true")
             return ok(body, version=body.get("new_version"))
-        if route in (INIT, START, UPDATE, FINISH):
+        if route in (self.INIT, self.START, self.UPDATE, self.FINISH):
             if not isinstance(body.get("message"), str):
                 return fail(body, f"{route} reply lacks its 'message'")
             return ok(body)

@@ -25,7 +25,13 @@ from controlplane.dynamo.discovery import (
     worker_key,
 )
 from controlplane.dynamo.errors import TransportError, one_line
-from controlplane.dynamo.families import FAMILIES, AdminFamily, Operation, detect_family
+from controlplane.dynamo.families import (
+    FAMILIES,
+    AdminFamily,
+    Operation,
+    detect_family,
+    for_release,
+)
 from controlplane.dynamo.frontend_health import (
     FrontendHealthError,
     FrontendInstances,
@@ -216,9 +222,17 @@ class Prober:
     """
 
     def __init__(
-        self, client: DynamoClient, policy: OutboundPolicy, *, timeout: float, concurrency: int
+        self,
+        client: DynamoClient,
+        policy: OutboundPolicy,
+        *,
+        timeout: float,
+        concurrency: int,
+        release: str = "",
     ) -> None:
         self.client = client
+        #: The source's Dynamo release: its contract judges the replies.
+        self.release = release
         self.permits = asyncio.Semaphore(concurrency)
         self.policy = policy
         self.timeout = timeout
@@ -290,9 +304,9 @@ class Prober:
         if problem is not None:
             obs.error = f"system_url outside allowed networks: {problem}"
             return
-        family = FAMILIES.get(obs.family)
-        if family is None:
+        if obs.family not in FAMILIES:
             return
+        family = for_release(obs.family, self.release)
         ops = self._probes(family, obs.routes)
         if len(ops) == 2:
             # Both probes in flight at once, with one extra task rather than gather's two
@@ -362,6 +376,7 @@ async def observe(
     concurrency: int,
     frontend_url: str = "",
     scope: DeclaredScope | None = None,
+    release: str = "",
 ) -> ObservedFleet:
     """Fetch discovery and probe every worker. Raises DiscoveryError for listener problems.
 
@@ -377,6 +392,8 @@ async def observe(
         _refuse_out_of_scope(workers, scope or DeclaredScope(""), result.namespace)
         identities = await _static_identities(client, policy, frontend_url, statics, probe_timeout)
         workers += [_from_static(s, i) for s, i in zip(statics, identities, strict=True)]
-        prober = Prober(client, policy, timeout=probe_timeout, concurrency=concurrency)
+        prober = Prober(
+            client, policy, timeout=probe_timeout, concurrency=concurrency, release=release
+        )
         await asyncio.gather(*(prober.probe(obs) for obs in workers))
     return ObservedFleet(result, workers, prober.requests + 1)

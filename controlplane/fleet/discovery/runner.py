@@ -165,6 +165,7 @@ def _refresh_claimed(source: Source, trigger: str) -> DiscoveryRun:
                 concurrency=settings.DISCOVERY_PROBE_CONCURRENCY,
                 frontend_url=source.frontend_url,
                 scope=DeclaredScope.of(source),
+                release=source.dynamo_release or "",
             )
         )
     except DiscoveryError as exc:

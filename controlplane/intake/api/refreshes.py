@@ -72,6 +72,11 @@ class PlanIn(Schema):
     pause_modes: dict[str, str] | None = Field(
         None, description='per-family pause modes, e.g. {"sglang": "retract"}'
     )
+    inflight_may_straddle: bool = Field(
+        False,
+        description="declare that requests in flight may continue on the new weights; a pause "
+        "mode that keeps them (keep, retract, in_place) is refused (422) without it",
+    )
     versions: dict[str, str] | None = Field(
         None, description="declared versions for the compatibility record (dynamo, vllm, ...)"
     )
@@ -165,6 +170,7 @@ class RefreshOut(Schema):
     state: str
     pause_mode: str
     pause_modes: dict[str, str] = {}
+    inflight_may_straddle: bool = False
     group: dict[str, Any] = {}
     compat: dict[str, Any] = {}
     fingerprint: dict[str, Any] | None = None
@@ -282,6 +288,7 @@ def serialize_refresh(refresh) -> dict[str, Any]:
         "state": refresh.state,
         "pause_mode": refresh.pause_mode,
         "pause_modes": refresh.pause_modes or {},
+        "inflight_may_straddle": refresh.inflight_may_straddle,
         "group": refresh.group or {},
         "compat": refresh.compat or {},
         "fingerprint": refresh.fingerprint,
@@ -381,6 +388,7 @@ def plan_refresh(request: HttpRequest, response: HttpResponse, payload: PlanIn):
             worker_ids=payload.worker_ids,
             pause_mode=payload.pause_mode,
             pause_modes=payload.pause_modes,
+            inflight_may_straddle=payload.inflight_may_straddle,
             versions=payload.versions,
             verification=payload.verification,
             fingerprint=payload.fingerprint.as_dict() if payload.fingerprint else None,

@@ -27,7 +27,10 @@ class WebhookEndpoint(models.Model):
         max_length=32, choices=WebhookPolicy.choices, default=WebhookPolicy.REQUIRE_APPROVAL
     )
     rules = models.JSONField(default=list, blank=True)
-    pause_mode = models.CharField(max_length=32, default="keep")
+    pause_mode = models.CharField(max_length=32, default="auto")
+    #: The endpoint's plans declare that requests in flight may straddle the update (needed by
+    #: a pause mode that keeps them, `refresh.targets.KEEPING_MODES`).
+    inflight_may_straddle = models.BooleanField(default=False)
     #: The strategy of the refreshes this endpoint's checkpoints ask for (the
     #: `refresh.strategy` JSON form); empty = the source's default strategy.
     default_strategy = models.JSONField(default=dict, blank=True)

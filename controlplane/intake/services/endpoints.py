@@ -22,7 +22,7 @@ from controlplane.intake.webhooks.trainer.events import validate_rules
 from controlplane.intake.webhooks.trainer.receive import Answer, send_test_event
 from controlplane.notify.signing import generate_secret
 from controlplane.refresh.strategy import parse_strategy
-from controlplane.refresh.targets import PAUSE_MODE_CHOICES
+from controlplane.refresh.targets import KEEPING_MODES, PAUSE_MODE_CHOICES
 
 #: Old and new during a rotation, plus room for a slow rollout; more means a forgotten secret.
 MAX_SECRETS = 3
@@ -38,6 +38,7 @@ FIELDS = (
     "policy",
     "rules",
     "pause_mode",
+    "inflight_may_straddle",
     "default_strategy",
     "allow_strategy_override",
     "enabled",
@@ -93,6 +94,13 @@ def _clean(values: dict[str, Any], *, instance: WebhookEndpoint | None = None) -
     if pause_mode not in PAUSE_MODES:
         errors["pause_mode"] = f"pause mode must be one of {', '.join(PAUSE_MODES)}"
     clean["pause_mode"] = pause_mode
+    clean["inflight_may_straddle"] = bool(values.get("inflight_may_straddle", False))
+    if pause_mode in KEEPING_MODES and not clean["inflight_may_straddle"]:
+        errors["inflight_may_straddle"] = (
+            f"pause mode {pause_mode} keeps the requests in flight across the update (their "
+            "samples span two policies): declare that they may straddle it, or choose wait or "
+            "abort"
+        )
     strategy = values.get("default_strategy") or {}
     try:
         # Stored in its normal form; empty stays empty (the source's default applies).
@@ -114,6 +122,7 @@ def _audit_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
         "policy": endpoint.policy,
         "rules": list(endpoint.rules),
         "pause_mode": endpoint.pause_mode,
+        "inflight_may_straddle": endpoint.inflight_may_straddle,
         "default_strategy": dict(endpoint.default_strategy or {}),
         "allow_strategy_override": endpoint.allow_strategy_override,
         "enabled": endpoint.enabled,
@@ -130,6 +139,7 @@ def create_webhook_endpoint(
     policy: str = WebhookPolicy.REQUIRE_APPROVAL,
     rules=(),
     pause_mode: str = "auto",
+    inflight_may_straddle: bool = False,
     default_strategy: dict[str, Any] | None = None,
     allow_strategy_override: bool = False,
     enabled: bool = True,
@@ -143,6 +153,7 @@ def create_webhook_endpoint(
             "policy": policy,
             "rules": list(rules),
             "pause_mode": pause_mode,
+            "inflight_may_straddle": inflight_may_straddle,
             "default_strategy": default_strategy or {},
             "allow_strategy_override": allow_strategy_override,
             "enabled": enabled,

@@ -27,10 +27,11 @@ from typing import Any
 
 from controlplane.bulk import JsonText
 from controlplane.dynamo.admin import PreparedCall, ReplyCache, admin_url, exchange
-from controlplane.dynamo.families import FAMILIES, AdminCall, Operation
+from controlplane.dynamo.families import AdminCall, Operation, for_release
 from controlplane.dynamo.generation import run_generation_check
 from controlplane.dynamo.http import DynamoClient, make_client
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.dynamo.releases import DECLARED_REQUIRED, declared_ok
 from controlplane.refresh.executor.heap import settle_long_lived_heap
 from controlplane.refresh.planning import GENERATION, generation_check_from_call
 
@@ -82,6 +83,9 @@ class CallSettings:
     frontend_url: str
     timeout: float
     concurrency: int
+    #: The Dynamo release of the source's workers: its contract's success rules judge the
+    #: replies (`families.for_release`); blank = the default release.
+    release: str = ""
     #: The refresh run's loop and client; None: each step gets a loop and client of its own.
     runtime: CallRuntime | None = field(default=None, compare=False)
 
@@ -221,7 +225,7 @@ async def _run_one(run: _RunState, cfg: CallSettings, job: WorkerJob, spec: dict
         run.policy,
         job.system_url,
         url,
-        FAMILIES[job.family],
+        for_release(job.family, cfg.release),
         prepared,
         timeout=cfg.timeout,
         replies=run.replies,
@@ -230,10 +234,16 @@ async def _run_one(run: _RunState, cfg: CallSettings, job: WorkerJob, spec: dict
     finished_at = datetime.now(UTC)
     if ok and call.operation == Operation.GET_WEIGHT_VERSION and job.expect_version is not _UNSET:
         data = data or {}
-        if data.get("version") != job.expect_version or not data.get("version_declared"):
+        if data.get("version") != job.expect_version:
             ok = False
             error = (
                 f"version readback {data.get('version')!r} is not the target {job.expect_version!r}"
+            )
+        elif not declared_ok(spec.get("declared", DECLARED_REQUIRED), data.get("version_declared")):
+            ok = False
+            error = (
+                f"version readback {data.get('version')!r} is not declared "
+                f"(version_declared {data.get('version_declared')!r})"
             )
     return CallRecord(
         operation=call.operation.value,

@@ -1,5 +1,8 @@
-"""The update step of a distributed refresh: join → handshake → apply → destroy.
+"""The update step of a distributed refresh: barrier → join → handshake → apply → destroy.
 
+0. **Barrier.** The listener is read once more: every worker must still advertise the
+   `world_size` it had at plan time (the plan's rank map gave it that many ranks). A change is
+   topology drift: the refresh holds before any rank joins, naming the worker and both values.
 1. **Join.** Every rank's `init` call goes out at once — not through the fan-out bound — since
    a collective group forms only when all ranks have joined, and a worker whose join hangs past
    its `DYN_RL_INIT_WEIGHTS_TIMEOUT_S` watchdog kills itself.
@@ -17,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controlplane.refresh import handshake
+from controlplane.refresh.executor.departures import read_listing
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.step_base import JobsStep, StepContext, StepResult
 from controlplane.refresh.models import PlannedWorker
@@ -49,8 +53,36 @@ def tear_down(step: JobsStep, ctx: StepContext, workers: list[PlannedWorker], wh
     return note
 
 
+def topology_drift(step: JobsStep, ctx: StepContext, workers: list[PlannedWorker]) -> str:
+    """The update barrier's topology check: the problem, or "" when every worker still lists
+    the `world_size` recorded in its plan. Fails closed when the listener cannot be read; a
+    worker no longer listed is left to the join (and the membership checks)."""
+    planned = [w for w in workers if w.world_size is not None]
+    if not planned:
+        return ""
+    listed, error = read_listing(ctx, step.name)
+    if error:
+        return f"topology not checked at the update barrier: {error}"
+    drifted = [
+        f"{w.key} world_size {w.world_size} at plan, {listed[w.key].world_size or 'none'} now"
+        for w in planned
+        if w.key in listed and listed[w.key].world_size != w.world_size
+    ]
+    if not drifted:
+        return ""
+    more = f" (+{len(drifted) - 5} more)" if len(drifted) > 5 else ""
+    return (
+        f"topology drift at the update barrier: {'; '.join(drifted[:5])}{more}; the plan's "
+        "rank map no longer fits, so no rank joined: plan the refresh again"
+    )
+
+
 def run_distributed_update(step: JobsStep, ctx: StepContext, workers: list[PlannedWorker]):
     refresh = ctx.refresh
+    # 0. Barrier: the topology the rank map was planned for.
+    drift = topology_drift(step, ctx, workers)
+    if drift:
+        return StepResult(False, drift)
     target = refresh.target
     init_timeout = float(target.get("init_timeout_s", 30.0))
     broadcast_timeout = float(target.get("broadcast_timeout_s", 600.0))

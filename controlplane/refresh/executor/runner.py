@@ -79,6 +79,7 @@ def call_settings(source) -> CallSettings:
         frontend_url=source.frontend_url,
         timeout=settings.REFRESH_CALL_TIMEOUT_SECONDS,
         concurrency=settings.REFRESH_CONCURRENCY,
+        release=source.dynamo_release or "",
     )
 
 

@@ -20,7 +20,11 @@ from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
 from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source, Worker, WorkerState
-from controlplane.refresh.compat_record import compat_at_plan, normalize_versions
+from controlplane.refresh.compat_record import (
+    compat_at_plan,
+    normalize_versions,
+    world_size_provenance,
+)
 from controlplane.refresh.intents.base import audit_refresh
 from controlplane.refresh.models import (
     FlushPolicy,
@@ -44,6 +48,7 @@ from controlplane.refresh.planning import (
 )
 from controlplane.refresh.planning.scope import membership_of
 from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy
+from controlplane.refresh.targets import check_straddle
 from controlplane.textlimits import LABEL_CHARS
 
 __all__ = [
@@ -107,6 +112,9 @@ class PlanRequest:
     strategy: Strategy
     instance_ids: list[str] | None
     namespaces: list[str] | None
+    #: The plan declares that requests in flight may continue on the new weights (a pause
+    #: mode that keeps them is refused without it).
+    inflight_may_straddle: bool = False
 
 
 def validated_request(
@@ -122,6 +130,7 @@ def validated_request(
     versions: dict[str, str] | None,
     strategy: dict[str, Any] | None,
     instances: list[str] | None,
+    inflight_may_straddle: bool = False,
 ) -> PlanRequest:
     """Bad input raises ValidationError here, before the discovery runs or anything is written."""
     parsed = parse_strategy(source.default_strategy if strategy is None else strategy)
@@ -133,6 +142,7 @@ def validated_request(
     if fingerprint and not verification["generation"]:
         raise ValidationError("a fingerprint needs the generation check, which is turned off")
     clean_modes = normalize_pause_modes(pause_mode, pause_modes)
+    check_straddle(pause_mode, clean_modes, target["method"], bool(inflight_may_straddle))
     try:
         clean_versions = normalize_versions(versions)
     except ValueError as exc:
@@ -150,6 +160,7 @@ def validated_request(
         strategy=parsed,
         instance_ids=instance_ids,
         namespaces=sorted(set(namespaces)) if namespaces else None,
+        inflight_may_straddle=bool(inflight_may_straddle),
     )
 
 
@@ -169,6 +180,7 @@ def plan_policy_refresh(
     versions: dict[str, str] | None = None,
     strategy: dict[str, Any] | None = None,
     instances: list[str] | None = None,
+    inflight_may_straddle: bool = False,
 ) -> PolicyRefresh:
     """Run a fresh discovery and store the plan; blockers are stored, never raised.
 
@@ -177,7 +189,9 @@ def plan_policy_refresh(
     `strategy` is the JSON form of a `refresh.strategy.Strategy` (None: the source's default
     strategy). `instances` refreshes only those instance ids of the scope: the others keep
     serving and stay in the gate's verified set (the refresh runs staged, the gate is not
-    closed; see `executor.waves.finish_instances`).
+    closed; see `executor.waves.finish_instances`). `inflight_may_straddle` declares that
+    requests in flight may continue on the new weights: a pause mode that keeps them
+    (`targets.KEEPING_MODES`) is refused without it.
 
     The plan's blockers come in a fixed order: the discovery's, then the scope passes'
     (`planning.SCOPE_PASSES`), the plan-wide ones, the group's, and a count of the workers
@@ -195,6 +209,7 @@ def plan_policy_refresh(
         versions=versions,
         strategy=strategy,
         instances=instances,
+        inflight_may_straddle=inflight_may_straddle,
     )
     last_view = frozenset(membership_of(_live_workers(source, request.namespaces)))
     run, problem = fresh_discovery(source)  # network I/O: outside any transaction
@@ -286,6 +301,7 @@ def _store_plan(
             target=request.target,
             pause_mode=request.pause_mode,
             pause_modes=request.pause_modes,
+            inflight_may_straddle=request.inflight_may_straddle,
             flush_policy=request.flush_policy,
             verification=request.verification,
             fingerprint=request.fingerprint,
@@ -321,6 +337,8 @@ def _store_plan(
                 pause_mode=p.pause_mode,
                 rank_offset=p.rank_offset,
                 ranks=p.ranks,
+                world_size=p.worker.world_size,
+                world_size_from=world_size_provenance(p.worker, p.family),
                 wave=scope.wave_of.get(p.worker.key, 1),
             )
             for p in plans
@@ -338,6 +356,7 @@ def _store_plan(
             agreement=request.verification["agreement"],
             fingerprint=request.fingerprint,
             pause_modes=request.pause_modes,
+            inflight_may_straddle=request.inflight_may_straddle,
             world_size=group.get("world_size"),
             strategy=request.strategy.to_dict(),
             waves=scope.wave_count,

@@ -93,6 +93,7 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
         namespaces=refresh.namespaces,
         pause_mode=refresh.pause_mode,
         pause_modes=refresh.pause_modes,
+        inflight_may_straddle=refresh.inflight_may_straddle,
         verification=refresh.verification,
         rollback_of=refresh,
         flush_policy=refresh.flush_policy,

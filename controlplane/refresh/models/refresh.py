@@ -230,6 +230,9 @@ class PolicyRefresh(models.Model):
     pause_mode = models.CharField(max_length=16, choices=PauseMode.choices, default="auto")
     #: Per-family overrides of `pause_mode` (`{"sglang": "retract"}`).
     pause_modes = models.JSONField(default=dict, blank=True)
+    #: The plan declares that requests in flight may continue on the new weights (a pause mode
+    #: that keeps them needs it); the serving ledger marks the windows it verifies as mixed.
+    inflight_may_straddle = models.BooleanField(default=False)
     flush_policy = models.CharField(max_length=16, choices=FlushPolicy.choices, default="auto")
     verification = models.JSONField(default=dict)
     #: The trainer's statement of what the new policy generates (`dynamo.fingerprint.
@@ -399,6 +402,11 @@ class PlannedWorker(models.Model):
     #: Distributed only: its first rank in the group and how many ranks it holds.
     rank_offset = models.PositiveIntegerField(null=True, blank=True)
     ranks = models.PositiveIntegerField(null=True, blank=True)
+    #: Its `world_size` at plan time and where that came from (`world_size_from`, empty when
+    #: unreported): optional listener metadata, never a rank map. A distributed update checks
+    #: it again before the group forms; a change is topology drift and holds the refresh.
+    world_size = models.PositiveBigIntegerField(null=True, blank=True)
+    world_size_from = models.CharField(max_length=200, blank=True)
     #: The wave (from 1) this worker is refreshed in (`refresh.strategy.assign_waves`).
     wave = models.PositiveIntegerField(default=1)
 

@@ -37,7 +37,10 @@ def assign_ranks(
     group's world size, and the keys that advertise no world size (no ranks can be given).
 
     The trainer holds ranks 0..trainer_ranks-1; workers follow in key order, each taking as
-    many consecutive ranks as its advertised `world_size` (its tensor/pipeline ranks)."""
+    many consecutive ranks as its advertised `world_size` (its tensor/pipeline ranks). The map
+    is the plan's: `world_size` is only a count, recorded with its provenance and checked
+    again before the group forms (`executor.distributed.topology_drift`); which rank is which
+    device is the worker's own business."""
     ranks: dict[str, tuple[int, int]] = {}
     unknown: list[str] = []
     offset = trainer_ranks

@@ -24,12 +24,14 @@ from controlplane.dynamo.families import (
     UpdateMethod,
     custom_call,
     family_verdict,
+    for_release,
     negotiate,
 )
 from controlplane.dynamo.families.sglang import SglangFamily
 from controlplane.dynamo.families.sglang_routes import route_bindings
 from controlplane.dynamo.generation import GenerationCheck
 from controlplane.dynamo.policy import OutboundPolicy
+from controlplane.dynamo.releases import DECLARED_REQUIRED, contract, readback_rule
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh.planning.verification import GENERATION, generation_tokens
 from controlplane.refresh.step_order import StepName
@@ -103,6 +105,11 @@ def _family_of(worker: Worker, routes: list[str]) -> FamilyVerdict:
         return FamilyVerdict(FAMILIES[worker.family], evidence="declared")
     declared = worker.source.declared_family_for(worker.namespace) if worker.source_id else ""
     return family_verdict(routes, declared)
+
+
+def _release_of(worker: Worker) -> str:
+    """The Dynamo release the worker's source declares (blank: the default)."""
+    return (worker.source.dynamo_release or "") if worker.source_id else ""
 
 
 def _bind(family: AdminFamily, routes: list[str]) -> tuple[AdminFamily, list[str]]:
@@ -233,11 +240,20 @@ def family_pass(draft: Draft) -> list[str]:
         draft.stop = True
         return [verdict.reason]
     draft.plan.family = detected.name
+    release = _release_of(draft.worker)
+    # The adapter of the source's release: its route tables, bodies and success rules.
+    detected = for_release(detected.name, release)
     try:
         draft.family, draft.routes = _bind(detected, routes)
     except ValueError as exc:
         draft.stop = True
         return [f"route allowlist: {exc}"]
+    if isinstance(draft.family, SglangFamily) and (gone := draft.family.gone_routes(routes)):
+        return [
+            f"route allowlist: {', '.join(gone)} no longer exist in Dynamo "
+            f"{contract(release).name} (memory occupation is release_memory_occupation and "
+            "resume_memory_occupation at the top of /engine/)"
+        ]
     return []
 
 
@@ -447,11 +463,20 @@ def _generation_call(draft: Draft) -> tuple[dict[str, Any], str]:
         backend_instance_id=int(worker.instance_id),
         expected_model=adapter or verification["expected_model"] or None,
     )
+    body = check.request_body()
+    family = draft.family
+    if (
+        family is not None
+        and family.name == "vllm-sidecar"
+        and not contract(_release_of(worker)).rules.sidecar_extra_args
+        and "extra_args" in (body.get("sampling_params") or {})
+    ):
+        return {}, "verify: this release's vLLM sidecar rejects sampling_params.extra_args"
     spec = {
         "operation": GENERATION,
         "method": "POST",
         "path": "v1/completions",
-        "body": check.request_body(),
+        "body": body,
         "expected_model": check.expected_model,
     }
     if fingerprint:
@@ -503,4 +528,20 @@ def plan_worker(
         if draft.stop:
             break
     draft.plan.calls = {step: draft.calls[step] for step in STORED_ORDER if step in draft.calls}
+    if draft.family is not None:
+        _mark_readbacks(draft)
     return draft.plan
+
+
+def _mark_readbacks(draft: Draft) -> None:
+    """Each version readback carries how its `version_declared` is read under the source's
+    release (`releases.readback_rule`); the default (required) is left implicit, so plans
+    of the default release are stored as they always were."""
+    family, routes = draft.bound()
+    rule = readback_rule(_release_of(draft.worker), family.name, routes)
+    if rule == DECLARED_REQUIRED:
+        return
+    for calls in draft.plan.calls.values():
+        for spec in calls:
+            if spec.get("operation") == Operation.GET_WEIGHT_VERSION.value:
+                spec["declared"] = rule

@@ -82,6 +82,9 @@ class ControlApi:
             case "PUT", ["workers", key, "version"]:
                 fleet.set_version(key, body["version"])
                 return json_response({"ok": True})
+            case "PUT", ["workers", key, "world_size"]:
+                fleet.set_world_size(key, body["world_size"])
+                return json_response({"ok": True})
             case "GET", ["groups"]:
                 return json_response({"groups": fleet.collectives.views()})
             case "POST", ["groups", "broadcast"]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from controlplane.simfleet.config import FAMILY_SIDECAR
 from controlplane.simfleet.faults import GENERATE, Fault
 from controlplane.simfleet.fleet import SimFleet
 from controlplane.simfleet.servers.common import (
@@ -140,6 +141,15 @@ class Frontend:
         worker = self._route(
             model, nvext.get("backend_instance_id", request.headers.get(PIN_HEADER))
         )
+        sampling = req.get("sampling_params")
+        if (
+            worker.family == FAMILY_SIDECAR
+            and worker.spec.dynamo_release == "1.7"
+            and isinstance(sampling, dict)
+            and "extra_args" in sampling
+        ):
+            # 1.7's vLLM sidecar refuses them (DYNAMO_CONTRACT §9.4).
+            return oai_error("sampling_params.extra_args is not supported", 400, "Bad Request")
         max_tokens = min(int(req.get("max_tokens") or DEFAULT_MAX_TOKENS), MAX_TOKENS_LIMIT)
         headers = (
             {"x-request-id": request.headers["x-request-id"]}

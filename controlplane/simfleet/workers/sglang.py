@@ -175,6 +175,11 @@ class SglangWorker(SimWorker):
         paused = self.paused_requests
         if body.get("abort_all_requests", False):
             self.paused_requests = 0
+        if self.spec.dynamo_release == "1.7" and not body.get("keep_pause", False):
+            # 1.7's SGLang continues generation after the update unless asked to stay paused
+            # (the documented disk update sends keep_pause: true).
+            self.paused = False
+            self.register()
         return ok(
             {
                 "success": True,
@@ -201,6 +206,8 @@ class SglangWorker(SimWorker):
         if invalid:
             return invalid
         version = body["new_version"]
+        if body.get("abort_all_requests", False):
+            self.paused_requests = 0  # every request in flight is aborted first
         self.set_version(version)
         return ok(
             {

@@ -75,7 +75,6 @@ class VllmWorker(SimWorker):
             "liveness_probe": self.liveness_probe,
             "abort_request": self.abort_request,
             "get_weight_version": self.get_weight_version,
-            "set_weight_version": self.set_weight_version_route,
             "update_weights_from_tensor": self.update_weights_from_tensor,
             # Registered on the system server but not advertised in the `rl` descriptor.
             "control/sleep": self.sleep,
@@ -83,6 +82,8 @@ class VllmWorker(SimWorker):
             "control/start_profile": self.profile("Profiling started"),
             "control/stop_profile": self.profile("Profiling stopped"),
         }
+        if self.spec.version_tracking:
+            plain["set_weight_version"] = self.set_weight_version_route
         if self.spec.lora_capacity is not None:
             # Registered (and advertised) only with `--enable-lora`.
             plain["load_lora"] = self.load_lora
@@ -98,6 +99,8 @@ class VllmWorker(SimWorker):
         assert body is not None
         if self.spec.lora_capacity is not None:
             body["routes"] = sorted({*body["routes"], "load_lora", "unload_lora"})
+        if not self.spec.version_tracking:
+            body["routes"] = [r for r in body["routes"] if r != "set_weight_version"]
         return body
 
     def serving_adapters(self) -> dict[str, str]:
@@ -158,6 +161,8 @@ class VllmWorker(SimWorker):
         return ok({"status": "ok", "request_id": request_id})
 
     async def get_weight_version(self, body: JsonObject) -> Reply:
+        if not self.spec.version_tracking:
+            return ok({"status": "ok", "version": self.version})
         return ok(
             {"status": "ok", "version": self.version, "version_declared": self.version_declared}
         )

@@ -111,6 +111,7 @@ ENDPOINT_FORM = {
     "policy": "auto_start",
     "rules": '[{"metric": "eval/reward", "op": "lt", "value": 0.2}]',
     "pause_mode": "keep",
+    "inflight_may_straddle": "on",
     "enabled": "on",
 }
 
@@ -174,7 +175,13 @@ def test_endpoint_edit_is_audited_with_what_changed(admin_client, endpoint):
     endpoint.refresh_from_db()
     assert endpoint.policy == "auto_start"
     (event,) = audit("webhook_endpoint.updated")
-    assert event.details["changed"] == ["namespaces", "policy", "rules"]
+    assert event.details["changed"] == [
+        "inflight_may_straddle",
+        "namespaces",
+        "pause_mode",
+        "policy",
+        "rules",
+    ]
     assert event.details["before"]["policy"] == "require_approval"
 
 

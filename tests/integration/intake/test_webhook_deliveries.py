@@ -100,7 +100,15 @@ def test_a_transient_failure_is_retried_then_left_retryable_and_a_repeat_runs_it
 
 
 def _blocked_plan(
-    *, source, actor, target, namespaces=None, pause_mode="keep", fingerprint=None, strategy=None
+    *,
+    source,
+    actor,
+    target,
+    namespaces=None,
+    pause_mode="keep",
+    fingerprint=None,
+    strategy=None,
+    inflight_may_straddle=False,
 ):
     """A plan with a permanent blocker (a worker without the route), on a fresh discovery."""
     from django.utils import timezone

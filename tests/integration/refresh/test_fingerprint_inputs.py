@@ -138,6 +138,7 @@ def plan_form(**fingerprint):
         "method": "disk",
         "model_path": "/ckpt/v2",
         "pause_mode": "keep",
+        "inflight_may_straddle": "on",
         "flush_policy": "auto",
         "version_readback": "on",
         "liveness": "on",

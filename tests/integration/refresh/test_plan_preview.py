@@ -61,7 +61,7 @@ def section(page: str, heading: str) -> str:
 def test_the_summary_comes_first_with_confirm_and_discard_under_it(
     source, operator, operator_client
 ):
-    refresh = plan(source, operator, pause_mode="keep")
+    refresh = plan(source, operator, pause_mode="keep", inflight_may_straddle=True)
     page = page_of(operator_client, refresh)
     text = text_of(page)
 
@@ -206,7 +206,7 @@ def test_each_kind_of_blocker_gets_its_own_fix():
 
 
 def test_no_python_reprs_or_backticks_on_a_finished_refresh(source, operator, operator_client):
-    refresh = run_inline(source, operator, pause_mode="keep")
+    refresh = run_inline(source, operator, pause_mode="keep", inflight_may_straddle=True)
     assert refresh.state == RefreshState.SUCCEEDED
     for url in (
         reverse("refresh:detail", args=[refresh.pk]),

@@ -46,6 +46,7 @@ REFRESH_KEYS = {
     "state",
     "pause_mode",
     "pause_modes",
+    "inflight_may_straddle",
     "group",
     "compat",
     "fingerprint",

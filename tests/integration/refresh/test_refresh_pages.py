@@ -27,6 +27,7 @@ def plan_form(source, version="v2"):
         "method": "disk",
         "model_path": f"/ckpt/{version}",
         "pause_mode": "keep",
+        "inflight_may_straddle": "on",
         "flush_policy": "auto",
         "version_readback": "on",
         "liveness": "on",

@@ -84,7 +84,9 @@ def test_sglang_refreshes_with_each_of_its_pause_modes(
 
 def test_the_sglang_default_is_never_a_vllm_mode(simfleet_factory, operator):
     _fleet, source = sglang_fleet(simfleet_factory, "get_weight_version")
-    refresh = run_inline(source, operator, "v2", pause_modes={"vllm": "keep"})
+    refresh = run_inline(
+        source, operator, "v2", pause_modes={"vllm": "keep"}, inflight_may_straddle=True
+    )
     assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
     assert [p.request_body for p in journal_of(refresh, "pause")] == [{"mode": "abort"}] * 2
 
@@ -127,6 +129,7 @@ def test_a_vllm_mode_for_sglang_is_refused_before_anything_runs(simfleet_factory
         actor=Actor.for_user(operator),
         target={"weight_version": "v2", "method": "disk", "model_path": "/ckpt/v2"},
         pause_mode="keep",
+        inflight_may_straddle=True,
     )
     assert refresh.plan_blockers
     assert {tuple(w.blockers) for w in refresh.workers.all()} == {

@@ -46,6 +46,12 @@ def add_plan_arguments(parser) -> None:
         metavar="FAMILY=MODE",
         help="a pause mode for one family only, e.g. sglang=retract (repeatable)",
     )
+    parser.add_argument(
+        "--inflight-may-straddle",
+        action="store_true",
+        help="declare that requests in flight may continue on the new weights (needed by a "
+        "pause mode that keeps them: keep, retract, in_place)",
+    )
     parser.add_argument("--flush", choices=["auto", "always"], default="auto")
     parser.add_argument("--no-generation", action="store_true", help="skip generation check")
     parser.add_argument("--prompt-token-ids", default="5,6,7,8")
@@ -214,6 +220,7 @@ def plan_from_options(opts, actor: Actor) -> PolicyRefresh:
             namespaces=opts["namespaces"],
             pause_mode=opts["pause_mode"],
             pause_modes=dict(item.partition("=")[::2] for item in opts["pause_mode_for"]),
+            inflight_may_straddle=bool(opts.get("inflight_may_straddle")),
             flush_policy=opts["flush"],
             verification={
                 "generation": not opts["no_generation"],

@@ -244,6 +244,7 @@ def _attempt(delivery: ReceivedWebhook) -> tuple[str, int | None, str]:
             target=event.target(),
             namespaces=namespaces,
             pause_mode=endpoint.pause_mode,
+            inflight_may_straddle=endpoint.inflight_may_straddle,
             fingerprint=event.fingerprint_dict(),
             # The event's own (when allowed), else the endpoint's, else (None) the source's.
             strategy=event.strategy

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('refresh', '0012_serving_ledger'),
+        ('refresh', '0013_refresh_inflight_and_world_size'),
     ]
 
     operations = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from django.http import HttpRequest, HttpResponse, HttpResponseServerError
+from django.http import HttpRequest, HttpResponse, HttpResponseServerError, JsonResponse
 from django.shortcuts import render
 from django.template import loader
 from django.views.decorators.csrf import requires_csrf_token
@@ -35,6 +35,11 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 
 @requires_csrf_token
 def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        # A path no API route matches (a path parameter Django's converter refused, say):
+        # API clients get the API's own error shape, never an HTML page.
+        error = {"code": "not_found", "message": "no API endpoint at this path", "details": None}
+        return JsonResponse({"error": error}, status=404)
     return render(request, "errors/404.html", status=404)
 
 

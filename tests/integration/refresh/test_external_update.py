@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 import httpx
 import pytest
 from django.test import Client
+from django.urls import reverse
 
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.models import AuditEvent
@@ -130,6 +131,13 @@ def test_external_update_waits_for_the_report_then_declares_verifies_and_reopens
     workers = announced["workers"]
     assert {w["instance_id"] for w in workers} == {str(w["instance_id"]) for w in fleet.workers()}
     assert all(w["system_url"] and w["namespace"] for w in workers)
+
+    page = Client()
+    page.force_login(operator)
+    shown = page.get(reverse("refresh:detail", args=[refresh.pk]))
+    assert shown.status_code == 200
+    assert 'id="apply-wait"' in shown.content.decode()
+    assert "0 of 3 reported" in shown.content.decode()
 
     apply_out_of_band(workers, f"/ckpt/{VERSION}")
     assert fleet_versions(fleet) == before  # loaded, but no version declared yet

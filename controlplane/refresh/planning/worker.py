@@ -163,6 +163,10 @@ class WorkerRequest:
     pause_modes: dict[str, str] | None = None
     rank: tuple[int, int] | None = None
     group_world_size: int | None = None
+    #: A trainer applies the weights of an `external` policy (a policy refresh, which
+    #: announces `ready_for_apply` and waits for its report). Without one — a drifted worker's
+    #: catch-up, a canary's rollback — nothing could load them, so the plan is blocked.
+    trainer_applies: bool = False
 
 
 @dataclass
@@ -330,6 +334,12 @@ def update_pass(draft: Draft) -> list[str]:
     elif method == UpdateMethod.TENSOR:
         update_calls += build(
             StepName.UPDATE, update_op, **{**target["update"], "weight_version": version}
+        )
+    elif method == UpdateMethod.EXTERNAL and not draft.request.trainer_applies:
+        # Declaring the version without the trainer's transfer would admit old weights as new.
+        blockers.append(
+            "update: an external policy's weights are applied by the trainer's framework; "
+            "only a policy refresh (which waits for its applied report) can load them"
         )
     elif method == UpdateMethod.EXTERNAL:
         update_calls += _external_calls(family, routes, build, version)
@@ -507,6 +517,7 @@ def plan_worker(
     pause_modes: dict[str, str] | None = None,
     rank: tuple[int, int] | None = None,
     group_world_size: int | None = None,
+    trainer_applies: bool = False,
 ) -> WorkerPlan:
     """The worker's plan: its calls per step and every blocker the passes found."""
     request = WorkerRequest(
@@ -519,6 +530,7 @@ def plan_worker(
         pause_modes=pause_modes,
         rank=rank,
         group_world_size=group_world_size,
+        trainer_applies=trainer_applies,
     )
     draft = Draft(WorkerPlan(worker), request)
     for _name, worker_pass in WORKER_PASSES:

@@ -24,13 +24,15 @@ from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
 from controlplane.intake.models import WebhookEndpoint
 from controlplane.notify.models import NotificationDelivery, NotificationDestination
-from controlplane.refresh import intents
+from controlplane.refresh import drift, intents, quarantine
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.intents.external import expire_apply_waits
 from controlplane.refresh.models import (
     Gate,
     JournalEntry,
     PolicyRefresh,
+    Quarantine,
+    QuarantineState,
     RefreshState,
     ScopeLock,
 )
@@ -42,6 +44,7 @@ from tests.integration.refresh.helpers import (
     make_source,
     paused_workers,
     plan,
+    sync_workers,
 )
 
 VERSION = "ext-7"
@@ -182,6 +185,33 @@ def test_external_update_waits_for_the_report_then_declares_verifies_and_reopens
     assert audited.count("policy_refresh.applied") == 2
     assert "policy_refresh.succeeded" in audited
     assert refresh.compat["update_method"] == "external"
+
+
+def test_a_drifted_worker_is_not_caught_up_to_an_external_policy_without_the_trainer(
+    fleet, source, operator
+):
+    refresh = start_and_wait(source, operator, external())
+    client, auth = api(operator)
+    assert post_applied(client, auth, refresh.pk, {"weight_version": VERSION}).status_code == 200
+    assert execute_refresh(refresh.pk) == RefreshState.SUCCEEDED
+
+    # A worker restarts at base weights: declaring the version alone would admit old weights.
+    key = sorted(w["key"] for w in fleet.workers())[0]
+    new_id = fleet.restart(key)
+    sync_workers(source)
+    opened = drift.reconcile_source(source.pk)
+    assert opened
+    for quarantine_id in opened:
+        quarantine.catch_up(quarantine_id)
+    (q,) = Quarantine.objects.filter(instance_id=str(new_id))
+    assert q.state == QuarantineState.FAILED
+    assert "applied by the trainer's framework" in q.reason
+    assert (
+        not JournalEntry.objects.filter(operation="set_weight_version")
+        .exclude(refresh=refresh)
+        .exists()
+    )
+    assert fleet.state(new_id)["version"] != VERSION
 
 
 def test_a_report_that_never_comes_holds_with_the_workers_paused_and_owned(fleet, source, operator):

@@ -616,6 +616,17 @@ def test_external_update_without_set_weight_version_only_reads_back():
     assert p.calls["update"] == [call("get_weight_version", "engine/get_weight_version", {})]
 
 
+def test_an_external_policy_without_a_trainer_to_apply_it_is_blocked():
+    # A drifted worker's catch-up or a canary's rollback plans the gate's policy with no trainer
+    # waiting to apply it: declaring the version alone would admit old weights as new.
+    p = plan(vllm_worker(), EXTERNAL, trainer_applies=False)
+    assert p.calls["update"] == []
+    assert p.blockers == [
+        "update: an external policy's weights are applied by the trainer's framework; only a "
+        "policy refresh (which waits for its applied report) can load them"
+    ]
+
+
 def test_external_apply_timeout_defaults_and_must_be_positive(settings):
     settings.REFRESH_APPLY_TIMEOUT_SECONDS = 42.0
     assert normalize_target(EXTERNAL)["apply_timeout_s"] == 42.0

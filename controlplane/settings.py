@@ -352,6 +352,9 @@ REFRESH_GROUP_INIT_TIMEOUT_SECONDS = env_float(
 REFRESH_BROADCAST_TIMEOUT_SECONDS = env_float(
     "REFRESH_BROADCAST_TIMEOUT_SECONDS", 600.0, minimum=0.1
 )
+# External updates: how long a refresh waits, its workers paused, for the trainer's `applied`
+# report after `refresh.ready_for_apply` (a plan may give its own `apply_timeout_s`).
+REFRESH_APPLY_TIMEOUT_SECONDS = env_float("REFRESH_APPLY_TIMEOUT_SECONDS", 600.0, minimum=0.1)
 # A quarantine catch-up touches its heartbeat every third of this; one silent this long lost its
 # Celery worker, and the reconciler beat queues it again (also a queued one never picked up).
 QUARANTINE_STALL_SECONDS = env_float("QUARANTINE_STALL_SECONDS", 120.0, minimum=3.0)
@@ -403,6 +406,14 @@ CELERY_BEAT_SCHEDULE["policy-refresh-canary-expiry"] = {
     "task": "refresh.expire_canary_reviews",
     "schedule": timedelta(seconds=CANARY_EXPIRY_TICK_SECONDS),
     "options": {"expires": CANARY_EXPIRY_TICK_SECONDS * 0.9},
+}
+# An external update past its apply deadline holds (refresh/intents/external.py): checked this
+# often, so a missing report holds within the timeout plus one tick.
+APPLY_EXPIRY_TICK_SECONDS = env_float("APPLY_EXPIRY_TICK_SECONDS", 5.0, minimum=0.1)
+CELERY_BEAT_SCHEDULE["policy-refresh-apply-expiry"] = {
+    "task": "refresh.expire_apply_waits",
+    "schedule": timedelta(seconds=APPLY_EXPIRY_TICK_SECONDS),
+    "options": {"expires": APPLY_EXPIRY_TICK_SECONDS * 0.9},
 }
 # Rollback drills (refresh/drills, README "Rollback drills"): how often a drill's task looks at
 # its running refresh, how long one advance may hold the drill, after how long a silent drill is

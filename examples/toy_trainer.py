@@ -10,6 +10,14 @@ For each iteration k (3 by default) it:
 4. admits every sample with the guard (`dynamo_rl_trainer.AdmissionGuard`);
 5. checks that every admitted sample is stamped `step-k`, then moves on.
 
+With `TOY_UPDATE_METHOD=external` (`Settings.update_method`) the trainer applies the weights
+itself, as verl's CUDA IPC or NeMo RL's NCCL refit does: it announces the checkpoint with the
+`external` update method, waits until the refresh has paused its workers
+(`refresh.ready_for_apply`), loads the weights into each of them through the worker's own route
+(the framework's transfer; here `update_weights_from_disk` on the simulated fleet, with no
+version declared), reports `applied`, and waits for the gate as before: the control plane then
+declares the version, reads it back, verifies and reopens.
+
 The "training step" is a stand-in: it only counts tokens. Run it against `manage.py demo`
 (docs/integrate/recipes/index.md) or any control plane, with:
 
@@ -18,6 +26,7 @@ The "training step" is a stand-in: it only counts tokens. Run it against `manage
     CONTROLPLANE_SOURCE, CONTROLPLANE_NAMESPACE  the scope the trainer feeds
     DYNAMO_FRONTEND_URL, POLICY_MODEL            where rollouts are generated, and the model name
     TOY_ITERATIONS, TOY_BATCH                    optional: 3 iterations of 8 samples
+    TOY_UPDATE_METHOD                            optional: disk (default) or external
 
 It prints one JSON line per iteration. The tests run it (tests/integration/trainer).
 """
@@ -32,14 +41,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from dynamo_rl_trainer import (
     AdmissionGuard,
+    ApplyRequest,
     Completion,
     ControlPlane,
     Frontend,
     GenerationError,
     Verdict,
 )
+
+#: The route each family loads a checkpoint through, under the worker's admin URL: what the
+#: toy's "framework" calls to apply the weights itself in `external` mode.
+LOAD_ROUTES = {
+    "vllm": "engine/update_weights_from_disk",
+    "sglang": "engine/control/update_weights_from_disk",
+}
 
 
 @dataclass
@@ -58,6 +76,11 @@ class Settings:
     gate_timeout: float = 120.0
     generation_timeout: float = 30.0
     checkpoint_dir: str = "/checkpoints/toy"
+    #: disk: the control plane loads the checkpoint on the workers; external: the trainer
+    #: applies it itself and reports `applied`.
+    update_method: str = "disk"
+    #: external: how long the paused workers wait for the applied report.
+    apply_timeout: float = 120.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -73,7 +96,23 @@ class Settings:
             model=env["POLICY_MODEL"],
             iterations=int(env.get("TOY_ITERATIONS", "3")),
             batch=int(env.get("TOY_BATCH", "8")),
+            update_method=env.get("TOY_UPDATE_METHOD", "disk"),
         )
+
+
+def apply_through_worker_routes(request: ApplyRequest, model_path: str) -> None:
+    """The framework's own transfer, stood in for: load the checkpoint into every paused worker
+    through its own route, declaring no version (the control plane declares and checks it)."""
+    for worker in request.workers:
+        route = LOAD_ROUTES.get(worker.family)
+        if route is None:
+            raise SystemExit(f"no way to load weights into a {worker.family} worker")
+        reply = httpx.post(
+            f"{worker.system_url.rstrip('/')}/{route}", json={"model_path": model_path}, timeout=30
+        )
+        body = reply.json() if reply.status_code == 200 else {}
+        if body.get("status") not in ("ok", "success") and body.get("success") is not True:
+            raise SystemExit(f"loading {model_path} into {worker.key} failed: {reply.text[:200]}")
 
 
 @dataclass
@@ -87,6 +126,8 @@ class Hooks:
     #: Instances to sample from besides the admitted ones (a framework whose rollout pool is
     #: every discovered worker): the guard must refuse what they serve unless admitted.
     extra_instances: Callable[[int], list[int]] = lambda step: []
+    #: `external` mode: apply the weights to the paused workers the refresh names.
+    apply_weights: Callable[[ApplyRequest, str], None] = apply_through_worker_routes
 
 
 @dataclass
@@ -94,6 +135,9 @@ class Iteration:
     step: int
     version: str
     refresh_id: int | None
+    update_method: str = "disk"
+    #: `external` mode: the workers the trainer applied the weights to.
+    applied_to: list[int] = field(default_factory=list)
     admitted: list[Verdict] = field(default_factory=list)
     rejected: list[Verdict] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
@@ -108,6 +152,8 @@ class Iteration:
             "step": self.step,
             "version": self.version,
             "refresh_id": self.refresh_id,
+            "update_method": self.update_method,
+            "applied_to": len(self.applied_to),
             "admitted": len(self.admitted),
             "rejected": len(self.rejected),
             "rejected_rules": dict(rules),
@@ -133,14 +179,33 @@ def run_iteration(
     hooks: Hooks,
 ) -> Iteration:
     version = f"step-{step}"
+    path = f"{settings.checkpoint_dir}/{version}"
     hooks.before_announce(step)
-    answer = control.announce_checkpoint(
-        version, model_path=f"{settings.checkpoint_dir}/{version}", step=step
-    )
+    applied_to: list[int] = []
+    if settings.update_method == "external":
+        answer = control.announce_checkpoint(
+            version, external={"apply_timeout_s": settings.apply_timeout}, step=step
+        )
+        started = control.wait_for_delivery(answer.webhook_id, settings.gate_timeout)
+        if started.refresh_id is None:
+            raise SystemExit(f"checkpoint {version} started no refresh: {started.outcome}")
+        # The refresh paused the workers: apply the weights ourselves, then say so.
+        request = control.wait_for_ready_for_apply(started.refresh_id, settings.gate_timeout)
+        hooks.apply_weights(request, path)
+        control.report_applied(started.refresh_id, version)
+        applied_to = [w.instance_id for w in request.workers if w.instance_id is not None]
+    else:
+        answer = control.announce_checkpoint(version, model_path=path, step=step)
     control.wait_for_gate(version, settings.gate_timeout, checkpoint=answer)
     hooks.gate_open(step, version)
     delivery = control.delivery(answer.webhook_id)
-    result = Iteration(step=step, version=version, refresh_id=delivery.refresh_id)
+    result = Iteration(
+        step=step,
+        version=version,
+        refresh_id=delivery.refresh_id,
+        update_method=settings.update_method,
+        applied_to=applied_to,
+    )
 
     view = control.admission_view()
     pool = [*control.admitted_instances().instance_ids]

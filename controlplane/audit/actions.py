@@ -87,6 +87,11 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_BROADCAST_DONE = "policy_refresh.broadcast_done"
     # a broadcast_done for an earlier handshake attempt, or without the one waiting
     POLICY_REFRESH_BROADCAST_REFUSED = "policy_refresh.broadcast_refused"
+    # External updates: the workers are paused for the trainer to apply (ready_for_apply), the
+    # trainer reported it applied (per worker or for all), or its report was refused.
+    POLICY_REFRESH_READY_FOR_APPLY = "policy_refresh.ready_for_apply"
+    POLICY_REFRESH_APPLIED = "policy_refresh.applied"
+    POLICY_REFRESH_APPLIED_REFUSED = "policy_refresh.applied_refused"
     POLICY_REFRESH_GROUP_DESTROYED = "policy_refresh.group_destroyed"
     # trainer integration
     WEBHOOK_ENDPOINT_CREATED = "webhook_endpoint.created"

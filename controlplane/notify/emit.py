@@ -32,6 +32,7 @@ _TITLES = {
     Event.REFRESH_SUCCEEDED: "Policy refresh succeeded",
     Event.REFRESH_HELD: "Policy refresh held",
     Event.REFRESH_GROUP_READY: "Weight-update group ready: broadcast now",
+    Event.REFRESH_READY_FOR_APPLY: "Workers paused: apply the weights now, then report applied",
     Event.REFRESH_CANARY_REVIEW: "Canary verified: verdict wanted",
     Event.REFRESH_WAITING: "Policy refresh waiting to be continued",
     Event.GATE_FORCE_REOPENED: "Gate force-reopened",
@@ -142,6 +143,38 @@ def _canary_review(refresh) -> dict[str, Any]:
     }
 
 
+#: The signed trainer webhook event that answers a `refresh.ready_for_apply`.
+APPLIED_EVENT = "refresh.applied"
+
+
+def ready_for_apply(refresh) -> dict[str, Any]:
+    """What a trainer needs to apply the weights itself and answer: the version, the worker
+    set (instance ids, namespaces, admin URLs), the deadline, and the two ways to report."""
+    external = dict((getattr(refresh, "progress", None) or {}).get("external") or {})
+    version = _jsonable((getattr(refresh, "target", None) or {}).get("weight_version"))
+    try:
+        path = reverse("intake:api-v1:report_applied", args=[refresh.pk])
+    except NoReverseMatch:
+        path = f"/api/v1/refreshes/{refresh.pk}/applied"
+    return {
+        "refresh_id": refresh.pk,
+        "weight_version": version,
+        "attempt": _jsonable(external.get("attempt")),
+        "state": _jsonable(external.get("state")),
+        "deadline": _jsonable(external.get("deadline")),
+        "workers": _jsonable(list(external.get("workers") or [])),
+        "applied": sorted(
+            str(a.get("instance_id") or key) for key, a in (external.get("applied") or {}).items()
+        ),
+        "answer": {
+            "api": absolute_url(path),
+            "webhook_event": APPLIED_EVENT,
+            # The answer's data: {refresh_id, weight_version, instance_ids (omitted: all)}.
+            "fields": ["refresh_id", "weight_version", "instance_ids"],
+        },
+    }
+
+
 def build_payload(
     event: str, *, source=None, refresh=None, gate=None, gates=(), reason: str = "", quarantine=None
 ) -> dict[str, Any]:
@@ -158,6 +191,9 @@ def build_payload(
         if event == Event.REFRESH_GROUP_READY:
             # What the trainer needs to broadcast: the group's world size and rank map.
             data["refresh"]["group"] = _jsonable(getattr(refresh, "group", None))
+        if event == Event.REFRESH_READY_FOR_APPLY:
+            # What the trainer applies to: the paused workers and until when it may report.
+            data["refresh"]["external"] = ready_for_apply(refresh)
         if event == Event.REFRESH_CANARY_REVIEW:
             # What the trainer evaluates: the canary's verified instances, by namespace, and
             # until when a verdict is taken.

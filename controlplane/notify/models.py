@@ -15,6 +15,9 @@ class NotificationEvent(models.TextChoices):
     REFRESH_HELD = "refresh.held"
     # Every rank of a distributed refresh joined the group: the trainer may broadcast now.
     REFRESH_GROUP_READY = "refresh.group_ready"
+    # An external refresh paused its workers: the trainer applies the weights now and reports
+    # `applied` (carries the worker set and the deadline).
+    REFRESH_READY_FOR_APPLY = "refresh.ready_for_apply"
     # A canary passed its own checks and waits for a verdict (carries its verified instance
     # set); a staged refresh waits at a pause point until a person continues it.
     REFRESH_CANARY_REVIEW = "refresh.canary_review"

@@ -190,6 +190,13 @@ class PlanForm(StrategyFields):
     )
     lora_name = forms.CharField(required=False, max_length=200)
     lora_uri = forms.CharField(required=False, max_length=2000)
+    apply_timeout_s = forms.FloatField(
+        required=False,
+        min_value=0.1,
+        max_value=86400,
+        label="Apply timeout (s)",
+        help_text="external: how long the paused workers wait for the trainer's applied report",
+    )
     custom_route = forms.CharField(required=False, max_length=300)
     custom_body = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     pause_mode = forms.ChoiceField(choices=PauseMode.choices, initial=PauseMode.AUTO)
@@ -297,6 +304,9 @@ class PlanForm(StrategyFields):
             target |= {"group": data["group_params"], "update": data["update_params"]}
         elif method == UpdateMethod.TENSOR:
             target["update"] = data["update_params"]
+        elif method == UpdateMethod.EXTERNAL:
+            if data.get("apply_timeout_s"):
+                target["apply_timeout_s"] = data["apply_timeout_s"]
         elif method == UpdateMethod.LORA:
             target["lora"] = {
                 "action": data["lora_action"] or LoraAction.LOAD,

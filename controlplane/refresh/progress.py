@@ -39,6 +39,42 @@ class CanaryReview(TypedDict, total=False):
     reason: str
 
 
+#: An external update's apply states (`ExternalApply.state`).
+APPLY_AWAITING = "awaiting"
+APPLY_APPLIED = "applied"
+APPLY_EXPIRED = "expired"
+APPLY_ABORTED = "aborted"
+
+
+class ApplyWorker(TypedDict):
+    """One worker of an external update's set, as `refresh.ready_for_apply` names it."""
+
+    instance_id: str
+    namespace: str
+    key: str
+    family: str
+    system_url: str
+
+
+class ExternalApply(TypedDict, total=False):
+    """An external update's wait for the trainer (`refresh/intents/external.py`)."""
+
+    #: Which announcement this is: 1, then one more per retry of the update step.
+    attempt: int
+    #: awaiting (a report is due), applied (every worker reported), expired or aborted.
+    state: str
+    #: When `refresh.ready_for_apply` went out, and the ISO time after which it holds.
+    requested_at: str
+    deadline: str
+    timeout_s: float
+    #: The workers the trainer applies to (paused, owned by the refresh).
+    workers: list[ApplyWorker]
+    #: Worker key → `{"at", "by", "instance_id"}` of its `applied` report.
+    applied: dict[str, dict[str, str]]
+    #: Why the wait ended without every report (expired, aborted).
+    reason: str
+
+
 class Progress(TypedDict, total=False):
     """`PolicyRefresh.progress`; every key is optional (a refresh all at once has none)."""
 
@@ -51,6 +87,8 @@ class Progress(TypedDict, total=False):
     #: The wave the refresh waits after, at a pause point.
     waiting_after: int
     canary: CanaryReview
+    #: An external update's wait for the trainer's `applied` report.
+    external: ExternalApply
 
 
 def progress_of(refresh) -> Progress:
@@ -62,6 +100,18 @@ def canary_of(refresh) -> CanaryReview | None:
     """A copy of the canary's review; None when the refresh has had no canary evaluation."""
     canary = (refresh.progress or {}).get("canary")
     return cast(CanaryReview, dict(canary)) if canary else None
+
+
+def external_of(refresh) -> ExternalApply | None:
+    """A copy of the external update's apply record; None before the first announcement."""
+    external = (refresh.progress or {}).get("external")
+    return cast(ExternalApply, dict(external)) if external else None
+
+
+def with_external(refresh, external: ExternalApply) -> Progress:
+    progress = progress_of(refresh)
+    progress["external"] = external
+    return progress
 
 
 def previous_policy(refresh) -> dict[str, Any] | None:

@@ -101,6 +101,15 @@ def normalize_target(target: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(update, dict) or not update:
             raise ValidationError("a tensor update needs its update fields")
         return {**base, "update": update}
+    if method == UpdateMethod.EXTERNAL:
+        # How long the refresh waits, its workers paused, for the trainer's `applied` report
+        # before it holds (the beat task `refresh.expire_apply_waits` enforces it).
+        return {
+            **base,
+            "apply_timeout_s": _positive(
+                target, "apply_timeout_s", settings.REFRESH_APPLY_TIMEOUT_SECONDS
+            ),
+        }
     if method == UpdateMethod.CUSTOM:
         route = target.get("route")
         body = target.get("body") or {}

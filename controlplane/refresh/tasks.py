@@ -12,7 +12,7 @@ from controlplane.refresh.drills import runner, schedule
 from controlplane.refresh.drills.runner import RUN_DRILL_TASK
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.executor.tracing import quarantine_trace
-from controlplane.refresh.intents import canary, expiry
+from controlplane.refresh.intents import canary, expiry, external
 from controlplane.refresh.intents.base import EXECUTE_TASK
 from controlplane.refresh.quarantine import CATCH_UP_TASK
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
@@ -69,6 +69,11 @@ def expire_stale_plans() -> list[int]:
 @shared_task(name="refresh.expire_canary_reviews", ignore_result=True)
 def expire_canary_reviews() -> list[int]:
     return canary.expire_canary_reviews()
+
+
+@shared_task(name="refresh.expire_apply_waits", ignore_result=True)
+def expire_apply_waits() -> list[int]:
+    return external.expire_apply_waits()
 
 
 @shared_task(name=RUN_DRILL_TASK, ignore_result=True)

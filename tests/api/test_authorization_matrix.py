@@ -38,6 +38,15 @@ ENDPOINTS = [
     ("get", "/api/v1/refreshes/{refresh}", None, Perm.VIEW, True),
     ("get", "/api/v1/refreshes/{refresh}/capacity", None, Perm.VIEW, True),
     ("get", "/api/v1/refreshes/{refresh}/group?wait=0.2&after=x", None, Perm.VIEW, True),
+    ("get", "/api/v1/refreshes/{refresh}/external", None, Perm.VIEW, True),
+    # Not an external refresh waiting for a report: an entitled caller meets 409.
+    (
+        "post",
+        "/api/v1/refreshes/{refresh}/applied",
+        {"weight_version": "v2"},
+        Perm.OPERATE_REFRESH,
+        True,
+    ),
     ("post", "/api/v1/refreshes/{refresh}/start", None, Perm.OPERATE_REFRESH, True),
     ("post", "/api/v1/refreshes/{refresh}/approve", None, Perm.APPROVE_REFRESH, True),
     ("post", "/api/v1/refreshes/{refresh}/reject", {"reason": "no"}, Perm.APPROVE_REFRESH, True),

@@ -554,6 +554,7 @@ API_WRITES = {
     "drop_quarantine",
     "report_broadcast_done",  # POST only; its body is the trainer's, checked like any write
     "record_canary_verdict",  # POST only; the trainer's verdict, checked like any write
+    "report_applied",  # POST only; the trainer's applied report, checked like any write
     "start_source_drill",
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
@@ -674,6 +675,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:api-v1:list_refreshes": ["/api/v1/refreshes"],
         "intake:api-v1:get_refresh": [f"/api/v1/refreshes/{pk}" for pk in r],
         "intake:api-v1:get_refresh_group": [f"/api/v1/refreshes/{pk}/group" for pk in r],
+        "intake:api-v1:get_refresh_external": [f"/api/v1/refreshes/{pk}/external" for pk in r],
         "intake:api-v1:get_refresh_capacity": [f"/api/v1/refreshes/{pk}/capacity" for pk in r],
         "intake:api-v1:list_audit_events": ["/api/v1/audit/events"],
         "intake:api-v1:export_audit_events": ["/api/v1/audit/events/export"],

@@ -26,6 +26,10 @@ class UpdateMethod(enum.StrEnum):
     LORA = "lora"
     TENSOR = "tensor"
     CUSTOM = "custom"
+    #: The trainer's framework applies the weights itself (verl's CUDA IPC, NeMo RL's NCCL
+    #: refit): no update route is called; the trainer reports `applied`, then the version is
+    #: declared (`set_weight_version`, where advertised) and read back.
+    EXTERNAL = "external"
 
 
 class LoraAction(enum.StrEnum):
@@ -40,6 +44,7 @@ METHOD_LABELS = {
     UpdateMethod.LORA: "LoRA adapter",
     UpdateMethod.TENSOR: "tensor update",
     UpdateMethod.CUSTOM: "allowlisted custom route",
+    UpdateMethod.EXTERNAL: "external (the trainer's framework applies the weights)",
 }
 
 _LORA_OP = {
@@ -107,7 +112,7 @@ def needed_operations(
     family: AdminFamily, method: UpdateMethod, *, lora_action: str | None = None
 ) -> tuple[Operation, ...] | None:
     """The capability set of `method` on `family`; None when the family does not offer it."""
-    if method == UpdateMethod.CUSTOM:
+    if method in (UpdateMethod.CUSTOM, UpdateMethod.EXTERNAL):
         return ()
     base = NEEDS.get((family.name, method))
     if base is None:
@@ -146,6 +151,20 @@ def negotiate(
             )
         return Negotiation(
             method, True, f"{family.name} allowlists {custom_route}", (Operation.CUSTOM,)
+        )
+    if method == UpdateMethod.EXTERNAL:
+        declared = family.supports(Operation.SET_WEIGHT_VERSION, routes)
+        how = (
+            "declared with set_weight_version"
+            if declared
+            else "not declared (no set_weight_version route), only read back"
+        )
+        return Negotiation(
+            method,
+            True,
+            f"{family.name}: the trainer applies the weights and reports applied; the version "
+            f"is {how}",
+            (Operation.SET_WEIGHT_VERSION,) if declared else (),
         )
     ops = needed_operations(family, method, lora_action=lora_action)
     if ops is None:

@@ -22,10 +22,10 @@ from controlplane.intake.fingerprint import FingerprintIn
 from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
 from controlplane.refresh import intents, reconcile
 from controlplane.refresh.eta import eta_json
-from controlplane.refresh.intents import action_table
+from controlplane.refresh.intents import action_table, external
 from controlplane.refresh.intents.action_table import Action, ActionInput
 from controlplane.refresh.models import PolicyRefresh
-from controlplane.refresh.progress import canary_of
+from controlplane.refresh.progress import canary_of, external_of
 from controlplane.refresh.strategy import stored as stored_strategy
 
 router = Router(tags=["policy refreshes"])
@@ -43,7 +43,7 @@ class LoraIn(Schema):
 
 class TargetIn(Schema):
     weight_version: str | int = Field(description="the policy version workers must report")
-    method: Literal["disk", "distributed", "lora", "tensor", "custom"] = "disk"
+    method: Literal["disk", "distributed", "lora", "tensor", "custom", "external"] = "disk"
     model_path: str | None = Field(None, max_length=1000, description="disk")
     group: dict[str, Any] | None = Field(
         None,
@@ -54,6 +54,13 @@ class TargetIn(Schema):
     trainer_ranks: int | None = Field(None, ge=1, le=1_000_000, description="distributed")
     init_timeout_s: float | None = Field(None, gt=0, le=3600, description="distributed")
     broadcast_timeout_s: float | None = Field(None, gt=0, le=86400, description="distributed")
+    apply_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        description="external: how long the paused workers wait for the trainer's applied "
+        "report before the refresh holds (default REFRESH_APPLY_TIMEOUT_SECONDS)",
+    )
     lora: LoraIn | None = None
     route: str | None = Field(None, max_length=300, description="custom: an allowlisted route")
     body: dict[str, Any] | None = Field(None, description="custom: the route's body")
@@ -153,6 +160,45 @@ class CanaryVerdictIn(Schema):
     reason: str = Field("", max_length=2000, description="optional; shown with a failure")
 
 
+InstanceId = Annotated[str, Field(pattern=r"^\d{1,20}$")]
+
+
+class AppliedIn(Schema):
+    weight_version: str | int = Field(
+        description="the version the trainer applied; refused (409) if not the refresh's"
+    )
+    instance_ids: list[InstanceId] | None = Field(
+        None,
+        max_length=10000,
+        description="the announced workers it applied to (omitted: all of them); 409 for an "
+        "instance the refresh did not announce",
+    )
+
+
+class ApplyWorkerOut(Schema):
+    instance_id: str
+    namespace: str
+    key: str
+    family: str
+    system_url: str = Field(description="the worker's admin URL (its system server)")
+
+
+class ExternalOut(Schema):
+    """An external update's wait for the trainer's `applied` report."""
+
+    refresh_id: int
+    refresh_state: str
+    weight_version: Any = None
+    state: str = Field(description="awaiting, applied, expired, aborted; empty before any")
+    attempt: int | None = Field(None, description="which announcement (1, then per retry)")
+    requested_at: str | None = None
+    deadline: str | None = Field(None, description="past it without every report, it holds")
+    workers: list[ApplyWorkerOut]
+    applied: list[str] = Field(description="instance ids (or keys) that reported applied")
+    missing: list[str] = Field(description="instance ids (or keys) still to report")
+    reason: str
+
+
 class EndIn(Schema):
     reason: str = Field(min_length=1, max_length=2000)
 
@@ -188,6 +234,11 @@ class RefreshOut(Schema):
         None,
         description="a canary's evaluation: state (awaiting, passed, failed), instances by "
         "namespace, deadline, verdict, metrics, by, at",
+    )
+    external: dict[str, Any] | None = Field(
+        None,
+        description="an external update's wait for the trainer (as GET …/external answers); "
+        "null before its first ready_for_apply",
     )
     plan_blockers: list[Any]
     failed_step: str
@@ -297,6 +348,7 @@ def serialize_refresh(refresh) -> dict[str, Any]:
         "wave": refresh.wave,
         "waves": refresh.waves,
         "canary": canary_of(refresh),
+        "external": external.public_view(refresh) if external_of(refresh) else None,
         "plan_blockers": list(refresh.plan_blockers or []),
         "failed_step": refresh.failed_step,
         "held_reason": refresh.held_reason,
@@ -565,6 +617,30 @@ def record_canary_verdict(
         weight_version=payload.weight_version,
     )
     return _action(request, response, refresh_id, action_table.CANARY_VERDICT, given)
+
+
+@_action_route(action_table.APPLIED)
+def report_applied(
+    request: HttpRequest, response: HttpResponse, refresh_id: Id, payload: AppliedIn
+):
+    """The trainer's framework applied the new weights itself (after
+    `refresh.ready_for_apply`, which names the paused workers): for `instance_ids`, or for
+    every announced worker when omitted. Once all of them reported, the refresh declares the
+    version (`set_weight_version` where advertised), reads it back, flushes, verifies and
+    reopens. A report already recorded changes nothing. 409 (audited, nothing changes):
+    `weight_version_mismatch` for another version, `instance_not_in_refresh` for an instance
+    it did not announce, `not_awaiting_apply` when the refresh waits for no report."""
+    given = ActionInput(weight_version=payload.weight_version, instance_ids=payload.instance_ids)
+    return _action(request, response, refresh_id, action_table.APPLIED, given)
+
+
+@router.get("/refreshes/{refresh_id}/external", response={200: ExternalOut, **COMMON_ERRORS})
+def get_refresh_external(request: HttpRequest, refresh_id: Id):
+    """An external update's wait for the trainer: the paused workers to apply to (instance
+    ids, namespaces, admin URLs), the deadline, and who reported `applied`. `state` is
+    `awaiting` while the refresh (`refresh_state` `awaiting_apply`) waits for the report."""
+    require(request, Perm.VIEW)
+    return external.public_view(_refresh_or_404(request, refresh_id))
 
 
 @router.get(

@@ -83,6 +83,8 @@ class ReceivedWebhookOutcome(models.TextChoices):
     CANARY_VERDICT = "canary_verdict"
     # A `policy.published` recorded as a published policy (fleet.PublishedPolicy).
     POLICY_PUBLISHED = "policy_published"
+    # A `refresh.applied` recorded on its external refresh (per worker or for all).
+    APPLIED = "applied"
     # Only on rows stored before webhooks were processed in the background.
     PROCESSING = "processing"
     CONFLICT = "conflict"

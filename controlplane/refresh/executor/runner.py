@@ -226,6 +226,11 @@ class Runner:
             result, step_run, ctx = self._run_step(refresh, step)
             self._outage.clear()
             self.takeover_pending = False
+            if result.waiting:
+                # The step gave the lease up with its move to a waiting state: record it, stop.
+                with transaction.atomic(durable=True):
+                    self._finish_step_run(step_run, "ok", result.detail)
+                return self._published().state
             if not result.ok:
                 self._unjudged = (step, step_run, result)
             refresh = self.load()

@@ -24,6 +24,9 @@ class StepResult:
     reason: str = ""
     detail: str = ""
     aborted: bool = False
+    #: The step moved the refresh into a waiting state and gave its lease up (an external
+    #: update waiting for the trainer's report): the runner records the step and stops.
+    waiting: bool = False
 
 
 @dataclass

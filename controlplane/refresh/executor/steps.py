@@ -26,6 +26,7 @@ from controlplane.refresh.executor.departures import (
     record_departures,
 )
 from controlplane.refresh.executor.distributed import run_distributed_update, tear_down
+from controlplane.refresh.executor.external import run_external_update
 from controlplane.refresh.executor.handover import audit_taken_over, take_over_quarantines
 from controlplane.refresh.executor.journal import run_step_calls
 from controlplane.refresh.executor.step_base import Step, StepContext, StepResult
@@ -343,6 +344,8 @@ class Update(WorkerStep):
     def run(self, ctx: StepContext) -> StepResult:
         if ctx.refresh.target.get("method") == UpdateMethod.DISTRIBUTED:
             return self.run_distributed(ctx)
+        if ctx.refresh.target.get("method") == UpdateMethod.EXTERNAL:
+            return self.run_external(ctx)
         pending = [w for w in self.pending(ctx) if w.calls.get(self.name)]
         if ctx.takeover and pending:
             # The previous executor died during this step: for these workers we do not know
@@ -369,6 +372,14 @@ class Update(WorkerStep):
         jobs = [self.job(ctx, w) for w in pending]
         before = done_before(ctx, self.name, pending)
         return self.judge(self.run_jobs(ctx, jobs), len(jobs), before=before)
+
+    def run_external(self, ctx: StepContext) -> StepResult:
+        """The trainer's framework applies the weights: announce and wait for its report, then
+        declare and read the version back. See `executor/external.py`."""
+        pending = self.pending(ctx)
+        if not pending:
+            return StepResult(True, detail="every worker already applied")
+        return run_external_update(self, ctx, pending)
 
     def run_distributed(self, ctx: StepContext) -> StepResult:
         """A collective group needs every rank: unless every worker in play already applied,

@@ -14,7 +14,7 @@ from typing import Any
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import Actor
 from controlplane.refresh import handshake, quarantine
-from controlplane.refresh.intents import canary, lifecycle, pausepoints, recovery
+from controlplane.refresh.intents import canary, external, lifecycle, pausepoints, recovery
 from controlplane.refresh.models import Gate, PolicyRefresh, Quarantine
 
 
@@ -34,6 +34,8 @@ class ActionInput:
     #: A canary verdict (`canary_verdict`): passed or not, and what the evaluation measured.
     passed: bool = False
     metrics: dict[str, Any] | None = None
+    #: The instances an `applied` report is about (None: every worker announced).
+    instance_ids: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,17 @@ BROADCAST_DONE = Action[PolicyRefresh](
         refresh, actor=actor, weight_version=given.weight_version, attempt=given.attempt
     ),
     "Broadcast recorded; the workers apply the new weights.",
+)
+APPLIED = Action[PolicyRefresh](
+    "applied",
+    Perm.OPERATE_REFRESH,
+    lambda refresh, actor, given: external.report_applied(
+        refresh,
+        actor=actor,
+        weight_version=given.weight_version,
+        instance_ids=given.instance_ids,
+    ),
+    "Applied report recorded.",
 )
 PAUSE_AT_NEXT_WAVE = Action[PolicyRefresh](
     "pause",

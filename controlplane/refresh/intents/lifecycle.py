@@ -25,7 +25,7 @@ from controlplane.refresh.errors import (
     RefreshConflict,
     wrong_state,
 )
-from controlplane.refresh.intents import base
+from controlplane.refresh.intents import base, external
 from controlplane.refresh.intents.base import audit_refresh, locked_refresh, scope_conflict
 from controlplane.refresh.intents.queries import ENDABLE_STATES, executor_alive, left_paused_keys
 from controlplane.refresh.live import publish_state_on_commit
@@ -159,6 +159,10 @@ def abort_policy_refresh(
             refresh.save(update_fields=["abort_requested", "end_reason", "end_state"])
             # The running step hears it through Redis, without a query per heartbeat.
             abort_signal.send_on_commit(refresh.pk)
+        elif state == RefreshState.AWAITING_APPLY and not resume_engines:
+            # An external update waiting for the trainer: it holds, its workers paused, as an
+            # executing refresh holds at its next call boundary.
+            external.abort_apply_wait(refresh, actor=actor)
         elif (state == RefreshState.HELD and resume_engines) or state in WAITING_STATES:
             # Waiting between waves, nothing it paused is left but the workers its failure
             # budget handed to quarantine (which stay paused): the release ends it cleanly.

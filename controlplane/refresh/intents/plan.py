@@ -270,6 +270,8 @@ def _worker_plans(
             fingerprint=request.fingerprint,
             rank=tuple(ranks[w.key]) if w.key in ranks else None,
             group_world_size=group.get("world_size"),
+            # A refresh of an external policy waits for the trainer's applied report.
+            trainer_applies=True,
         )
         for w in scope.selected
     ]

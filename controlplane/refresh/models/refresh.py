@@ -34,6 +34,9 @@ class RefreshState(models.TextChoices):
     CANARY_ROLLBACK = "canary_rollback"
     CANARY_REVIEW = "canary_review"
     WAITING = "waiting"
+    # An external update: the workers are paused and the trainer's framework applies the
+    # weights itself; the refresh waits for its `applied` report (refresh/intents/external.py).
+    AWAITING_APPLY = "awaiting_apply"
     SUCCEEDED = "succeeded"
     HELD = "held"
     ABORTED = "aborted"
@@ -61,9 +64,12 @@ EXECUTING_STATES = frozenset(
         RefreshState.CANARY_ROLLBACK,
     }
 )
-#: States with no executor in which the refresh waits for a person (or a trainer's verdict)
-#: between waves; each has `continue`/verdict, abort, rollback and end as its exits.
-WAITING_STATES = frozenset({RefreshState.WAITING, RefreshState.CANARY_REVIEW})
+#: States with no executor in which the refresh waits for a person or a trainer (between waves,
+#: or for an external update's `applied` report); each has `continue`/verdict/report, abort,
+#: rollback and end as its exits.
+WAITING_STATES = frozenset(
+    {RefreshState.WAITING, RefreshState.CANARY_REVIEW, RefreshState.AWAITING_APPLY}
+)
 #: States that hold the scope lock (the refresh is "active" for its scope).
 ACTIVE_STATES = (
     EXECUTING_STATES | WAITING_STATES | {RefreshState.AWAITING_APPROVAL, RefreshState.HELD}

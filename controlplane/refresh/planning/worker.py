@@ -45,6 +45,8 @@ def update_operation(target: dict[str, Any]) -> Operation:
         UpdateMethod.TENSOR: Operation.UPDATE_FROM_TENSOR,
         UpdateMethod.LORA: Operation.SET_WEIGHT_VERSION,
         UpdateMethod.CUSTOM: Operation.CUSTOM,
+        # The weights arrive outside Dynamo's routes; the plan's own call is the declaration.
+        UpdateMethod.EXTERNAL: Operation.SET_WEIGHT_VERSION,
     }[UpdateMethod(target["method"])]
 
 
@@ -58,6 +60,10 @@ def update_is_idempotent(family_name: str, target: dict[str, Any]) -> bool:
         # Load and unload are idempotent in Dynamo (a repeat says "already loaded"/fails
         # "not found" without harm); a swap repeated is another swap of the same adapter.
         return target["lora"]["action"] == LoraAction.LOAD
+    if target["method"] == UpdateMethod.EXTERNAL:
+        # Only the declaration and the readback are called, after the trainer's report: both
+        # land the same result again.
+        return True
     return target["method"] == "disk" and family_name in ("vllm", "sglang")
 
 
@@ -164,6 +170,10 @@ class WorkerRequest:
     pause_modes: dict[str, str] | None = None
     rank: tuple[int, int] | None = None
     group_world_size: int | None = None
+    #: A trainer applies the weights of an `external` policy (a policy refresh, which
+    #: announces `ready_for_apply` and waits for its report). Without one — a drifted worker's
+    #: catch-up, a canary's rollback — nothing could load them, so the plan is blocked.
+    trainer_applies: bool = False
 
 
 @dataclass
@@ -341,6 +351,14 @@ def update_pass(draft: Draft) -> list[str]:
         update_calls += build(
             StepName.UPDATE, update_op, **{**target["update"], "weight_version": version}
         )
+    elif method == UpdateMethod.EXTERNAL and not draft.request.trainer_applies:
+        # Declaring the version without the trainer's transfer would admit old weights as new.
+        blockers.append(
+            "update: an external policy's weights are applied by the trainer's framework; "
+            "only a policy refresh (which waits for its applied report) can load them"
+        )
+    elif method == UpdateMethod.EXTERNAL:
+        update_calls += _external_calls(family, routes, build, version)
     elif method == UpdateMethod.CUSTOM:
         update_calls.append(custom_call(target["route"], target.get("body")))
         if family.supports(Operation.SET_WEIGHT_VERSION, routes):
@@ -349,6 +367,21 @@ def update_pass(draft: Draft) -> list[str]:
             )
     draft.calls[StepName.UPDATE] = _serialize(update_calls)
     return blockers
+
+
+def _external_calls(
+    family: AdminFamily, routes: list[str], build: Callable[..., list[AdminCall]], version: Any
+) -> list[AdminCall]:
+    """After the trainer's `applied` report: declare the version where the worker advertises
+    `set_weight_version`, then read it back where it advertises `get_weight_version` (the
+    executor expects the refresh's version). No update route is called: the trainer's framework
+    applied the weights itself."""
+    calls: list[AdminCall] = []
+    if family.supports(Operation.SET_WEIGHT_VERSION, routes):
+        calls += build(StepName.UPDATE, Operation.SET_WEIGHT_VERSION, weight_version=version)
+    if family.supports(Operation.GET_WEIGHT_VERSION, routes):
+        calls += build(StepName.UPDATE, Operation.GET_WEIGHT_VERSION)
+    return calls
 
 
 def _distributed_calls(
@@ -509,6 +542,7 @@ def plan_worker(
     pause_modes: dict[str, str] | None = None,
     rank: tuple[int, int] | None = None,
     group_world_size: int | None = None,
+    trainer_applies: bool = False,
 ) -> WorkerPlan:
     """The worker's plan: its calls per step and every blocker the passes found."""
     request = WorkerRequest(
@@ -521,6 +555,7 @@ def plan_worker(
         pause_modes=pause_modes,
         rank=rank,
         group_world_size=group_world_size,
+        trainer_applies=trainer_applies,
     )
     draft = Draft(WorkerPlan(worker), request)
     for _name, worker_pass in WORKER_PASSES:

@@ -55,6 +55,7 @@ REFRESH_KEYS = {
     "wave",
     "waves",
     "canary",
+    "external",
     "plan_blockers",
     "failed_step",
     "held_reason",
@@ -262,6 +263,34 @@ def test_actions_in_the_wrong_state_are_conflicts(source, operator, approver):
         assert code == Exit.CONFLICT, (verb, refused)
         assert refused["error"]["code"] in {"invalid_transition", "approval_not_allowed"}
     assert PolicyRefresh.objects.get(pk=pk).state == RefreshState.PLANNED
+
+
+def test_plan_takes_the_external_method_and_a_disk_plan_still_needs_its_path(source, operator):
+    code, planned = cli_json(
+        "refresh",
+        "plan",
+        "sim",
+        "--weight-version",
+        "v6",
+        "--method",
+        "external",
+        "--apply-timeout",
+        "45",
+        "--as",
+        operator.username,
+    )
+    assert code == Exit.OK, planned
+    assert planned["refresh"]["target"] == {
+        "weight_version": "v6",
+        "method": "external",
+        "apply_timeout_s": 45.0,
+    }
+    refresh = PolicyRefresh.objects.get(pk=planned["refresh"]["id"])
+    assert {w.update_method for w in refresh.workers.all()} == {"external"}
+    code, _, err = cli(
+        "refresh", "plan", "sim", "--weight-version", "v7", "--as", operator.username
+    )
+    assert code == Exit.USAGE and "a disk update needs --model-path" in err
 
 
 def test_a_usage_error_exits_2_from_the_command_line(source):

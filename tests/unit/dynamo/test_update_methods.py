@@ -20,10 +20,19 @@ LORA = [*VLLM_ADVERTISED, "load_lora", "unload_lora"]
 
 
 def test_each_family_offers_the_methods_its_routes_allow():
-    assert offered_methods(VLLM_WORKER, LORA, static=False) == ["disk", "distributed", "lora"]
-    assert offered_methods(VLLM_SIDECAR, SIDECAR_ADVERTISED, static=False) == ["distributed"]
+    # `external` needs no update route: the trainer's framework applies the weights itself.
+    assert offered_methods(VLLM_WORKER, LORA, static=False) == [
+        "disk",
+        "distributed",
+        "lora",
+        "external",
+    ]
+    assert offered_methods(VLLM_SIDECAR, SIDECAR_ADVERTISED, static=False) == [
+        "distributed",
+        "external",
+    ]
     sglang = ["control/update_weights_from_disk", "control/update_weights_from_tensor"]
-    assert offered_methods(SGLANG, sglang, static=True) == ["disk", "tensor", "custom"]
+    assert offered_methods(SGLANG, sglang, static=True) == ["disk", "tensor", "external", "custom"]
 
 
 def test_the_reason_names_the_routes_and_a_refusal_names_the_contract():

@@ -103,8 +103,10 @@ def plan(
     verification: dict[str, Any] | None = None,
     policy: OutboundPolicy = POLICY,
     pause_modes: dict[str, str] | None = None,
+    trainer_applies: bool = True,
 ):
-    """One worker's plan; a distributed one puts the worker right after a one-rank trainer."""
+    """One worker's plan; a distributed one puts the worker right after a one-rank trainer.
+    An external one is a refresh's (the trainer applies) unless `trainer_applies` is False."""
     target = normalize_target(target)
     rank = world = None
     if target["method"] == "distributed" and worker.world_size:
@@ -119,6 +121,7 @@ def plan(
         policy=policy,
         rank=rank,
         group_world_size=world,
+        trainer_applies=trainer_applies,
     )
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.core.exceptions import ValidationError
 
 from controlplane.refresh.planning import generation_check_from_call, update_is_idempotent
+from controlplane.refresh.targets import normalize_target
 from tests.unit.refresh.builders import (
     BIG_INSTANCE_ID,
     DISK,
@@ -522,6 +524,8 @@ def test_verification_switches_drop_their_calls():
         ("vllm", "distributed", False),
         ("sglang", "distributed", False),
         ("vllm-sidecar", "distributed", False),
+        # Only the declaration and the readback are called (after the trainer's report).
+        ("vllm", "external", True),
     ],
 )
 def test_only_a_disk_reload_is_safe_to_repeat(family, method, idempotent):
@@ -583,3 +587,49 @@ def test_a_declared_sidecar_without_an_adapter_is_refused_by_name():
         "it is never paused or updated"
     ]
     assert p.calls == {}
+
+
+# -- external: the trainer's framework applies the weights ----------------------------------------
+
+EXTERNAL = {"weight_version": "v12", "method": "external"}
+
+
+def test_vllm_external_update_calls_no_update_route_and_declares_then_reads_back():
+    p = plan(vllm_worker(), EXTERNAL)
+    assert (p.blockers, p.update_method) == ([], "external")
+    assert "trainer applies the weights" in p.method_reason
+    assert "set_weight_version" in p.method_reason
+    assert p.calls["update"] == [
+        call("set_weight_version", "engine/set_weight_version", {"weight_version": "v12"}),
+        call("get_weight_version", "engine/get_weight_version", {}),
+    ]
+    # Nobody knows whether the framework's transfer dropped the old prefix cache: flush.
+    assert p.calls["flush"] == [call("flush_cache", "engine/flush_cache", {})]
+    assert p.calls["pause"] and p.calls["resume_engines"]
+
+
+def test_external_update_without_set_weight_version_only_reads_back():
+    worker = vllm_worker(routes=[r for r in VLLM_ROUTES if r != "set_weight_version"])
+    p = plan(worker, EXTERNAL)
+    assert p.blockers == []
+    assert "only read back" in p.method_reason
+    assert p.calls["update"] == [call("get_weight_version", "engine/get_weight_version", {})]
+
+
+def test_an_external_policy_without_a_trainer_to_apply_it_is_blocked():
+    # A drifted worker's catch-up or a canary's rollback plans the gate's policy with no trainer
+    # waiting to apply it: declaring the version alone would admit old weights as new.
+    p = plan(vllm_worker(), EXTERNAL, trainer_applies=False)
+    assert p.calls["update"] == []
+    assert p.blockers == [
+        "update: an external policy's weights are applied by the trainer's framework; only a "
+        "policy refresh (which waits for its applied report) can load them"
+    ]
+
+
+def test_external_apply_timeout_defaults_and_must_be_positive(settings):
+    settings.REFRESH_APPLY_TIMEOUT_SECONDS = 42.0
+    assert normalize_target(EXTERNAL)["apply_timeout_s"] == 42.0
+    assert normalize_target({**EXTERNAL, "apply_timeout_s": 5})["apply_timeout_s"] == 5.0
+    with pytest.raises(ValidationError, match="apply_timeout_s must be a positive"):
+        normalize_target({**EXTERNAL, "apply_timeout_s": 0})

@@ -121,6 +121,10 @@ def test_abort(source, state, resume):
         # The executor stops at its next call boundary; the state is its to change.
         assert state_of(refresh) == state and refresh.abort_requested
         assert refresh.end_state == (S.ABORTED if resume else "")
+    elif state == S.AWAITING_APPLY and not resume:
+        # Waiting for the trainer's applied report, its workers paused: it holds with them.
+        intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
+        assert state_of(refresh) == S.HELD and refresh.failed_step == "update"
     elif (state == S.HELD and resume) or state in WAITING_STATES:
         # Waiting between waves nothing it paused is left to keep paused: both abort the same.
         intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)

@@ -1,7 +1,8 @@
 """Trainer-side client for the Dynamo RL control plane.
 
 - `ControlPlane`: announce checkpoints (signed Standard Webhooks, key rotation), wait for the
-  gate, list admitted instances, report a distributed broadcast, give a canary verdict.
+  gate, list admitted instances, report a distributed broadcast, report weights a framework
+  applied itself (`external`), give a canary verdict.
 - `Frontend.pinned_completion`: token-id generation through the Dynamo frontend, pinned to an
   admitted instance, with the engine's own token ids and attempt identity kept across retries.
 - `admit` / `AdmissionGuard`: the sample-admission guard (Dynamo's RL integration reference).
@@ -12,6 +13,7 @@ The package's major version is the API version it speaks (`API_VERSION`, `/api/v
 from dynamo_rl_trainer.admission import Admission, AdmissionView, GateView, LedgerView
 from dynamo_rl_trainer.control import API_PREFIX, API_VERSION, ControlPlane
 from dynamo_rl_trainer.errors import (
+    ApplyTimeout,
     CheckpointRefused,
     Conflict,
     ControlPlaneError,
@@ -29,6 +31,8 @@ from dynamo_rl_trainer.generation import Completion, Frontend, GenerationRequest
 from dynamo_rl_trainer.guard import RULES, AdmissionGuard, Failure, Sample, Verdict, admit
 from dynamo_rl_trainer.results import (
     AdmittedInstances,
+    ApplyRequest,
+    ApplyWorker,
     Delivery,
     Gate,
     GroupView,
@@ -47,6 +51,9 @@ __all__ = [
     "AdmissionGuard",
     "AdmissionView",
     "AdmittedInstances",
+    "ApplyRequest",
+    "ApplyTimeout",
+    "ApplyWorker",
     "CheckpointRefused",
     "Completion",
     "Conflict",

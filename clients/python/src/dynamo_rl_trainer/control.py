@@ -17,6 +17,7 @@ import httpx
 
 from dynamo_rl_trainer.admission import AdmissionView, GateView, LedgerView
 from dynamo_rl_trainer.errors import (
+    ApplyTimeout,
     CheckpointRefused,
     Conflict,
     ControlPlaneError,
@@ -25,6 +26,7 @@ from dynamo_rl_trainer.errors import (
 )
 from dynamo_rl_trainer.results import (
     AdmittedInstances,
+    ApplyRequest,
     Delivery,
     Gate,
     GroupView,
@@ -115,6 +117,7 @@ class ControlPlane:
         *,
         model_path: str | None = None,
         distributed: dict[str, Any] | None = None,
+        external: bool | dict[str, Any] = False,
         step: int | None = None,
         metrics: dict[str, float] | None = None,
         checkpoint_digest: str | None = None,
@@ -123,15 +126,24 @@ class ControlPlane:
         strategy: dict[str, Any] | None = None,
         webhook_id: str | None = None,
     ) -> WebhookAnswer:
-        """`checkpoint.ready`: a new policy to roll out. Give exactly one of `model_path` (disk)
-        or `distributed` (`{"group": ..., "update": ...}`). Answered 202 at once; the refresh
-        is planned in the background (`delivery()`, `wait_for_gate()`)."""
-        if (model_path is None) == (distributed is None):
-            raise ValueError("give exactly one of model_path or distributed")
+        """`checkpoint.ready`: a new policy to roll out. Give exactly one of `model_path` (disk),
+        `distributed` (`{"group": ..., "update": ...}`) or `external` (True, or
+        `{"apply_timeout_s": s}`: the trainer's framework applies the weights itself after
+        `wait_for_ready_for_apply` and calls `report_applied`). Answered 202 at once; the
+        refresh is planned in the background (`delivery()`, `wait_for_gate()`)."""
+        external_body: dict[str, Any] | None = None
+        if isinstance(external, dict):
+            external_body = dict(external)
+        elif external:
+            external_body = {}
+        given = [model_path, distributed, external_body]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("give exactly one of model_path, distributed or external")
         data: dict[str, Any] = {"weight_version": weight_version}
         optional = {
             "model_path": model_path,
             "distributed": distributed,
+            "external": external_body,
             "step": step,
             "metrics": metrics,
             "checkpoint_digest": checkpoint_digest,
@@ -158,6 +170,30 @@ class ControlPlane:
         if attempt is not None:
             data["attempt"] = attempt
         return self.send_event("broadcast.done", data, webhook_id=webhook_id)
+
+    def report_applied(
+        self,
+        refresh_id: int,
+        version: str | int,
+        instance_ids: Sequence[int | str] | None = None,
+        *,
+        webhook_id: str | None = None,
+    ) -> ApplyRequest:
+        """`refresh.applied`: the trainer's framework applied `version` to the workers an
+        external refresh paused (`wait_for_ready_for_apply`), to `instance_ids` or, when None,
+        to all of them. Answers the refresh's apply view (who reported, who is missing); once
+        every worker reported, the refresh declares the version, verifies and reopens. A report
+        already recorded changes nothing. Refused with `Conflict` (its `code`:
+        `weight_version_mismatch`, `instance_not_in_refresh`, `not_awaiting_apply`) or
+        `NotFound` (`unknown_refresh`); a refusal changes nothing."""
+        data: dict[str, Any] = {"refresh_id": refresh_id, "weight_version": version}
+        if instance_ids is not None:
+            data["instance_ids"] = [str(int(i)) for i in instance_ids]
+        answer = self.send_event("refresh.applied", data, webhook_id=webhook_id)
+        if answer.external is None:
+            # A repeat of a stored delivery is answered with its stored body: read the view.
+            return self.apply_request(refresh_id)
+        return ApplyRequest.from_json(answer.external)
 
     def canary_verdict(
         self,
@@ -235,6 +271,37 @@ class ControlPlane:
                 409, "group_not_ready", f"group is {group.state or 'not formed'}: {group.reason}"
             )
         return group
+
+    def apply_request(self, refresh_id: int) -> ApplyRequest:
+        """An external refresh's wait for the trainer (`GET /refreshes/<id>/external`): the
+        paused workers (instance ids, namespaces, admin URLs), the version and the deadline."""
+        path = f"{API_PREFIX}/refreshes/{refresh_id}/external"
+        return ApplyRequest.from_json(self._get(path).json())
+
+    def wait_for_ready_for_apply(
+        self, refresh_id: int, timeout: float, *, poll_interval: float = 0.5
+    ) -> ApplyRequest:
+        """Poll an external refresh until it has paused its workers and waits for the weights
+        (`refresh.ready_for_apply`): apply them, then `report_applied`. `Conflict` when the
+        refresh stopped first (held, ended; `code` `refresh_<state>`), `ApplyTimeout` after
+        `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        last: ApplyRequest | None = None
+        while True:
+            last = self.apply_request(refresh_id)
+            if last.awaiting:
+                return last
+            if last.ended:
+                raise Conflict(
+                    409,
+                    f"refresh_{last.refresh_state}",
+                    f"policy refresh #{refresh_id} is {last.refresh_state} before asking for "
+                    f"the weights{': ' + last.reason if last.reason else ''}",
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ApplyTimeout(refresh_id, timeout, last)
+            time.sleep(min(poll_interval, remaining))
 
     def gate(self, namespace: str | None = None) -> Gate:
         """The scope's gate. The previous answer's `ETag` goes out as `If-None-Match`, so an

@@ -124,6 +124,21 @@ class GateTimeout(TrainerClientError):
         self.missing = missing
 
 
+class ApplyTimeout(TrainerClientError):
+    """`wait_for_ready_for_apply` ran out of time before the refresh paused its workers for the
+    trainer; `last` is the refresh's apply view as last read."""
+
+    def __init__(self, refresh_id: int, timeout: float, last: Any) -> None:
+        state = "never read" if last is None else f"refresh {last.refresh_state}"
+        super().__init__(
+            f"policy refresh #{refresh_id} did not ask for the weights within {timeout:g} s "
+            f"(last: {state})"
+        )
+        self.refresh_id = refresh_id
+        self.timeout = timeout
+        self.last = last
+
+
 class CheckpointRefused(TrainerClientError):
     """The checkpoint's delivery ended without starting a refresh (`plan_blocked`, `failed`,
     `superseded`); `delivery` says why."""

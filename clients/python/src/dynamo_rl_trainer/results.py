@@ -42,6 +42,7 @@ class WebhookAnswer:
     recovery: str | None = None
     group: dict[str, Any] | None = None
     canary: dict[str, Any] | None = None
+    external: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, http_status: int, body: dict[str, Any]) -> WebhookAnswer:
@@ -58,6 +59,7 @@ class WebhookAnswer:
             recovery=body.get("recovery"),
             group=body.get("group"),
             canary=body.get("canary"),
+            external=body.get("external"),
         )
 
 
@@ -198,5 +200,75 @@ class GroupView:
             attempt=body.get("attempt"),
             world_size=body.get("world_size"),
             weight_version=body.get("weight_version"),
+            reason=str(body.get("reason") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class ApplyWorker:
+    """One paused worker an external refresh asks the trainer to apply the weights to."""
+
+    instance_id: int | None
+    namespace: str
+    key: str
+    family: str
+    #: The worker's admin URL (its system server), for a framework that loads through it.
+    system_url: str
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ApplyWorker:
+        raw = str(body.get("instance_id") or "")
+        return cls(
+            instance_id=int(raw) if raw.isdigit() else None,
+            namespace=str(body.get("namespace") or ""),
+            key=str(body.get("key") or ""),
+            family=str(body.get("family") or ""),
+            system_url=str(body.get("system_url") or ""),
+        )
+
+
+#: The refresh state in which an external refresh waits for the trainer's `applied` report.
+AWAITING_APPLY = "awaiting_apply"
+
+
+@dataclass(frozen=True)
+class ApplyRequest:
+    """An external refresh's wait for the trainer (`refresh.ready_for_apply`, `GET
+    /refreshes/<id>/external`): the paused workers to apply `weight_version` to, the deadline,
+    and which of them reported `applied` so far."""
+
+    refresh_id: int
+    refresh_state: str
+    weight_version: Any
+    state: str
+    attempt: int | None
+    deadline: float | None
+    workers: tuple[ApplyWorker, ...]
+    applied: tuple[str, ...]
+    missing: tuple[str, ...]
+    reason: str
+
+    @property
+    def awaiting(self) -> bool:
+        """The workers are paused and the refresh waits for the report now."""
+        return self.refresh_state == AWAITING_APPLY and self.state == "awaiting"
+
+    @property
+    def ended(self) -> bool:
+        """The refresh stopped (held, ended): no report is taken until a person acts."""
+        return self.refresh_state in ENDED_REFRESH_STATES
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ApplyRequest:
+        return cls(
+            refresh_id=int(body["refresh_id"]),
+            refresh_state=str(body.get("refresh_state", "")),
+            weight_version=body.get("weight_version"),
+            state=str(body.get("state") or ""),
+            attempt=body.get("attempt"),
+            deadline=parse_time(body.get("deadline")),
+            workers=tuple(ApplyWorker.from_json(w) for w in body.get("workers") or ()),
+            applied=tuple(str(i) for i in body.get("applied") or ()),
+            missing=tuple(str(i) for i in body.get("missing") or ()),
             reason=str(body.get("reason") or ""),
         )

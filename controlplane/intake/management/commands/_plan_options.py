@@ -29,7 +29,20 @@ def add_plan_arguments(parser) -> None:
         metavar="V",
         help="the policy version every worker must report afterwards",
     )
-    parser.add_argument("--model-path", required=True, help="checkpoint path the workers load")
+    parser.add_argument(
+        "--method",
+        choices=["disk", "external"],
+        default="disk",
+        help="disk: the workers load --model-path; external: the trainer's framework applies "
+        "the weights itself and reports applied",
+    )
+    parser.add_argument("--model-path", help="checkpoint path the workers load (disk)")
+    parser.add_argument(
+        "--apply-timeout",
+        type=float,
+        metavar="S",
+        help="external: seconds the paused workers wait for the applied report",
+    )
     parser.add_argument(
         "--namespace", action="append", dest="namespaces", default=None, help="repeatable"
     )
@@ -201,6 +214,19 @@ def read_fingerprint(opts) -> dict | None:
     )
 
 
+def target_from_options(opts) -> dict:
+    """The target policy of `--method` (disk needs `--model-path`); raises ValueError."""
+    method = opts.get("method") or "disk"
+    target = {"weight_version": opts["weight_version"], "method": method}
+    if method == "disk":
+        if not opts.get("model_path"):
+            raise ValueError("a disk update needs --model-path")
+        target["model_path"] = opts["model_path"]
+    elif opts.get("apply_timeout") is not None:
+        target["apply_timeout_s"] = opts["apply_timeout"]
+    return target
+
+
 def plan_from_options(opts, actor: Actor) -> PolicyRefresh:
     """Plan through `intents.plan_policy_refresh` (fresh discovery, stored, audited as
     `actor`). Bad input is a USAGE refusal and plans nothing; blockers are stored, not raised."""
@@ -212,11 +238,7 @@ def plan_from_options(opts, actor: Actor) -> PolicyRefresh:
         return intents.plan_policy_refresh(
             source=source,
             actor=actor,
-            target={
-                "weight_version": opts["weight_version"],
-                "method": "disk",
-                "model_path": opts["model_path"],
-            },
+            target=target_from_options(opts),
             namespaces=opts["namespaces"],
             pause_mode=opts["pause_mode"],
             pause_modes=dict(item.partition("=")[::2] for item in opts["pause_mode_for"]),

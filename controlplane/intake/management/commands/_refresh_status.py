@@ -154,6 +154,13 @@ def progress_line(status: dict[str, Any]) -> str:
             f", canary awaits a {canary.get('evaluation', '?')} verdict until "
             f"{canary.get('deadline', '?')}"
         )
+    elif status["state"] == RefreshState.AWAITING_APPLY:
+        external = refresh.get("external") or {}
+        line += (
+            f", waits for the trainer's applied report from {len(external.get('missing') or [])}"
+            f" of {len(external.get('workers') or [])} workers until "
+            f"{external.get('deadline', '?')}"
+        )
     return line
 
 

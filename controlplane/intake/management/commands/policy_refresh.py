@@ -145,7 +145,8 @@ class Command(refresh_command.Command):
         self.stdout.write(
             f"Plan #{refresh.pk}: {refresh.source.name} "
             f"{', '.join(shown(n) for n in refresh.namespaces)} -> "
-            f"{shown(refresh.weight_version)} ({shown(refresh.target['model_path'])})"
+            f"{shown(refresh.weight_version)} "
+            f"({shown(refresh.target.get('model_path') or refresh.target['method'])})"
         )
         self.stdout.write(f"  verify: {verification_summary(refresh)}")
         for worker in refresh.workers.all():

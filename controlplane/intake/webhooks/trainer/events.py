@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
@@ -16,7 +16,17 @@ BROADCAST_DONE = "broadcast.done"
 CANARY_VERDICT = "canary.verdict"
 #: The trainer published a checkpoint (step, version, digest), refresh or not.
 POLICY_PUBLISHED = "policy.published"
-EVENT_TYPES = (CHECKPOINT_READY, TEST_PING, BROADCAST_DONE, CANARY_VERDICT, POLICY_PUBLISHED)
+#: The trainer's framework applied an external refresh's weights (after
+#: `refresh.ready_for_apply`).
+REFRESH_APPLIED = "refresh.applied"
+EVENT_TYPES = (
+    CHECKPOINT_READY,
+    TEST_PING,
+    BROADCAST_DONE,
+    CANARY_VERDICT,
+    POLICY_PUBLISHED,
+    REFRESH_APPLIED,
+)
 
 
 class BroadcastDone(BaseModel):
@@ -55,6 +65,37 @@ class CanaryVerdict(BaseModel):
     reason: str = Field("", max_length=2000, description="optional; shown with a failure")
 
 
+class Applied(BaseModel):
+    """`POST /api/v1/refreshes/<id>/applied`, as a signed webhook: the trainer's framework
+    applied the new weights itself to the workers `refresh.ready_for_apply` named."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    refresh_id: int = Field(ge=1, le=2**63 - 1, description="the refresh waiting in awaiting_apply")
+    weight_version: str | int = Field(
+        description="the version applied; refused (409) when it is not the refresh's"
+    )
+    instance_ids: list[Annotated[str, Field(pattern=r"^\d{1,20}$")]] | None = Field(
+        None,
+        max_length=10000,
+        description="the announced workers it applied to (decimal instance ids); omitted: all",
+    )
+
+
+class ExternalUpdate(BaseModel):
+    """The trainer's framework applies the weights itself (`external`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    apply_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        description="how long the paused workers wait for the applied report before the "
+        "refresh holds (default: the server's REFRESH_APPLY_TIMEOUT_SECONDS)",
+    )
+
+
 class DistributedUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -70,6 +111,11 @@ class CheckpointReady(BaseModel):
     weight_version: str | int = Field(description="version workers must report after the update")
     model_path: str | None = Field(None, max_length=1000, description="for a disk update")
     distributed: DistributedUpdate | None = Field(None, description="for a distributed update")
+    external: ExternalUpdate | None = Field(
+        None,
+        description="for an external update: the trainer applies the weights itself after "
+        "`refresh.ready_for_apply` and reports `refresh.applied`",
+    )
     step: int | None = Field(None, ge=0, description="training step of the checkpoint")
     metrics: dict[str, float] = Field(default_factory=dict)
     checkpoint_digest: str | None = Field(None, max_length=200)
@@ -88,8 +134,9 @@ class CheckpointReady(BaseModel):
 
     @model_validator(mode="after")
     def _one_method(self):
-        if (self.model_path is None) == (self.distributed is None):
-            raise ValueError("give exactly one of model_path or distributed")
+        given = [self.model_path, self.distributed, self.external]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("give exactly one of model_path, distributed or external")
         if isinstance(self.weight_version, str) and not self.weight_version.strip():
             raise ValueError("weight_version must not be empty")
         return self
@@ -98,6 +145,11 @@ class CheckpointReady(BaseModel):
         return self.fingerprint.as_dict() if self.fingerprint is not None else None
 
     def target(self) -> dict[str, Any]:
+        if self.external is not None:
+            target: dict[str, Any] = {"weight_version": self.weight_version, "method": "external"}
+            if self.external.apply_timeout_s is not None:
+                target["apply_timeout_s"] = self.external.apply_timeout_s
+            return target
         if self.distributed is not None:
             return {
                 "weight_version": self.weight_version,

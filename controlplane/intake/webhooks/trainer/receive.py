@@ -34,6 +34,7 @@ from controlplane.intake.models import (
 )
 from controlplane.intake.models import WebhookPolicy as Policy
 from controlplane.intake.strategy import StrategyRefused, checked
+from controlplane.intake.webhooks.trainer.applied import refresh_applied
 from controlplane.intake.webhooks.trainer.broadcast import broadcast_done
 from controlplane.intake.webhooks.trainer.events import (
     BROADCAST_DONE,
@@ -41,6 +42,7 @@ from controlplane.intake.webhooks.trainer.events import (
     CHECKPOINT_READY,
     EVENT_TYPES,
     POLICY_PUBLISHED,
+    REFRESH_APPLIED,
     TEST_PING,
     CheckpointReady,
     approval_reasons,
@@ -163,6 +165,27 @@ def receive(
             Outcome.POLICY_PUBLISHED,
             answer,
             recorded,
+        )
+    if event_type == REFRESH_APPLIED:
+        # A repeat is answered from the stored delivery before anything acts.
+        if ReceivedWebhook.objects.filter(endpoint=endpoint, webhook_id=webhook_id).exists():
+            return _repeat(endpoint, webhook_id, digest, source_ip)
+        (status, answer_body), recorded, refresh_id = refresh_applied(
+            endpoint, webhook_id, envelope.get("data", {})
+        )
+        answer = Answer(status, answer_body)
+        if recorded is None:
+            return reject(answer)
+        return _acted(
+            endpoint,
+            webhook_id,
+            envelope,
+            digest,
+            source_ip,
+            Outcome.APPLIED,
+            answer,
+            recorded,
+            refresh_id=refresh_id,
         )
     if event_type == CANARY_VERDICT:
         # A repeat is answered from the stored delivery before anything acts, so a replayed

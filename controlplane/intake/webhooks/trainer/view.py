@@ -14,6 +14,7 @@ from controlplane.audit.recorder import client_ip
 from controlplane.intake.api.errors import ErrorOut
 from controlplane.intake.webhooks.trainer.events import (
     EVENT_TYPES,
+    Applied,
     BroadcastDone,
     CanaryVerdict,
     CheckpointReady,
@@ -47,6 +48,10 @@ class WebhookResult(Schema):
     )
     canary: dict[str, Any] | None = Field(
         None, description="canary.verdict: the canary's state, verdict and instances"
+    )
+    external: dict[str, Any] | None = Field(
+        None,
+        description="refresh.applied: the external update's wait (workers, applied, missing)",
     )
     created: bool | None = Field(
         None,
@@ -110,6 +115,7 @@ _BODY = {
                             _inline(BroadcastDone.model_json_schema()),
                             _inline(CanaryVerdict.model_json_schema()),
                             _inline(PolicyPublished.model_json_schema()),
+                            _inline(Applied.model_json_schema()),
                         ]
                     },
                 },
@@ -141,7 +147,9 @@ def trainer_webhook(request: HttpRequest, endpoint: str) -> Status:
     `canary_review`: both acted on at once and answered 200, 409 when nothing waits for them;
     or its `policy.published`: a checkpoint it published, step, version and digest, recorded
     for policy lag and answered 200, 409 `not_monotonic` when it would move its lineage
-    backwards).
+    backwards; or its `refresh.applied` for an external refresh waiting in `awaiting_apply`:
+    acted on at once, 409 with the refusal's code for another version, an instance the
+    refresh did not announce, or a refresh waiting for no report).
 
     Stored and answered 202 at once; the refresh is planned in the background. Read the outcome
     at `GET /api/v1/webhooks/deliveries/{webhook_id}` or by sending the same delivery again."""

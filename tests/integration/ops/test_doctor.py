@@ -95,6 +95,13 @@ def test_clock_skew_beyond_half_the_webhook_window_fails(monkeypatch, settings):
 
 @pytest.mark.celery
 def test_a_running_worker_answers_the_celery_check(celery_worker):
+    # The fixture does not wait for the worker's control channel (no ping check): wait for it
+    # here, bounded, so what is tested is the doctor's report, not the worker's start-up time.
+    from controlplane.celery import app
+
+    deadline = time.monotonic() + 30
+    while not app.control.ping(timeout=0.5):
+        assert time.monotonic() < deadline, "the test worker never answered a ping"
     (finding,) = _findings("celery")
     assert finding["status"] == "ok" and finding["detail"].startswith("1 worker(s) answered")
 

@@ -140,7 +140,7 @@ def main() -> None:
     from controlplane.accounts.services import create_user_with_role
     from controlplane.audit.recorder import Actor
     from controlplane.fleet import services
-    from controlplane.fleet.discovery import refresh_source
+    from controlplane.fleet.discovery import run_discovery
     from controlplane.fleet.models import DiscoveryTrigger
     from controlplane.simfleet import FleetConfig
 
@@ -176,11 +176,11 @@ def main() -> None:
             )
 
         steady_source = new_source("steady")
-        refresh_source(steady_source.pk, trigger=DiscoveryTrigger.MANUAL)
+        run_discovery(steady_source.pk, trigger=DiscoveryTrigger.MANUAL)
         requests: list[int] = []
 
         def ours(source) -> None:
-            run = refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
+            run = run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL)
             assert run is not None and run.ok, run and run.error
             assert run.workers_total == n, run.workers_total
 

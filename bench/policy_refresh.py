@@ -100,7 +100,7 @@ def main() -> None:
     from controlplane.accounts.services import create_user_with_role
     from controlplane.audit.recorder import Actor
     from controlplane.fleet import services
-    from controlplane.fleet.discovery import refresh_source
+    from controlplane.fleet.discovery import run_discovery
     from controlplane.fleet.models import DiscoveryTrigger
     from controlplane.refresh import intents
     from controlplane.refresh.executor import execute_refresh
@@ -135,7 +135,7 @@ def main() -> None:
             allowed_networks=["127.0.0.0/8"],
             expected_prefix="rl",
         )
-        refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
+        run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL)
         calls_per_run: list[int] = []
 
         def prepare(i: int):

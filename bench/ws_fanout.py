@@ -60,7 +60,7 @@ MARK = re.compile(r"bench-(\d+)-(\d+)-(\d+\.\d+)")
 
 #: stream name -> (websocket path, group, event); payloads from `_payload`
 STREAMS = {
-    "fleet": ("/ws/fleet/", "fleet", "fleet.source_refreshed"),
+    "fleet": ("/ws/fleet/", "fleet", "fleet.discovery_finished"),
     "gates": ("/ws/gates/", "gates", "gate.changed"),
 }
 

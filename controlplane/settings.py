@@ -285,7 +285,7 @@ DISCOVERY_TICK_SECONDS = env_float("DISCOVERY_TICK_SECONDS", 2.0, minimum=0.5)
 RECONCILE_TICK_SECONDS = env_float("RECONCILE_TICK_SECONDS", 15.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE = {
     "discovery-tick": {
-        "task": "fleet.schedule_discovery_refreshes",
+        "task": "fleet.schedule_discoveries",
         "schedule": timedelta(seconds=DISCOVERY_TICK_SECONDS),
         "options": {"expires": DISCOVERY_TICK_SECONDS * 0.9},
     },

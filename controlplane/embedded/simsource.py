@@ -32,7 +32,7 @@ def first_discovery(source_id: int, since: datetime) -> str | None:
     """How the first discovery that finished after `since` went ("ok" or "stale: why"), or
     None while there is none."""
     source = Source.objects.get(pk=source_id)
-    finished = source.last_refresh_finished_at
+    finished = source.last_discovery_finished_at
     if finished is None or finished < since:
         return None
     return "stale: " + source.stale_reason if source.stale else "ok"

@@ -28,7 +28,7 @@ class FleetOverviewConsumer(LiveStream):
     def render(self, event: str, payload: dict) -> list[str]:
         if event == live.EVENT_CHARTS_CHANGED:
             return [payload["html"]]
-        if event == live.EVENT_SOURCE_REFRESHED:
+        if event == live.EVENT_DISCOVERY_FINISHED:
             if "html" in payload:  # a discovery run renders its card itself
                 return [payload["html"]]
             return [live.shared_card_html(payload["source_id"], payload.get("stamp", ""))]

@@ -54,7 +54,7 @@ class SourceForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="CIDRs, comma or newline separated, e.g. 10.0.0.0/8",
     )
-    refresh_interval_seconds = forms.FloatField(initial=10.0, label="Discovery interval (s)")
+    discovery_interval_seconds = forms.FloatField(initial=10.0, label="Discovery interval (s)")
     require_approval = forms.BooleanField(required=False)
     enabled = forms.BooleanField(required=False, initial=True)
     agreement_rule = forms.ChoiceField(

@@ -34,7 +34,7 @@ TIMELINE_WINDOW = timedelta(days=1)
 TIMELINE_LIMIT = 200
 
 EVENT_SOURCES_CHANGED = "fleet.sources_changed"
-EVENT_SOURCE_REFRESHED = "fleet.source_refreshed"
+EVENT_DISCOVERY_FINISHED = "fleet.discovery_finished"
 EVENT_WORKERS_CHANGED = "fleet.workers_changed"
 #: The summary (gate and drift badges, counts) changed; no row did.
 EVENT_SUMMARY_CHANGED = "fleet.summary_changed"
@@ -154,7 +154,7 @@ def publish_refresh(source_id: int, worker_ids: list[int]) -> None:
         summary = summarise(source)  # the card and the header show the same summary
         publish(
             FLEET_GROUP,
-            EVENT_SOURCE_REFRESHED,
+            EVENT_DISCOVERY_FINISHED,
             {"source_id": source_id, "html": card_html(source, summary)},
         )
         payload: dict = {"summary_html": summary_html(source, summary=summary)}
@@ -186,7 +186,7 @@ def publish_summary(source_ids) -> None:
     for source_id in sorted(set(source_ids)):
         payload = {"source_id": source_id, "stamp": uuid.uuid4().hex}
         try:
-            publish(FLEET_GROUP, EVENT_SOURCE_REFRESHED, payload)
+            publish(FLEET_GROUP, EVENT_DISCOVERY_FINISHED, payload)
             publish(source_group(source_id), EVENT_SUMMARY_CHANGED, payload)
         except Exception:  # best effort, like every push; the next resync repairs it
             logger.exception("publishing the summary of source %s failed", source_id)

@@ -88,7 +88,9 @@ class Source(models.Model):
     allowed_networks = models.JSONField(
         default=list, help_text="CIDRs that listener, frontend and worker admin URLs must be in"
     )
-    refresh_interval_seconds = models.FloatField(default=10.0, validators=[MinValueValidator(1.0)])
+    discovery_interval_seconds = models.FloatField(
+        default=10.0, validators=[MinValueValidator(1.0)]
+    )
     require_approval = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True)
 
@@ -139,12 +141,12 @@ class Source(models.Model):
     reported_namespace = models.CharField(max_length=limits.NAME_MAX, blank=True)
     stale = models.BooleanField(default=False)
     stale_reason = models.TextField(blank=True)
-    last_refresh_started_at = models.DateTimeField(null=True, blank=True)
-    last_refresh_finished_at = models.DateTimeField(null=True, blank=True)
+    last_discovery_started_at = models.DateTimeField(null=True, blank=True)
+    last_discovery_finished_at = models.DateTimeField(null=True, blank=True)
     last_success_at = models.DateTimeField(null=True, blank=True)
     # A discovery run claims the source until this time with a conditional UPDATE, so a duplicate
     # beat tick (or a second beat) finds it claimed and does nothing.
-    refresh_claimed_until = models.DateTimeField(null=True, blank=True)
+    discovery_claimed_until = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -166,11 +168,11 @@ class Source(models.Model):
         Half a beat tick of slack: a source whose interval ends just after a tick is refreshed
         on that tick rather than a whole tick late.
         """
-        last = self.last_refresh_started_at
+        last = self.last_discovery_started_at
         if last is None:
             return True
         slack = settings.DISCOVERY_TICK_SECONDS / 2
-        return (now - last).total_seconds() >= self.refresh_interval_seconds - slack
+        return (now - last).total_seconds() >= self.discovery_interval_seconds - slack
 
 
 class StaticWorker(models.Model):

@@ -32,7 +32,7 @@ from controlplane.fleet.validation import (
 )
 
 #: The discovery task, sent by name (`controlplane.jobs`): nothing here imports the tasks module.
-REFRESH_SOURCE_TASK = "fleet.refresh_source"
+RUN_DISCOVERY_TASK = "fleet.run_discovery"
 
 
 def _source_values(source: Source) -> dict[str, Any]:
@@ -57,7 +57,7 @@ def create_source(
     expected_worker_suffix: str = "",
     listener_scope: str = "",
     allowed_networks=(),
-    refresh_interval_seconds: float = 10.0,
+    discovery_interval_seconds: float = 10.0,
     require_approval: bool = False,
     enabled: bool = True,
     agreement_rule: str = AGREEMENT_DEFAULTS["agreement_rule"],
@@ -83,7 +83,7 @@ def create_source(
             "expected_worker_suffix": expected_worker_suffix,
             "listener_scope": listener_scope,
             "allowed_networks": allowed_networks,
-            "refresh_interval_seconds": refresh_interval_seconds,
+            "discovery_interval_seconds": discovery_interval_seconds,
             "require_approval": require_approval,
             "enabled": enabled,
             "agreement_rule": agreement_rule,
@@ -202,8 +202,8 @@ def request_discovery(source: Source, *, actor: Actor) -> None:
     with transaction.atomic():
         record(AuditAction.DISCOVERY_REQUESTED, actor=actor, target=source)
         jobs.enqueue(
-            REFRESH_SOURCE_TASK,
+            RUN_DISCOVERY_TASK,
             source.pk,
             DiscoveryTrigger.MANUAL.value,
-            expires=max(source.refresh_interval_seconds, 30.0),
+            expires=max(source.discovery_interval_seconds, 30.0),
         )

@@ -6,37 +6,43 @@ from celery import shared_task
 from django.utils import timezone
 
 from controlplane import jobs
-from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source
-from controlplane.fleet.services import REFRESH_SOURCE_TASK
+from controlplane.fleet.services import RUN_DISCOVERY_TASK
 
 
-@shared_task(name=REFRESH_SOURCE_TASK, ignore_result=True)
-def refresh_source_task(source_id: int, trigger: str = DiscoveryTrigger.SCHEDULE.value) -> None:
-    refresh_source(source_id, trigger=trigger, wait=0.0)
+@shared_task(name=RUN_DISCOVERY_TASK, ignore_result=True)
+def run_discovery_task(source_id: int, trigger: str = DiscoveryTrigger.SCHEDULE.value) -> None:
+    run_discovery(source_id, trigger=trigger, wait=0.0)
 
 
-@shared_task(name="fleet.schedule_discovery_refreshes", ignore_result=True)
-def schedule_discovery_refreshes() -> int:
-    """Beat tick: one refresh task per enabled source that is due and not claimed.
+@shared_task(name="fleet.schedule_discoveries", ignore_result=True)
+def schedule_discoveries() -> int:
+    """Beat tick: one discovery task per enabled source that is due and not claimed.
 
-    This pre-filter only saves work; the refresh's own claim is what prevents doubling.
+    This pre-filter only saves work; the discovery's own claim is what prevents doubling.
     """
     now = timezone.now()
     due = 0
     for source in Source.objects.filter(enabled=True).only(
-        "pk", "refresh_interval_seconds", "last_refresh_started_at", "refresh_claimed_until"
+        "pk", "discovery_interval_seconds", "last_discovery_started_at", "discovery_claimed_until"
     ):
-        if source.refresh_claimed_until and source.refresh_claimed_until > now:
+        if source.discovery_claimed_until and source.discovery_claimed_until > now:
             continue
         if not source.is_due(now):
             continue
         # A task that waits longer than the interval is dropped, not run late and doubled.
         jobs.send(
-            REFRESH_SOURCE_TASK,
+            RUN_DISCOVERY_TASK,
             source.pk,
             DiscoveryTrigger.SCHEDULE.value,
-            expires=max(source.refresh_interval_seconds, 1.0),
+            expires=max(source.discovery_interval_seconds, 1.0),
         )
         due += 1
     return due
+
+
+# The names these tasks had before the fleet side said "discovery": messages queued under them
+# by a process of the previous release (a rolling upgrade) still run. Remove in the next one.
+shared_task(name="fleet.refresh_source", ignore_result=True)(run_discovery_task.run)
+shared_task(name="fleet.schedule_discovery_refreshes", ignore_result=True)(schedule_discoveries.run)

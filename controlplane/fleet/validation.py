@@ -36,7 +36,7 @@ SOURCE_FIELDS = (
     "expected_worker_suffix",
     "listener_scope",
     "allowed_networks",
-    "refresh_interval_seconds",
+    "discovery_interval_seconds",
     "require_approval",
     "enabled",
     "agreement_rule",
@@ -126,15 +126,15 @@ def clean_source_values(values: dict[str, Any]) -> dict[str, Any]:
             errors[field] = problem
 
     try:
-        interval = float(values.get("refresh_interval_seconds", 10.0))
+        interval = float(values.get("discovery_interval_seconds", 10.0))
     except (TypeError, ValueError):
-        errors["refresh_interval_seconds"] = "refresh interval must be a number of seconds"
+        errors["discovery_interval_seconds"] = "refresh interval must be a number of seconds"
     else:
         if not interval >= MIN_INTERVAL_SECONDS:  # also rejects NaN
-            errors["refresh_interval_seconds"] = (
+            errors["discovery_interval_seconds"] = (
                 f"refresh interval must be at least {MIN_INTERVAL_SECONDS:g} s, got {interval:g}"
             )
-        clean["refresh_interval_seconds"] = interval
+        clean["discovery_interval_seconds"] = interval
 
     for field in ("expected_namespace", "expected_prefix", "expected_worker_suffix"):
         clean[field] = str(values.get(field) or "")

@@ -32,7 +32,7 @@ def stale_after(source: Source) -> timedelta:
     """How old the last successful discovery of `source` may be before its gates are unknown."""
     seconds = max(
         settings.GATE_STALE_AFTER_SECONDS,
-        settings.GATE_STALE_INTERVALS * source.refresh_interval_seconds,
+        settings.GATE_STALE_INTERVALS * source.discovery_interval_seconds,
     )
     return timedelta(seconds=seconds)
 

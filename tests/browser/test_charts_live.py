@@ -13,7 +13,7 @@ from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
-from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.models import DiscoveryTrigger
 from controlplane.refresh import intents
 from controlplane.refresh.models import RefreshState
@@ -41,7 +41,7 @@ def _elsewhere(fn):
 
 
 def _discover(source_id: int) -> None:
-    _elsewhere(lambda: refresh_source(source_id, trigger=DiscoveryTrigger.MANUAL))
+    _elsewhere(lambda: run_discovery(source_id, trigger=DiscoveryTrigger.MANUAL))
 
 
 def test_version_chart_and_fleet_map_change_after_discovery(page, viewer, simfleet):

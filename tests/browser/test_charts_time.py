@@ -37,7 +37,7 @@ def test_fleet_map_at_2000_workers_and_times_in_the_viewers_zone(tokyo_page, vie
     )
     make_fleet(source, 2000)
     finished = timezone.now().replace(microsecond=0) - dt.timedelta(minutes=3)
-    Source.objects.filter(pk=source.pk).update(last_refresh_finished_at=finished)
+    Source.objects.filter(pk=source.pk).update(last_discovery_finished_at=finished)
 
     sign_in(page, viewer.username, PASSWORD)
     page.goto(f"/sources/{source.pk}/")

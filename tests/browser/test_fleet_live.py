@@ -9,7 +9,7 @@ from django.db import connections
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
-from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.models import DiscoveryTrigger, Worker
 from controlplane.simfleet import SimFleetControl
 from tests.conftest import PASSWORD
@@ -24,7 +24,7 @@ def _refresh(source_id: int) -> None:
 
     def run() -> None:
         try:
-            refresh_source(source_id, trigger=DiscoveryTrigger.MANUAL)
+            run_discovery(source_id, trigger=DiscoveryTrigger.MANUAL)
         finally:
             connections.close_all()
 

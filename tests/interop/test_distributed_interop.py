@@ -54,7 +54,7 @@ def test_group_lifecycle_on_real_workers(dynamo_deployment, tmp_path):
         frontend_url=dep.frontend_url,
         allowed_networks=["127.0.0.0/8"],
     )
-    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+    discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
     actor = Actor.system("interop")
     refresh = intents.plan_policy_refresh(
         source=source,

@@ -86,7 +86,7 @@ def test_restarted_worker_is_detected_and_caught_up(dynamo_deployment, celery_wo
     (new_id,) = new_ids
     assert _engine(worker.system_url, "get_weight_version")["version_declared"] is False
 
-    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=30)
+    discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=30)
     q = wait_for(
         lambda: Quarantine.objects.filter(
             instance_id=new_id, state=QuarantineState.ADMITTED

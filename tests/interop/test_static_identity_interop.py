@@ -17,7 +17,7 @@ import pytest
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
-from controlplane.fleet.discovery.runner import refresh_source
+from controlplane.fleet.discovery.runner import run_discovery
 from controlplane.fleet.models import DiscoveryTrigger, StaticWorker, Worker, WorkerState
 from controlplane.refresh.models import Gate, JournalEntry, RefreshState
 from tests.integration.refresh.helpers import plan, run_inline
@@ -86,7 +86,7 @@ def test_a_static_worker_is_pinned_under_the_id_the_real_frontend_registered(
         allowed_routes=VLLM_ROUTES,
         model="tiny-s",
     )
-    refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+    run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
 
     (registered,) = _registered(dep.frontend_url, "rl-a", "sgl")
     row = Worker.objects.get(source=source, static_worker=static)

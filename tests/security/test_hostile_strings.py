@@ -130,7 +130,7 @@ def discovery_payloads(w: World) -> None:
 
 
 def _discover(source: Source) -> None:
-    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+    discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
 
 
 def sources_via_forms_and_api(w: World) -> None:
@@ -142,7 +142,7 @@ def sources_via_forms_and_api(w: World) -> None:
             "name": h("source name (form)"),
             "listener_url": h.url("listener url (form)"),
             "allowed_networks": h("allowed networks (form)"),
-            "refresh_interval_seconds": "10",
+            "discovery_interval_seconds": "10",
             # Echoed in the refusal ("expected namespace=family, got ...").
             "declared_families": h("declared families (form)"),
         },
@@ -158,7 +158,7 @@ def sources_via_forms_and_api(w: World) -> None:
             "frontend_url": "http://127.0.0.1:9/" + h("frontend url path (form)"),
             "expected_prefix": h("expected prefix (form)"),
             "allowed_networks": "127.0.0.0/8",
-            "refresh_interval_seconds": "3600",
+            "discovery_interval_seconds": "3600",
             "enabled": "on",
         },
     )
@@ -171,7 +171,7 @@ def sources_via_forms_and_api(w: World) -> None:
                 "listener_url": "http://127.0.0.1:9/" + h("listener url path (api)"),
                 "expected_namespace": h("expected namespace (api)"),
                 "allowed_networks": ["127.0.0.0/8"],
-                "refresh_interval_seconds": 3600,
+                "discovery_interval_seconds": 3600,
             }
         ),
         content_type="application/json",
@@ -535,7 +535,7 @@ API_WRITES = {
     "create_source",
     "update_source",
     "delete_source",
-    "refresh_source_now",
+    "run_discovery_now",
     "plan_refresh",
     "start_refresh",
     "approve_refresh",

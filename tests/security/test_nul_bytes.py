@@ -148,7 +148,7 @@ def test_nul_in_the_create_source_api_body_is_refused_before_the_database(world)
     body = {
         "name": "nul\x00name",
         "listener_url": "http://127.0.0.1:9/",
-        "refresh_interval_seconds": 60,
+        "discovery_interval_seconds": 60,
     }
     before = counts()
     response = world.post("/api/v1/sources", json.dumps(body), content_type="application/json")
@@ -204,7 +204,7 @@ def test_nul_in_discovery_payloads_and_worker_replies_is_refused_per_entry(
         expected_prefix="rl",
         allowed_networks=["127.0.0.0/8"],
     )
-    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+    discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
     run = DiscoveryRun.objects.get(source=source)
     assert run.ok, run.error
     # The entries holding NUL are refused with their reasons; the worker whose version reply
@@ -243,7 +243,7 @@ def test_nul_in_a_worker_reply_during_a_refresh_is_journaled_not_a_crash(
         expected_prefix="rl",
         allowed_networks=["127.0.0.0/8"],
     )
-    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+    discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
     first = fleet.workers()[0]["key"]
     fleet.inject(first, "update_weights_from_disk", Fault.error("nul\x00body"))
     actor = Actor.for_user(admin_user)

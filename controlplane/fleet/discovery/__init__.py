@@ -1,5 +1,5 @@
 """Discovery refresh: observe a source's fleet (network), then store, diff, audit, publish."""
 
-from controlplane.fleet.discovery.runner import refresh_source
+from controlplane.fleet.discovery.runner import run_discovery
 
-__all__ = ["refresh_source"]
+__all__ = ["run_discovery"]

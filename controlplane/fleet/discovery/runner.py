@@ -1,4 +1,4 @@
-"""`refresh_source`: one discovery refresh of one source, end to end.
+"""`run_discovery`: one discovery refresh of one source, end to end.
 
 Claim the source (a conditional UPDATE, so a duplicate tick or a second beat does nothing),
 observe the fleet over the network, then store, diff, audit and publish in one transaction.
@@ -61,14 +61,14 @@ def _claim(source: Source, trigger: str) -> datetime | None:
             return None
         # Compare-and-swap on the last start: a second tick that read the same due source finds
         # it already restarted and claims nothing, even after the first run has finished.
-        rows = rows.filter(enabled=True, last_refresh_started_at=source.last_refresh_started_at)
-    claimed = rows.update(refresh_claimed_until=lease, last_refresh_started_at=now)
+        rows = rows.filter(enabled=True, last_discovery_started_at=source.last_discovery_started_at)
+    claimed = rows.update(discovery_claimed_until=lease, last_discovery_started_at=now)
     return lease if claimed else None
 
 
 def _release(source_id: int, lease) -> None:
-    Source.objects.filter(pk=source_id, refresh_claimed_until=lease).update(
-        refresh_claimed_until=None
+    Source.objects.filter(pk=source_id, discovery_claimed_until=lease).update(
+        discovery_claimed_until=None
     )
 
 
@@ -87,7 +87,7 @@ def _notify_stale(source: Source, reason: str) -> None:
     notify("source.stale", source=source, reason=reason)
 
 
-def refresh_source(
+def run_discovery(
     source_id: int,
     *,
     trigger: DiscoveryTrigger | str,
@@ -222,14 +222,14 @@ def _refresh_claimed(source: Source, trigger: str) -> DiscoveryRun:
         run.finished_at = timezone.now()
         run.duration_ms = (time.perf_counter() - t0) * 1000.0
         run.save()
-        source.last_refresh_finished_at = run.finished_at
+        source.last_discovery_finished_at = run.finished_at
         lockorder.domain_lock("the source row")
         Source.objects.filter(pk=source.pk).update(
             reported_namespace=source.reported_namespace,
             stale=source.stale,
             stale_reason=source.stale_reason,
             last_success_at=source.last_success_at,
-            last_refresh_finished_at=source.last_refresh_finished_at,
+            last_discovery_finished_at=source.last_discovery_finished_at,
         )
         # Lock order: the source row above, the audit chain head last (controlplane/lockorder.py).
         for action, details in audits:

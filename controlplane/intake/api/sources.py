@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router, Schema, Status
-from pydantic import Field, WithJsonSchema
+from pydantic import AliasChoices, Field, WithJsonSchema
 
 from controlplane import jobs
 from controlplane.accounts.roles import Perm
@@ -88,7 +88,7 @@ class SourceOut(Schema):
     expected_worker_suffix: str
     listener_scope: str = Field("", description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str]
-    refresh_interval_seconds: float
+    discovery_interval_seconds: float
     require_approval: bool
     enabled: bool
     agreement_rule: str
@@ -113,6 +113,12 @@ class SourceOut(Schema):
     updated_at: datetime
 
 
+#: The discovery interval's name, and the one it had before the fleet side said "discovery"
+#: (still accepted on input; answers carry the new name only).
+INTERVAL_NAMES = AliasChoices("discovery_interval_seconds", "refresh_interval_seconds")
+INTERVAL_HELP = "Seconds between discovery runs (formerly `refresh_interval_seconds`)."
+
+
 class SourceIn(Schema):
     name: str = Field(max_length=64)
     listener_url: str = Text
@@ -122,7 +128,9 @@ class SourceIn(Schema):
     expected_worker_suffix: str = Field("", max_length=200)
     listener_scope: ListenerScopeName = Field("", description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str] = Field(default_factory=list, max_length=100)
-    refresh_interval_seconds: float = Field(10.0, ge=1.0, le=86400.0)
+    discovery_interval_seconds: float = Field(
+        10.0, ge=1.0, le=86400.0, validation_alias=INTERVAL_NAMES, description=INTERVAL_HELP
+    )
     require_approval: bool = False
     enabled: bool = True
     agreement_rule: AgreementKind = "exact"
@@ -147,7 +155,9 @@ class SourcePatch(Schema):
     expected_worker_suffix: str | None = Field(None, max_length=200)
     listener_scope: ListenerScopeName | None = Field(None, description=LISTENER_SCOPE_HELP)
     allowed_networks: list[str] | None = Field(None, max_length=100)
-    refresh_interval_seconds: float | None = Field(None, ge=1.0, le=86400.0)
+    discovery_interval_seconds: float | None = Field(
+        None, ge=1.0, le=86400.0, validation_alias=INTERVAL_NAMES, description=INTERVAL_HELP
+    )
     require_approval: bool | None = None
     enabled: bool | None = None
     agreement_rule: AgreementKind | None = None
@@ -232,7 +242,7 @@ def delete_source(request: HttpRequest, name: str):
     response={202: Accepted, 409: ErrorOut, **COMMON_ERRORS},
     openapi_extra=idempotency.OPENAPI_PARAMETER,
 )
-def refresh_source_now(request: HttpRequest, response: HttpResponse, name: str):
+def run_discovery_now(request: HttpRequest, response: HttpResponse, name: str):
     """Run a discovery run of the source now (on a Celery worker)."""
     require(request, Perm.RUN_DISCOVERY)
     source = source_or_404(request, name)
@@ -249,7 +259,7 @@ def refresh_source_now(request: HttpRequest, response: HttpResponse, name: str):
             "source": source.name,
             "queued": False,
             "recovery": "the task queue was unavailable; the scheduled discovery runs the "
-            f"source within {source.refresh_interval_seconds:g} s of the queue's return",
+            f"source within {source.discovery_interval_seconds:g} s of the queue's return",
         }
 
     return idempotency.run(request, response, start)

@@ -33,7 +33,7 @@ The other places a request could wait, and why they are safe as they are:
 - token grants (`accounts.tokens.grant_for`): a lapsed grant is loaded by one request per
   token and process while the others wait on a lock: one short read.
 - planning a refresh (`POST /refreshes`, operators only): waits at most 0.2 s for another
-  discovery's claim on the source (`fleet.discovery.runner.refresh_source`).
+  discovery's claim on the source (`fleet.discovery.runner.run_discovery`).
 - websockets (`realtime.streams.LiveStream`): no polling; events come through the fan-out
   and the resyncs run in one shared database thread (`dbhop.orm_hop`), which gives its
   connection back after each batch.

@@ -80,7 +80,7 @@ def fresh_discovery(source: Source) -> tuple[DiscoveryRun | None, str]:
     asked_at = timezone.now()
     deadline = time.monotonic() + PLAN_DISCOVERY_WAIT_SECONDS
     while True:
-        run = discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.PLAN, wait=0.2)
+        run = discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.PLAN, wait=0.2)
         if run is None:
             run = (
                 DiscoveryRun.objects.filter(

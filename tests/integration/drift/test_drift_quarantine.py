@@ -66,7 +66,7 @@ def restart_one(fleet, namespace="rl-a") -> tuple[str, str]:
 
 
 def discover(source) -> None:
-    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+    discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
 
 
 def detected_within_two_discoveries(source, predicate, timeout=20.0):

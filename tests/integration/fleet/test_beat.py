@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.fleet.models import DiscoveryRun, Source, Worker
-from controlplane.fleet.tasks import refresh_source_task, schedule_discovery_refreshes
+from controlplane.fleet.tasks import run_discovery_task, schedule_discoveries
 from tests.integration.fleet.conftest import wait_for
 
 pytestmark = pytest.mark.celery
@@ -15,7 +15,7 @@ def test_beat_tick_discovers_workers_across_prefix_namespaces(celery_worker, sim
     source = make_source(simfleet)
     disabled = make_source(simfleet, name="off", enabled=False)
 
-    assert schedule_discovery_refreshes() == 1  # the beat task, as beat would call it
+    assert schedule_discoveries() == 1  # the beat task, as beat would call it
 
     run = wait_for(lambda: DiscoveryRun.objects.filter(source=source).first())
     assert run.ok and run.trigger == "schedule"
@@ -26,17 +26,17 @@ def test_beat_tick_discovers_workers_across_prefix_namespaces(celery_worker, sim
 
 
 def test_duplicate_ticks_do_not_double_run(celery_worker, simfleet, make_source):
-    source = make_source(simfleet, refresh_interval_seconds=60)
+    source = make_source(simfleet, discovery_interval_seconds=60)
     # Several ticks' worth of tasks arrive together (a late tick, or a second beat), and
     # the worker runs them on four threads at once.
     for _ in range(4):
-        refresh_source_task.delay(source.pk, "schedule")
-    schedule_discovery_refreshes()
+        run_discovery_task.delay(source.pk, "schedule")
+    schedule_discoveries()
 
     wait_for(lambda: DiscoveryRun.objects.filter(source=source, finished_at__isnull=False))
-    wait_for(lambda: Source.objects.get(pk=source.pk).refresh_claimed_until is None)
+    wait_for(lambda: Source.objects.get(pk=source.pk).discovery_claimed_until is None)
     # A manual refresh queued behind them proves the queue has been worked through.
-    refresh_source_task.delay(source.pk, "manual")
+    run_discovery_task.delay(source.pk, "manual")
     wait_for(lambda: DiscoveryRun.objects.filter(source=source, trigger="manual").exists())
     assert DiscoveryRun.objects.filter(source=source, trigger="schedule").count() == 1
 

@@ -42,7 +42,7 @@ def test_source_add_list_remove(db):
     assert "created source prod" in out
     source = Source.objects.get(name="prod")
     assert source.allowed_networks == ["10.0.0.0/8", "192.168.0.0/16"]
-    assert source.refresh_interval_seconds == 5 and source.require_approval
+    assert source.discovery_interval_seconds == 5 and source.require_approval
     assert AuditEvent.objects.filter(action="source.created", target_label="prod").exists()
 
     listing = _run("source", "list")
@@ -225,7 +225,7 @@ def test_discover_says_discovery_when_another_holds_the_source(db, make_source, 
 
     make_source(Down)
     monkeypatch.setattr(
-        "controlplane.intake.management.commands.discover.refresh_source",
+        "controlplane.intake.management.commands.discover.run_discovery",
         lambda *args, **kwargs: None,
     )
     out = io.StringIO()

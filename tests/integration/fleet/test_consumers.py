@@ -8,7 +8,7 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
-from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.models import DiscoveryTrigger, Worker, WorkerState
 from controlplane.fleet.routing import websocket_urlpatterns
 
@@ -40,7 +40,7 @@ async def _receive_until(communicator, predicate, timeout: float = 15.0) -> str:
 @pytest.fixture
 def prefilled(simfleet, make_source):
     source = make_source(simfleet)
-    refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
+    run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL)
     return source
 
 
@@ -74,7 +74,7 @@ async def test_viewer_gets_a_resync_then_only_the_changed_row(prefilled, viewer,
 
     victim = simfleet.workers()[0]["instance_id"]
     simfleet.set_version(victim, "v42")
-    await database_sync_to_async(refresh_source)(prefilled.pk, trigger=DiscoveryTrigger.MANUAL)
+    await database_sync_to_async(run_discovery)(prefilled.pk, trigger=DiscoveryTrigger.MANUAL)
 
     frame = await _receive_until(communicator, lambda f: f.startswith("<tr "))
     worker = await database_sync_to_async(Worker.objects.get)(instance_id=str(victim))
@@ -97,7 +97,7 @@ async def test_new_worker_is_appended_and_filtered_out_rows_are_not_sent(
 
     simfleet.add_worker(WorkerSpec(namespace="rl-a", version="fresh"))
     simfleet.add_worker(WorkerSpec(namespace="rl-b", version="other"))
-    await database_sync_to_async(refresh_source)(prefilled.pk, trigger=DiscoveryTrigger.MANUAL)
+    await database_sync_to_async(run_discovery)(prefilled.pk, trigger=DiscoveryTrigger.MANUAL)
 
     rows = await _receive_until(communicator, lambda f: f.startswith("<tbody "))
     assert rows.startswith('<tbody hx-swap-oob="beforeend:#worker-rows">')
@@ -113,7 +113,7 @@ async def test_overview_stream_pushes_the_refreshed_source_card(prefilled, viewe
     assert f'id="source-card-{prefilled.pk}"' in first
 
     simfleet.remove_worker(simfleet.workers()[0]["instance_id"])
-    await database_sync_to_async(refresh_source)(prefilled.pk, trigger=DiscoveryTrigger.MANUAL)
+    await database_sync_to_async(run_discovery)(prefilled.pk, trigger=DiscoveryTrigger.MANUAL)
     frame = await _receive_until(communicator, lambda f: "1 gone" in f)
     assert 'hx-swap-oob="true"' in frame and "3 live" in frame
     await communicator.disconnect()

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.dynamo import limits
-from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.models import (
     DiscoveryRun,
     DiscoveryTrigger,
@@ -172,7 +172,7 @@ def _refresh(source) -> DiscoveryRun | None:
     """One refresh in a savepoint, so a refresh that crashes (as on a database that refused a
     value) is counted by the caller instead of aborting every later one."""
     with transaction.atomic():
-        return refresh_source(source.pk, trigger=MANUAL)
+        return run_discovery(source.pk, trigger=MANUAL)
 
 
 def invalid_rows(source) -> list[str]:
@@ -350,7 +350,7 @@ def test_nan_or_infinity_anywhere_refuses_the_payload_and_records_the_run(
     body = _payload(_entry(), _entry("other", 8, transport={"tcp": 0.5}))
     raw_listener.body = body.replace(b"0.5", literal.encode())
 
-    run = refresh_source(raw_source.pk, trigger=MANUAL)
+    run = run_discovery(raw_source.pk, trigger=MANUAL)
 
     raw_source.refresh_from_db()
     assert not run.ok
@@ -362,7 +362,7 @@ def test_nan_or_infinity_anywhere_refuses_the_payload_and_records_the_run(
 def test_deep_nesting_at_the_listener_is_a_recorded_refusal(raw_listener, raw_source):
     raw_listener.body = b"[" * 100_000
 
-    run = refresh_source(raw_source.pk, trigger=MANUAL)
+    run = run_discovery(raw_source.pk, trigger=MANUAL)
 
     raw_source.refresh_from_db()
     assert not run.ok and DiscoveryRun.objects.filter(source=raw_source).count() == 1
@@ -383,7 +383,7 @@ def test_nul_and_over_long_strings_reject_only_their_entry(raw_listener, raw_sou
         _entry("bidi\u202e\x1b\x85", 8, error="engine \x07 is dead"),
     )
 
-    run = refresh_source(raw_source.pk, trigger=MANUAL)
+    run = run_discovery(raw_source.pk, trigger=MANUAL)
 
     assert run.ok and run.workers_total == 2
     components = set(Worker.objects.filter(source=raw_source).values_list("component", flat=True))
@@ -409,7 +409,7 @@ def test_nul_and_over_long_strings_reject_only_their_entry(raw_listener, raw_sou
 
 def test_over_long_namespace_refuses_the_payload(raw_listener, raw_source):
     raw_listener.body = _payload(_entry(), namespace="n" * (limits.NAME_MAX + 1))
-    run = refresh_source(raw_source.pk, trigger=MANUAL)
+    run = run_discovery(raw_source.pk, trigger=MANUAL)
     assert not run.ok and run.error.startswith("discovery payload 'namespace' is 201 characters")
 
 
@@ -419,7 +419,7 @@ def test_listener_error_message_with_nul_is_recorded(raw_listener, raw_source):
     raw_listener.status = 503
     raw_listener.body = b'{"error":"unavailable","message":"etcd\\u0000down \\ud800"}'
 
-    run = refresh_source(raw_source.pk, trigger=MANUAL)
+    run = run_discovery(raw_source.pk, trigger=MANUAL)
 
     raw_source.refresh_from_db()
     assert not run.ok
@@ -436,7 +436,7 @@ def test_hostile_worker_names_from_the_simulated_fleet(simfleet, make_source):
     simfleet.add_worker(WorkerSpec(namespace="rl-b", component="c" * (limits.NAME_MAX + 1)))
     simfleet.add_worker(WorkerSpec(namespace="rl-b", model="m" * (limits.MODEL_MAX + 1)))
 
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
 
     assert run.ok and run.workers_total == 4  # the fixture's four healthy workers
     assert len(run.rejected_entries) == 3
@@ -458,7 +458,7 @@ def test_a_u32_world_size_is_stored(simfleet, make_source):
     }
     simfleet.inject(victim, "probe", Fault(kind="body", body=descriptor))
 
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
 
     assert run.ok
     assert Worker.objects.get(source=source, instance_id=str(victim)).world_size == 2**32 - 1
@@ -484,7 +484,7 @@ def test_hostile_weight_version_is_a_probe_error(simfleet, make_source, version,
     simfleet.set_version(victim, version)
     simfleet.set_version(other, {"step": 8})  # any small JSON value is a version (contract §4)
 
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
 
     assert run.ok
     worker = Worker.objects.get(source=source, instance_id=str(victim))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from controlplane.audit.models import AuditEvent
-from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.models import (
     DiscoveryRun,
     DiscoveryTrigger,
@@ -29,7 +29,7 @@ def test_refresh_discovers_workers_across_prefix_namespaces(simfleet, make_sourc
     source = make_source(simfleet)
     simfleet.add_worker(WorkerSpec(namespace="rlx", version="v0"))  # `rl` prefix must skip it
 
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
 
     assert run.ok and run.error == ""
     assert run.reported_namespace == "rl"
@@ -59,20 +59,20 @@ def test_instance_ids_above_2_63_are_kept_exactly(simfleet_factory, make_source)
     fleet = simfleet_factory(workers=0, namespaces=["rl-a"], prefix="rl")
     fleet.add_worker(WorkerSpec(namespace="rl-a", instance_id=big))
     source = make_source(fleet)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     (worker,) = Worker.objects.filter(source=source)
     assert worker.instance_id == str(big)
 
 
 def test_churn_produces_the_right_diff_and_audit(simfleet, make_source):
     source = make_source(simfleet)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     first, second, *_ = simfleet.workers()
     simfleet.remove_worker(first["instance_id"])
     new_key = simfleet.add_worker(WorkerSpec(namespace="rl-b"))
     simfleet.set_version(second["instance_id"], "v7")
 
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
 
     assert (run.joined, run.left) == (1, 1)
     gone = Worker.objects.get(source=source, instance_id=str(first["instance_id"]))
@@ -97,9 +97,9 @@ def test_churn_produces_the_right_diff_and_audit(simfleet, make_source):
 
 def test_unchanged_fleet_writes_no_events_and_no_audit(simfleet, make_source):
     source = make_source(simfleet)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     audits = AuditEvent.objects.count()
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
     assert run.ok and (run.joined, run.left, run.changed) == (0, 0, 0)
     assert not WorkerEvent.objects.filter(run=run).exists()
     assert AuditEvent.objects.count() == audits
@@ -107,11 +107,11 @@ def test_unchanged_fleet_writes_no_events_and_no_audit(simfleet, make_source):
 
 def test_probe_error_shows_the_worker_erroring_and_recovers(simfleet, make_source):
     source = make_source(simfleet)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     victim = simfleet.workers()[0]["instance_id"]
     simfleet.inject(victim, "probe", Fault(kind="probe_error", message="engine is dead"))
 
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
     worker = Worker.objects.get(source=source, instance_id=str(victim))
     assert worker.state == WorkerState.ERRORING
     assert worker.error == "engine is dead"
@@ -119,7 +119,7 @@ def test_probe_error_shows_the_worker_erroring_and_recovers(simfleet, make_sourc
     assert WorkerEvent.objects.filter(run=run, kind="started_erroring", worker=worker).exists()
 
     simfleet.clear_faults(victim)
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
     worker.refresh_from_db()
     assert worker.state == WorkerState.LIVE and worker.error == ""
     assert WorkerEvent.objects.filter(run=run, kind="stopped_erroring", worker=worker).exists()
@@ -129,11 +129,11 @@ def test_failing_version_probe_is_shown_and_keeps_last_known_version(simfleet, m
     source = make_source(simfleet)
     victim = simfleet.workers()[0]["instance_id"]
     simfleet.set_version(victim, "v1")
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     read_at = Worker.objects.get(source=source, instance_id=str(victim)).version_probed_at
     simfleet.inject(victim, "get_weight_version", Fault(kind="http_error", status=500))
 
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     worker = Worker.objects.get(source=source, instance_id=str(victim))
     assert worker.version_error.startswith("HTTP 500")
     assert worker.weight_version == "v1"
@@ -144,7 +144,7 @@ def test_failing_version_probe_is_shown_and_keeps_last_known_version(simfleet, m
     assert all(w.version_probed_at > read_at for w in others)
 
     simfleet.clear_faults(victim)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     worker.refresh_from_db()
     assert worker.version_error == "" and worker.version_probed_at > read_at
 
@@ -156,7 +156,7 @@ def test_system_url_outside_allowed_networks_is_erroring_and_never_called(simfle
     descriptor = {"routes": ["get_weight_version"], "system_url": "http://169.254.169.254/w"}
     simfleet.inject(victim, "probe", Fault(kind="body", body=descriptor))
 
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
 
     worker = Worker.objects.get(source=source, instance_id=str(victim))
     assert worker.state == WorkerState.ERRORING
@@ -169,22 +169,22 @@ def test_system_url_outside_allowed_networks_is_erroring_and_never_called(simfle
 
 def test_listener_outage_marks_stale_keeps_workers_and_recovery_clears(simfleet, make_source):
     source = make_source(simfleet)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     good_url = source.listener_url
     Source.objects.filter(pk=source.pk).update(listener_url=closed_port_url())
 
-    run = refresh_source(source.pk, trigger=MANUAL)  # must not raise
+    run = run_discovery(source.pk, trigger=MANUAL)  # must not raise
     source.refresh_from_db()
     assert not run.ok and "listener unreachable" in run.error
     assert source.stale and source.stale_reason == run.error
     assert Worker.objects.filter(source=source, state=WorkerState.LIVE).count() == 4
     went = AuditEvent.objects.get(action="source.went_stale")
     assert went.details["reason"] == run.error
-    refresh_source(source.pk, trigger=MANUAL)  # still down: no second went_stale
+    run_discovery(source.pk, trigger=MANUAL)  # still down: no second went_stale
     assert AuditEvent.objects.filter(action="source.went_stale").count() == 1
 
     Source.objects.filter(pk=source.pk).update(listener_url=good_url)
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
     source.refresh_from_db()
     assert run.ok and not source.stale and source.stale_reason == ""
     assert AuditEvent.objects.filter(action="source.recovered").count() == 1
@@ -194,7 +194,7 @@ def test_garbage_from_the_listener_marks_stale(simfleet, make_source):
     # The frontend port answers 404 for /v1/rl/workers: not a listener.
     source = make_source(simfleet)
     Source.objects.filter(pk=source.pk).update(listener_url=simfleet.frontend_url)
-    run = refresh_source(source.pk, trigger=MANUAL)
+    run = run_discovery(source.pk, trigger=MANUAL)
     source.refresh_from_db()
     assert not run.ok and source.stale
     assert "HTTP 404" in run.error
@@ -203,18 +203,18 @@ def test_garbage_from_the_listener_marks_stale(simfleet, make_source):
 def test_a_claimed_source_is_not_refreshed_twice(simfleet, make_source):
     source = make_source(simfleet)
     future = timezone.now() + timezone.timedelta(seconds=60)
-    Source.objects.filter(pk=source.pk).update(refresh_claimed_until=future)
-    assert refresh_source(source.pk, trigger=MANUAL) is None
+    Source.objects.filter(pk=source.pk).update(discovery_claimed_until=future)
+    assert run_discovery(source.pk, trigger=MANUAL) is None
     assert not DiscoveryRun.objects.exists()
 
 
 def test_a_scheduled_refresh_that_is_not_due_does_nothing(simfleet, make_source):
-    source = make_source(simfleet, refresh_interval_seconds=60)
-    assert refresh_source(source.pk, trigger=DiscoveryTrigger.SCHEDULE) is not None
-    assert refresh_source(source.pk, trigger=DiscoveryTrigger.SCHEDULE) is None
+    source = make_source(simfleet, discovery_interval_seconds=60)
+    assert run_discovery(source.pk, trigger=DiscoveryTrigger.SCHEDULE) is not None
+    assert run_discovery(source.pk, trigger=DiscoveryTrigger.SCHEDULE) is None
     assert DiscoveryRun.objects.count() == 1
     source.refresh_from_db()
-    assert source.refresh_claimed_until is None  # released after the run
+    assert source.discovery_claimed_until is None  # released after the run
 
 
 def test_static_worker_is_probed_with_its_family_and_marked_static(simfleet, make_source):
@@ -232,7 +232,7 @@ def test_static_worker_is_probed_with_its_family_and_marked_static(simfleet, mak
         family="vllm",
         allowed_routes=["get_weight_version", "liveness_probe"],
     )
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     static = Worker.objects.get(source=source, static_worker__name="pinned")
     assert static.is_static and static.state == WorkerState.LIVE
     assert static.version_probed_at is not None and static.liveness == Liveness.ALIVE

@@ -7,7 +7,7 @@ import pytest
 
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services
-from controlplane.fleet.discovery.runner import refresh_source
+from controlplane.fleet.discovery.runner import run_discovery
 from controlplane.fleet.models import DiscoveryTrigger, Worker, WorkerState
 from controlplane.simfleet import FleetConfig, WorkerSpec
 
@@ -52,7 +52,7 @@ def test_a_static_worker_gets_the_instance_id_the_frontend_registered(fleet, mak
     key = sglang(fleet)
     source = make_source(fleet, expected_prefix="", expected_namespace="rl-a")
     add_static(source, fleet, key)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
 
     row = static_row(source)
     assert row.instance_id == str(fleet.state(key)["instance_id"])
@@ -64,13 +64,13 @@ def test_a_restart_is_resolved_again_to_its_new_id(fleet, make_source):
     key = sglang(fleet)
     source = make_source(fleet, expected_prefix="", expected_namespace="rl-a")
     add_static(source, fleet, key)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     before = static_row(source)
 
     # The process restarts on the same system port: a new runtime, a new instance id.
     fleet.remove_worker(key)
     sglang(fleet, token=key)  # a worker's key is its system server's token
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
 
     after = static_row(source)
     assert after.instance_id == str(fleet.state(key)["instance_id"]) != before.instance_id
@@ -89,7 +89,7 @@ def test_replicas_on_one_host_are_refused_as_ambiguous_unless_declared(fleet, ma
         name="sgl-2",
         declared_instance_id=str(fleet.state(second)["instance_id"]),
     )
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
 
     ambiguous = static_row(source, "sgl-1")
     assert ambiguous.state == WorkerState.ERRORING and ambiguous.instance_id == ""
@@ -105,7 +105,7 @@ def test_a_declared_id_the_frontend_does_not_list_is_refused(fleet, make_source)
     key = sglang(fleet)
     source = make_source(fleet, expected_prefix="", expected_namespace="rl-a")
     add_static(source, fleet, key, declared_instance_id="12345")
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
 
     row = static_row(source)
     assert row.state == WorkerState.ERRORING and row.instance_id == ""
@@ -122,7 +122,7 @@ def test_a_static_worker_at_a_wrong_url_is_refused_by_name(fleet, make_source):
     source = make_source(fleet, expected_prefix="", expected_namespace="rl-a")
     wrong = closed_port_url()
     add_static(source, fleet, key, system_url=wrong)
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
 
     row = static_row(source)
     assert row.state == WorkerState.ERRORING
@@ -137,7 +137,7 @@ def test_workers_outside_the_declared_scope_are_refused_on_every_discovery(
     )
     source = make_source(fleet, listener_scope="exact", expected_namespace="rl-a")
     for _ in range(2):
-        refresh_source(source.pk, trigger=MANUAL)
+        run_discovery(source.pk, trigger=MANUAL)
         rows = {w.namespace: w for w in Worker.objects.filter(source=source)}
         assert rows["rl-a"].state == WorkerState.LIVE
         assert rows["rl-b"].state == WorkerState.ERRORING
@@ -156,11 +156,11 @@ def test_an_undeclared_global_listener_is_refused(simfleet_factory, make_source)
         )
     )
     source = make_source(fleet, expected_prefix="")
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     rows = {w.namespace: w for w in Worker.objects.filter(source=source)}
     assert rows["dynamo"].state == WorkerState.LIVE
     assert "does not declare a global scope" in rows["team-b"].error
 
     services.update_source(source, actor=SYSTEM, listener_scope="global")
-    refresh_source(source.pk, trigger=MANUAL)
+    run_discovery(source.pk, trigger=MANUAL)
     assert Worker.objects.get(source=source, namespace="team-b").state == WorkerState.LIVE

@@ -15,7 +15,7 @@ SOURCE_POST = {
     "name": "prod",
     "listener_url": "http://10.0.0.5:8001",
     "allowed_networks": "10.0.0.0/8",
-    "refresh_interval_seconds": "10",
+    "discovery_interval_seconds": "10",
     "enabled": "on",
 }
 
@@ -121,7 +121,7 @@ def test_admin_creates_source_through_the_form_and_it_is_audited(admin_client):
     [
         ("listener_url", "not a url", "http"),
         ("allowed_networks", "10.0.0.0/40", "invalid CIDR"),
-        ("refresh_interval_seconds", "0.2", "at least 1"),
+        ("discovery_interval_seconds", "0.2", "at least 1"),
     ],
 )
 def test_bad_form_input_shows_the_error_and_changes_nothing(admin_client, field, value, message):
@@ -135,13 +135,13 @@ def test_bad_form_input_shows_the_error_and_changes_nothing(admin_client, field,
 def test_admin_edits_and_deletes_a_source(admin_client, source):
     response = admin_client.post(
         reverse("fleet:source_edit", args=[source.pk]),
-        {**SOURCE_POST, "name": "src", "refresh_interval_seconds": "30"},
+        {**SOURCE_POST, "name": "src", "discovery_interval_seconds": "30"},
     )
     assert response.status_code == 302
     source.refresh_from_db()
-    assert source.refresh_interval_seconds == 30
+    assert source.discovery_interval_seconds == 30
     changed = AuditEvent.objects.get(action="source.updated").details["changed"]
-    assert changed["refresh_interval_seconds"] == [10.0, 30.0]
+    assert changed["discovery_interval_seconds"] == [10.0, 30.0]
     admin_client.post(reverse("fleet:source_delete", args=[source.pk]))
     assert not Source.objects.exists()
 
@@ -231,8 +231,8 @@ def test_metrics_are_low_cardinality_and_loopback_only(client, source):
 def test_discovery_is_called_discovery_not_refresh(operator_client, source):
     """ "Refresh" on these pages means a policy refresh (a weight update); asking the
     listener for the fleet is discovery."""
-    source.last_refresh_finished_at = timezone.now()
-    source.save(update_fields=["last_refresh_finished_at"])
+    source.last_discovery_finished_at = timezone.now()
+    source.save(update_fields=["last_discovery_finished_at"])
     overview = operator_client.get(reverse("fleet:overview")).content.decode()
     assert "<dt>Last discovery</dt>" in overview and "Last refresh" not in overview
     page = operator_client.get(reverse("fleet:source", args=[source.pk])).content.decode()

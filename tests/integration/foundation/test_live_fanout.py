@@ -255,7 +255,9 @@ async def test_under_uvicorn_a_client_that_stops_reading_is_dropped_and_the_othe
                 for seq in range(first, first + count):
                     mark = f"mark-{seq:04d}"
                     html = f'<article id="{mark}" hx-swap-oob="true">{"x" * size}</article>'
-                    realtime.publish(live.FLEET_GROUP, live.EVENT_SOURCE_REFRESHED, {"html": html})
+                    realtime.publish(
+                        live.FLEET_GROUP, live.EVENT_DISCOVERY_FINISHED, {"html": html}
+                    )
                 assert realtime.flush(DEADLINE_SECONDS)
 
             # Paced in batches the reader has taken before the next goes out: a reading client

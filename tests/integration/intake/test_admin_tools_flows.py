@@ -424,7 +424,7 @@ def test_a_destination_subscribed_to_stale_sources_hears_from_discovery(
     admin_client, source, django_capture_on_commit_callbacks
 ):
     # The conftest source's listener is port 9 on loopback, where nothing answers.
-    from controlplane.fleet.discovery import refresh_source
+    from controlplane.fleet.discovery import run_discovery
     from controlplane.fleet.models import DiscoveryTrigger
 
     admin_client.post(
@@ -432,8 +432,8 @@ def test_a_destination_subscribed_to_stale_sources_hears_from_discovery(
         {**DESTINATION_FORM, "events": ["source.stale"], "source": source.pk},
     )
     with django_capture_on_commit_callbacks(execute=False):
-        run = refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL)
-        refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=5)
+        run = run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL)
+        run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=5)
     assert not run.ok
     # Once when it went stale, not again while it stays stale.
     delivery = NotificationDelivery.objects.get()

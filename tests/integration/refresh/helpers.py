@@ -42,7 +42,7 @@ def make_source(fleet, name: str = "sim", **fields) -> Source:
 
 def sync_workers(source: Source) -> None:
     """A discovery refresh, so the planner's "last view" matches the fleet."""
-    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+    discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
 
 
 def actor_for(user) -> Actor:

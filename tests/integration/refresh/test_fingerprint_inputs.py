@@ -326,7 +326,7 @@ def test_source_form_refuses_a_bad_epsilon(admin_client, db):
         "name": "sim",
         "listener_url": "http://127.0.0.1:9/",
         "allowed_networks": "127.0.0.0/8",
-        "refresh_interval_seconds": "10",
+        "discovery_interval_seconds": "10",
         "enabled": "on",
         "agreement_rule": "logprob",
         "agreement_tokens": "8",

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
-from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source
 from controlplane.intake.forms import DestinationForm
 from controlplane.notify.models import NotificationDelivery, NotificationDestination
@@ -85,7 +85,7 @@ def _discover(source_id: int, listener_url: str | None = None) -> None:
     try:
         if listener_url is not None:
             Source.objects.filter(pk=source_id).update(listener_url=listener_url)
-        refresh_source(source_id, trigger=DiscoveryTrigger.MANUAL)
+        run_discovery(source_id, trigger=DiscoveryTrigger.MANUAL)
     finally:
         connections.close_all()
 
@@ -192,7 +192,7 @@ def quiet_source(db):
         name="quiet",
         listener_url="http://127.0.0.1:9/",
         allowed_networks=["127.0.0.0/8"],
-        refresh_interval_seconds=10,
+        discovery_interval_seconds=10,
         last_success_at=timezone.now() - timedelta(minutes=10),
     )
     # The verified gate's workers are in the serving ledger, which the gate is a view of.
@@ -260,11 +260,11 @@ def test_fresh_enough_is_per_source_interval_with_a_floor(quiet_source, settings
     settings.GATE_STALE_AFTER_SECONDS = 60
     settings.GATE_STALE_INTERVALS = 3
     now = timezone.now()
-    quiet_source.refresh_interval_seconds = 10  # 3 x 10 s is under the 60 s floor
+    quiet_source.discovery_interval_seconds = 10  # 3 x 10 s is under the 60 s floor
     assert stale_after(quiet_source) == timedelta(seconds=60)
     quiet_source.last_success_at = now - timedelta(seconds=50)
     assert not source_is_unknown(quiet_source, now)
-    quiet_source.refresh_interval_seconds = 120
+    quiet_source.discovery_interval_seconds = 120
     quiet_source.last_success_at = now - timedelta(seconds=300)
     assert not source_is_unknown(quiet_source, now)  # 3 x 120 s
     quiet_source.last_success_at = now - timedelta(seconds=400)

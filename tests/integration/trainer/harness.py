@@ -91,7 +91,7 @@ def wire_stack(
         actor=system, name="toy-trainer", source=source, policy=WebhookPolicy.AUTO_START
     )
     _, token = create_token(user=user, label="toy-trainer", actor=system)
-    discovery.refresh_source(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+    discovery.run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
     return Stack(
         fleet=fleet,
         control_url=live_server_url,

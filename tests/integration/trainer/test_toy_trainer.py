@@ -73,7 +73,7 @@ def test_three_iterations_admit_only_samples_of_the_announced_step(
 
     def before_announce(step: int) -> None:
         if step == 3:  # beat's periodic discovery has seen the restart by now
-            discovery.refresh_source(source_pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
+            discovery.run_discovery(source_pk, trigger=DiscoveryTrigger.MANUAL, wait=15)
 
     source_pk = Source.objects.get(name=stack.source).pk
     hooks = toy.Hooks(

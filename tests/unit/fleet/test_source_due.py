@@ -16,7 +16,7 @@ def two_second_tick(settings):
 
 def source(started_seconds_ago: float | None, interval: float = 10.0) -> Source:
     started = None if started_seconds_ago is None else NOW - timedelta(seconds=started_seconds_ago)
-    return Source(refresh_interval_seconds=interval, last_refresh_started_at=started)
+    return Source(discovery_interval_seconds=interval, last_discovery_started_at=started)
 
 
 def test_a_source_never_refreshed_is_due():

@@ -226,7 +226,7 @@ class Command(BaseCommand):
             "frontend_url": urls["frontend_url"],
             "expected_prefix": "rl",
             "allowed_networks": ["127.0.0.0/8"],
-            "refresh_interval_seconds": 5.0,
+            "discovery_interval_seconds": 5.0,
         }
         self.sim_urls = urls
         self.sim_source_id = simsource.register(SIM_SOURCE, values)

@@ -187,7 +187,7 @@ class Command(BaseCommand):
             listener_url=o["listener_url"],
             frontend_url=o["frontend_url"],
             allowed_networks=o["admin_network"],
-            refresh_interval_seconds=o["interval"],
+            discovery_interval_seconds=o["interval"],
             require_approval=o["require_approval"],
             expected_namespace=o["expected_namespace"],
             expected_prefix=o["expected_prefix"],
@@ -213,7 +213,7 @@ class Command(BaseCommand):
                     s.name,
                     s.listener_url,
                     ",".join(s.allowed_networks),
-                    f"{s.refresh_interval_seconds:g}s",
+                    f"{s.discovery_interval_seconds:g}s",
                     "yes" if s.require_approval else "no",
                     state,
                 )

@@ -29,7 +29,7 @@ from controlplane.accounts.management.commands._cli import (
     dumps,
     shown,
 )
-from controlplane.fleet.discovery import refresh_source
+from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.management.commands.source import format_table
 from controlplane.fleet.models import DiscoveryTrigger, Source, Worker, WorkerState
 from controlplane.fleet.presenters import version_label
@@ -116,7 +116,7 @@ class Command(OperatorCommand):
         results = []
         for src in sources:
             with runner_warnings_quiet():
-                run = refresh_source(
+                run = run_discovery(
                     src.pk, trigger=DiscoveryTrigger.MANUAL, wait=CLAIM_WAIT_SECONDS
                 )
             if run is None:

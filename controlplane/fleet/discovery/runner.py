@@ -54,7 +54,7 @@ def _claim(source: Source, trigger: str) -> datetime | None:
     now = timezone.now()
     lease = now + timedelta(seconds=_lease_seconds())
     rows = Source.objects.filter(
-        Q(refresh_claimed_until__isnull=True) | Q(refresh_claimed_until__lt=now), pk=source.pk
+        Q(discovery_claimed_until__isnull=True) | Q(discovery_claimed_until__lt=now), pk=source.pk
     )
     if trigger == DiscoveryTrigger.SCHEDULE:
         if not source.is_due(now):

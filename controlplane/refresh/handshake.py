@@ -22,7 +22,7 @@ only on the first attempt, where it cannot mean an earlier one.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from django.db import transaction
 from django.utils import timezone
@@ -54,6 +54,37 @@ ENDED = frozenset(
         RefreshState.ROLLED_BACK,
     }
 )
+
+
+class Group(TypedDict, total=False):
+    """`PolicyRefresh.group`: the rank map from the plan (`planning.group_plan`), then the
+    handshake as it moves. This module owns its keys; empty unless the method is distributed."""
+
+    #: Ranks of the whole group, the trainer's first `trainer_ranks` of them, and each worker
+    #: key's `[first rank, how many]`.
+    world_size: int
+    trainer_ranks: int
+    ranks: dict[str, list[int]]
+    #: JOINING, READY, BROADCAST_DONE, APPLYING, DESTROYED or TORN_DOWN ("" before the update).
+    state: str
+    #: The formation this is (1, then one more per retry or resumed step).
+    attempt: int
+    #: ISO times of each move, None before it (and again once a new attempt begins).
+    ready_at: str | None
+    broadcast_done_at: str | None
+    broadcast_done_by: str | None
+    destroyed_at: str | None
+    #: Why the group was torn down ("" otherwise).
+    reason: str
+
+
+class GroupPlan(Group, total=False):
+    """What `planning.group_plan` returns: the stored rank map, and the mixes it refuses (the
+    plan takes `blockers` out before it stores the rest)."""
+
+    blockers: list[str]
+
+
 #: Event on `refresh.<id>` whenever the handshake moves (payload: the group's public view).
 EVENT_GROUP = "group"
 

@@ -209,9 +209,10 @@ def read_fingerprint(opts) -> dict | None:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"cannot read fingerprint file {path}: {exc}") from None
         return data  # validated by plan_policy_refresh, like any other entry point
-    return fingerprint_from_text(
+    found = fingerprint_from_text(
         opts["expect_tokens"] or "", opts["expect_logprobs"] or "", opts["logprob_tolerance"]
     )
+    return None if found is None else dict(found)
 
 
 def target_from_options(opts) -> dict:

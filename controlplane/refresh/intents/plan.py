@@ -7,6 +7,7 @@ fleet changes until it is started (`lifecycle.start_policy_refresh`).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -131,7 +132,7 @@ def validated_request(
     fingerprint: dict[str, Any] | None,
     pause_modes: dict[str, str] | None,
     versions: dict[str, str] | None,
-    strategy: dict[str, Any] | None,
+    strategy: Mapping[str, Any] | None,
     instances: list[str] | None,
     inflight_may_straddle: bool = False,
 ) -> PlanRequest:
@@ -181,7 +182,7 @@ def plan_policy_refresh(
     fingerprint: dict[str, Any] | None = None,
     pause_modes: dict[str, str] | None = None,
     versions: dict[str, str] | None = None,
-    strategy: dict[str, Any] | None = None,
+    strategy: Mapping[str, Any] | None = None,
     instances: list[str] | None = None,
     inflight_may_straddle: bool = False,
 ) -> PolicyRefresh:

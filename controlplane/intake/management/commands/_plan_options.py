@@ -14,7 +14,7 @@ from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.fleet.models import Source
 from controlplane.refresh import intents
 from controlplane.refresh.models import PolicyRefresh
-from controlplane.refresh.strategy import EVALUATIONS, KINDS, parse_strategy
+from controlplane.refresh.strategy import EVALUATIONS, KINDS, StrategyJson, parse_strategy
 from controlplane.refresh.targets import PAUSE_MODE_CHOICES
 
 #: A fingerprint file holds at most a few hundred numbers; anything bigger is a mistake.
@@ -151,7 +151,7 @@ def add_strategy_arguments(parser) -> None:
     )
 
 
-def strategy_from_options(opts) -> dict | None:
+def strategy_from_options(opts) -> StrategyJson | None:
     """The strategy's JSON form, or None when no strategy option was given. A canary option
     without --strategy means a canary. Raises Refused (usage) when it does not validate."""
     canary_given = (

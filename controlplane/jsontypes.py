@@ -9,7 +9,7 @@ else sent (a request or response body, a webhook payload, a weight version) says
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 #: Outside data stored verbatim: a peer's request or response body, a trainer's payload, an
 #: audit row's details (any JSON its action records, hashed into the chain as written). Its
@@ -19,6 +19,12 @@ type OpaqueJson = Any
 #: A weight version as the trainer sent it: any JSON (a string or an integer in practice),
 #: compared as given and never parsed (docs/concepts: "the version is the trainer's").
 type WeightVersion = OpaqueJson
+
+
+class Empty(TypedDict):
+    """`{}`: a structured column before anything was recorded in it (a refused drill's
+    policies; a refresh stored before its compatibility record existed)."""
+
 
 #: Namespace names of a source, in the order given or sorted.
 type Namespaces = list[str]

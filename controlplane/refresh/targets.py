@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from controlplane.dynamo.families import FAMILIES, AdminFamily, LoraAction, Operation, UpdateMethod
-from controlplane.jsontypes import OpaqueJson, WeightVersion
+from controlplane.jsontypes import Empty, OpaqueJson, WeightVersion
 
 #: Keys the planner assigns per worker in a distributed group: a trainer never gives them.
 RANK_KEYS = ("rank_offset", "world_size", "rank")
@@ -59,8 +59,9 @@ class Target(TypedDict, total=False):
     body: dict[str, OpaqueJson]
 
 
-class NoPolicy(TypedDict):
-    """A policy nobody had: a scheduled drill refused before it began stores `{}`."""
+#: `DrillRun.current_policy` and `previous_policy`: the two policies a drill moves between, or
+#: `{}` for a scheduled drill refused before it began (`drills/runner.record_refused`).
+DrillPolicy = Target | Empty
 
 
 #: `PolicyRefresh.pause_modes`: family name → its pause mode (`{"sglang": "retract"}`).

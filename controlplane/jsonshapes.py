@@ -26,6 +26,7 @@ from typing import (
 )
 
 from controlplane.dynamo.fingerprint import FingerprintJson
+from controlplane.dynamo.listing import ListenerTransport
 from controlplane.fleet.discovery.diff import WorkerEventDetails
 from controlplane.fleet.discovery.rejections import RejectedEntryJson
 from controlplane.fleet.validation import DeclaredFamilies
@@ -69,8 +70,7 @@ SHAPES: dict[str, Any] = {
     "fleet.Source.default_strategy": StrategyJson,
     "fleet.Source.declared_families": DeclaredFamilies,
     "fleet.StaticWorker.allowed_routes": Routes,
-    # The listener's transport object, as Dynamo reports it.
-    "fleet.Worker.transport": OpaqueJson,
+    "fleet.Worker.transport": ListenerTransport,
     "fleet.Worker.routes": Routes,
     "fleet.Worker.weight_version": WeightVersion | None,
     "fleet.DiscoveryRun.rejected_entries": list[RejectedEntryJson],

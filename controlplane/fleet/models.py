@@ -247,7 +247,7 @@ class Worker(models.Model):
     )
 
     family = models.CharField(max_length=32, blank=True)
-    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): the listener's transport object as reported.
+    #: Shape: `ListenerTransport` (dynamo/listing.py): as the listener reports it.
     transport = models.JSONField(default=dict, blank=True)
     request_plane_url = models.CharField(max_length=limits.REQUEST_PLANE_URL_MAX, blank=True)
     system_url = models.CharField(max_length=limits.URL_MAX, blank=True)

@@ -2,9 +2,10 @@
 jsonshapes.py`).
 
 A realistic run on the simulated fleet with PostgreSQL and a real Celery worker — a refresh all
-at once, a staged refresh in waves with declared versions, a trainer's signed checkpoint
-webhook that starts a refresh (endpoint with approval rules and its own strategy), and a drift
-that is quarantined, caught up and admitted — then every stored value of every registered
+at once, a staged refresh in waves with declared versions and a trainer fingerprint, a
+trainer's signed checkpoint webhook that starts a canary refresh (endpoint with approval rules
+and its own strategy) and the trainer's signed verdict on it, and a drift that is quarantined,
+caught up and admitted — then every stored value of every registered
 column is checked by the validator: required keys present, no key the shape does not declare,
 values of the declared JSON types, nested shapes and list elements alike. A writer that adds
 an undeclared key fails here (`tests/unit/test_json_shapes.py` proves the validator does).
@@ -31,6 +32,7 @@ from controlplane.refresh.models import (
     QuarantineState,
     RefreshState,
 )
+from controlplane.simfleet.tokens import expected_completion_ids
 from tests.integration.drift.test_drift_quarantine import (
     detected_within_two_discoveries,
     restart_one,
@@ -49,6 +51,8 @@ EXERCISED = (
     "fleet.Worker.routes",
     "fleet.Worker.weight_version",
     "fleet.WorkerEvent.details",
+    "fleet.PublishedPolicy.version",
+    "refresh.PolicyRefresh.fingerprint",
     "refresh.PolicyRefresh.target",
     "refresh.PolicyRefresh.verification",
     "refresh.PolicyRefresh.strategy",
@@ -130,20 +134,26 @@ def test_every_stored_json_value_fits_its_declared_shape(
         "v2",
         strategy={"kind": "waves", "max_unavailable": 1},
         versions={"dynamo": "1.6.1", "trainer": "run-7"},
+        fingerprint={"completion_token_ids": expected_completion_ids("v2", [5, 6, 7, 8], 4)},
     )
     assert not staged.plan_blockers, staged.plan_blockers
     assert staged.waves > 1
     intents.start_policy_refresh(staged, actor=actor)
     ended(staged.pk)
 
-    # A trainer's signed checkpoint starts the next refresh through an endpoint of its own.
+    # A trainer's signed checkpoint starts the next refresh through an endpoint of its own, a
+    # canary the trainer judges; its signed verdict lets the refresh go on.
     endpoint, secret = intake_services.create_webhook_endpoint(
         actor=Actor.system("test setup"),
         name="trainer-run-7",
         source=source,
         policy=WebhookPolicy.AUTO_START,
         rules=[{"metric": "eval/reward", "op": "lt", "value": 0.2}],
-        default_strategy={"kind": "waves", "max_unavailable": 1},
+        default_strategy={
+            "kind": "canary",
+            "canary": {"size": 1, "evaluation": "trainer"},
+            "max_unavailable": 1,
+        },
     )
     body = json.dumps(
         {
@@ -167,6 +177,26 @@ def test_every_stored_json_value_fits_its_declared_shape(
         what="the checkpoint delivery to be processed",
     )
     assert delivery.refresh_id is not None, delivery.detail
+    wait_for(
+        lambda: PolicyRefresh.objects.filter(
+            pk=delivery.refresh_id, state=RefreshState.CANARY_REVIEW
+        ).first(),
+        what="the canary to await the trainer's verdict",
+    )
+    verdict = {
+        "refresh_id": delivery.refresh_id,
+        "weight_version": "v3",
+        "passed": True,
+        "metrics": {"eval/reward": 0.64},
+    }
+    response = post_webhook(
+        client,
+        json.dumps({"type": "canary.verdict", "data": verdict}).encode(),
+        secret=secret,
+        webhook_id="msg_shapes_2",
+        endpoint=endpoint.name,
+    )
+    assert response.status_code == 200, response.content
     ended(delivery.refresh_id)
 
     # A restarted worker drifts: quarantined (its gate lists it), caught up alone, admitted.

@@ -22,7 +22,7 @@ only on the first attempt, where it cannot mean an earlier one.
 from __future__ import annotations
 
 import time
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from django.db import transaction
 from django.utils import timezone
@@ -91,7 +91,7 @@ EVENT_GROUP = "group"
 
 def public_view(refresh: PolicyRefresh) -> dict[str, Any]:
     """The group as the trainer and the page see it."""
-    group = dict(refresh.group or {})
+    group = group_of(refresh)
     return {
         "refresh_id": refresh.pk,
         "refresh_state": refresh.state,
@@ -122,11 +122,30 @@ def _locked(refresh_id: int) -> PolicyRefresh:
     )
 
 
-def move(lease, refresh_id: int, state: str, **fields: Any) -> PolicyRefresh:
-    """The executor moves the handshake (fenced by its lease); publishes after commit."""
+def group_of(refresh: PolicyRefresh) -> Group:
+    """A copy of the refresh's group, to update and store."""
+    return cast(Group, dict(refresh.group or {}))
+
+
+def move(
+    lease,
+    refresh_id: int,
+    state: str,
+    *,
+    reason: str | None = None,
+    destroyed_at: str | None = None,
+) -> PolicyRefresh:
+    """The executor moves the handshake (fenced by its lease), saying why it tore the group
+    down or when it destroyed it; publishes after commit."""
     with transaction.atomic():
         refresh = _locked(refresh_id)
-        refresh.group = {**(refresh.group or {}), "state": state, **fields}
+        group = group_of(refresh)
+        group["state"] = state
+        if reason is not None:
+            group["reason"] = reason
+        if destroyed_at is not None:
+            group["destroyed_at"] = destroyed_at
+        refresh.group = group
         lease.guard(group=refresh.group)
         transaction.on_commit(lambda: _publish(refresh))
     return refresh
@@ -137,8 +156,8 @@ def begin_attempt(lease, refresh_id: int) -> PolicyRefresh:
     previous attempt's handshake times."""
     with transaction.atomic():
         refresh = _locked(refresh_id)
-        group = dict(refresh.group or {})
-        refresh.group = {
+        group = group_of(refresh)
+        attempt: Group = {
             **group,
             "state": JOINING,
             "attempt": int(group.get("attempt") or 0) + 1,
@@ -148,6 +167,7 @@ def begin_attempt(lease, refresh_id: int) -> PolicyRefresh:
             "broadcast_done_by": None,
             "destroyed_at": None,
         }
+        refresh.group = attempt
         lease.guard(group=refresh.group)
         transaction.on_commit(lambda: _publish(refresh))
     return refresh
@@ -157,7 +177,8 @@ def announce_ready(lease, refresh_id: int, joined: int) -> PolicyRefresh:
     """Every rank joined: record it, audit it, notify the trainer (all in one transaction)."""
     with transaction.atomic():
         refresh = _locked(refresh_id)
-        refresh.group = {**(refresh.group or {}), "state": READY, "ready_at": now_iso()}
+        ready: Group = {**group_of(refresh), "state": READY, "ready_at": now_iso()}
+        refresh.group = ready
         lease.guard(group=refresh.group)
         record(
             AuditAction.POLICY_REFRESH_GROUP_READY,
@@ -189,7 +210,7 @@ def report_broadcast_done(
     version, and (audited) for another attempt, or without one once the group was re-formed."""
     with transaction.atomic():
         locked = _locked(refresh.pk)
-        group = dict(locked.group or {})
+        group = group_of(locked)
         state = group.get("state")
         if weight_version is not None and weight_version != locked.weight_version:
             raise InvalidTransition(
@@ -207,12 +228,13 @@ def report_broadcast_done(
                     f"policy refresh #{locked.pk} is not waiting for a broadcast "
                     f"(state {locked.state}, group {state or 'none'})"
                 )
-            locked.group = {
+            done: Group = {
                 **group,
                 "state": BROADCAST_DONE,
                 "broadcast_done_at": now_iso(),
                 "broadcast_done_by": actor.label[:LABEL_CHARS],
             }
+            locked.group = done
             locked.save(update_fields=["group"])
             record(
                 AuditAction.POLICY_REFRESH_BROADCAST_DONE,
@@ -243,7 +265,7 @@ def report_broadcast_done(
     raise StaleBroadcast(stale)
 
 
-def _stale_attempt(refresh: PolicyRefresh, group: dict[str, Any], attempt: Any) -> str:
+def _stale_attempt(refresh: PolicyRefresh, group: Group, attempt: Any) -> str:
     """Why a report naming `attempt` is not about the group waiting now (empty: it is)."""
     current = int(group.get("attempt") or 1)  # a group formed before attempts were counted
     if attempt is None:

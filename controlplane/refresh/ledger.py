@@ -226,7 +226,7 @@ def verified(
     *,
     admitted: bool,
     key: str = "",
-    detail: Mapping[str, Any] | None = None,
+    detail: EvidenceDetail | None = None,
 ) -> Change:
     """Verified at `version` by `refresh` (readback, generation and agreement as it ran them);
     admitted when the gate takes it in now. An instance already verified at that version and

@@ -43,6 +43,8 @@ class AuditEvent(models.Model):
     target_type = models.CharField(max_length=64, blank=True)
     target_id = models.CharField(max_length=200, blank=True)
     target_label = models.CharField(max_length=QUOTED_CHARS, blank=True)
+    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): each action records its own details, hashed
+    #: as written.
     details = models.JSONField(default=dict)
     correlation_id = models.CharField(max_length=64, blank=True, db_index=True)
     previous_hash = models.CharField(max_length=64)

@@ -37,7 +37,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 EXACT = "exact"
 LOGPROB = "logprob"
@@ -129,6 +129,14 @@ class Difference:
 
 
 # -- the agreement rule -------------------------------------------------------------------------
+class AgreementRuleJson(TypedDict):
+    """`AgreementRule.to_dict()`: stored in `PolicyRefresh.verification["agreement"]`."""
+
+    kind: str
+    tokens: int
+    epsilon: float
+
+
 @dataclass(frozen=True, slots=True)
 class AgreementRule:
     """How two workers' completions must agree: `exact` ids or a logprob distance bound."""
@@ -156,7 +164,7 @@ class AgreementRule:
             epsilon=data.get("epsilon", DEFAULT_EPSILON),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AgreementRuleJson:
         return {"kind": self.kind, "tokens": self.tokens, "epsilon": self.epsilon}
 
     def describe(self) -> str:
@@ -315,6 +323,15 @@ def cross_check(samples: Iterable[Sample], rule: AgreementRule) -> CrossCheck:
 
 
 # -- trainer fingerprint ------------------------------------------------------------------------
+class FingerprintJson(TypedDict, total=False):
+    """`Fingerprint.to_dict()`, as `PolicyRefresh.fingerprint` and a plan's verify call keep it."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    logprob_tolerance: float
+
+
 @dataclass(frozen=True, slots=True)
 class Fingerprint:
     """What the trainer says the new policy generates for the verification prompt.
@@ -359,8 +376,8 @@ class Fingerprint:
             ),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
+    def to_dict(self) -> FingerprintJson:
+        data: FingerprintJson = {}
         if self.prompt_token_ids:
             data["prompt_token_ids"] = list(self.prompt_token_ids)
         if self.completion_token_ids:
@@ -422,7 +439,7 @@ def _csv_items(text: str) -> list[str]:
 
 def fingerprint_from_text(
     tokens: str = "", logprobs: str = "", tolerance: float | str | None = None
-) -> dict[str, Any] | None:
+) -> FingerprintJson | None:
     """A fingerprint from comma-separated text (the plan form, the command line).
 
     Returns None when neither list is given; raises ValueError naming the bad item.

@@ -11,7 +11,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.jsontypes import OpaqueJson
+
 from .urls import url_problem
+
+#: A worker's `transport` as the listener reports it (`fleet.Worker.transport`): Dynamo's
+#: externally tagged enum, `{"tcp": "<address>/<id>/<path>"}` or `{"nats_tcp": ...}`. Stored as
+#: reported: an object (the parser bounds its size), whose tag and value are the listener's.
+type ListenerTransport = dict[str, OpaqueJson]
 
 __all__ = [
     "SUPPORTED_PROTOCOL_VERSIONS",
@@ -62,7 +69,7 @@ class DiscoveredWorker:
     """One validated entry. Optional fields are None exactly when the listener omitted them."""
 
     identity: WorkerIdentity
-    transport: dict[str, Any]
+    transport: ListenerTransport
     request_plane_url: str
     routes: tuple[str, ...]
     system_url: str | None = None

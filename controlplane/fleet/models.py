@@ -85,6 +85,7 @@ class Source(models.Model):
     listener_scope = models.CharField(
         max_length=16, choices=ListenerScope.choices, default=ListenerScope.UNDECLARED, blank=True
     )
+    #: Shape: `Networks` (controlplane/jsontypes.py).
     allowed_networks = models.JSONField(
         default=list, help_text="CIDRs that listener, frontend and worker admin URLs must be in"
     )
@@ -118,6 +119,7 @@ class Source(models.Model):
     )
     #: The refresh strategy a plan gets unless it names its own (`refresh.strategy` JSON form;
     #: empty = all at once).
+    #: Shape: `StrategyJson` (refresh/strategy.py).
     default_strategy = models.JSONField(default=dict, blank=True)
     #: Hours between scheduled rollback drills (refresh.drills; docs/operate/drills.md);
     #: 0 = never. A due drill is skipped while a policy refresh is active on the source.
@@ -132,6 +134,7 @@ class Source(models.Model):
         max_length=32, blank=True, choices=[(f, f) for f in DECLARABLE_FAMILIES]
     )
     #: Per-namespace declarations, overriding `declared_family` (`{"rl-a": "vllm-sidecar"}`).
+    #: Shape: `DeclaredFamilies` (fleet/validation.py).
     declared_families = models.JSONField(default=dict, blank=True)
     #: The Dynamo release this source's workers run, as the operator declared it (blank:
     #: 1.6.1, which reports no version to detect). Its contract (`dynamo.releases`) is named
@@ -196,6 +199,7 @@ class StaticWorker(models.Model):
     )
     system_url = models.URLField()
     family = models.CharField(max_length=32, choices=FAMILY_CHOICES)
+    #: Shape: `Routes` (controlplane/jsontypes.py).
     allowed_routes = models.JSONField(default=list)
     model = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -245,11 +249,13 @@ class Worker(models.Model):
     )
 
     family = models.CharField(max_length=32, blank=True)
+    #: Shape: `ListenerTransport` (dynamo/listing.py): as the listener reports it.
     transport = models.JSONField(default=dict, blank=True)
     request_plane_url = models.CharField(max_length=limits.REQUEST_PLANE_URL_MAX, blank=True)
     system_url = models.CharField(max_length=limits.URL_MAX, blank=True)
     admin_base_url = models.CharField(max_length=limits.URL_MAX, blank=True)
     model = models.CharField(max_length=limits.MODEL_MAX, blank=True)
+    #: Shape: `Routes` (controlplane/jsontypes.py).
     routes = models.JSONField(default=list, blank=True)
     # A u32 (up to 2^32-1): PostgreSQL's `integer` stops at 2^31-1, so this is a bigint.
     world_size = models.PositiveBigIntegerField(null=True, blank=True)
@@ -259,6 +265,7 @@ class Worker(models.Model):
     identity_note = models.TextField(blank=True)
 
     state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.LIVE)
+    #: Shape: `WeightVersion` (controlplane/jsontypes.py): as the engine reports it.
     weight_version = models.JSONField(null=True, blank=True)
     weight_version_declared = models.BooleanField(default=False)
     version_error = models.TextField(blank=True)
@@ -339,6 +346,7 @@ class DiscoveryRun(models.Model):
     joined = models.PositiveIntegerField(default=0)
     left = models.PositiveIntegerField(default=0)
     changed = models.PositiveIntegerField(default=0)
+    #: Shape: `list[RejectedEntryJson]` (fleet/discovery/rejections.py).
     rejected_entries = models.JSONField(default=list, blank=True)
 
     class Meta:
@@ -369,6 +377,7 @@ class WorkerEvent(models.Model):
     )
     occurred_at = models.DateTimeField(db_index=True)
     kind = models.CharField(max_length=32, choices=WorkerEventKind.choices)
+    #: Shape: `WorkerEventDetails` (fleet/discovery/diff.py).
     details = models.JSONField(default=dict, blank=True)
 
     class Meta:
@@ -389,11 +398,13 @@ class PublishedPolicy(models.Model):
     lineage = models.CharField(max_length=limits.NAME_MAX, blank=True, default="")
     step = models.PositiveBigIntegerField()
     #: The weight version workers report once they serve it (str or int, as the trainer sent).
+    #: Shape: `WeightVersion` (controlplane/jsontypes.py).
     version = models.JSONField()
     #: `version` as text (`policy_lag.version_key`), for finding the step a served version is.
     version_key = models.CharField(max_length=200)
     digest = models.CharField(max_length=200, blank=True)
     #: The namespaces it is meant for; empty: every namespace of the source.
+    #: Shape: `Namespaces` (controlplane/jsontypes.py).
     namespaces = models.JSONField(default=list, blank=True)
     published_at = models.DateTimeField()
     received_at = models.DateTimeField(auto_now_add=True)
@@ -401,6 +412,7 @@ class PublishedPolicy(models.Model):
     webhook_id = models.CharField(max_length=200, blank=True)
     event_type = models.CharField(max_length=32)
     #: Namespaces already notified of lag past this publication (`max_lag_action=alert`).
+    #: Shape: `Namespaces` (controlplane/jsontypes.py).
     lag_alerted = models.JSONField(default=list, blank=True)
 
     class Meta:

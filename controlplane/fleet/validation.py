@@ -258,6 +258,11 @@ def clean_static_worker_values(values: dict[str, Any], *, allowed_networks) -> d
     return clean
 
 
+#: `Source.declared_families`: namespace → the family declared for it (`{"rl-a": "vllm-sidecar"}`),
+#: overriding `Source.declared_family` (`_clean_declared_families` checks it).
+DeclaredFamilies = dict[str, str]
+
+
 def _clean_declared_families(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
     """The operator's backend-family declarations: one for the source, and per namespace."""
     choices = ", ".join(DECLARABLE_FAMILIES)

@@ -58,8 +58,10 @@ class NotificationDestination(models.Model):
     url = models.URLField(max_length=500)
     # `whsec_<base64>`; signs generic webhooks. Unused for Slack, whose URL is the secret.
     secret = models.CharField(max_length=200, blank=True)
+    #: Shape: `Networks` (controlplane/jsontypes.py).
     allowed_networks = models.JSONField(default=list, blank=True)
     # Empty means every event.
+    #: Shape: `EventNames` (controlplane/jsontypes.py).
     events = models.JSONField(default=list, blank=True)
     # Null means every source.
     source = models.ForeignKey(
@@ -104,6 +106,7 @@ class NotificationDelivery(models.Model):
     )
     message_id = models.CharField(max_length=64, unique=True, default="")
     event = models.CharField(max_length=64)
+    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): the message as sent.
     payload = models.JSONField(default=dict)
     status = models.CharField(
         max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING

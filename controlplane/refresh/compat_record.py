@@ -13,11 +13,91 @@ as `null` where nobody did — never guessed.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 from django.utils import timezone
 
+from controlplane.dynamo.fingerprint import AgreementRuleJson
 from controlplane.dynamo.releases import contract
+from controlplane.jsontypes import WeightVersion
+from controlplane.refresh.handshake import Group
+from controlplane.refresh.targets import Target
+
+
+class DeclaredVersions(TypedDict):
+    """What the requester declared (`normalize_versions`), and what Dynamo reported: never
+    anything in 1.6.1, so null, with the note saying so."""
+
+    declared: dict[str, str]
+    dynamo_reported: str | None
+    note: str
+
+
+#: The Dynamo release the plan's client contract is (`release_record`); `from` is a keyword.
+ReleaseRecord = TypedDict("ReleaseRecord", {"release": str, "from": str, "contract": str})
+
+
+class SourceRecord(TypedDict):
+    name: str
+    listener_url: str
+
+
+class DiscoveryRecord(TypedDict):
+    """The discovery the plan was made from (None and "" when there was none)."""
+
+    run_id: int | None
+    reported_namespace: str
+    workers_live: int | None
+
+
+class Topology(TypedDict):
+    namespaces: list[str]
+    workers: int
+    #: world size (as text, or "unreported") → how many workers report it, and from where.
+    worker_world_sizes: dict[str, int]
+    worker_world_size_from: dict[str, int]
+    group_world_size: int | None
+    trainer_ranks: int | None
+
+
+class PlannedChecks(TypedDict):
+    version_readback: bool
+    liveness: bool
+    generation: bool
+    agreement: AgreementRuleJson | None
+
+
+class VerificationRan(TypedDict):
+    """What the verify step did (`verification_ran`)."""
+
+    ok: bool
+    detail: str
+    at: str
+    weight_version: WeightVersion
+
+
+class VerificationRecord(TypedDict):
+    planned: PlannedChecks
+    #: None until the verify step has run.
+    ran: VerificationRan | None
+
+
+class CompatRecord(TypedDict):
+    """`PolicyRefresh.compat` (`compat_at_plan`, then `ran` once verify did); this module owns
+    its keys."""
+
+    versions: DeclaredVersions
+    dynamo_release: ReleaseRecord
+    source: SourceRecord
+    discovery: DiscoveryRecord
+    #: family → how many planned workers have it; update method → how many get it.
+    families: dict[str, int]
+    topology: Topology
+    update_method: str
+    methods: dict[str, int]
+    verification: VerificationRecord
+
 
 #: Version keys a requester may declare (`versions` in the plan request).
 VERSION_KEYS = ("dynamo", "vllm", "sglang", "trtllm", "trainer")
@@ -40,7 +120,7 @@ def normalize_versions(raw: Any) -> dict[str, str]:
     return clean
 
 
-def release_record(source) -> dict[str, Any]:
+def release_record(source) -> ReleaseRecord:
     """The Dynamo release the plan's client contract is, and where that comes from."""
     declared = getattr(source, "dynamo_release", "") or ""
     release = contract(declared)
@@ -66,7 +146,15 @@ def world_size_provenance(worker, family: str) -> str:
     return "listener metadata: the worker's own rl descriptor"
 
 
-def compat_at_plan(source, target, verification, plans, group, run, versions=None) -> dict:
+def compat_at_plan(
+    source,
+    target: Target,
+    verification: Mapping[str, Any],
+    plans,
+    group: Group,
+    run,
+    versions: dict[str, str] | None = None,
+) -> CompatRecord:
     """The record as planned; `record_verification` adds what verification actually did."""
     families = Counter(p.family for p in plans if p.family)
     world_sizes = Counter(str(p.worker.world_size or "unreported") for p in plans)
@@ -111,7 +199,7 @@ def compat_at_plan(source, target, verification, plans, group, run, versions=Non
     }
 
 
-def verification_ran(refresh, detail: str, ok: bool) -> dict[str, Any]:
+def verification_ran(refresh, detail: str, ok: bool) -> VerificationRan:
     """What the verify step did, to store under `compat.verification.ran`."""
     return {
         "ok": ok,

@@ -74,7 +74,7 @@ class Drifted:
     kind: str
     detail: str
 
-    def entry(self, state: str) -> dict[str, Any]:
+    def entry(self, state: str) -> gates.DriftEntry:
         return {
             "key": self.worker.key,
             "instance_id": self.worker.instance_id,

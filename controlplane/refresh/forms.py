@@ -21,6 +21,7 @@ from controlplane.refresh.strategy import (
     EVAL_TRAINER,
     MAX_VERDICT_TIMEOUT_SECONDS,
     WAVES,
+    StrategyJson,
     instance_list,
     parse_strategy,
 )
@@ -141,7 +142,7 @@ class StrategyFields(forms.Form):
         help_text="no verdict by then: the canary is rolled back",
     )
 
-    def _strategy(self, data) -> dict | None:
+    def _strategy(self, data) -> StrategyJson | None:
         """The strategy's JSON form, None for the source's default; errors go to the field
         `parse_strategy` names."""
         kind = data.get("strategy_kind") or ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
@@ -19,6 +19,7 @@ from django.utils import timezone
 from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
+from controlplane.jsontypes import WeightVersion
 from controlplane.notify.emit import notify
 from controlplane.refresh import gate_cache, ledger
 from controlplane.refresh.ledger import Readback
@@ -307,7 +308,47 @@ def derive(gate: Gate, rows: Sequence[ServingInterval], *, lift: bool = False) -
     }
 
 
-def _admitted_entry(r: ServingInterval) -> dict[str, Any]:
+class ForcedAdmission(TypedDict):
+    """Who admitted an instance unverified (a force-reopen), when (ISO) and why."""
+
+    by: str
+    at: str | None
+    reason: str
+
+
+class AdmittedEntry(TypedDict):
+    """One entry of `Gate.admitted` (`_admitted_entry`): an instance the gate takes in, derived
+    from its ledger interval. This module owns the keys of the gate's JSON columns."""
+
+    instance_id: str
+    key: str
+    version: WeightVersion
+    #: The ledger's `Evidence` and `Admission` values.
+    evidence: str
+    verified: bool
+    admission: str
+    refresh_id: int | None
+    quarantine_id: int | None
+    #: ISO time the interval began.
+    since: str | None
+    forced: ForcedAdmission | None
+
+
+class DriftEntry(TypedDict):
+    """One entry of `Gate.drift`: an instance that drifted from the verified set (`drift.py`),
+    or that a refresh's failure budget left out (`executor/budget.py`)."""
+
+    key: str
+    instance_id: str
+    #: What happened: joined, version, left_out, ... (`drift.py`, `budget.KIND`).
+    kind: str
+    detail: str
+    #: Its quarantine's state (or the budget's joined state).
+    state: str
+    quarantine_id: NotRequired[int]
+
+
+def _admitted_entry(r: ServingInterval) -> AdmittedEntry:
     return {
         "instance_id": r.instance_id,
         "key": r.key,
@@ -505,7 +546,7 @@ def open_gates_verified(
     verified: Mapping[str, Sequence[str]],
     serving: Mapping[str, Sequence[str]] | None = None,
     namespaces: Sequence[str] | None = None,
-    left_out: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+    left_out: Mapping[str, Sequence[DriftEntry]] | None = None,
 ) -> None:
     """Open the refresh's gates at its version for exactly the instances verified at it.
 
@@ -769,8 +810,8 @@ def record_drift(
     *,
     actor: Actor,
     facts: ledger.Facts,
-    drift: list[dict[str, Any]],
-    new: Sequence[dict[str, Any]] = (),
+    drift: list[DriftEntry],
+    new: Sequence[DriftEntry] = (),
     close_reason: str = "",
     run=None,
 ) -> Gate:

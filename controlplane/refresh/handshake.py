@@ -22,7 +22,7 @@ only on the first attempt, where it cannot mean an earlier one.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from django.db import transaction
 from django.utils import timezone
@@ -54,13 +54,44 @@ ENDED = frozenset(
         RefreshState.ROLLED_BACK,
     }
 )
+
+
+class Group(TypedDict, total=False):
+    """`PolicyRefresh.group`: the rank map from the plan (`planning.group_plan`), then the
+    handshake as it moves. This module owns its keys; empty unless the method is distributed."""
+
+    #: Ranks of the whole group, the trainer's first `trainer_ranks` of them, and each worker
+    #: key's `[first rank, how many]`.
+    world_size: int
+    trainer_ranks: int
+    ranks: dict[str, list[int]]
+    #: JOINING, READY, BROADCAST_DONE, APPLYING, DESTROYED or TORN_DOWN ("" before the update).
+    state: str
+    #: The formation this is (1, then one more per retry or resumed step).
+    attempt: int
+    #: ISO times of each move, None before it (and again once a new attempt begins).
+    ready_at: str | None
+    broadcast_done_at: str | None
+    broadcast_done_by: str | None
+    destroyed_at: str | None
+    #: Why the group was torn down ("" otherwise).
+    reason: str
+
+
+class GroupPlan(Group, total=False):
+    """What `planning.group_plan` returns: the stored rank map, and the mixes it refuses (the
+    plan takes `blockers` out before it stores the rest)."""
+
+    blockers: list[str]
+
+
 #: Event on `refresh.<id>` whenever the handshake moves (payload: the group's public view).
 EVENT_GROUP = "group"
 
 
 def public_view(refresh: PolicyRefresh) -> dict[str, Any]:
     """The group as the trainer and the page see it."""
-    group = dict(refresh.group or {})
+    group = group_of(refresh)
     return {
         "refresh_id": refresh.pk,
         "refresh_state": refresh.state,
@@ -91,11 +122,30 @@ def _locked(refresh_id: int) -> PolicyRefresh:
     )
 
 
-def move(lease, refresh_id: int, state: str, **fields: Any) -> PolicyRefresh:
-    """The executor moves the handshake (fenced by its lease); publishes after commit."""
+def group_of(refresh: PolicyRefresh) -> Group:
+    """A copy of the refresh's group, to update and store."""
+    return cast(Group, dict(refresh.group or {}))
+
+
+def move(
+    lease,
+    refresh_id: int,
+    state: str,
+    *,
+    reason: str | None = None,
+    destroyed_at: str | None = None,
+) -> PolicyRefresh:
+    """The executor moves the handshake (fenced by its lease), saying why it tore the group
+    down or when it destroyed it; publishes after commit."""
     with transaction.atomic():
         refresh = _locked(refresh_id)
-        refresh.group = {**(refresh.group or {}), "state": state, **fields}
+        group = group_of(refresh)
+        group["state"] = state
+        if reason is not None:
+            group["reason"] = reason
+        if destroyed_at is not None:
+            group["destroyed_at"] = destroyed_at
+        refresh.group = group
         lease.guard(group=refresh.group)
         transaction.on_commit(lambda: _publish(refresh))
     return refresh
@@ -106,8 +156,8 @@ def begin_attempt(lease, refresh_id: int) -> PolicyRefresh:
     previous attempt's handshake times."""
     with transaction.atomic():
         refresh = _locked(refresh_id)
-        group = dict(refresh.group or {})
-        refresh.group = {
+        group = group_of(refresh)
+        attempt: Group = {
             **group,
             "state": JOINING,
             "attempt": int(group.get("attempt") or 0) + 1,
@@ -117,6 +167,7 @@ def begin_attempt(lease, refresh_id: int) -> PolicyRefresh:
             "broadcast_done_by": None,
             "destroyed_at": None,
         }
+        refresh.group = attempt
         lease.guard(group=refresh.group)
         transaction.on_commit(lambda: _publish(refresh))
     return refresh
@@ -126,7 +177,8 @@ def announce_ready(lease, refresh_id: int, joined: int) -> PolicyRefresh:
     """Every rank joined: record it, audit it, notify the trainer (all in one transaction)."""
     with transaction.atomic():
         refresh = _locked(refresh_id)
-        refresh.group = {**(refresh.group or {}), "state": READY, "ready_at": now_iso()}
+        ready: Group = {**group_of(refresh), "state": READY, "ready_at": now_iso()}
+        refresh.group = ready
         lease.guard(group=refresh.group)
         record(
             AuditAction.POLICY_REFRESH_GROUP_READY,
@@ -158,7 +210,7 @@ def report_broadcast_done(
     version, and (audited) for another attempt, or without one once the group was re-formed."""
     with transaction.atomic():
         locked = _locked(refresh.pk)
-        group = dict(locked.group or {})
+        group = group_of(locked)
         state = group.get("state")
         if weight_version is not None and weight_version != locked.weight_version:
             raise InvalidTransition(
@@ -176,12 +228,13 @@ def report_broadcast_done(
                     f"policy refresh #{locked.pk} is not waiting for a broadcast "
                     f"(state {locked.state}, group {state or 'none'})"
                 )
-            locked.group = {
+            done: Group = {
                 **group,
                 "state": BROADCAST_DONE,
                 "broadcast_done_at": now_iso(),
                 "broadcast_done_by": actor.label[:LABEL_CHARS],
             }
+            locked.group = done
             locked.save(update_fields=["group"])
             record(
                 AuditAction.POLICY_REFRESH_BROADCAST_DONE,
@@ -212,7 +265,7 @@ def report_broadcast_done(
     raise StaleBroadcast(stale)
 
 
-def _stale_attempt(refresh: PolicyRefresh, group: dict[str, Any], attempt: Any) -> str:
+def _stale_attempt(refresh: PolicyRefresh, group: Group, attempt: Any) -> str:
     """Why a report naming `attempt` is not about the group waiting now (empty: it is)."""
     current = int(group.get("attempt") or 1)  # a group formed before attempts were counted
     if attempt is None:

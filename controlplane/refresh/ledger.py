@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from django.utils import timezone
 
@@ -36,7 +36,26 @@ from controlplane.refresh.models import (
 from controlplane.refresh.targets import straddling_modes
 from controlplane.textlimits import CAUSE_CHARS
 
+
 #: The fields that make an interval what it is (a fact changing none of them is no change).
+class EvidenceDetail(TypedDict, total=False):
+    """`ServingInterval.evidence_detail`: which checks stand behind the interval's evidence.
+    This module owns its keys."""
+
+    #: The version was read back from the engine (or, reported: the worker declared it).
+    readback: bool
+    #: A generation pinned to the instance, and the cross-worker agreement it passed (the
+    #: rule's kind, or "cross-check" for a catch-up; "" when none).
+    generation: bool
+    agreement: str
+    liveness: bool
+    #: Requests in flight were kept across the update (`inflight_may_straddle`): the window
+    #: is mixed, with the pause mode that kept them.
+    mixed: bool
+    in_flight: str
+    pause_mode: str
+
+
 _MEANING = (
     "version",
     "evidence",
@@ -189,12 +208,13 @@ def _mark_mixed(rows: list[ServingInterval]) -> None:
     for row in verified:
         mode = kept.get((row.refresh_id, row.namespace, row.instance_id))
         if mode is not None:
-            row.evidence_detail = {
+            detail: EvidenceDetail = {
                 **(row.evidence_detail or {}),
                 "mixed": True,
                 "in_flight": "kept",
                 "pause_mode": mode,
             }
+            row.evidence_detail = detail
 
 
 # -- the facts ---------------------------------------------------------------------------------
@@ -206,7 +226,7 @@ def verified(
     *,
     admitted: bool,
     key: str = "",
-    detail: Mapping[str, Any] | None = None,
+    detail: EvidenceDetail | None = None,
 ) -> Change:
     """Verified at `version` by `refresh` (readback, generation and agreement as it ran them);
     admitted when the gate takes it in now. An instance already verified at that version and
@@ -283,7 +303,7 @@ def _collect(rows, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], list[i
     return {k: sorted(v) for k, v in out.items()}
 
 
-def verification_detail(refresh) -> dict[str, Any]:
+def verification_detail(refresh) -> EvidenceDetail:
     """What a refresh's verify step checked (its `verification` flags)."""
     checks = refresh.verification or {}
     return {
@@ -301,7 +321,7 @@ def caught_up(quarantine, version: Any, *, key: str = "") -> Change:
         "key": key or quarantine.key,
         "version": version,
         "evidence": Evidence.VERIFIED_CATCH_UP,
-        "evidence_detail": {"readback": True, "generation": True, "agreement": "cross-check"},
+        "evidence_detail": EvidenceDetail(readback=True, generation=True, agreement="cross-check"),
         "refresh_id": None,
         "quarantine_id": quarantine.pk,
         "transition_refresh_id": None,
@@ -317,7 +337,7 @@ def forced(version: Any, *, key: str, by: str, at: datetime, reason: str, eviden
         "key": key,
         "version": version,
         "evidence": evidence,
-        "evidence_detail": {"readback": evidence == Evidence.REPORTED},
+        "evidence_detail": EvidenceDetail(readback=evidence == Evidence.REPORTED),
         "refresh_id": None,
         "quarantine_id": None,
         "transition_refresh_id": None,
@@ -341,7 +361,7 @@ def reported(version: Any, *, key: str = "", serving: str = Serving.SERVING) -> 
             out.update(
                 version=version,
                 evidence=Evidence.REPORTED if version is not None else Evidence.UNKNOWN,
-                evidence_detail={"readback": version is not None},
+                evidence_detail=EvidenceDetail(readback=version is not None),
                 refresh_id=None,
                 quarantine_id=None,
             )
@@ -360,7 +380,7 @@ def read_back(version: Any, *, key: str = "") -> Change:
         out: dict[str, Any] = {
             "version": version,
             "evidence": Evidence.REPORTED,
-            "evidence_detail": {"readback": True},
+            "evidence_detail": EvidenceDetail(readback=True),
         }
         if key:
             out["key"] = key

@@ -12,6 +12,8 @@ from typing import Any, TypedDict, cast
 
 from django.utils import timezone
 
+from controlplane.jsontypes import WeightVersion
+from controlplane.refresh.targets import Target
 from controlplane.textlimits import REASON_CHARS
 
 #: A canary's review states (`CanaryReview.state`, and the `verdict` once one came).
@@ -80,8 +82,8 @@ class Progress(TypedDict, total=False):
 
     #: The gate's verified policy before a staged refresh began: what a failed canary and a
     #: rollback go back to (None: the scope had none).
-    previous_policy: dict[str, Any] | None
-    previous_version: Any
+    previous_policy: Target | None
+    previous_version: WeightVersion
     #: A person asked to wait after the wave in progress.
     pause_requested: bool
     #: The wave the refresh waits after, at a pause point.
@@ -114,7 +116,7 @@ def with_external(refresh, external: ExternalApply) -> Progress:
     return progress
 
 
-def previous_policy(refresh) -> dict[str, Any] | None:
+def previous_policy(refresh) -> Target | None:
     """The gate's verified policy from before the refresh (None when unknown or none)."""
     return (refresh.progress or {}).get("previous_policy")
 
@@ -127,12 +129,12 @@ def pause_is_requested(progress: Progress) -> bool:
     return bool(progress.get("pause_requested"))
 
 
-def with_previous_policy(refresh, policy: dict[str, Any] | None) -> Progress:
+def with_previous_policy(refresh, policy: Target | None) -> Progress:
     """Remember the gate's policy when the refresh first takes the gate (a retry keeps the
     first: by then the gate may stand for the new version)."""
     progress = progress_of(refresh)
     progress.setdefault("previous_policy", policy)
-    progress.setdefault("previous_version", (policy or {}).get("weight_version"))
+    progress.setdefault("previous_version", policy.get("weight_version") if policy else None)
     return progress
 
 

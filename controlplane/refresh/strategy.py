@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from django.core.exceptions import ValidationError
 
@@ -52,6 +52,30 @@ _KEYS = {
     "canary",
 }
 _CANARY_KEYS = {"size", "instances", "evaluation", "timeout_seconds"}
+
+
+class CanaryJson(TypedDict, total=False):
+    """`Canary.to_dict()`: a canary's size or its named instances, how it is judged and how
+    long a verdict may take (seconds)."""
+
+    evaluation: Required[str]
+    timeout_seconds: Required[int]
+    size: int | str
+    instances: list[str]
+
+
+class StrategyJson(TypedDict, total=False):
+    """`Strategy.to_dict()`, the strategy's JSON form (`PolicyRefresh.strategy`,
+    `Source.default_strategy`, `WebhookEndpoint.default_strategy`); this module owns its keys.
+    Empty (`{}`) means all at once. An amount is a count or a percentage text (`"10%"`)."""
+
+    kind: str
+    max_failed: int | str
+    max_unavailable: int | str
+    admit_as_verified: bool
+    #: Waves (numbered from 1) after which the refresh waits until continued.
+    pause_after: list[int]
+    canary: CanaryJson
 
 
 @dataclass(frozen=True)
@@ -105,11 +129,8 @@ class Canary:
     evaluation: str = EVAL_NONE
     timeout_seconds: int = DEFAULT_VERDICT_TIMEOUT_SECONDS
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "evaluation": self.evaluation,
-            "timeout_seconds": self.timeout_seconds,
-        }
+    def to_dict(self) -> CanaryJson:
+        out = CanaryJson(evaluation=self.evaluation, timeout_seconds=self.timeout_seconds)
         if self.instances:
             out["instances"] = list(self.instances)
         else:
@@ -132,8 +153,8 @@ class Strategy:
         """Anything but all at once: the gate keeps serving the old set while waves run."""
         return self.kind != ALL_AT_ONCE
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "max_failed": self.max_failed.to_json()}
+    def to_dict(self) -> StrategyJson:
+        out = StrategyJson(kind=self.kind, max_failed=self.max_failed.to_json())
         if self.max_unavailable is not None:
             out["max_unavailable"] = self.max_unavailable.to_json()
         if self.staged:

@@ -1,15 +1,20 @@
 """What a refresh is asked to do, validated: the target policy (per update method) and the
 pause modes per family. Bad input raises ValidationError with a message a person can act on,
-before anything is planned or called."""
+before anything is planned or called.
+
+This module owns the keys of the target policy: `Target` is `PolicyRefresh.target`, and the
+same policy where it is kept again (`Gate.verified_policy`, `Quarantine.target`, a drill's
+`current_policy` and `previous_policy`); `PauseModes` is `PolicyRefresh.pause_modes`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from controlplane.dynamo.families import FAMILIES, AdminFamily, LoraAction, Operation, UpdateMethod
+from controlplane.jsontypes import Empty, OpaqueJson, WeightVersion
 
 #: Keys the planner assigns per worker in a distributed group: a trainer never gives them.
 RANK_KEYS = ("rank_offset", "world_size", "rank")
@@ -21,6 +26,48 @@ RELEASE_MEMORY = "release_memory"
 AUTO = "auto"
 
 
+class LoraTarget(TypedDict, total=False):
+    """A LoRA update's adapter: load, unload or swap `lora_name` (from `uri` unless unload)."""
+
+    action: Required[str]
+    lora_name: Required[str]
+    uri: str
+
+
+class Target(TypedDict, total=False):
+    """A target policy, normalized (`normalize_target`): the version and method, then the keys
+    of that method only."""
+
+    weight_version: Required[WeightVersion]
+    #: An `UpdateMethod`: disk, distributed, lora, tensor, external or custom.
+    method: Required[str]
+    #: disk: the checkpoint path the engines load.
+    model_path: str
+    #: distributed: the trainer's group parameters (master address and port, backend, ...) and
+    #: update fields, passed to the engines as given; its ranks and the two timeouts (seconds).
+    group: dict[str, OpaqueJson]
+    update: dict[str, OpaqueJson]
+    trainer_ranks: int
+    init_timeout_s: float
+    broadcast_timeout_s: float
+    #: lora: the adapter.
+    lora: LoraTarget
+    #: external: how long the refresh waits for the trainer's `applied` report (seconds).
+    apply_timeout_s: float
+    #: custom: the relative engine route and the body sent to it as given.
+    route: str
+    body: dict[str, OpaqueJson]
+
+
+#: `DrillRun.current_policy` and `previous_policy`: the two policies a drill moves between, or
+#: `{}` for a scheduled drill refused before it began (`drills/runner.record_refused`).
+DrillPolicy = Target | Empty
+
+
+#: `PolicyRefresh.pause_modes`: family name → its pause mode (`{"sglang": "retract"}`).
+PauseModes = dict[str, str]
+
+
 def _positive(target: dict[str, Any], name: str, default: float) -> float:
     value = target.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
@@ -28,7 +75,7 @@ def _positive(target: dict[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
-def _normalize_distributed(target: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+def _normalize_distributed(target: dict[str, Any], base: Target) -> Target:
     group = target.get("group") or {}
     update = target.get("update") or {}
     if not isinstance(group, dict) or not isinstance(update, dict):
@@ -63,7 +110,7 @@ def _normalize_distributed(target: dict[str, Any], base: dict[str, Any]) -> dict
     }
 
 
-def normalize_target(target: dict[str, Any]) -> dict[str, Any]:
+def normalize_target(target: dict[str, Any]) -> Target:
     """Validate a target policy; raises ValidationError with a message a person can act on."""
     if not isinstance(target, dict):
         raise ValidationError("target must be an object")
@@ -71,7 +118,7 @@ def normalize_target(target: dict[str, Any]) -> dict[str, Any]:
     if version in (None, ""):
         raise ValidationError("target needs a weight_version")
     method = target.get("method", "disk")
-    base = {"weight_version": version, "method": method}
+    base = Target(weight_version=version, method=method)
     if method == UpdateMethod.DISK:
         path = target.get("model_path")
         if not isinstance(path, str) or not path.strip():
@@ -89,7 +136,7 @@ def normalize_target(target: dict[str, Any]) -> dict[str, Any]:
         name = lora.get("lora_name")
         if not isinstance(name, str) or not name.strip():
             raise ValidationError("a LoRA update needs a lora_name")
-        clean = {"action": action, "lora_name": name.strip()}
+        clean = LoraTarget(action=action, lora_name=name.strip())
         if action != LoraAction.UNLOAD:
             uri = lora.get("uri")
             if not isinstance(uri, str) or not uri.strip():
@@ -122,7 +169,7 @@ def normalize_target(target: dict[str, Any]) -> dict[str, Any]:
     raise ValidationError(f"unknown update method {method!r}; use one of {methods}")
 
 
-def normalize_pause_modes(pause_mode: str, pause_modes: dict[str, Any] | None) -> dict[str, str]:
+def normalize_pause_modes(pause_mode: str, pause_modes: dict[str, Any] | None) -> PauseModes:
     """Validate the per-family pause mode mapping; raises ValidationError.
 
     `pause_mode` applies to every family not named in `pause_modes` (`auto`: each family's own
@@ -130,7 +177,7 @@ def normalize_pause_modes(pause_mode: str, pause_modes: dict[str, Any] | None) -
     and against each worker's family at plan time (a blocker names the modes it has)."""
     if pause_mode not in PAUSE_MODE_CHOICES:
         raise ValidationError(f"unknown pause mode {pause_mode!r}")
-    clean: dict[str, str] = {}
+    clean: PauseModes = {}
     for family_name, mode in (pause_modes or {}).items():
         family = FAMILIES.get(family_name)
         if family is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from controlplane.fleet.models import WorkerEventKind
 
@@ -38,13 +38,23 @@ class Snapshot:
         return bool(self.error)
 
 
+#: `WorkerEvent.details`, by the event's kind (this module owns its keys): a changed worker's
+#: `fields` (field → `[old, new]`), the `error` it started reporting, or a version's or
+#: liveness's `from` and `to` (a keyword, hence this form); empty for the other kinds.
+WorkerEventDetails = TypedDict(
+    "WorkerEventDetails",
+    {"fields": dict[str, list[Any]], "error": str, "from": Any, "to": Any},
+    total=False,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
     """One event for one worker, in the shape a `WorkerEvent` row stores."""
 
     key: str
     kind: WorkerEventKind
-    details: dict[str, Any]
+    details: WorkerEventDetails
 
 
 @dataclass

@@ -15,13 +15,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from controlplane.dynamo.listing import RejectedEntry
 from controlplane.fleet.models import DiscoveryRun
+from controlplane.jsontypes import OpaqueJson
 
 #: How many rejections one blocker names before it only counts.
 NAMED = 3
+
+
+class RejectedEntryJson(TypedDict):
+    """One entry of `DiscoveryRun.rejected_entries` (`stored_rejections`); this module owns
+    its keys: the entry's index in the listing, why it was refused, and the entry itself."""
+
+    index: int
+    reason: str
+    #: The listener's entry as received (or a truncated JSON text of it): outside data.
+    raw: OpaqueJson
+
+
+def stored_rejections(rejected: Iterable[RejectedEntry]) -> list[RejectedEntryJson]:
+    """Rejected listener entries as a discovery run stores them."""
+    return [RejectedEntryJson(index=r.index, reason=r.reason, raw=r.raw) for r in rejected]
 
 
 @dataclass(frozen=True, slots=True)

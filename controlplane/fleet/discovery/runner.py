@@ -29,6 +29,7 @@ from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import live
 from controlplane.fleet.declared_scope import DeclaredScope
 from controlplane.fleet.discovery.observe import ObservedFleet, StaticSpec, observe
+from controlplane.fleet.discovery.rejections import stored_rejections
 from controlplane.fleet.discovery.store import StoredRefresh, store_observation
 from controlplane.fleet.models import DiscoveryRun, DiscoveryTrigger, Source
 from controlplane.fleet.signals import discovery_finished
@@ -196,10 +197,7 @@ def _refresh_claimed(source: Source, trigger: str) -> DiscoveryRun:
             run.workers_total, run.workers_live = stored.total, stored.live
             run.workers_erroring = stored.erroring
             run.joined, run.left, run.changed = len(diff.joined), len(diff.left), len(diff.changed)
-            run.rejected_entries = [
-                {"index": r.index, "reason": r.reason, "raw": r.raw}
-                for r in observed.result.rejected[:REJECTED_KEEP]
-            ]
+            run.rejected_entries = stored_rejections(observed.result.rejected[:REJECTED_KEEP])
             source.reported_namespace = observed.result.namespace
             source.stale, source.stale_reason = False, ""
             source.last_success_at = now

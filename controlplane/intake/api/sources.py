@@ -28,6 +28,7 @@ from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
 from controlplane.refresh.source_strategy import set_default_strategy
+from controlplane.refresh.strategy import StrategyJson
 
 router = Router(tags=["sources"])
 
@@ -56,7 +57,7 @@ STRATEGY_HELP = (
 )
 
 
-def _strategy_or_400(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+def _strategy_or_400(raw: dict[str, Any] | None) -> StrategyJson | None:
     if raw is None:
         return None
     try:

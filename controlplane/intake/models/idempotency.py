@@ -27,6 +27,7 @@ class IdempotencyRecord(models.Model):
         max_length=16, choices=IdempotencyState.choices, default=IdempotencyState.IN_FLIGHT
     )
     status_code = models.PositiveIntegerField(null=True, blank=True)
+    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): the answer replayed as given.
     response_body = models.JSONField(null=True, blank=True)
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -21,11 +21,14 @@ class WebhookEndpoint(models.Model):
         "fleet.Source", on_delete=models.CASCADE, related_name="webhook_endpoints"
     )
     # Empty: the source's whole scope.
+    #: Shape: `Namespaces` (controlplane/jsontypes.py).
     namespaces = models.JSONField(default=list, blank=True)
+    #: Shape: `Secrets` (intake/services/endpoints.py).
     secrets = models.JSONField(default=list)
     policy = models.CharField(
         max_length=32, choices=WebhookPolicy.choices, default=WebhookPolicy.REQUIRE_APPROVAL
     )
+    #: Shape: `list[ApprovalRule]` (intake/webhooks/trainer/events.py).
     rules = models.JSONField(default=list, blank=True)
     pause_mode = models.CharField(max_length=32, default="auto")
     #: The endpoint's plans declare that requests in flight may straddle the update (needed by
@@ -33,6 +36,7 @@ class WebhookEndpoint(models.Model):
     inflight_may_straddle = models.BooleanField(default=False)
     #: The strategy of the refreshes this endpoint's checkpoints ask for (the
     #: `refresh.strategy` JSON form); empty = the source's default strategy.
+    #: Shape: `StrategyJson` (refresh/strategy.py).
     default_strategy = models.JSONField(default=dict, blank=True)
     #: Whether a `checkpoint.ready` may name its own `strategy`. Off by default: the people
     #: who configure the endpoint decide how fast a trainer may roll the fleet, not the trainer.
@@ -103,6 +107,7 @@ class ReceivedWebhook(models.Model):
     event_type = models.CharField(max_length=64)
     received_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
+    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): the trainer's envelope as received.
     payload = models.JSONField(default=dict)
     # A signed repeat must carry the same body; a different one is refused (409).
     body_sha256 = models.CharField(max_length=64, blank=True)
@@ -121,6 +126,7 @@ class ReceivedWebhook(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     detail = models.TextField(blank=True)
+    #: Shape: `WebhookResponse` (intake/webhooks/trainer/events.py).
     response = models.JSONField(default=dict, blank=True)
     refresh_id = models.BigIntegerField(null=True, blank=True)
 

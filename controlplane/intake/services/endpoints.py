@@ -24,6 +24,10 @@ from controlplane.notify.signing import generate_secret
 from controlplane.refresh.strategy import parse_strategy
 from controlplane.refresh.targets import KEEPING_MODES, PAUSE_MODE_CHOICES
 
+#: `WebhookEndpoint.secrets`: the endpoint's `whsec_` signing secrets, newest first (a
+#: signature by any of them verifies); shown and audited only by fingerprint.
+Secrets = list[str]
+
 #: Old and new during a rotation, plus room for a slow rollout; more means a forgotten secret.
 MAX_SECRETS = 3
 #: Every family's modes (`auto` = each family's default, the one that works on any fleet);

@@ -23,8 +23,6 @@ holds as it always did. Without a budget (`max_failed` 0) nothing here acts.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -342,10 +340,10 @@ def open_quarantines(
     return opened
 
 
-def drift_entries(refresh: PolicyRefresh) -> dict[str, list[dict]]:
+def drift_entries(refresh: PolicyRefresh) -> dict[str, list[gates.DriftEntry]]:
     """Per namespace, the gate drift entries of this refresh's left-out workers."""
     out_ids = left_out_ids(refresh.pk)
-    entries: dict[str, list[dict]] = {}
+    entries: dict[str, list[gates.DriftEntry]] = {}
     if allowed(refresh):
         # Joiners the budget covered (or a person left out) are named too: never silently.
         for key in joiner_keys(refresh):
@@ -374,7 +372,7 @@ def drift_entries(refresh: PolicyRefresh) -> dict[str, list[dict]]:
     }
     for w in refresh.workers.filter(pk__in=out_ids):
         q = quarantines.get((w.namespace, w.instance_id))
-        entry: dict[str, Any] = {
+        entry: gates.DriftEntry = {
             "key": w.key,
             "instance_id": w.instance_id,
             "kind": KIND,

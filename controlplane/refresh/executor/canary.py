@@ -28,6 +28,7 @@ from controlplane.refresh.models import PlannedWorker
 from controlplane.refresh.planning import normalize_verification, plan_worker, source_policy
 from controlplane.refresh.progress import previous_policy
 from controlplane.refresh.step_order import StepName
+from controlplane.refresh.targets import Target
 
 #: Only the version readback: the old policy was verified when the gate opened for it.
 ROLLBACK_VERIFICATION = {"version_readback": True, "liveness": False, "generation": False}
@@ -83,7 +84,7 @@ class CanaryRollback(WorkerStep):
         )
 
     def rollback_job(
-        self, refresh, worker: PlannedWorker, previous: dict, policy: OutboundPolicy
+        self, refresh, worker: PlannedWorker, previous: Target, policy: OutboundPolicy
     ) -> tuple[WorkerJob | None, str]:
         if worker.worker is None:
             return None, "its fleet record is gone"

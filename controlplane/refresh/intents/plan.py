@@ -7,8 +7,9 @@ fleet changes until it is started (`lifecycle.start_policy_refresh`).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -16,6 +17,7 @@ from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
+from controlplane.dynamo.fingerprint import FingerprintJson
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
 from controlplane.fleet.declared_scope import DeclaredScope
@@ -25,6 +27,7 @@ from controlplane.refresh.compat_record import (
     normalize_versions,
     world_size_provenance,
 )
+from controlplane.refresh.handshake import Group
 from controlplane.refresh.intents.base import audit_refresh
 from controlplane.refresh.models import (
     FlushPolicy,
@@ -47,8 +50,9 @@ from controlplane.refresh.planning import (
     source_policy,
 )
 from controlplane.refresh.planning.scope import membership_of
+from controlplane.refresh.planning.verification import Verification
 from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy
-from controlplane.refresh.targets import check_straddle
+from controlplane.refresh.targets import PauseModes, Target, check_straddle
 from controlplane.textlimits import LABEL_CHARS
 
 __all__ = [
@@ -102,12 +106,12 @@ def fresh_discovery(source: Source) -> tuple[DiscoveryRun | None, str]:
 class PlanRequest:
     """A plan's inputs once validated: what every worker is asked, and of which scope."""
 
-    target: dict[str, Any]
+    target: Target
     pause_mode: str
-    pause_modes: dict[str, str]
+    pause_modes: PauseModes
     flush_policy: str
-    verification: dict[str, Any]
-    fingerprint: dict[str, Any] | None
+    verification: Verification
+    fingerprint: FingerprintJson | None
     versions: dict[str, str]
     strategy: Strategy
     instance_ids: list[str] | None
@@ -128,21 +132,21 @@ def validated_request(
     fingerprint: dict[str, Any] | None,
     pause_modes: dict[str, str] | None,
     versions: dict[str, str] | None,
-    strategy: dict[str, Any] | None,
+    strategy: Mapping[str, Any] | None,
     instances: list[str] | None,
     inflight_may_straddle: bool = False,
 ) -> PlanRequest:
     """Bad input raises ValidationError here, before the discovery runs or anything is written."""
     parsed = parse_strategy(source.default_strategy if strategy is None else strategy)
     instance_ids = instance_list(instances)
-    target = normalize_target(target)
-    verification = normalize_verification(verification)
-    verification["agreement"] = agreement_rule_of(source).to_dict()
-    fingerprint = normalize_fingerprint(fingerprint)
-    if fingerprint and not verification["generation"]:
+    clean_target = normalize_target(target)
+    clean_verification = normalize_verification(verification)
+    clean_verification["agreement"] = agreement_rule_of(source).to_dict()
+    clean_fingerprint = normalize_fingerprint(fingerprint)
+    if clean_fingerprint and not clean_verification["generation"]:
         raise ValidationError("a fingerprint needs the generation check, which is turned off")
     clean_modes = normalize_pause_modes(pause_mode, pause_modes)
-    check_straddle(pause_mode, clean_modes, target["method"], bool(inflight_may_straddle))
+    check_straddle(pause_mode, clean_modes, clean_target["method"], bool(inflight_may_straddle))
     try:
         clean_versions = normalize_versions(versions)
     except ValueError as exc:
@@ -150,12 +154,12 @@ def validated_request(
     if flush_policy not in FlushPolicy.values:
         raise ValidationError(f"unknown flush policy {flush_policy!r}")
     return PlanRequest(
-        target=target,
+        target=clean_target,
         pause_mode=pause_mode,
         pause_modes=clean_modes,
         flush_policy=flush_policy,
-        verification=verification,
-        fingerprint=fingerprint,
+        verification=clean_verification,
+        fingerprint=clean_fingerprint,
         versions=clean_versions,
         strategy=parsed,
         instance_ids=instance_ids,
@@ -178,7 +182,7 @@ def plan_policy_refresh(
     fingerprint: dict[str, Any] | None = None,
     pause_modes: dict[str, str] | None = None,
     versions: dict[str, str] | None = None,
-    strategy: dict[str, Any] | None = None,
+    strategy: Mapping[str, Any] | None = None,
     instances: list[str] | None = None,
     inflight_may_straddle: bool = False,
 ) -> PolicyRefresh:
@@ -254,7 +258,7 @@ def plan_policy_refresh(
 
 
 def _worker_plans(
-    request: PlanRequest, scope: Scope, group: dict[str, Any], policy: OutboundPolicy | None
+    request: PlanRequest, scope: Scope, group: Group, policy: OutboundPolicy | None
 ) -> list[WorkerPlan]:
     ranks = group.get("ranks", {})
     return [
@@ -268,7 +272,8 @@ def _worker_plans(
             # Allowed networks that do not parse (a plan-wide blocker) allow no network.
             policy=policy or OutboundPolicy(()),
             fingerprint=request.fingerprint,
-            rank=tuple(ranks[w.key]) if w.key in ranks else None,
+            # Stored as a JSON list: `[first rank, how many]`.
+            rank=cast(tuple[int, int], tuple(ranks[w.key])) if w.key in ranks else None,
             group_world_size=group.get("world_size"),
             # A refresh of an external policy waits for the trainer's applied report.
             trainer_applies=True,
@@ -285,7 +290,7 @@ def _store_plan(
     namespaces: list[str],
     membership: list[str],
     scope: Scope,
-    group: dict[str, Any],
+    group: Group,
     plans: list[WorkerPlan],
     blockers: list[str],
     run: DiscoveryRun | None,

@@ -89,7 +89,7 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     new = plan_policy_refresh(
         source=refresh.source,
         actor=actor,
-        target=policy,
+        target=dict(policy),
         namespaces=refresh.namespaces,
         pause_mode=refresh.pause_mode,
         pause_modes=refresh.pause_modes,

@@ -38,10 +38,14 @@ class DrillRun(models.Model):
     """
 
     source = models.ForeignKey("fleet.Source", on_delete=models.CASCADE, related_name="drills")
+    #: Shape: `Namespaces` (controlplane/jsontypes.py).
     namespaces = models.JSONField(default=list)
     #: The instance ids (decimal strings) drilled, across `namespaces`.
+    #: Shape: `InstanceIds` (controlplane/jsontypes.py).
     instances = models.JSONField(default=list)
+    #: Shape: `DrillPolicy` (refresh/targets.py).
     current_policy = models.JSONField()
+    #: Shape: `DrillPolicy` (refresh/targets.py).
     previous_policy = models.JSONField()
     #: True when the source's drill schedule started it.
     scheduled = models.BooleanField(default=False)

@@ -70,8 +70,10 @@ class ServingInterval(models.Model):
     namespace = models.CharField(max_length=200)
     instance_id = models.CharField(max_length=20)
     key = models.CharField(max_length=700, blank=True)
+    #: Shape: `WeightVersion` (controlplane/jsontypes.py).
     version = models.JSONField(null=True, blank=True)
     evidence = models.CharField(max_length=24, choices=Evidence.choices, default=Evidence.UNKNOWN)
+    #: Shape: `EvidenceDetail` (refresh/ledger.py).
     evidence_detail = models.JSONField(default=dict, blank=True)
     refresh = models.ForeignKey(
         "PolicyRefresh", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -95,6 +97,7 @@ class ServingInterval(models.Model):
     discovery_run = models.ForeignKey(
         "fleet.DiscoveryRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    #: Shape: `JournalIds` (controlplane/jsontypes.py).
     journal_ids = models.JSONField(default=list, blank=True)
     cause = models.CharField(max_length=CAUSE_CHARS, blank=True)
 

@@ -180,20 +180,23 @@ class Gate(models.Model):
     reason = models.TextField(blank=True)
     #: What closed a closed gate: `refresh`, `drift`, `stale_policy`, ... (`gates.close_gate`).
     closure = models.CharField(max_length=32, blank=True)
-    #: Derived from the ledger: `[{"instance_id", "key", "version", "evidence", "admission",
-    #: "refresh_id", "quarantine_id", "forced": {"by", "at", "reason"} | null}]`.
+    #: Derived from the ledger: the instances the gate takes in, with their version, evidence
+    #: and admission. Shape: `list[AdmittedEntry]` (refresh/gates.py).
     admitted = models.JSONField(default=list, blank=True)
     forced_by = models.CharField(max_length=200, blank=True)
     forced_at = models.DateTimeField(null=True, blank=True)
+    #: Shape: `WeightVersion` (controlplane/jsontypes.py).
     verified_version = models.JSONField(null=True, blank=True)
+    #: Shape: `Target` (refresh/targets.py).
     verified_policy = models.JSONField(null=True, blank=True)
+    #: Shape: `InstanceIds` (controlplane/jsontypes.py).
     verified_instances = models.JSONField(default=list, blank=True)
     confirmed_at = models.DateTimeField(null=True, blank=True)
     unverified_count = models.PositiveIntegerField(default=0)
+    #: Shape: `list[DriftEntry]` (refresh/gates.py).
     drift = models.JSONField(default=list, blank=True)
-    #: While a staged refresh (waves, canary) runs: which instances are on which version
-    #: (`{"refresh_id", "from_version", "to_version", "wave", "waves", "serving_old": [ids],
-    #: "in_flight": [ids], "verified_new": [ids], "left_out": [ids]}`); empty otherwise.
+    #: While a staged refresh (waves, canary) runs: which instances are on which version;
+    #: empty otherwise. Shape: `InstanceSets` (refresh/gates.py).
     instance_sets = models.JSONField(default=dict, blank=True)
     active_refresh = models.ForeignKey(
         "PolicyRefresh", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -230,25 +233,33 @@ class PolicyRefresh(models.Model):
     source = models.ForeignKey(
         "fleet.Source", on_delete=models.PROTECT, related_name="policy_refreshes"
     )
+    #: Shape: `Namespaces` (controlplane/jsontypes.py).
     namespaces = models.JSONField(default=list)
+    #: Shape: `WorkerKeys` (controlplane/jsontypes.py).
     worker_keys = models.JSONField(null=True, blank=True, help_text="subset; null = all")
+    #: Shape: `Target` (refresh/targets.py).
     target = models.JSONField()
     pause_mode = models.CharField(max_length=16, choices=PauseMode.choices, default="auto")
     #: Per-family overrides of `pause_mode` (`{"sglang": "retract"}`).
+    #: Shape: `PauseModes` (refresh/targets.py).
     pause_modes = models.JSONField(default=dict, blank=True)
     #: The plan declares that requests in flight may continue on the new weights (a pause mode
     #: that keeps them needs it); the serving ledger marks the windows it verifies as mixed.
     inflight_may_straddle = models.BooleanField(default=False)
     flush_policy = models.CharField(max_length=16, choices=FlushPolicy.choices, default="auto")
+    #: Shape: `Verification` (refresh/planning/verification.py).
     verification = models.JSONField(default=dict)
     #: The trainer's statement of what the new policy generates (`dynamo.fingerprint.
     #: Fingerprint.to_dict()`); null when none was given. Every worker is verified against it.
+    #: Shape: `FingerprintJson` (dynamo/fingerprint.py).
     fingerprint = models.JSONField(null=True, blank=True)
 
     state = models.CharField(
         max_length=24, choices=RefreshState.choices, default=RefreshState.PLANNED, db_index=True
     )
+    #: Shape: `Blockers` (controlplane/jsontypes.py).
     plan_blockers = models.JSONField(default=list, blank=True)
+    #: Shape: `WorkerKeys` (controlplane/jsontypes.py).
     plan_membership = models.JSONField(default=list, blank=True)
     discovery_run = models.ForeignKey(
         "fleet.DiscoveryRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -259,33 +270,37 @@ class PolicyRefresh(models.Model):
     # After a release (abort with resume, force-reopen) the executor ends in this state.
     end_state = models.CharField(max_length=24, blank=True)
     abort_requested = models.BooleanField(default=False)
-    #: What the last membership check that held found, by name: `{"step", "left": [key],
-    #: "joined": [key], "changed": [{"key", "detail"}]}`; empty when it passed.
+    #: What the last membership check that held found, by name (who left, joined or
+    #: changed); empty when it passed. Shape: `MembershipChange` (refresh/membership.py).
     membership_change = models.JSONField(default=dict, blank=True)
     #: Listed workers a person chose to leave out of the verified set (joiners, changed ones):
     #: the reopen does not count them as a membership change; the gate counts them unverified.
+    #: Shape: `WorkerKeys` (controlplane/jsontypes.py).
     left_out = models.JSONField(default=list, blank=True)
     #: Namespaces closed out one by one while the rest of the refresh goes on (`refresh.
-    #: namespaces`): namespace → `{"outcome": "force_reopened"|"reopened", "by", "at", "reason"}`.
+    #: namespaces`): how, by whom, when and why. Shape: `ResolvedNamespaces`
+    #: (refresh/namespaces.py).
     resolved_namespaces = models.JSONField(default=dict, blank=True)
     #: Distributed only: the group's rank map (`planning.group_plan`) and the trainer
-    #: handshake (`refresh.group`): `{"world_size", "trainer_ranks", "ranks", "state",
-    #: "ready_at", "broadcast_done_at", "broadcast_done_by", "destroyed_at", ...}`.
+    #: handshake (`refresh.handshake`). Shape: `Group` (refresh/handshake.py).
     group = models.JSONField(default=dict, blank=True)
     #: The compatibility record (`refresh.compat`): versions as reported, families, topology,
     #: update method and the verification that ran.
+    #: Shape: `CompatRecord` (refresh/compat_record.py).
     compat = models.JSONField(default=dict, blank=True)
     #: The strategy's JSON form (`refresh.strategy.Strategy.to_dict()`); empty = all at once.
+    #: Shape: `StrategyJson` (refresh/strategy.py).
     strategy = models.JSONField(default=dict, blank=True)
     #: Only these instance ids of the scope are refreshed; the rest keep serving (null = all).
+    #: Shape: `InstanceIds` (controlplane/jsontypes.py).
     instances = models.JSONField(null=True, blank=True)
     #: The wave being run (from 1) and how many the plan has.
     wave = models.PositiveIntegerField(default=1)
     waves = models.PositiveIntegerField(default=1)
     #: What a staged refresh remembers between waves: the gate's policy before it
     #: (`previous_policy`, `previous_version`), a requested pause (`pause_requested`), the
-    #: wave it waits after (`waiting_after`) and the canary's evaluation (`canary`: `{"state",
-    #: "deadline", "verdict", "metrics", "by", "at", "reason"}`).
+    #: wave it waits after (`waiting_after`), the canary's evaluation (`canary`) and an
+    #: external update's wait (`external`). Shape: `Progress` (refresh/progress.py).
     progress = models.JSONField(default=dict, blank=True)
 
     requested_by = models.ForeignKey(
@@ -397,7 +412,9 @@ class PlannedWorker(models.Model):
     system_url = models.CharField(max_length=500, blank=True)
     family = models.CharField(max_length=32, blank=True)
     model = models.CharField(max_length=300, blank=True)
+    #: Shape: `PlannedCalls` (refresh/planning/worker.py).
     calls = models.JSONField(default=dict)
+    #: Shape: `Blockers` (controlplane/jsontypes.py).
     blockers = models.JSONField(default=list, blank=True)
     flush_skipped = models.TextField(blank=True)
     #: The update method this worker gets and why (`dynamo.families.methods.negotiate`).
@@ -478,8 +495,10 @@ class JournalEntry(models.Model):
     operation = models.CharField(max_length=32)
     method = models.CharField(max_length=8)
     url = models.CharField(max_length=URL_CHARS)
+    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): as sent.
     request_body = models.JSONField(null=True, blank=True)
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): as the worker answered.
     response_body = models.JSONField(null=True, blank=True)
     ok = models.BooleanField()
     error = models.TextField(blank=True)
@@ -557,6 +576,7 @@ class Quarantine(models.Model):
     reason = models.TextField(blank=True)
     paused = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(default=0)
+    #: Shape: `Target` (refresh/targets.py).
     target = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -597,8 +617,10 @@ class QuarantineCall(models.Model):
     operation = models.CharField(max_length=32)
     method = models.CharField(max_length=8)
     url = models.CharField(max_length=URL_CHARS)
+    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): as sent.
     request_body = models.JSONField(null=True, blank=True)
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    #: Shape: `OpaqueJson` (controlplane/jsontypes.py): as the worker answered.
     response_body = models.JSONField(null=True, blank=True)
     ok = models.BooleanField()
     error = models.TextField(blank=True)

@@ -3,11 +3,11 @@ refresh's collective group (its rank map and the mixes it refuses)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from controlplane.dynamo.families import UpdateMethod
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet.models import Worker
+from controlplane.refresh.handshake import GroupPlan
+from controlplane.refresh.targets import Target
 
 
 def source_policy(source) -> OutboundPolicy | None:
@@ -54,7 +54,7 @@ def assign_ranks(
     return ranks, offset, unknown
 
 
-def group_plan(target: dict[str, Any], workers: list[Worker]) -> dict[str, Any]:
+def group_plan(target: Target, workers: list[Worker]) -> GroupPlan:
     """A distributed refresh's group: the rank map and the mixes it refuses.
 
     Returns `{"world_size", "trainer_ranks", "ranks": {key: [offset, count]}, "blockers"}`

@@ -3,16 +3,41 @@ and the trainer's optional fingerprint, validated once at plan time and stored w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from django.core.exceptions import ValidationError
 
-from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint
+from controlplane.dynamo.fingerprint import (
+    AgreementRule,
+    AgreementRuleJson,
+    Fingerprint,
+    FingerprintJson,
+)
 from controlplane.dynamo.generation import GenerationCheck
 
 #: The operation name of the pinned generation in a plan's verify calls (not an admin route).
 GENERATION = "generation"
-DEFAULT_VERIFICATION = {
+
+
+class Verification(TypedDict):
+    """`PolicyRefresh.verification`: the checks the verify step runs (`normalize_verification`).
+    This module owns its keys."""
+
+    #: Read the weight version back from each engine.
+    version_readback: bool
+    #: Ask each engine its health (and the sidecar its paused and sleeping state).
+    liveness: bool
+    #: Generate from `prompt_token_ids`, pinned to each worker, `max_tokens` long.
+    generation: bool
+    prompt_token_ids: list[int]
+    max_tokens: int
+    #: The model name the generation asks for ("" = each worker's own).
+    expected_model: str
+    #: The source's cross-worker agreement rule, copied at plan time.
+    agreement: AgreementRuleJson
+
+
+DEFAULT_VERIFICATION: Verification = {
     "version_readback": True,
     "liveness": True,
     "generation": True,
@@ -34,7 +59,7 @@ def agreement_rule_of(source) -> AgreementRule:
     )
 
 
-def normalize_fingerprint(raw: Any) -> dict[str, Any] | None:
+def normalize_fingerprint(raw: Any) -> FingerprintJson | None:
     """Validate a trainer fingerprint (None or empty = none); raises ValidationError."""
     if raw is None or raw == {}:
         return None
@@ -44,7 +69,7 @@ def normalize_fingerprint(raw: Any) -> dict[str, Any] | None:
         raise ValidationError(f"fingerprint: {exc}") from None
 
 
-def generation_tokens(verification: dict[str, Any], fingerprint: dict[str, Any] | None) -> int:
+def generation_tokens(verification: Verification, fingerprint: FingerprintJson | None) -> int:
     """How many tokens the generation check asks for: enough for the agreement window and for
     every fingerprint value, never fewer than the operator asked."""
     rule = AgreementRule.from_dict(verification.get("agreement"))
@@ -54,8 +79,8 @@ def generation_tokens(verification: dict[str, Any], fingerprint: dict[str, Any] 
     return max(wanted)
 
 
-def normalize_verification(verification: dict[str, Any] | None) -> dict[str, Any]:
-    merged = {**DEFAULT_VERIFICATION, **(verification or {})}
+def normalize_verification(verification: dict[str, Any] | None) -> Verification:
+    merged = cast(Verification, {**DEFAULT_VERIFICATION, **(verification or {})})
     ids = merged["prompt_token_ids"]
     if merged["generation"]:
         if not isinstance(ids, list | tuple) or not ids:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 from controlplane.dynamo.families import (
     FAMILIES,
@@ -29,16 +29,28 @@ from controlplane.dynamo.families import (
 )
 from controlplane.dynamo.families.sglang import SglangFamily
 from controlplane.dynamo.families.sglang_routes import route_bindings
+from controlplane.dynamo.fingerprint import FingerprintJson
 from controlplane.dynamo.generation import GenerationCheck
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.dynamo.releases import DECLARED_REQUIRED, contract, readback_rule
 from controlplane.fleet.models import Worker, WorkerState
-from controlplane.refresh.planning.verification import GENERATION, generation_tokens
+from controlplane.refresh.planning.verification import (
+    GENERATION,
+    Verification,
+    generation_tokens,
+)
 from controlplane.refresh.step_order import StepName
-from controlplane.refresh.targets import RELEASE_MEMORY, SIDECAR_UPDATE_KEYS, family_pause_modes
+from controlplane.refresh.targets import (
+    RELEASE_MEMORY,
+    SIDECAR_UPDATE_KEYS,
+    LoraTarget,
+    PauseModes,
+    Target,
+    family_pause_modes,
+)
 
 
-def update_operation(target: dict[str, Any]) -> Operation:
+def update_operation(target: Target) -> Operation:
     return {
         UpdateMethod.DISK: Operation.UPDATE_FROM_DISK,
         UpdateMethod.DISTRIBUTED: Operation.UPDATE_FROM_DISTRIBUTED,
@@ -67,9 +79,32 @@ def update_is_idempotent(family_name: str, target: dict[str, Any]) -> bool:
     return target["method"] == "disk" and family_name in ("vllm", "sglang")
 
 
-def _serialize(calls: list[AdminCall]) -> list[dict[str, Any]]:
+class PlannedCall(TypedDict, total=False):
+    """One planned call of a step, as `PlannedWorker.calls` stores it; this module owns its
+    keys. An admin call has the first four; the verify step's pinned generation adds the model
+    it expects and the trainer's fingerprint, when one was given."""
+
+    #: An admin `Operation` value, or `GENERATION` for the pinned generation.
+    operation: Required[str]
+    method: Required[str]
+    #: Relative to the worker's system URL (the generation: to the frontend's).
+    path: Required[str]
+    #: The request body as the family builds it (None: the call sends none).
+    body: Required[dict[str, Any] | None]
+    expected_model: str | None
+    fingerprint: FingerprintJson
+    #: A version readback under a release whose rule is not the default: how the engine's
+    #: `version_declared` is read (`releases.readback_rule`).
+    declared: str
+
+
+#: `PlannedWorker.calls`: step name (or distributed sub-phase) → its calls, in order.
+PlannedCalls = dict[str, list[PlannedCall]]
+
+
+def _serialize(calls: list[AdminCall]) -> list[PlannedCall]:
     return [
-        {"operation": c.operation.value, "method": c.method, "path": c.path, "body": c.body}
+        PlannedCall(operation=c.operation.value, method=c.method, path=c.path, body=c.body)
         for c in calls
     ]
 
@@ -161,13 +196,13 @@ class WorkerRequest:
     """What the operator asked of every worker of the plan (already validated), and this
     worker's ranks in a distributed group."""
 
-    target: dict[str, Any]
+    target: Target
     pause_mode: str
     flush_policy: str
-    verification: dict[str, Any]
+    verification: Verification
     policy: OutboundPolicy
-    fingerprint: dict[str, Any] | None = None
-    pause_modes: dict[str, str] | None = None
+    fingerprint: FingerprintJson | None = None
+    pause_modes: PauseModes | None = None
     rank: tuple[int, int] | None = None
     group_world_size: int | None = None
     #: A trainer applies the weights of an `external` policy (a policy refresh, which
@@ -191,7 +226,7 @@ class Draft:
     #: Set by a pass that finds nothing more can be planned (the later passes are skipped).
     stop: bool = False
     #: Each step's calls, serialized as stored.
-    calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    calls: PlannedCalls = field(default_factory=dict)
 
     @property
     def worker(self) -> Worker:
@@ -272,7 +307,7 @@ def negotiation_pass(draft: Draft) -> list[str]:
     family, routes = draft.bound()
     target = draft.request.target
     method = UpdateMethod(target["method"])
-    lora = target.get("lora") or {}
+    lora: LoraTarget | dict[str, str] = target.get("lora") or {}
     draft.deal = negotiate(
         family,
         method,
@@ -330,7 +365,7 @@ def update_pass(draft: Draft) -> list[str]:
     method = UpdateMethod(target["method"])
     update_op = update_operation(target)
     version = target["weight_version"]
-    lora = target.get("lora") or {}
+    lora: LoraTarget | dict[str, str] = target.get("lora") or {}
     update_calls: list[AdminCall] = []
     if deal is None or not deal.ok:
         pass
@@ -452,7 +487,7 @@ def verify_pass(draft: Draft) -> list[str]:
     verification = draft.request.verification
     blockers: list[str] = []
     build = draft.builder(blockers)
-    verify: list[dict[str, Any]] = []
+    verify: list[PlannedCall] = []
     if verification["version_readback"]:
         verify += _serialize(build(StepName.VERIFY, Operation.GET_WEIGHT_VERSION))
     if verification["liveness"]:
@@ -477,16 +512,20 @@ def verify_pass(draft: Draft) -> list[str]:
     return blockers
 
 
-def _generation_call(draft: Draft) -> tuple[dict[str, Any], str]:
+#: What `_generation_call` returns with a blocker (the caller stores no call).
+_NO_CALL = PlannedCall(operation=GENERATION, method="POST", path="", body=None)
+
+
+def _generation_call(draft: Draft) -> tuple[PlannedCall, str]:
     """The pinned generation of the verify step, or the blocker that prevents it."""
     worker, verification = draft.worker, draft.request.verification
     fingerprint = draft.request.fingerprint
-    lora = draft.request.target.get("lora") or {}
+    lora: LoraTarget | dict[str, str] = draft.request.target.get("lora") or {}
     # A loaded adapter is served under its own name: the pinned generation names it.
     adapter = lora.get("lora_name") if lora.get("action") != LoraAction.UNLOAD else None
     model = adapter or verification["expected_model"] or worker.model
     if not model:
-        return {}, "verify: no model name for the generation check"
+        return _NO_CALL, "verify: no model name for the generation check"
     # A trainer fingerprint may bring its own prompt: the one its ids were made from.
     prompt = (fingerprint or {}).get("prompt_token_ids") or verification["prompt_token_ids"]
     check = GenerationCheck(
@@ -504,14 +543,14 @@ def _generation_call(draft: Draft) -> tuple[dict[str, Any], str]:
         and not contract(_release_of(worker)).rules.sidecar_extra_args
         and "extra_args" in (body.get("sampling_params") or {})
     ):
-        return {}, "verify: this release's vLLM sidecar rejects sampling_params.extra_args"
-    spec = {
-        "operation": GENERATION,
-        "method": "POST",
-        "path": "v1/completions",
-        "body": body,
-        "expected_model": check.expected_model,
-    }
+        return _NO_CALL, "verify: this release's vLLM sidecar rejects sampling_params.extra_args"
+    spec = PlannedCall(
+        operation=GENERATION,
+        method="POST",
+        path="v1/completions",
+        body=body,
+        expected_model=check.expected_model,
+    )
     if fingerprint:
         spec["fingerprint"] = fingerprint
     return spec, ""
@@ -533,13 +572,13 @@ WORKER_PASSES: tuple[tuple[str, Callable[[Draft], list[str]]], ...] = (
 def plan_worker(
     worker: Worker,
     *,
-    target: dict[str, Any],
+    target: Target,
     pause_mode: str,
     flush_policy: str,
-    verification: dict[str, Any],
+    verification: Verification,
     policy: OutboundPolicy,
-    fingerprint: dict[str, Any] | None = None,
-    pause_modes: dict[str, str] | None = None,
+    fingerprint: FingerprintJson | None = None,
+    pause_modes: PauseModes | None = None,
     rank: tuple[int, int] | None = None,
     group_world_size: int | None = None,
     trainer_applies: bool = False,
@@ -562,9 +601,13 @@ def plan_worker(
         draft.plan.blockers += worker_pass(draft)
         if draft.stop:
             break
-    draft.plan.calls = {step: draft.calls[step] for step in STORED_ORDER if step in draft.calls}
     if draft.family is not None:
         _mark_readbacks(draft)
+    # The executor reads stored calls as plain JSON objects (`PlannedWorker.calls`).
+    draft.plan.calls = cast(
+        dict[str, list[dict[str, Any]]],
+        {step: draft.calls[step] for step in STORED_ORDER if step in draft.calls},
+    )
     return draft.plan
 
 
@@ -576,7 +619,9 @@ def _mark_readbacks(draft: Draft) -> None:
     rule = readback_rule(_release_of(draft.worker), family.name, routes)
     if rule == DECLARED_REQUIRED:
         return
-    for calls in draft.plan.calls.values():
+    for step, calls in draft.calls.items():
+        if step not in STORED_ORDER:
+            continue
         for spec in calls:
             if spec.get("operation") == Operation.GET_WEIGHT_VERSION.value:
                 spec["declared"] = rule

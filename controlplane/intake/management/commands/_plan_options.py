@@ -14,7 +14,7 @@ from controlplane.dynamo.fingerprint import fingerprint_from_text
 from controlplane.fleet.models import Source
 from controlplane.refresh import intents
 from controlplane.refresh.models import PolicyRefresh
-from controlplane.refresh.strategy import EVALUATIONS, KINDS, parse_strategy
+from controlplane.refresh.strategy import EVALUATIONS, KINDS, StrategyJson, parse_strategy
 from controlplane.refresh.targets import PAUSE_MODE_CHOICES
 
 #: A fingerprint file holds at most a few hundred numbers; anything bigger is a mistake.
@@ -151,7 +151,7 @@ def add_strategy_arguments(parser) -> None:
     )
 
 
-def strategy_from_options(opts) -> dict | None:
+def strategy_from_options(opts) -> StrategyJson | None:
     """The strategy's JSON form, or None when no strategy option was given. A canary option
     without --strategy means a canary. Raises Refused (usage) when it does not validate."""
     canary_given = (
@@ -209,9 +209,10 @@ def read_fingerprint(opts) -> dict | None:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"cannot read fingerprint file {path}: {exc}") from None
         return data  # validated by plan_policy_refresh, like any other entry point
-    return fingerprint_from_text(
+    found = fingerprint_from_text(
         opts["expect_tokens"] or "", opts["expect_logprobs"] or "", opts["logprob_tolerance"]
     )
+    return None if found is None else dict(found)
 
 
 def target_from_options(opts) -> dict:

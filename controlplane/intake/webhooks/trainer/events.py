@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
@@ -173,11 +173,44 @@ _OPS = {
 RULE_OPS = tuple(_OPS)
 
 
-def validate_rules(rules: Any) -> list[dict[str, Any]]:
+class WebhookResponse(TypedDict, total=False):
+    """`ReceivedWebhook.response`: the answer a delivery got, kept to answer a repeat of its
+    webhook id (the `WebhookResult` schema of the trainer webhook). This module owns its keys;
+    `group`, `canary`, `external` and `published` are the views those events answer with."""
+
+    status: str
+    webhook_id: str
+    delivery_id: int | None
+    state: str | None
+    outcome: str
+    refresh_id: int | None
+    attempts: int | None
+    last_error: str | None
+    detail: str | None
+    queued: bool | None
+    recovery: str | None
+    group: dict[str, Any] | None
+    canary: dict[str, Any] | None
+    external: dict[str, Any] | None
+    created: bool | None
+    published: dict[str, Any] | None
+
+
+class ApprovalRule(TypedDict):
+    """One of `WebhookEndpoint.rules` (`validate_rules`): a checkpoint whose `metric` is `op`
+    `value` needs a person's approval. This module owns its keys."""
+
+    metric: str
+    #: One of `RULE_OPS`.
+    op: str
+    value: float
+
+
+def validate_rules(rules: Any) -> list[ApprovalRule]:
     """Rules look like `{"metric": "eval/reward", "op": "lt", "value": 0.2}`. Raises ValueError."""
     if not isinstance(rules, list):
         raise ValueError("rules must be a list")
-    clean = []
+    clean: list[ApprovalRule] = []
     for rule in rules:
         if not isinstance(rule, dict) or set(rule) != {"metric", "op", "value"}:
             raise ValueError("each rule needs exactly metric, op and value")
@@ -187,7 +220,7 @@ def validate_rules(rules: Any) -> list[dict[str, Any]]:
             raise ValueError("metric must be a name")
         if isinstance(rule["value"], bool) or not isinstance(rule["value"], int | float):
             raise ValueError("value must be a number")
-        clean.append({"metric": rule["metric"], "op": rule["op"], "value": float(rule["value"])})
+        clean.append(ApprovalRule(metric=rule["metric"], op=rule["op"], value=float(rule["value"])))
     return clean
 
 

@@ -40,6 +40,7 @@ from controlplane.intake.models import ReceivedWebhookOutcome as Outcome
 from controlplane.intake.webhooks.trainer.events import (
     CHECKPOINT_READY,
     CheckpointReady,
+    WebhookResponse,
     approval_reasons,
 )
 from controlplane.refresh import intents
@@ -151,14 +152,14 @@ def _finish(delivery: ReceivedWebhook, outcome: str, refresh_id: int | None, det
         refresh_id=refresh_id,
         next_attempt_at=None,
         updated_at=timezone.now(),
-        response={
-            "status": "processed",
-            "webhook_id": delivery.webhook_id,
-            "delivery_id": delivery.pk,
-            "outcome": outcome,
-            "refresh_id": refresh_id,
-            "detail": detail[:REASON_CHARS],
-        },
+        response=WebhookResponse(
+            status="processed",
+            webhook_id=delivery.webhook_id,
+            delivery_id=delivery.pk,
+            outcome=outcome,
+            refresh_id=refresh_id,
+            detail=detail[:REASON_CHARS],
+        ),
     )
 
 

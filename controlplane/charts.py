@@ -152,11 +152,17 @@ class Bar:
     href: str = ""
 
 
+def _axis_note(values: Sequence[float]) -> str:
+    """The largest value, as drawn: "no data" with none (not the scale's stand-in of 1 ms)."""
+    text = f"max {format_ms(max(values))}" if values else "no data"
+    return f'<text class="chart-axis" x="0" y="10">{escape(text)}</text>'
+
+
 def bars(items: Sequence[Bar], *, label: str, height: int = 80, bar_w: int = 16) -> SafeString:
     """Vertical bars on a shared scale (oldest left), with the largest value as the axis note."""
     top = max((b.value for b in items), default=0) or 1
     gap, pad = 4, 14
-    body = [f'<text class="chart-axis" x="0" y="10">max {escape(format_ms(top))}</text>']
+    body = [_axis_note([b.value for b in items])]
     for i, b in enumerate(items):
         h = max(1.0, (height - pad) * b.value / top)
         rect = (
@@ -178,7 +184,7 @@ def sparkline(points: Sequence[tuple[str, float]], *, label: str, width: int = 2
         (pad + i * step, height - pad - (height - pad - head) * v / top)
         for i, (_, v) in enumerate(points)
     ]
-    body = [f'<text class="chart-axis" x="0" y="10">max {escape(format_ms(top))}</text>']
+    body = [_axis_note([v for _, v in points])]
     if len(coords) > 1:
         path = " ".join(f"{_num(x)},{_num(y)}" for x, y in coords)
         body.append(f'<polyline class="chart-line" points="{path}"/>')

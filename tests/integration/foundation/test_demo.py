@@ -135,6 +135,10 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
             )
             assert signed_in.status_code == 302, signed_in.text
             assert client.get("/").status_code == 200
+            # The demo's 404 is the product's page, not Django's DEBUG list of URL patterns.
+            missing = client.get("/no-such-page/")
+            assert missing.status_code == 404 and 'id="error-404"' in missing.text
+            assert "URLconf" not in missing.text and "admin-tools/" not in missing.text
             # Websockets are served by the same uvicorn processes (Channels over ASGI).
             cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
             with ws_connect(

@@ -135,6 +135,9 @@ class Command(BaseCommand):
         # pages, links in notifications) use PUBLIC_BASE_URL: it follows --port, as does
         # every URL printed here.
         base_url = public_base_url(port)
+        # The demo is a product, not a debugging session: the 404 page is ours, not Django's
+        # list of every URL pattern, and no query log grows in memory. DEBUG=true still wins.
+        supervisor.env.setdefault("DEBUG", "false")
         supervisor.env["PUBLIC_BASE_URL"] = settings.PUBLIC_BASE_URL = base_url
         stages.stage("Starting embedded Redis")
         redis = start_embedded_redis(var_dir / "redis")

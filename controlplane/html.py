@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from django import template
 from django.template import TemplateDoesNotExist
 from django.template.backends.django import DjangoTemplates, reraise
 from django.template.backends.django import Template as DjangoTemplate
@@ -65,3 +66,17 @@ class TemplateEngine(DjangoTemplates):
             return Template(self.engine.get_template(template_name), self)
         except TemplateDoesNotExist as exc:
             reraise(exc, self)
+
+
+# `{{ text|code_spans }}` (a builtin filter, settings.TEMPLATES): Markdown's backtick spans as
+# <code>, for help text written with them (API descriptions, scope notes). The whole text is
+# escaped first, so outside data inside it (a namespace in a scope note) stays text; escaping
+# never produces a backtick, so the spans found afterwards are the ones written.
+register = template.Library()
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+@register.filter(is_safe=True)
+def code_spans(value) -> SafeString:
+    escaped = str(escape("" if value is None else value))
+    return SafeString(CODE_SPAN.sub(r"<code>\1</code>", escaped))

@@ -628,6 +628,8 @@ TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_pr
 TEMPLATES[0]["OPTIONS"].setdefault("builtins", []).append(
     "controlplane.intake.templatetags.provenance_tags"
 )
+# `{{ text|code_spans }}`: backtick spans in our help text as <code>, the rest escaped.
+TEMPLATES[0]["OPTIONS"]["builtins"].append("controlplane.html")
 SECURE_CSP = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF, CSP.NONCE],

@@ -10,6 +10,7 @@ admin_tools = [
     path("", views.index, name="admin_index"),
     path("tokens/", tokens.token_list, name="token_list"),
     path("tokens/new/", tokens.token_create, name="token_create"),
+    path("tokens/<int:pk>/created/", tokens.token_created, name="token_created"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
     path("webhooks/", endpoints.endpoint_list, name="endpoint_list"),
     path("webhooks/new/", endpoints.endpoint_create, name="endpoint_create"),
@@ -17,6 +18,11 @@ admin_tools = [
     path("webhooks/<int:pk>/edit/", endpoints.endpoint_edit, name="endpoint_edit"),
     path("webhooks/<int:pk>/delete/", endpoints.endpoint_delete, name="endpoint_delete"),
     path("webhooks/<int:pk>/rotate/", endpoints.endpoint_rotate, name="endpoint_rotate"),
+    path(
+        "webhooks/<int:pk>/new-secret/",
+        endpoints.endpoint_secret_shown,
+        name="endpoint_secret_shown",
+    ),
     path(
         "webhooks/<int:pk>/remove-secret/",
         endpoints.endpoint_remove_secret,

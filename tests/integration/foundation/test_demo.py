@@ -165,8 +165,9 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
                 },
                 headers={"Referer": f"{base}/admin-tools/webhooks/new/"},
             )
-            assert created.status_code == 200, created.text
-            assert f"{base}/api/v1/webhooks/trainer/trainer-a" in created.text
+            assert created.status_code == 302, created.text  # to the secret, shown once
+            shown = admin.get(created.headers["Location"])
+            assert f"{base}/api/v1/webhooks/trainer/trainer-a" in shown.text
         # redis, fleet, Celery worker and beat, uvicorn's master and its two web processes
         assert len(_processes_with_env(str(var_dir))) >= 7
     finally:

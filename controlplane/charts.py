@@ -205,6 +205,19 @@ class Span:
     title: str
 
 
+#: A generous width of one label character at the charts' 11 px font (digits and most lower
+#: case letters are narrower), so a label given this much room is never cut.
+LABEL_CHAR_PX = 6.8
+
+
+def middle_cut(text: str, fits: int) -> str:
+    """`text` in at most `fits` characters: its beginning and its end around "…"."""
+    if len(text) <= fits:
+        return text
+    head = (fits - 1) // 2
+    return text[:head] + "…" + text[len(text) - (fits - 1 - head) :]
+
+
 def gantt(
     spans: Sequence[Span], *, label: str, now: dt.datetime, width: int = 640, gutter: int = 120
 ) -> SafeString:
@@ -220,12 +233,19 @@ def gantt(
     t0 = min(s.start for s in spans)
     t1 = max((s.end or now) for s in spans)
     total = max((t1 - t0).total_seconds(), 0.001)
+    # Labels end at the gutter: a gutter too narrow for one cuts it off on the left, where
+    # a worker key's namespace is. Widen it to the longest label (up to 45% of the chart);
+    # beyond that a label keeps its beginning and end, and the whole of it is its title.
+    longest = max(len(lane) for lane in lanes)
+    gutter = max(gutter, min(round(longest * LABEL_CHAR_PX) + 12, int(width * 0.45)))
+    fits = max(8, int((gutter - 12) / LABEL_CHAR_PX))
     span_w = width - gutter - 8
     body: list[str] = []
     for i, lane in enumerate(lanes):
         body.append(
             f'<text class="chart-label" x="{gutter - 6}" y="{i * lane_h + 14}" '
-            f'text-anchor="end">{escape(lane)}</text>'
+            f'text-anchor="end">{escape(middle_cut(lane, fits))}<title>{escape(lane)}</title>'
+            "</text>"
         )
     for s in spans:
         row = lanes.index(s.label)

@@ -90,6 +90,13 @@ def test_no_console_or_htmx_error_on_any_live_page_during_a_refresh(
         f"document.getElementById('journal-count').textContent.trim() === '{calls} calls'"
     )
     assert page.locator("#journal-empty").is_hidden()
+    # Phase and per-worker lane labels sit inside their charts: none is cut off on the left.
+    page.wait_for_selector("#refresh-timeline svg .chart-label")
+    cut = page.evaluate(
+        """[...document.querySelectorAll('#refresh-timeline svg text.chart-label')]
+             .filter((t) => t.getBBox().x < 0).map((t) => t.textContent)"""
+    )
+    assert cut == []
     seen = {f"/refreshes/{refresh.pk}/": page.evaluate("window.__htmxErrors")}
 
     worker = Worker.objects.filter(source=fleet_source).first()
@@ -109,3 +116,21 @@ def test_no_console_or_htmx_error_on_any_live_page_during_a_refresh(
 
     assert {path: errors for path, errors in seen.items() if errors} == {}
     assert problems == [], "\n".join(problems)
+
+
+def test_a_one_time_secret_has_a_copy_button(page, transactional_db, live_server_url):
+    """A new token's secret is copied with one click (our own script: no inline JS)."""
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server_url)
+    create_user_with_role("adm", Role.ADMIN, PASSWORD, validate=False)
+    sign_in(page, "adm", PASSWORD)
+    page.goto("/admin-tools/tokens/new/")
+    page.fill("#id_label", "run-9")
+    page.select_option("#id_user", label="adm")
+    page.click("main form.form button[type=submit]")
+    page.wait_for_url("**/created/")
+    secret = page.locator("#secret").inner_text().strip()
+    page.click("#copy-secret")
+    page.wait_for_selector("#copy-secret-status:has-text('Copied.')")
+    assert page.evaluate("navigator.clipboard.readText()") == secret
+    page.reload()  # post/redirect/get: nothing is created again, the secret is gone
+    assert "/admin-tools/tokens/" in page.url and secret not in page.content()

@@ -43,6 +43,11 @@ admin_tools = [
         destinations.destination_secret,
         name="destination_secret",
     ),
+    path(
+        "notifications/<int:pk>/new-secret/",
+        destinations.destination_secret_shown,
+        name="destination_secret_shown",
+    ),
     path("notifications/<int:pk>/test/", destinations.destination_test, name="destination_test"),
 ]
 

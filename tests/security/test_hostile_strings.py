@@ -264,8 +264,10 @@ def webhook_endpoints_tokens_destinations(w: World) -> None:
             "enabled": "on",
         },
     )
-    assert created.status_code == 200, created.status_code
+    assert created.status_code == 302, created.status_code
     assert NotificationDestination.objects.filter(name="hook-1").exists()
+    shown = w.client.get(created["Location"])  # the one showing of its secret
+    w.refusals.append(("intake:destination_secret_shown (once)", shown.content.decode()))
 
 
 def _checkpoint(h: Hostile, n: int, *, shown: bool = True) -> bytes:
@@ -639,6 +641,9 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:endpoint": [f"/admin-tools/webhooks/{endpoint.pk}/"],
         # Shown once, after the create (above): from then on a redirect with a message.
         "intake:endpoint_secret_shown": [f"/admin-tools/webhooks/{endpoint.pk}/new-secret/"],
+        "intake:destination_secret_shown": [
+            f"/admin-tools/notifications/{destination.pk}/new-secret/"
+        ],
         "intake:token_created": [
             f"/admin-tools/tokens/{pk}/created/"
             for pk in ApiToken.objects.values_list("pk", flat=True)

@@ -152,11 +152,17 @@ class Bar:
     href: str = ""
 
 
+def _axis_note(values: Sequence[float]) -> str:
+    """The largest value, as drawn: "no data" with none (not the scale's stand-in of 1 ms)."""
+    text = f"max {format_ms(max(values))}" if values else "no data"
+    return f'<text class="chart-axis" x="0" y="10">{escape(text)}</text>'
+
+
 def bars(items: Sequence[Bar], *, label: str, height: int = 80, bar_w: int = 16) -> SafeString:
     """Vertical bars on a shared scale (oldest left), with the largest value as the axis note."""
     top = max((b.value for b in items), default=0) or 1
     gap, pad = 4, 14
-    body = [f'<text class="chart-axis" x="0" y="10">max {escape(format_ms(top))}</text>']
+    body = [_axis_note([b.value for b in items])]
     for i, b in enumerate(items):
         h = max(1.0, (height - pad) * b.value / top)
         rect = (
@@ -178,7 +184,7 @@ def sparkline(points: Sequence[tuple[str, float]], *, label: str, width: int = 2
         (pad + i * step, height - pad - (height - pad - head) * v / top)
         for i, (_, v) in enumerate(points)
     ]
-    body = [f'<text class="chart-axis" x="0" y="10">max {escape(format_ms(top))}</text>']
+    body = [_axis_note([v for _, v in points])]
     if len(coords) > 1:
         path = " ".join(f"{_num(x)},{_num(y)}" for x, y in coords)
         body.append(f'<polyline class="chart-line" points="{path}"/>')
@@ -199,6 +205,19 @@ class Span:
     title: str
 
 
+#: A generous width of one label character at the charts' 11 px font (digits and most lower
+#: case letters are narrower), so a label given this much room is never cut.
+LABEL_CHAR_PX = 6.8
+
+
+def middle_cut(text: str, fits: int) -> str:
+    """`text` in at most `fits` characters: its beginning and its end around "…"."""
+    if len(text) <= fits:
+        return text
+    head = (fits - 1) // 2
+    return text[:head] + "…" + text[len(text) - (fits - 1 - head) :]
+
+
 def gantt(
     spans: Sequence[Span], *, label: str, now: dt.datetime, width: int = 640, gutter: int = 120
 ) -> SafeString:
@@ -214,12 +233,19 @@ def gantt(
     t0 = min(s.start for s in spans)
     t1 = max((s.end or now) for s in spans)
     total = max((t1 - t0).total_seconds(), 0.001)
+    # Labels end at the gutter: a gutter too narrow for one cuts it off on the left, where
+    # a worker key's namespace is. Widen it to the longest label (up to 45% of the chart);
+    # beyond that a label keeps its beginning and end, and the whole of it is its title.
+    longest = max(len(lane) for lane in lanes)
+    gutter = max(gutter, min(round(longest * LABEL_CHAR_PX) + 12, int(width * 0.45)))
+    fits = max(8, int((gutter - 12) / LABEL_CHAR_PX))
     span_w = width - gutter - 8
     body: list[str] = []
     for i, lane in enumerate(lanes):
         body.append(
             f'<text class="chart-label" x="{gutter - 6}" y="{i * lane_h + 14}" '
-            f'text-anchor="end">{escape(lane)}</text>'
+            f'text-anchor="end">{escape(middle_cut(lane, fits))}<title>{escape(lane)}</title>'
+            "</text>"
         )
     for s in spans:
         row = lanes.index(s.label)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from django import template
 from django.template import TemplateDoesNotExist
 from django.template.backends.django import DjangoTemplates, reraise
 from django.template.backends.django import Template as DjangoTemplate
@@ -65,3 +66,71 @@ class TemplateEngine(DjangoTemplates):
             return Template(self.engine.get_template(template_name), self)
         except TemplateDoesNotExist as exc:
             reraise(exc, self)
+
+
+# `{{ text|code_spans }}` (a builtin filter, settings.TEMPLATES): Markdown's backtick spans as
+# <code>, for help text written with them (API descriptions, scope notes). The whole text is
+# escaped first, so outside data inside it (a namespace in a scope note) stays text; escaping
+# never produces a backtick, so the spans found afterwards are the ones written.
+register = template.Library()
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+@register.filter(is_safe=True)
+def code_spans(value) -> SafeString:
+    escaped = str(escape("" if value is None else value))
+    return SafeString(CODE_SPAN.sub(r"<code>\1</code>", escaped))
+
+
+def _scalar(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _readable_lines(value, indent: int) -> list[str]:
+    pad = " " * indent
+    if isinstance(value, dict):
+        if not value:
+            return [f"{pad}(none)"]
+        lines = []
+        for key, item in value.items():
+            if isinstance(item, dict | list | tuple) and item and not _flat_list(item):
+                lines.append(f"{pad}{key}:")
+                lines.extend(_readable_lines(item, indent + 2))
+            else:
+                lines.append(f"{pad}{key}: {_inline(item)}")
+        return lines
+    if isinstance(value, list | tuple):
+        if _flat_list(value):
+            return [f"{pad}{_inline(value)}"]
+        lines = []
+        for item in value:
+            sub = _readable_lines(item, indent + 2)
+            lines.append(f"{pad}- {sub[0].lstrip()}")
+            lines.extend(sub[1:])
+        return lines
+    return [f"{pad}{_scalar(value)}"]
+
+
+def _flat_list(value) -> bool:
+    return isinstance(value, list | tuple) and not any(
+        isinstance(v, dict | list | tuple) for v in value
+    )
+
+
+def _inline(value) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(_scalar(v) for v in value) if value else "(none)"
+    if isinstance(value, dict):
+        return "(none)"
+    return _scalar(value)
+
+
+@register.filter
+def key_values(value) -> str:
+    """A JSON-like value (audit details, an event's details) as `key: value` lines, nested ones
+    indented: for a <pre>, instead of a Python repr. Plain text: the template escapes it."""
+    return "\n".join(_readable_lines(value, 0))

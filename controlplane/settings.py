@@ -7,6 +7,7 @@ Two modes, chosen by CONTROLPLANE_ENV:
   security settings are strict enough for `manage.py check --deploy` to pass without warnings.
 """
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from redis.connection import parse_url as redis_parse_url
 
+from controlplane import runtime
 from controlplane.audit.keys import local_key, parse_keys
 from controlplane.env import (
     env_bool,
@@ -113,12 +115,19 @@ TEMPLATES: list[dict[str, Any]] = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "controlplane.accounts.context_processors.role",
+                "controlplane.accounts.context_processors.runtime_notice",
             ],
         },
     },
 ]
 
-_default_db = f"sqlite:///{VAR_DIR / 'controlplane.sqlite3'}"
+# A running `manage.py demo` of this var dir (controlplane/runtime.py): a shell beside it uses
+# its Redis and database unless the environment says otherwise. Development only.
+DEMO_RUNTIME = None if PRODUCTION else runtime.read_live_runtime(VAR_DIR)
+
+_default_db = runtime.default_database_url(VAR_DIR)
+if DEMO_RUNTIME is not None:
+    _default_db = DEMO_RUNTIME.database_url
 _database_url = env_str("DATABASE_URL", None if PRODUCTION else _default_db)
 if _database_url is None:
     raise ImproperlyConfigured("DATABASE_URL must be set in production")
@@ -185,12 +194,26 @@ else:
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env_str(
+    "REDIS_URL", DEMO_RUNTIME.redis_url if DEMO_RUNTIME else "redis://127.0.0.1:6379/0"
+)
 # Put before every key this deployment writes (cache, channel layer, Celery broker), so several
 # deployments — or test runs, see controlplane/embedded/pytest_plugin.py — can share one Redis
 # database without touching each other's keys. Empty by default: changing it moves the broker
-# queues, so set it before the first start, not on a running deployment.
-REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "") or ""
+# queues, so set it before the first start, not on a running deployment. Set but empty in the
+# environment is a choice too: only an unset one follows a running demo.
+if "REDIS_KEY_PREFIX" not in os.environ and DEMO_RUNTIME is not None:
+    REDIS_KEY_PREFIX = DEMO_RUNTIME.redis_key_prefix
+else:
+    REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "") or ""
+# One line for commands (stderr, manage.py) and staff pages (base.html) when this process does
+# not use the running demo's Redis or database; "" when it does, or no demo runs.
+RUNTIME_NOTICE = runtime.runtime_notice(
+    DEMO_RUNTIME,
+    redis_url=REDIS_URL,
+    database_url=_database_url,
+    redis_key_prefix=REDIS_KEY_PREFIX,
+)
 
 CACHES: dict[str, dict[str, Any]] = {
     "default": {
@@ -616,6 +639,8 @@ TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_pr
 TEMPLATES[0]["OPTIONS"].setdefault("builtins", []).append(
     "controlplane.intake.templatetags.provenance_tags"
 )
+# `{{ text|code_spans }}`: backtick spans in our help text as <code>, the rest escaped.
+TEMPLATES[0]["OPTIONS"]["builtins"].append("controlplane.html")
 SECURE_CSP = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF, CSP.NONCE],

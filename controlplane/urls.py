@@ -1,6 +1,19 @@
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpRequest, HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.decorators.http import require_safe
+
+
+@login_not_required
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponsePermanentRedirect:
+    """Pages link their icon (base.html); this answers whatever asks for the old name."""
+    return HttpResponsePermanentRedirect(static("favicon.svg"))
+
 
 urlpatterns = [
+    path("favicon.ico", favicon),
     path("", include("controlplane.fleet.urls")),
     path("refreshes/", include("controlplane.refresh.urls")),
     path("", include("controlplane.intake.urls")),

@@ -3,10 +3,25 @@ from django import forms
 from controlplane.audit.actions import AuditAction
 
 
+def grouped_actions() -> list:
+    """The actions under one heading per subject (`gate.*` under "gate", …), for a select
+    with optgroups instead of one list of every action."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for value, _label in AuditAction.choices:
+        subject, _, rest = value.partition(".")
+        words = subject.replace("_", " ")
+        # First in each group: every action of the subject (`gate.*`).
+        groups.setdefault(subject, [(f"{subject}.*", f"any {words} action")])
+        groups[subject].append((value, rest.replace("_", " ") or value))
+    return [("", "any action")] + [
+        (subject.replace("_", " "), choices) for subject, choices in sorted(groups.items())
+    ]
+
+
 class AuditFilterForm(forms.Form):
     """History filters. Everything is optional; an invalid value is reported, not ignored."""
 
-    action = forms.ChoiceField(choices=[("", "any action"), *AuditAction.choices], required=False)
+    action = forms.ChoiceField(choices=grouped_actions, required=False)
     actor = forms.CharField(required=False, max_length=200)
     target = forms.CharField(
         required=False, max_length=300, help_text="type:id, or text in the target label"
@@ -27,8 +42,11 @@ class AuditFilterForm(forms.Form):
 
     def filter(self, queryset):
         data = self.cleaned_data
-        if data.get("action"):
-            queryset = queryset.filter(action=data["action"])
+        if action := data.get("action"):
+            if action.endswith(".*"):
+                queryset = queryset.filter(action__startswith=action[:-1])
+            else:
+                queryset = queryset.filter(action=action)
         if data.get("actor"):
             queryset = queryset.filter(actor_label__icontains=data["actor"])
         if target := data.get("target"):

@@ -2,6 +2,7 @@ from django.contrib.auth.decorators import permission_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
@@ -15,6 +16,27 @@ PAGE_SIZE = 50
 #: records audit rows), so it names the permission instead of importing it. A test keeps the
 #: two equal.
 VIEW_PERMISSION = "accounts.view_controlplane"
+
+
+#: Targets with a page of their own, by `target_type` (a model's `_meta.label_lower`), and the
+#: URL name showing one by its id. Named, not imported: audit sits below the feature apps.
+TARGET_PAGES = {
+    "fleet.source": "fleet:source",
+    "fleet.worker": "fleet:worker",
+    "refresh.policyrefresh": "refresh:detail",
+    "refresh.drillrun": "refresh:drill",
+}
+
+
+def target_url(event: AuditEvent) -> str:
+    """The page of the event's target, or "" when it has none (or a malformed id)."""
+    name = TARGET_PAGES.get(event.target_type)
+    if name is None or not event.target_id.isdigit():
+        return ""
+    try:
+        return reverse(name, args=[int(event.target_id)])
+    except NoReverseMatch:
+        return ""
 
 
 def _filtered_events(request: HttpRequest):
@@ -32,6 +54,8 @@ def _filtered_events(request: HttpRequest):
 def history(request: HtmxHttpRequest) -> HttpResponse:
     form, events = _filtered_events(request)
     page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
+    for event in page:
+        event.target_url = target_url(event)
     query = request.GET.copy()
     query.pop("page", None)
     context = {"form": form, "page": page, "query": query.urlencode()}

@@ -10,6 +10,7 @@ admin_tools = [
     path("", views.index, name="admin_index"),
     path("tokens/", tokens.token_list, name="token_list"),
     path("tokens/new/", tokens.token_create, name="token_create"),
+    path("tokens/<int:pk>/created/", tokens.token_created, name="token_created"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
     path("webhooks/", endpoints.endpoint_list, name="endpoint_list"),
     path("webhooks/new/", endpoints.endpoint_create, name="endpoint_create"),
@@ -17,6 +18,11 @@ admin_tools = [
     path("webhooks/<int:pk>/edit/", endpoints.endpoint_edit, name="endpoint_edit"),
     path("webhooks/<int:pk>/delete/", endpoints.endpoint_delete, name="endpoint_delete"),
     path("webhooks/<int:pk>/rotate/", endpoints.endpoint_rotate, name="endpoint_rotate"),
+    path(
+        "webhooks/<int:pk>/new-secret/",
+        endpoints.endpoint_secret_shown,
+        name="endpoint_secret_shown",
+    ),
     path(
         "webhooks/<int:pk>/remove-secret/",
         endpoints.endpoint_remove_secret,
@@ -36,6 +42,11 @@ admin_tools = [
         "notifications/<int:pk>/secret/",
         destinations.destination_secret,
         name="destination_secret",
+    ),
+    path(
+        "notifications/<int:pk>/new-secret/",
+        destinations.destination_secret_shown,
+        name="destination_secret_shown",
     ),
     path("notifications/<int:pk>/test/", destinations.destination_test, name="destination_test"),
 ]

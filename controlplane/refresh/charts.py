@@ -30,7 +30,7 @@ from controlplane.refresh.step_order import STEP_LABELS, StepName
 HISTORY = 20
 #: Worker lanes the per-worker timeline shows at most (the slowest ones).
 WORKER_ROWS = 50
-#: Room for a worker's lane label; longer keys keep their end (the instance id).
+#: Room for a worker's lane label; longer keys keep their namespace and instance id.
 _LABEL_CHARS = 30
 
 
@@ -72,7 +72,14 @@ class WorkerTimeline:
 
 
 def _lane(key: str) -> str:
-    return key if len(key) <= _LABEL_CHARS else "…" + key[-(_LABEL_CHARS - 1) :]
+    """A worker's lane label: its namespace first and its instance id last, whatever is cut."""
+    if len(key) <= _LABEL_CHARS:
+        return key
+    namespace, _, rest = key.partition("/")
+    instance = rest.rpartition("/")[2]
+    if len(namespace) + len(instance) + 3 <= _LABEL_CHARS:
+        return f"{namespace}/…/{instance}"
+    return charts.middle_cut(key, _LABEL_CHARS)
 
 
 def worker_timeline(refresh: PolicyRefresh) -> WorkerTimeline:

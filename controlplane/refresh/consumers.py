@@ -13,6 +13,7 @@ from collections.abc import Hashable
 
 from channels.db import database_sync_to_async
 from django.http import QueryDict
+from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.utils.html import format_html
 
@@ -27,7 +28,7 @@ from controlplane.refresh.live import (
     REFRESHES_GROUP,
     refresh_group,
 )
-from controlplane.refresh.models import Gate, PolicyRefresh
+from controlplane.refresh.models import Gate, JournalEntry, PolicyRefresh
 from controlplane.refresh.step_order import WORKER_STEPS
 
 
@@ -120,7 +121,14 @@ class RefreshConsumer(LiveStream):
         rows = render_to_string(
             "refresh/detail.html#journal-rows", {"journal": calls, "prepend": True}
         ).strip()
-        return [rows, '<p id="journal-empty" hx-swap-oob="delete"></p>']
+        # The live journal's "N calls" follows (a filtered view's count is `journal-count-view`
+        # and stays), and "No calls yet." hides: it stays in the page, so every batch finds it.
+        total = JournalEntry.objects.filter(refresh=refresh).count()
+        count = (
+            f'<span class="muted" id="journal-count" hx-swap-oob="true">'
+            f"{total} call{pluralize(total)}</span>"
+        )
+        return [rows, '<p class="empty" id="journal-empty" hidden hx-swap-oob="true"></p>', count]
 
     def render(self, event: str, payload: dict) -> list[str]:
         if event == EVENT_PROGRESS:

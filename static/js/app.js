@@ -101,3 +101,29 @@ document.addEventListener("keydown", (e) => {
   box.focus();
   box.select();
 });
+
+// --- Copy buttons ---------------------------------------------------------------------------
+// `<button data-copy-target="ID">` copies the text of #ID (a one-time secret) and says so in
+// the next `.copy-status`; where the clipboard is refused (no secure context) it selects the
+// text instead, so Ctrl-C still works.
+document.addEventListener("click", (e) => {
+  const button = e.target.closest("button[data-copy-target]");
+  if (!button) return;
+  const source = document.getElementById(button.dataset.copyTarget);
+  if (!source) return;
+  const status = button.parentElement.querySelector(".copy-status");
+  const say = (text) => { if (status) status.textContent = text; };
+  const selectIt = () => {
+    const range = document.createRange();
+    range.selectNodeContents(source);
+    const selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+    say("Selected: press Ctrl-C (⌘-C) to copy.");
+  };
+  if (!navigator.clipboard || !window.isSecureContext) { selectIt(); return; }
+  navigator.clipboard.writeText(source.textContent.trim()).then(
+    () => say("Copied."),
+    selectIt,
+  );
+});

@@ -30,6 +30,7 @@ from django.db import connections
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from controlplane.accounts.models import ApiToken
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source, Worker
@@ -228,7 +229,10 @@ def webhook_endpoints_tokens_destinations(w: World) -> None:
             "enabled": "on",
         },
     )
-    assert created.status_code == 200 and WebhookEndpoint.objects.filter(name="trainer-a")
+    assert created.status_code == 302 and WebhookEndpoint.objects.filter(name="trainer-a")
+    shown = w.client.get(created["Location"])  # the one showing of its secret
+    assert shown.status_code == 200
+    w.refusals.append(("intake:endpoint_secret_shown (once)", shown.content.decode()))
     endpoint = WebhookEndpoint.objects.get(name="trainer-a")
     endpoint.secrets = [SECRET]
     endpoint.save(update_fields=["secrets"])
@@ -261,8 +265,10 @@ def webhook_endpoints_tokens_destinations(w: World) -> None:
             "enabled": "on",
         },
     )
-    assert created.status_code == 200, created.status_code
+    assert created.status_code == 302, created.status_code
     assert NotificationDestination.objects.filter(name="hook-1").exists()
+    shown = w.client.get(created["Location"])  # the one showing of its secret
+    w.refusals.append(("intake:destination_secret_shown (once)", shown.content.decode()))
 
 
 def _checkpoint(h: Hostile, n: int, *, shown: bool = True) -> bytes:
@@ -635,6 +641,16 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:endpoint_list": ["/admin-tools/webhooks/"],
         "intake:endpoint_create": ["/admin-tools/webhooks/new/"],
         "intake:endpoint": [f"/admin-tools/webhooks/{endpoint.pk}/"],
+        # Shown once, after the create (above): from then on a redirect with a message.
+        "intake:endpoint_secret_shown": [f"/admin-tools/webhooks/{endpoint.pk}/new-secret/"],
+        "intake:destination_secret_shown": [
+            f"/admin-tools/notifications/{destination.pk}/new-secret/"
+        ],
+        "intake:token_created": [
+            f"/admin-tools/tokens/{pk}/created/"
+            for pk in ApiToken.objects.values_list("pk", flat=True)
+        ]
+        or ["/admin-tools/tokens/1/created/"],
         "intake:endpoint_edit": [f"/admin-tools/webhooks/{endpoint.pk}/edit/"],
         "intake:endpoint_delete": [f"/admin-tools/webhooks/{endpoint.pk}/delete/"],
         "intake:destination_list": ["/admin-tools/notifications/"],

@@ -14,7 +14,7 @@ from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.intake.forms import DestinationForm
-from controlplane.intake.views.common import secret_response
+from controlplane.intake.views.common import shown_once, stash_secret, take_secret
 from controlplane.notify import services
 from controlplane.notify.models import (
     DeliveryStatus,
@@ -70,8 +70,15 @@ def destination_create(request: HtmxHttpRequest) -> HttpResponse:
         except ValidationError as exc:
             form.add_service_error(exc)
         else:
-            context = {"destination": destination, "secret": secret, "created": True}
-            return secret_response(render(request, "intake/destination_secret.html", context))
+            response = redirect("intake:destination_secret_shown", pk=destination.pk)
+            return stash_secret(
+                request,
+                response,
+                kind="destination",
+                pk=destination.pk,
+                secret=secret,
+                created=True,
+            )
     status = 400 if form.errors else 200
     return render(request, "intake/destination_form.html", {"form": form}, status=status)
 
@@ -112,8 +119,26 @@ def destination_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def destination_secret(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     destination = _get_destination(pk)
     secret = services.regenerate_destination_secret(destination, actor=actor_from_request(request))
-    context = {"destination": destination, "secret": secret}
-    return secret_response(render(request, "intake/destination_secret.html", context))
+    response = redirect("intake:destination_secret_shown", pk=destination.pk)
+    return stash_secret(request, response, kind="destination", pk=destination.pk, secret=secret)
+
+
+@require_GET
+@requires(Perm.MANAGE_WEBHOOKS)
+def destination_secret_shown(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """A destination's new signing secret (created or regenerated), shown once."""
+    destination = _get_destination(pk)
+    taken = take_secret(request, kind="destination", pk=destination.pk)
+    if taken is None:
+        messages.info(
+            request,
+            f"The signing secret of {destination.name} was shown once and is not shown "
+            "again; regenerate it if it was not copied.",
+        )
+        return redirect("intake:destination", pk=destination.pk)
+    secret, extra = taken
+    context = {"destination": destination, "secret": secret, "created": bool(extra.get("created"))}
+    return shown_once(render(request, "intake/destination_secret.html", context))
 
 
 @require_POST

@@ -17,7 +17,7 @@ from controlplane.audit.recorder import actor_from_request
 from controlplane.intake import services
 from controlplane.intake.forms import WebhookEndpointForm
 from controlplane.intake.models import WebhookEndpoint
-from controlplane.intake.views.common import secret_response
+from controlplane.intake.views.common import shown_once, stash_secret, take_secret
 from controlplane.notify.emit import absolute_url
 from controlplane.refresh.strategy import parse_strategy
 from controlplane.requests import HtmxHttpRequest
@@ -81,13 +81,10 @@ def endpoint_create(request: HtmxHttpRequest) -> HttpResponse:
         except ValidationError as exc:
             form.add_service_error(exc)
         else:
-            context = {
-                "endpoint": endpoint,
-                "secret": secret,
-                "trainer_url": trainer_url(endpoint),
-                "created": True,
-            }
-            return secret_response(render(request, "intake/endpoint_secret.html", context))
+            response = redirect("intake:endpoint_secret_shown", pk=endpoint.pk)
+            return stash_secret(
+                request, response, kind="endpoint", pk=endpoint.pk, secret=secret, created=True
+            )
     status = 400 if form.errors else 200
     return render(request, "intake/endpoint_form.html", {"form": form}, status=status)
 
@@ -132,8 +129,31 @@ def endpoint_rotate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect("intake:endpoint", pk=endpoint.pk)
-    context = {"endpoint": endpoint, "secret": secret, "trainer_url": trainer_url(endpoint)}
-    return secret_response(render(request, "intake/endpoint_secret.html", context))
+    response = redirect("intake:endpoint_secret_shown", pk=endpoint.pk)
+    return stash_secret(request, response, kind="endpoint", pk=endpoint.pk, secret=secret)
+
+
+@require_GET
+@requires(Perm.MANAGE_WEBHOOKS)
+def endpoint_secret_shown(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """A new signing secret (of a created endpoint, or added by a rotation), shown once."""
+    endpoint = _get_endpoint(pk)
+    taken = take_secret(request, kind="endpoint", pk=endpoint.pk)
+    if taken is None:
+        messages.info(
+            request,
+            f"The new signing secret of {endpoint.name} was shown once and is not shown again; "
+            "add another secret if it was not copied.",
+        )
+        return redirect("intake:endpoint", pk=endpoint.pk)
+    secret, extra = taken
+    context = {
+        "endpoint": endpoint,
+        "secret": secret,
+        "trainer_url": trainer_url(endpoint),
+        "created": bool(extra.get("created")),
+    }
+    return shown_once(render(request, "intake/endpoint_secret.html", context))
 
 
 @require_POST

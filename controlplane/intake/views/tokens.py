@@ -14,7 +14,7 @@ from controlplane.accounts.roles import Perm
 from controlplane.accounts.tokens import create_token, revoke_token
 from controlplane.audit.recorder import actor_from_request
 from controlplane.intake.forms import TokenForm
-from controlplane.intake.views.common import secret_response
+from controlplane.intake.views.common import shown_once, stash_secret, take_secret
 from controlplane.requests import HtmxHttpRequest
 
 
@@ -46,11 +46,29 @@ def token_create(request: HtmxHttpRequest) -> HttpResponse:
         except ValidationError as exc:
             form.add_service_error(exc)
         else:
-            # Rendered, not redirected: the secret must never pass through the session.
-            context = {"token": token, "secret": secret}
-            return secret_response(render(request, "intake/token_created.html", context))
+            # Redirected, so a reload cannot create a second token; the secret is split
+            # between the session and a cookie until that one page shows it (common.py).
+            response = redirect("intake:token_created", pk=token.pk)
+            return stash_secret(request, response, kind="token", pk=token.pk, secret=secret)
     status = 400 if form.errors else 200
     return render(request, "intake/token_form.html", {"form": form}, status=status)
+
+
+@require_GET
+@requires(Perm.MANAGE_TOKENS)
+def token_created(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The new token's secret, shown once; a reload finds it gone and says so."""
+    token = _get_token(pk)
+    taken = take_secret(request, kind="token", pk=token.pk)
+    if taken is None:
+        messages.info(
+            request,
+            f"The secret of token {token.label} was shown once and is not shown again; "
+            "create a new token if it was not copied.",
+        )
+        return redirect("intake:token_list")
+    context = {"token": token, "secret": taken[0]}
+    return shown_once(render(request, "intake/token_created.html", context))
 
 
 @require_POST

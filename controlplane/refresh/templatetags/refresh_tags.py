@@ -6,6 +6,7 @@ every source's. It connects its own websocket and keeps itself current.
 `{{ body|json_text }}` shows a planned call's JSON body as text (autoescaped like any text).
 `{{ body|json_pretty }}` shows it indented, for a `<pre>`.
 `{{ refresh|strategy_text }}` says how a refresh (or a strategy's JSON form) walks its scope.
+`{{ value|label }}` shows a stored identifier (`open_forced`, `force_reopened`) in words.
 """
 
 import json
@@ -15,6 +16,7 @@ from django import template
 from django.core.exceptions import ValidationError
 
 from controlplane.refresh import presenters, source_badges
+from controlplane.refresh.models import GateState
 from controlplane.refresh.strategy import parse_strategy
 
 register = template.Library()
@@ -93,3 +95,18 @@ def pairs(mapping) -> list[tuple[str, object]]:
     if not isinstance(mapping, dict):
         return []
     return sorted(((str(k), v) for k, v in mapping.items()), key=lambda kv: kv[0])
+
+
+#: Stored identifiers shown on pages, in words; anything else has its underscores spaced.
+LABELS: dict[str, str] = {
+    **{str(value): str(text) for value, text in GateState.choices},
+    "force_reopened": "force-reopened",
+    "reopened": "reopened (verified)",
+}
+
+
+@register.filter
+def label(value) -> str:
+    """A stored identifier in words: `open_forced` → "open (forced)"."""
+    text = "" if value is None else str(value)
+    return LABELS.get(text, text.replace("_", " "))

@@ -168,7 +168,7 @@ def test_source_page_shows_workers_routes_and_capabilities(viewer_client, source
     html = viewer_client.get(reverse("fleet:source", args=[source.pk])).content.decode()
     assert str(2**63 + 1) in html  # exact instance id
     assert "disk update ✔" in html and "distributed update ✘" in html
-    assert "prefix `rl`" in html  # the scope explanation
+    assert "prefix <code>rl</code>" in html and "`" not in html  # the scope explanation
     assert "Run discovery" not in html  # viewers get no button
 
 

@@ -87,7 +87,15 @@ def _concrete(route: str) -> str:
 # Paths that must answer without a session: sign-in itself (the password form and the single
 # sign-on start and callback) and machine-facing endpoints that carry their own authentication
 # (bearer tokens, webhook signatures, a scraper address list).
-PUBLIC_PREFIXES = ("/accounts/login/", "/accounts/sso/", "/api/", "/static/", "/metrics")
+# /favicon.ico only sends to the static icon.
+PUBLIC_PREFIXES = (
+    "/accounts/login/",
+    "/accounts/sso/",
+    "/api/",
+    "/static/",
+    "/metrics",
+    "/favicon.ico",
+)
 
 
 def test_every_page_requires_sign_in():

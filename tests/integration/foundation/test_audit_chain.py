@@ -140,3 +140,32 @@ def test_history_query_count_is_constant(viewer_client, operator, django_assert_
     with django_assert_max_num_queries(8):
         response = viewer_client.get("/history/")
     assert response.status_code == 200
+
+
+def test_history_page_reads_as_text_and_links(viewer_client, operator):
+    """Details as key: value lines (outside text escaped), targets with a page as links, whole
+    correlation ids, and actions grouped by subject with an "any" entry per group."""
+    record(
+        AuditAction.SOURCE_UPDATED,
+        actor=Actor.for_user(operator),
+        target=("fleet.source", 7, "sim"),
+        details={"interval": 5, "changed": ["a", "b"], "why": "<script>x</script>", "n": None},
+        correlation_id="c0ffee00-1234-5678-9abc-def012345678",
+    )
+    record(AuditAction.GATE_OPENED, actor=Actor.system(), target=("refresh.gate", 3, "rl-a"))
+    html = viewer_client.get("/history/").content.decode()
+    details = html.split('<pre class="key-values">')[2].split("</pre>")[0]  # newest first
+    # (PostgreSQL's jsonb keeps its own key order.)
+    assert sorted(details.splitlines()) == [
+        "changed: a, b",
+        "interval: 5",
+        "n: —",
+        "why: &lt;script&gt;x&lt;/script&gt;",
+    ]
+    assert "{&#x27;" not in html and "<script>x" not in html  # no repr, nothing unescaped
+    assert '<a href="/sources/7/">sim</a>' in html
+    assert "<td>rl-a</td>" in html  # a gate has no page of its own: text
+    assert ">c0ffee00-1234-5678-9abc-def012345678</a>" in html
+    assert '<optgroup label="source">' in html and '<option value="gate.*">' in html
+    gates_only = viewer_client.get("/history/", {"action": "gate.*"})
+    assert [e.action for e in gates_only.context["page"]] == ["gate.opened"]

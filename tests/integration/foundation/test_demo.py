@@ -135,6 +135,10 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
             )
             assert signed_in.status_code == 302, signed_in.text
             assert client.get("/").status_code == 200
+            # The demo's 404 is the product's page, not Django's DEBUG list of URL patterns.
+            missing = client.get("/no-such-page/")
+            assert missing.status_code == 404 and 'id="error-404"' in missing.text
+            assert "URLconf" not in missing.text and "admin-tools/" not in missing.text
             # Websockets are served by the same uvicorn processes (Channels over ASGI).
             cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
             with ws_connect(
@@ -161,8 +165,9 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
                 },
                 headers={"Referer": f"{base}/admin-tools/webhooks/new/"},
             )
-            assert created.status_code == 200, created.text
-            assert f"{base}/api/v1/webhooks/trainer/trainer-a" in created.text
+            assert created.status_code == 302, created.text  # to the secret, shown once
+            shown = admin.get(created.headers["Location"])
+            assert f"{base}/api/v1/webhooks/trainer/trainer-a" in shown.text
         # redis, fleet, Celery worker and beat, uvicorn's master and its two web processes
         assert len(_processes_with_env(str(var_dir))) >= 7
     finally:
@@ -170,3 +175,123 @@ def test_demo_serves_sign_in_and_stops_all_children(tmp_path):
         demo.wait(timeout=60)
     assert "Stopped." in output.read_text()
     _wait_for(lambda: not _processes_with_env(str(var_dir)), 15, "children to exit")
+
+
+def _second_shell_env(var_dir: Path) -> dict[str, str]:
+    """A terminal beside the demo: the same checkout and var dir, no REDIS_URL or DATABASE_URL
+    (the test run's REDIS_KEY_PREFIX stays: the demo inherited it as well)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}}
+    env["CONTROLPLANE_VAR_DIR"] = str(var_dir)
+    return env
+
+
+def _manage(var_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=_second_shell_env(var_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="needs /proc to find child processes")
+def test_a_second_shell_uses_the_demos_runtime(tmp_path):
+    """`refresh plan` and `refresh start` in another terminal, with no extra environment, reach
+    the demo's Redis: the demo's executor picks the refresh up within 2 s of its start (on
+    127.0.0.1:6379 nobody would, until the reconciler's tick 15 s later)."""
+    var_dir = tmp_path / "var"
+    port = free_port()
+    output = tmp_path / "demo.out"
+    with open(output, "wb") as out:
+        demo = subprocess.Popen(
+            [sys.executable, "manage.py", "demo", "--port", str(port), "--workers", "3"],
+            cwd=ROOT,
+            env=_second_shell_env(var_dir),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    runtime_file = var_dir / "demo-runtime.json"
+    try:
+        text = _wait_for(
+            lambda: "Press Ctrl-C" in output.read_text() and output.read_text(),
+            timeout=120,
+            what="the demo to print its welcome",
+        )
+        assert str(runtime_file) in text
+        written = json.loads(runtime_file.read_text())
+        assert written["pid"] == demo.pid and written["redis_url"] != "redis://127.0.0.1:6379/0"
+        operator = re.search(r"^\s+operator\s+(\S+)\s+\S+", text, re.MULTILINE).group(1)
+
+        planned = _manage(
+            var_dir,
+            "refresh",
+            "plan",
+            "sim",
+            "--weight-version",
+            "step-2",
+            "--model-path",
+            "/ckpt/step-2",
+            "--as",
+            operator,
+            "--json",
+        )
+        assert planned.returncode == 0, planned.stdout + planned.stderr
+        assert "running demo" not in planned.stderr  # same runtime: no notice
+        refresh_id = json.loads(planned.stdout)["refresh"]["id"]
+
+        watching = subprocess.Popen(
+            [
+                *(sys.executable, "manage.py", "refresh", "start", str(refresh_id)),
+                *("--as", operator, "--json", "--watch", "--interval", "0.1", "--timeout", "60"),
+            ],
+            cwd=ROOT,
+            env=_second_shell_env(var_dir),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            started_at = executing_at = None
+            for line in watching.stdout:
+                document = json.loads(line)
+                if document.get("action") == "start":
+                    started_at = time.monotonic()
+                    assert document["refresh"]["state"] in {"gating", "awaiting_approval"}
+                    continue
+                if any(s["status"] != "pending" for s in document["steps"]):
+                    executing_at = time.monotonic()
+                    break
+            assert started_at is not None, watching.stderr.read()
+            assert executing_at is not None, "the refresh never began executing"
+            assert executing_at - started_at <= 2.0, executing_at - started_at
+        finally:
+            watching.kill()
+            watching.wait(timeout=10)
+
+        # What the web server sees is the same refresh, in the same database.
+        base = f"http://127.0.0.1:{port}"
+        username, password = re.search(r"^\s+viewer\s+(\S+)\s+(\S+)", text, re.MULTILINE).groups()
+        with httpx.Client(base_url=base, follow_redirects=False, timeout=10) as client:
+            _sign_in(client, base, username, password)
+            assert client.get(f"/refreshes/{refresh_id}/").status_code == 200
+
+        # A shell told to use another Redis says so, once, on stderr.
+        elsewhere = _manage(var_dir, "refresh", "list", "--json")
+        assert "running demo" not in elsewhere.stderr
+        told = subprocess.run(
+            [sys.executable, "manage.py", "refresh", "list", "--json"],
+            cwd=ROOT,
+            env=_second_shell_env(var_dir) | {"REDIS_URL": "redis://127.0.0.1:1/0"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert told.returncode == 0, told.stderr
+        assert told.stderr.count("Not the running demo's runtime") == 1
+        assert json.loads(told.stdout)["ok"] is True
+    finally:
+        demo.send_signal(signal.SIGTERM)
+        demo.wait(timeout=60)
+    assert not runtime_file.exists()

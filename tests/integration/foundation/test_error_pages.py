@@ -70,3 +70,13 @@ def test_every_page_has_a_polite_connection_banner_and_a_skip_link(viewer_client
     html = viewer_client.get("/").content.decode()
     assert 'id="connection" class="connection" role="status" aria-live="polite"' in html
     assert 'class="skip-link" href="#main"' in html
+
+
+def test_every_page_links_an_icon_that_is_served(viewer_client):
+    html = viewer_client.get("/").content.decode()
+    assert '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">' in html
+    icon = Client().get("/static/favicon.svg")
+    assert icon.status_code == 200 and b"<svg" in b"".join(icon.streaming_content)
+    # Whatever still asks for /favicon.ico (signed in or not) is sent to it, not a 404.
+    old_name = Client().get("/favicon.ico")
+    assert old_name.status_code == 301 and old_name["Location"] == "/static/favicon.svg"

@@ -138,7 +138,7 @@ def test_mutations_need_a_csrf_token(admin_user, objects):
 def test_admin_post_only_views_act(admin_client, objects):
     o = objects
     rotate = admin_client.post(reverse("intake:endpoint_rotate", args=[o["endpoint"].pk]))
-    assert rotate.status_code == 200
+    assert rotate.status_code == 302  # to the page showing the new secret once
     tested = admin_client.post(reverse("intake:endpoint_test", args=[o["endpoint"].pk]))
     assert tested.status_code == 302
     queued = admin_client.post(reverse("intake:destination_test", args=[o["destination"].pk]))
@@ -146,7 +146,7 @@ def test_admin_post_only_views_act(admin_client, objects):
     revoked = admin_client.post(reverse("intake:token_revoke", args=[o["token"].pk]))
     assert revoked.status_code == 302
     secret = admin_client.post(reverse("intake:destination_secret", args=[o["destination"].pk]))
-    assert secret.status_code == 200
+    assert secret.status_code == 302  # to the page showing it once
     assert ReceivedWebhook.objects.filter(event_type="test.ping").count() == 1
     assert NotificationDelivery.objects.filter(event="test").count() == 1
     assert ApiToken.objects.get(pk=o["token"].pk).revoked_at is not None
@@ -163,3 +163,15 @@ def test_index_links_sources_tokens_webhooks_and_destinations(admin_client, sour
         reverse("intake:destination_list"),
     ):
         assert f'href="{url}"' in body, url
+
+
+@pytest.mark.parametrize("persona", ["viewer", "operator", "approver"])
+def test_the_pages_showing_a_new_secret_are_for_admins_only(request, persona, objects):
+    client = request.getfixturevalue(f"{persona}_client")
+    o = objects
+    for url in (
+        reverse("intake:token_created", args=[o["token"].pk]),
+        reverse("intake:endpoint_secret_shown", args=[o["endpoint"].pk]),
+        reverse("intake:destination_secret_shown", args=[o["destination"].pk]),
+    ):
+        assert client.get(url).status_code == 403, url

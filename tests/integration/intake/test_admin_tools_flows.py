@@ -10,6 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.contrib.sessions.models import Session
 from django.urls import reverse
 
 from controlplane.accounts.models import ApiToken
@@ -45,14 +46,30 @@ def state() -> dict:
 # -- API tokens ---------------------------------------------------------------------------------
 
 
+def _shown_once(client, posted, pattern, gone_to: str) -> tuple[str, str]:
+    """Post/redirect/get: the POST redirects, the GET shows the secret once (not cached, with a
+    copy button), the session store never holds it in clear, and a reload shows it no more."""
+    assert posted.status_code == 302 and "no-store" in posted["Cache-Control"]
+    shown = client.get(posted["Location"])
+    assert shown.status_code == 200 and "no-store" in shown["Cache-Control"]
+    body = shown.content.decode()
+    secret = pattern.search(body).group(0)
+    assert 'data-copy-target="secret"' in body
+    for session in Session.objects.all():
+        assert secret not in json.dumps(session.get_decoded())
+    again = client.get(posted["Location"])
+    assert again.status_code == 302 and again["Location"] == gone_to
+    follow = client.get(gone_to).content.decode()
+    assert secret not in follow and "shown once" in follow
+    return secret, body
+
+
 def test_token_secret_is_shown_once_and_only_its_hash_is_stored(admin_client, viewer, source):
     response = admin_client.post(
         reverse("intake:token_create"),
         {"label": "run-7", "user": viewer.pk, "sources": [source.pk], "expires_days": 30},
     )
-    assert response.status_code == 200
-    assert "no-store" in response["Cache-Control"]
-    secret = TOKEN_SECRET.search(response.content.decode()).group(0)
+    secret, _ = _shown_once(admin_client, response, TOKEN_SECRET, reverse("intake:token_list"))
     token = ApiToken.objects.get(label="run-7")
     assert token.secret_hash == hashlib.sha256(secret.encode()).hexdigest()
     stored = json.dumps(list(ApiToken.objects.values()), default=str)
@@ -120,12 +137,10 @@ def test_endpoint_create_shows_the_secret_once_and_is_audited(admin_client, sour
     response = admin_client.post(
         reverse("intake:endpoint_create"), {**ENDPOINT_FORM, "source": source.pk}
     )
-    assert response.status_code == 200
-    assert "no-store" in response["Cache-Control"]
-    body = response.content.decode()
-    secret = WHSEC.search(body).group(0)
-    assert "/api/v1/webhooks/trainer/trainer-b" in body
     endpoint = WebhookEndpoint.objects.get(name="trainer-b")
+    page = reverse("intake:endpoint", args=[endpoint.pk])
+    secret, body = _shown_once(admin_client, response, WHSEC, page)
+    assert "/api/v1/webhooks/trainer/trainer-b" in body and "created" in body
     assert endpoint.secrets == [secret]
     assert endpoint.namespaces == ["rl-a", "rl-b"]
     assert endpoint.rules == [{"metric": "eval/reward", "op": "lt", "value": 0.2}]
@@ -188,8 +203,8 @@ def test_endpoint_edit_is_audited_with_what_changed(admin_client, endpoint):
 def test_rotation_keeps_the_old_secret_until_removed(admin_client, client, endpoint):
     old = endpoint.secrets[0]
     response = admin_client.post(reverse("intake:endpoint_rotate", args=[endpoint.pk]))
-    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
-    new = WHSEC.search(response.content.decode()).group(0)
+    page = reverse("intake:endpoint", args=[endpoint.pk])
+    new, _ = _shown_once(admin_client, response, WHSEC, page)
     endpoint.refresh_from_db()
     assert endpoint.secrets == [new, old]
     ping = fixture_body("test_ping")
@@ -309,9 +324,9 @@ def test_bad_destination_form_changes_nothing(admin_client, db, change, message)
 
 def test_destination_create_edit_remove_are_audited(admin_client, db):
     response = admin_client.post(reverse("intake:destination_create"), DESTINATION_FORM)
-    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
-    secret = WHSEC.search(response.content.decode()).group(0)
     destination = NotificationDestination.objects.get(name="ops")
+    page = reverse("intake:destination", args=[destination.pk])
+    secret, _ = _shown_once(admin_client, response, WHSEC, page)
     assert destination.secret == secret
     assert destination.events == ["refresh.held", "source.stale"]
 

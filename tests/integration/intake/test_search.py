@@ -85,6 +85,15 @@ def test_a_whole_worker_key_finds_that_worker_and_links_its_page(world, viewer_c
     assert section(page, "instances") == "" and section(page, "refreshes") == ""
 
 
+def test_hits_show_the_workers_url_and_link_their_source(world, viewer_client):
+    Worker.objects.filter(pk=world["big"].pk).update(system_url="http://10.0.0.7:9090")
+    workers = section(q(viewer_client, world["big"].key), "workers")
+    assert "<code>http://10.0.0.7:9090</code>" in workers
+    assert f'<a href="/sources/{world["a"].pk}/">src-a</a>' in workers
+    refreshes = section(q(viewer_client, f"#{world['r2'].pk}"), "refreshes")
+    assert f'<a href="/sources/{world["b"].pk}/">src-b</a>' in refreshes
+
+
 def test_a_key_prefix_matches_leading_parts_exactly_and_the_last_as_a_prefix(world):
     assert {w.pk for w in search("rl-a/backend/generate/").workers.hits} == {
         world["big"].pk,

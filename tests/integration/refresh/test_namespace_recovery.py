@@ -147,6 +147,10 @@ def test_force_reopen_of_one_namespace_never_fails_the_others(
     assert 'data-namespace="rl-a" data-state="open_forced"' in page
     assert 'data-namespace="rl-b" data-state="closed"' in page
     assert "open (forced) by" in page and "rl-a serves an eval" in page
+    # Identifiers in words, not as stored; a held refresh has not ended, nor is it running.
+    assert ">open (forced)</span>" in page and ">force-reopened</small>" in page
+    assert ">open_forced<" not in page and ">force_reopened<" not in page
+    assert '<dd id="refresh-ended"><span class="muted">not yet: held</span>' in page
 
     # A retry verifies nothing of rl-a again and opens the verified namespaces.
     intents.retry_policy_refresh(refresh, actor=actor_for(operator))

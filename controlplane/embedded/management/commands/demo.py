@@ -20,11 +20,13 @@ from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 from django.utils import timezone
 
+from controlplane import runtime
 from controlplane.celery import app as celery_app
 from controlplane.embedded.credentials import ensure_demo_users
 from controlplane.embedded.progress import Stages
 from controlplane.embedded.redis import free_port, start_embedded_redis
 from controlplane.embedded.supervisor import Supervisor, python_argv
+from controlplane.env import env_str
 
 SIM_SOURCE = "sim"
 # The first discovery runs on Celery beat's next tick; if the fleet does not answer by then the
@@ -122,13 +124,20 @@ class Command(BaseCommand):
             raise CommandError("--web-processes must be at least 1")
         if not _port_is_free(port):
             raise CommandError(f"127.0.0.1:{port} is in use; pick another with --port")
-        stages = Stages(self.stdout.write, self.stdout.flush)
         var_dir = Path(settings.VAR_DIR)
+        if (other := runtime.read_live_runtime(var_dir)) is not None:
+            raise CommandError(
+                f"a demo (pid {other.pid}) is already running with {var_dir}; stop it first"
+            )
+        stages = Stages(self.stdout.write, self.stdout.flush)
         supervisor = Supervisor(log_dir=var_dir / "logs")
         # Links the product builds outside a request (the trainer webhook URL on the admin
         # pages, links in notifications) use PUBLIC_BASE_URL: it follows --port, as does
         # every URL printed here.
         base_url = public_base_url(port)
+        # The demo is a product, not a debugging session: the 404 page is ours, not Django's
+        # list of every URL pattern, and no query log grows in memory. DEBUG=true still wins.
+        supervisor.env.setdefault("DEBUG", "false")
         supervisor.env["PUBLIC_BASE_URL"] = settings.PUBLIC_BASE_URL = base_url
         stages.stage("Starting embedded Redis")
         redis = start_embedded_redis(var_dir / "redis")
@@ -136,6 +145,17 @@ class Command(BaseCommand):
         try:
             supervisor.env["REDIS_URL"] = redis.url
             _point_this_process_at(redis.url)
+            # Shells beside the demo read these (controlplane/runtime.py) unless their
+            # environment says otherwise; the children get them in theirs.
+            database_url = env_str("DATABASE_URL") or runtime.default_database_url(var_dir)
+            supervisor.env["DATABASE_URL"] = database_url
+            self.runtime_file = runtime.runtime_path(var_dir)
+            runtime.write_runtime(
+                var_dir,
+                redis_url=redis.url,
+                database_url=database_url,
+                redis_key_prefix=settings.REDIS_KEY_PREFIX,
+            )
             stages.stage(f"Migrating the database ({settings.DATABASES['default']['NAME']})")
             call_command("migrate", interactive=False, verbosity=0)
             stages.stage("Creating demo users")
@@ -185,6 +205,7 @@ class Command(BaseCommand):
             for sig in previous:
                 signal.signal(sig, signal.SIG_IGN)
             supervisor.stop_all()
+            runtime.remove_runtime(var_dir)
             redis.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -277,5 +298,9 @@ class Command(BaseCommand):
         w(f"Trainer webhooks: create an endpoint at {base_url}{reverse('intake:endpoint_list')}")
         w(f"  (as {users['admin'][0]}); trainers then post to {base_url}{hook}")
         w("")
+        w(
+            f"Other shells of this checkout use the demo's Redis and database while it runs "
+            f"(read from {self.runtime_file}); REDIS_URL / DATABASE_URL override it."
+        )
         w(f"Logs: {supervisor.log_dir}/   Press Ctrl-C to stop everything.")
         self.stdout.flush()

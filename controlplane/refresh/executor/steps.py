@@ -316,7 +316,11 @@ class WorkerStep(Step):
         if any(o.status == "unreached" for o in journal.outcomes) and journal.aborted:
             return StepResult(False, "aborted", aborted=True)
         if any(o.status != "ok" for o in journal.outcomes):
-            return StepResult(False, summarize_failures(self.name, journal.outcomes, total))
+            # Out of the step's whole scope: a retry runs only the workers still to do, and
+            # "failed on 1 of 1 workers" would hide the eleven done before it.
+            done = (before.this_wave + before.earlier_waves) if before is not None else 0
+            scope = total + skipped + done
+            return StepResult(False, summarize_failures(self.name, journal.outcomes, scope))
         if journal.aborted:
             return StepResult(True, aborted=True)
         detail = f"{total} worker{'' if total == 1 else 's'} ok"

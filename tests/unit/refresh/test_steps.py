@@ -191,6 +191,26 @@ def test_a_failed_worker_fails_the_step_and_is_named(refresh, monkeypatch):
     )
 
 
+def test_a_retry_that_fails_counts_the_whole_step_not_only_the_retried(refresh, monkeypatch):
+    done = [planned(refresh, str(i)) for i in range(1, 12)]
+    bad = planned(refresh, "12")
+    for worker in done:
+        WorkerStepResult.objects.create(
+            refresh=refresh,
+            planned_worker=worker,
+            step="pause",
+            status="ok",
+            finished_at=timezone.now(),
+        )
+    listed = {w.key for w in [*done, bad]}
+    monkeypatch.setattr(departures, "read_membership", lambda ctx, step: (listed, ""))
+    fan_out = FanOut({bad.key: "failed"})
+    result = install(monkeypatch, Pause(), fan_out).run(context(refresh, attempt=2))
+    assert result == StepResult(
+        False, f"pause failed on 1 of 12 workers — {bad.key}: HTTP 500: boom"
+    )
+
+
 @pytest.mark.parametrize(
     ("status", "aborted", "expected"),
     [

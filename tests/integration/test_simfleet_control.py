@@ -97,3 +97,14 @@ def test_standalone_runner_serves_the_listener(entry):
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(10) == 0
+
+
+def test_the_control_url_answers_its_route_table(simfleet):
+    """The demo prints the control URL: a GET on it says what it offers (it answered 404)."""
+    answer = httpx.get(simfleet.control_url, timeout=10)
+    assert answer.status_code == 200
+    body = answer.json()
+    routes = {(r["method"], r["path"]) for r in body["routes"]}
+    assert ("POST", "/_sim/workers/<key>/faults") in routes
+    assert ("DELETE", "/_sim/faults") in routes
+    assert "hang" in body["fault_kinds"] and body["listener_url"] == simfleet.listener_url

@@ -3,6 +3,7 @@
 Lets processes other than the one running the fleet (a Celery worker, a browser test, the
 demo runner) drive it. `SimFleetControl` in `controlplane.simfleet.client` is its client.
 
+    GET    /_sim/                            this table, as JSON (the demo prints this URL)
     GET    /_sim/fleet                       URLs, worker count, churn state
     GET    /_sim/events                      recent membership events
     GET    /_sim/workers                     worker summaries
@@ -26,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from controlplane.simfleet.faults import FAULT_KINDS
 from controlplane.simfleet.fleet import SimFleet, UnknownWorker
 from controlplane.simfleet.servers.common import json_response
 
@@ -55,6 +57,10 @@ class ControlApi:
     def _dispatch(self, method: str, parts: list[str], body: Any) -> web.StreamResponse:
         fleet = self.fleet
         match method, parts:
+            case "GET", []:
+                return json_response(
+                    {"routes": routes_index(), "fault_kinds": list(FAULT_KINDS)} | self.urls()
+                )
             case "GET", ["fleet"]:
                 return json_response(
                     self.urls() | {"workers": len(fleet.workers), "churning": fleet.churning}
@@ -98,3 +104,13 @@ class ControlApi:
                     fleet.stop_churn()
                 return json_response({"churning": fleet.churning})
         return json_response({"error": f"no control route {method} /_sim/{'/'.join(parts)}"}, 404)
+
+
+def routes_index() -> list[dict[str, str]]:
+    """The control routes this module's docstring lists: method, path and what it does."""
+    rows = []
+    for line in (__doc__ or "").splitlines():
+        words = line.split(maxsplit=2)
+        if len(words) == 3 and words[0] in ("GET", "POST", "PUT", "DELETE"):
+            rows.append({"method": words[0], "path": words[1], "does": words[2].strip()})
+    return rows

@@ -43,7 +43,7 @@ class SystemServers:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
-        if path.startswith("/_sim/"):
+        if path == "/_sim" or path.startswith("/_sim/"):  # the bare URL the demo prints too
             return await self.control(request)
         if not path.startswith("/w/"):
             return web.Response(status=404)

@@ -292,6 +292,7 @@ class Command(BaseCommand):
                 """-d '{"route": "update_weights_from_disk", "fault": {"kind": "error_body"}}'"""
             )
             w(f"    curl -X DELETE {self.sim_urls['control_url']}/faults   # heal everything")
+            w("  More: docs/operate/simulated-fleet.md, or GET the control URL for its routes.")
         w("")
         # reverse() would percent-encode a literal "<name>": reverse a marker and swap it.
         hook = reverse("intake:api-v1:trainer_webhook", args=["NAME"]).replace("NAME", "<name>")

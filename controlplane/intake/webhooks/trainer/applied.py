@@ -12,44 +12,26 @@ source's. A trainer may only report for its endpoint's namespaces.
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-import pydantic
 
 from controlplane.audit.recorder import Actor
 from controlplane.intake.webhooks.trainer.events import Applied
+from controlplane.intake.webhooks.trainer.refresh_event import (
+    Answer,
+    Refused,
+    error,
+    event_and_refresh,
+)
 from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.intents import external
-from controlplane.refresh.models import PolicyRefresh
 
 
-def _error(status: int, code: str, message: str, details: Any = None):
-    return status, {"error": {"code": code, "message": message, "details": details}}
-
-
-def refresh_applied(
-    endpoint, webhook_id: str, data: Any
-) -> tuple[tuple[int, dict[str, Any]], str | None, int | None]:
+def refresh_applied(endpoint, webhook_id: str, data: Any) -> Answer:
     """((status, body), detail, refresh id): detail None means the answer is an error."""
     try:
-        event = Applied.model_validate(data)
-    except pydantic.ValidationError as exc:
-        details = json.loads(exc.json(include_url=False, include_input=False))
-        return _error(422, "invalid_event", "refresh.applied data is invalid", details), None, None
-    refresh = (
-        PolicyRefresh.objects.select_related("source")
-        .filter(pk=event.refresh_id, source=endpoint.source)
-        .first()
-    )
-    if refresh is None:
-        message = f"no policy refresh #{event.refresh_id} on this endpoint's source"
-        return _error(404, "unknown_refresh", message), None, None
-    allowed = endpoint.namespaces
-    if allowed and not set(refresh.namespaces or []) <= set(allowed):
-        outside = sorted(set(refresh.namespaces or []) - set(allowed))
-        answer = _error(403, "namespace_not_allowed", f"outside this endpoint: {outside}")
-        return answer, None, None
+        event, refresh = event_and_refresh(endpoint, Applied, data, "refresh.applied")
+    except Refused as refused:
+        return refused.answer
     try:
         refresh = external.report_applied(
             refresh,
@@ -58,7 +40,7 @@ def refresh_applied(
             instance_ids=event.instance_ids,
         )
     except RefreshError as exc:
-        return _error(409, exc.code, exc.message), None, None
+        return error(409, exc.code, exc.message), None, None
     view = external.public_view(refresh)
     detail = (
         f"applied recorded on policy refresh #{refresh.pk} "

@@ -48,7 +48,15 @@ class BroadcastDone(BaseModel):
     )
 
 
-class CanaryVerdict(BaseModel):
+class RefreshEvent(BaseModel):
+    """An event about one policy refresh, named by `refresh_id` (`refresh_event.py` finds it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    refresh_id: int = Field(ge=1, le=2**63 - 1)
+
+
+class CanaryVerdict(RefreshEvent):
     """`POST /api/v1/refreshes/<id>/canary_verdict`, as a signed webhook: the trainer evaluated
     the canary's verified instances (named in `refresh.canary_review`) and answers."""
 
@@ -65,7 +73,7 @@ class CanaryVerdict(BaseModel):
     reason: str = Field("", max_length=2000, description="optional; shown with a failure")
 
 
-class Applied(BaseModel):
+class Applied(RefreshEvent):
     """`POST /api/v1/refreshes/<id>/applied`, as a signed webhook: the trainer's framework
     applied the new weights itself to the workers `refresh.ready_for_apply` named."""
 

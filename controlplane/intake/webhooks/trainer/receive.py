@@ -60,6 +60,13 @@ _ENDPOINT_NAME = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
 Outcome = ReceivedWebhookOutcome
 
 
+#: Events about one refresh that are acted on at once (not queued): their handler and outcome.
+_ACTED_AT_ONCE = {
+    REFRESH_APPLIED: (refresh_applied, Outcome.APPLIED),
+    CANARY_VERDICT: (canary_verdict, Outcome.CANARY_VERDICT),
+}
+
+
 @dataclass
 class Answer:
     status: int
@@ -166,11 +173,14 @@ def receive(
             answer,
             recorded,
         )
-    if event_type == REFRESH_APPLIED:
-        # A repeat is answered from the stored delivery before anything acts.
+    acts = _ACTED_AT_ONCE.get(event_type)
+    if acts is not None:
+        handler, outcome = acts
+        # A repeat is answered from the stored delivery before anything acts, so a replayed
+        # verdict or report never meets a refresh that has already moved on.
         if ReceivedWebhook.objects.filter(endpoint=endpoint, webhook_id=webhook_id).exists():
             return _repeat(endpoint, webhook_id, digest, source_ip)
-        (status, answer_body), recorded, refresh_id = refresh_applied(
+        (status, answer_body), recorded, refresh_id = handler(
             endpoint, webhook_id, envelope.get("data", {})
         )
         answer = Answer(status, answer_body)
@@ -182,31 +192,9 @@ def receive(
             envelope,
             digest,
             source_ip,
-            Outcome.APPLIED,
+            outcome,
             answer,
             recorded,
-            refresh_id=refresh_id,
-        )
-    if event_type == CANARY_VERDICT:
-        # A repeat is answered from the stored delivery before anything acts, so a replayed
-        # verdict never meets a canary that has already moved on.
-        if ReceivedWebhook.objects.filter(endpoint=endpoint, webhook_id=webhook_id).exists():
-            return _repeat(endpoint, webhook_id, digest, source_ip)
-        (status, answer_body), judged, refresh_id = canary_verdict(
-            endpoint, webhook_id, envelope.get("data", {})
-        )
-        answer = Answer(status, answer_body)
-        if judged is None:
-            return reject(answer)
-        return _acted(
-            endpoint,
-            webhook_id,
-            envelope,
-            digest,
-            source_ip,
-            Outcome.CANARY_VERDICT,
-            answer,
-            judged,
             refresh_id=refresh_id,
         )
     event = None

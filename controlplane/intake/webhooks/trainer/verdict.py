@@ -12,46 +12,30 @@ the detail, answered 409 `canary_not_trainer_judged`, audited, and nothing moves
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import pydantic
 from django.core.exceptions import ValidationError
 
 from controlplane.audit.recorder import Actor
 from controlplane.intake.webhooks.trainer.events import CanaryVerdict
+from controlplane.intake.webhooks.trainer.refresh_event import (
+    Answer,
+    Refused,
+    error,
+    event_and_refresh,
+)
 from controlplane.refresh.errors import RefreshError
 from controlplane.refresh.intents import canary
 from controlplane.refresh.models import PolicyRefresh
 from controlplane.refresh.progress import CanaryReview, canary_of
 
 
-def _error(status: int, code: str, message: str, details: Any = None):
-    return status, {"error": {"code": code, "message": message, "details": details}}
-
-
-def canary_verdict(
-    endpoint, webhook_id: str, data: Any
-) -> tuple[tuple[int, dict[str, Any]], str | None, int | None]:
+def canary_verdict(endpoint, webhook_id: str, data: Any) -> Answer:
     """((status, body), detail, refresh id): detail None means the answer is an error."""
     try:
-        event = CanaryVerdict.model_validate(data)
-    except pydantic.ValidationError as exc:
-        details = json.loads(exc.json(include_url=False, include_input=False))
-        return _error(422, "invalid_event", "canary.verdict data is invalid", details), None, None
-    refresh = (
-        PolicyRefresh.objects.select_related("source")
-        .filter(pk=event.refresh_id, source=endpoint.source)
-        .first()
-    )
-    if refresh is None:
-        message = f"no policy refresh #{event.refresh_id} on this endpoint's source"
-        return _error(404, "unknown_refresh", message), None, None
-    allowed = endpoint.namespaces
-    if allowed and not set(refresh.namespaces or []) <= set(allowed):
-        outside = sorted(set(refresh.namespaces or []) - set(allowed))
-        answer = _error(403, "namespace_not_allowed", f"outside this endpoint: {outside}")
-        return answer, None, None
+        event, refresh = event_and_refresh(endpoint, CanaryVerdict, data, "canary.verdict")
+    except Refused as refused:
+        return refused.answer
     try:
         refresh = canary.record_canary_verdict(
             refresh,
@@ -65,11 +49,11 @@ def canary_verdict(
         # Not a sender's mistake to reject unrecorded but a verdict this canary never takes
         # (a person judges it): stored as done with the refusal, so a repeat of the webhook id
         # is answered from the delivery and the trainer can read why. Nothing moved.
-        return _error(409, exc.code, exc.message), f"refused: {exc.message}", refresh.pk
+        return error(409, exc.code, exc.message), f"refused: {exc.message}", refresh.pk
     except RefreshError as exc:
-        return _error(409, exc.code, exc.message), None, None
+        return error(409, exc.code, exc.message), None, None
     except ValidationError as exc:
-        return _error(422, "invalid_event", "; ".join(exc.messages)), None, None
+        return error(422, "invalid_event", "; ".join(exc.messages)), None, None
     verdict = "passed" if event.passed else "failed"
     detail = f"canary of policy refresh #{refresh.pk} {verdict}"
     body = {

@@ -14,7 +14,9 @@ nothing from the request pool: a connection kept for the process's life there wo
 requests can never have. Before, each round hopped to a thread, checked a pooled connection
 out (with its liveness query) and back; at concurrency 64 that cost about as much CPU as the
 rest of a poll (`bench/gate_api.py`). The price is one more PostgreSQL connection per web
-process, counted in the connection budget (`docs/operate/configuration.md`).
+process, counted in the connection budget (`docs/operate/configuration.md`). On SQLite (the
+embedded runtime of `manage.py demo`) there is no server to hold a connection to: its rounds
+read through Django's connection in one worker thread instead.
 
 A round that cannot read the database answers None, and the poll goes to Django (which
 answers from the row, or with the database's error): no copy is used unchecked. The broken
@@ -24,19 +26,21 @@ connection is dropped, and the next round connects again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import weakref
 from typing import Any
 
 import psycopg
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from controlplane.refresh.gate_cache import (
     Committed,
     Scope,
     add_marks,
     collect_revisions,
+    committed_revisions,
     marks_query,
     revisions_query,
 )
@@ -67,7 +71,7 @@ class Reader:
     async def read(self, scopes: frozenset[Scope]) -> Found:
         try:
             return await asyncio.wait_for(self._read(set(scopes)), READ_TIMEOUT_SECONDS)
-        except (psycopg.Error, OSError, TimeoutError):
+        except (psycopg.Error, DatabaseError, OSError, TimeoutError):
             logger.warning("gate revisions unreadable; polls go to Django", exc_info=True)
             await self.drop()
             return None
@@ -75,6 +79,12 @@ class Reader:
     async def _read(self, wanted: set[Scope]) -> dict[Scope, Committed]:
         if not wanted:
             return {}
+        if connections["default"].vendor != "postgresql":
+            # SQLite (the embedded runtime, `manage.py demo`): no server to hold a connection
+            # to; Django's own connection in a worker thread, closed after each round.
+            return await asyncio.get_running_loop().run_in_executor(
+                _sqlite_reader, _read_through_django, frozenset(wanted)
+            )
         if self.connection is None or self.connection.closed:
             self.connection = await psycopg.AsyncConnection.connect(
                 **connection_params(), autocommit=True
@@ -99,6 +109,19 @@ class Reader:
         if connection is not None:
             with contextlib.suppress(psycopg.Error, OSError):
                 await connection.close()
+
+
+#: One thread reads the embedded runtime's SQLite rounds (rounds never overlap within a loop).
+_sqlite_reader = concurrent.futures.ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="gate-revisions"
+)
+
+
+def _read_through_django(scopes: frozenset[Scope]) -> dict[Scope, Committed]:
+    try:
+        return committed_revisions(scopes)
+    finally:
+        connections.close_all()
 
 
 class Rounds:

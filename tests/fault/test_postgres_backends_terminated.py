@@ -51,8 +51,9 @@ from tests.integration.refresh.helpers import (
     plan,
     wait_for,
 )
+from tests.postgres import postgres_only
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
 
 UPDATE_ROUTE = "update_weights_from_disk"
 

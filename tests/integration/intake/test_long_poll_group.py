@@ -22,6 +22,7 @@ from controlplane.fleet.models import Source
 from controlplane.refresh import handshake
 from tests.fixtures.live_server import LIVE_SERVER_APPLICATION_NAME, asgi_server
 from tests.fixtures.long_poll import broadcast_done, first_answer, make_scene, timed_reads
+from tests.postgres import postgres_only
 
 PER_TOKEN = 8
 PER_PROCESS = 12
@@ -62,6 +63,7 @@ def server_connections_busy() -> int:
         connection.close()
 
 
+@postgres_only
 def test_waiting_polls_hold_no_connection_respect_the_caps_and_are_woken(server):
     scene = make_scene(tokens=2)
     params = {"wait": 20, "after": handshake.READY}

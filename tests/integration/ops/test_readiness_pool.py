@@ -12,6 +12,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from controlplane import health
 from controlplane.embedded.redis import free_port
+from tests.postgres import postgres_only
 
 pytestmark = pytest.mark.django_db
 
@@ -34,6 +35,7 @@ def check_in_a_request_thread() -> tuple[health.CheckResult, float]:
     return found[0]
 
 
+@postgres_only
 def test_a_pool_lent_out_to_requests_is_busy_not_unready(settings):
     settings.READINESS_TIMEOUT_SECONDS = 2.0
     pool = connection.pool

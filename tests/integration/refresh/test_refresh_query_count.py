@@ -33,6 +33,7 @@ from tests.integration.refresh.helpers import (
     plan,
     wait_for,
 )
+from tests.postgres import postgres_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,6 +61,7 @@ def refresh_queries(simfleet_factory, operator, workers: int) -> tuple[int, int]
     return len(queries.captured_queries), workers
 
 
+@postgres_only
 def test_refresh_queries_do_not_grow_with_the_fleet(simfleet_factory, operator, monkeypatch):
     monkeypatch.setattr(journal, "HEARTBEAT_SECONDS", 3600.0)
     small, _ = refresh_queries(simfleet_factory, operator, 100)

@@ -13,7 +13,7 @@ from controlplane.fleet import discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source
 from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
-from controlplane.refresh.models import Gate, PolicyRefresh
+from controlplane.refresh.models import Gate, PolicyRefresh, RefreshState
 from controlplane.simfleet import FleetConfig
 
 NAMESPACES = ("rl-a", "rl-b", "rl-c")
@@ -95,6 +95,15 @@ def force_reopen_each(refresh, user, reason="force-reopened namespace by namespa
     while gate := Gate.objects.filter(active_refresh=refresh).order_by("namespace").first():
         intents.force_reopen_gate(gate, actor=actor_for(user), reason=reason)
         execute_refresh(refresh.pk)
+        # With a Celery worker running, the reopen's own enqueued execution may be the one
+        # resuming the engines (this call then found the lease taken): wait for it to finish.
+        wait_for(
+            lambda: (
+                not PolicyRefresh.objects.filter(
+                    pk=refresh.pk, state=RefreshState.RELEASING
+                ).exists()
+            )
+        )
     refresh.refresh_from_db()
     return refresh
 

@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "controlplane.audit",
     "controlplane.notify",
     "controlplane.fleet",
+    "controlplane.analysis",
     "controlplane.refresh",
     "controlplane.intake",
     "controlplane.simfleet",

@@ -346,3 +346,49 @@ def step_areas(
         legend[line.label] = f"{line.cls}-key"
     ly = _legend(body, legend, axis_y + 8, width)
     return _svg(width, ly + 18, label, body, "chart-steps")
+
+
+def cohort_strips(
+    baseline: Sequence[float], canary: Sequence[float], *, label: str, width: int = 360
+) -> SafeString:
+    """Two cohorts' per-prompt values on one axis: a strip of dots each (baseline above,
+    canary below) with each cohort's median as a tick, and the axis' ends as numbers. The
+    shape of both distributions shows at a glance, which a table of medians hides."""
+    values = [*baseline, *canary]
+    height, pad, lane = 64, 8, 22
+    if not values:
+        return _svg(
+            width,
+            20,
+            label,
+            ['<text class="chart-axis" x="0" y="12">no data</text>'],
+            "chart-strips",
+        )
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+
+    def x(v: float) -> float:
+        return pad + (width - 2 * pad) * (v - low) / span
+
+    body = [
+        f'<text class="chart-axis" x="0" y="{height - 1}">{escape(f"{low:.4g}")}</text>',
+        f'<text class="chart-axis" x="{width}" y="{height - 1}" text-anchor="end">'
+        f"{escape(f"{high:.4g}")}</text>",
+    ]
+    for row, (name, series, cls) in enumerate(
+        (("baseline", baseline, series_class(0)), ("canary", canary, series_class(1)))
+    ):
+        y = 10 + row * lane
+        for v in series:
+            body.append(
+                f'<circle class="chart-dot {cls}" cx="{_num(x(v))}" cy="{y}" r="2.5">'
+                f"<title>{escape(name)}: {escape(f"{v:.4g}")}</title></circle>"
+            )
+        if series:
+            mid = sorted(series)[len(series) // 2]
+            body.append(
+                f'<line class="chart-median {cls}" x1="{_num(x(mid))}" x2="{_num(x(mid))}" '
+                f'y1="{y - 8}" y2="{y + 8}"><title>{escape(name)} median '
+                f"{escape(f"{mid:.4g}")}</title></line>"
+            )
+    return _svg(width, height, label, body, "chart-strips")

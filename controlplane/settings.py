@@ -425,6 +425,14 @@ CELERY_BEAT_SCHEDULE["policy-refresh-plan-expiry"] = {
     "options": {"expires": PLAN_EXPIRY_TICK_SECONDS * 0.9},
 }
 # A canary past its verdict deadline fails (refresh/intents/canary.py): checked this often.
+# The watch after a reopen (refresh/intents/watch.py): each tick looks at the refreshes in
+# their template's window and samples those whose interval came.
+ANALYSIS_WATCH_TICK_SECONDS = env_float("ANALYSIS_WATCH_TICK_SECONDS", 10.0)
+CELERY_BEAT_SCHEDULE["policy-refresh-watch-reopened"] = {
+    "task": "refresh.watch_reopened",
+    "schedule": timedelta(seconds=ANALYSIS_WATCH_TICK_SECONDS),
+    "options": {"expires": ANALYSIS_WATCH_TICK_SECONDS * 0.9},
+}
 CANARY_EXPIRY_TICK_SECONDS = env_float("CANARY_EXPIRY_TICK_SECONDS", 15.0)
 CELERY_BEAT_SCHEDULE["policy-refresh-canary-expiry"] = {
     "task": "refresh.expire_canary_reviews",

@@ -74,6 +74,10 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_CANARY_REVIEW = "policy_refresh.canary_review"
     POLICY_REFRESH_CANARY_PASSED = "policy_refresh.canary_passed"
     POLICY_REFRESH_CANARY_FAILED = "policy_refresh.canary_failed"
+    # a canary analysis started / concluded, and a breach the watch after a reopen found
+    POLICY_REFRESH_ANALYSIS_STARTED = "policy_refresh.analysis_started"
+    POLICY_REFRESH_ANALYSIS_DONE = "policy_refresh.analysis_done"
+    POLICY_REFRESH_ANALYSIS_BREACH = "policy_refresh.analysis_breach"
     # a trainer's verdict on a canary its strategy leaves to a person (or to no one)
     POLICY_REFRESH_CANARY_VERDICT_REFUSED = "policy_refresh.canary_verdict_refused"
     # rollback drills (refresh/drills): a subset to the previous policy and back

@@ -35,6 +35,7 @@ _TITLES = {
     Event.REFRESH_READY_FOR_APPLY: "Workers paused: apply the weights now, then report applied",
     Event.REFRESH_CANARY_REVIEW: "Canary verified: verdict wanted",
     Event.REFRESH_WAITING: "Policy refresh waiting to be continued",
+    Event.REFRESH_ANALYSIS_DONE: "Canary analysis done",
     Event.GATE_FORCE_REOPENED: "Gate force-reopened",
     Event.GATE_OPENED: "Gate opened",
     Event.GATE_CLOSED: "Gate closed",

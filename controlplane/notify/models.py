@@ -22,6 +22,9 @@ class NotificationEvent(models.TextChoices):
     # set); a staged refresh waits at a pause point until a person continues it.
     REFRESH_CANARY_REVIEW = "refresh.canary_review"
     REFRESH_WAITING = "refresh.waiting"
+    # A canary analysis concluded (canary phase), or the watch after a reopen found a breach
+    # (background phase): carries the outcome, the score and the report's link.
+    REFRESH_ANALYSIS_DONE = "refresh.analysis_done"
     GATE_FORCE_REOPENED = "gate.force_reopened"
     # A gate entered a state: one notification per source and change, listing its gates.
     GATE_OPENED = "gate.opened"

@@ -301,3 +301,80 @@ def _reconcile_gate(
             correlation_id=q.correlation_id,
         )
     return [q.pk for q in quarantines]
+
+
+#: A quarantine's kind when the watch after a reopen found the worker unhealthy (errors or
+#: latency beyond its template's limits: `intents/watch.py`), not a version or identity drift.
+UNHEALTHY = "unhealthy"
+
+
+@transaction.atomic
+def quarantine_unhealthy(
+    source: Source, namespace: str, found: list[tuple[Worker, str]], *, actor: Actor
+) -> list[int]:
+    """Quarantine admitted workers the watch after a reopen found unhealthy: each leaves the
+    admitted set (a ledger fact), is paused and caught up like a drifted worker; its catch-up's
+    verify decides whether it comes back. Workers another owner holds (an open quarantine, a
+    refresh, a drill) are left alone. Returns the quarantines opened (the caller sends their
+    catch-ups after commit)."""
+    gate = gates.locked_gate(gates.gate_for(source, namespace).pk)
+    if (
+        gate is None
+        or gate.state not in ADMITTING_STATES
+        or gate.active_refresh_id is not None
+        or ScopeLock.objects.filter(source=source, namespace=namespace).exists()
+    ):
+        return []
+    lockorder.domain_lock("quarantines")
+    owned = set(
+        Quarantine.objects.filter(
+            source=source, namespace=namespace, state__in=OPEN_QUARANTINE_STATES
+        ).values_list("instance_id", flat=True)
+    ) | drilled_instances(source, namespace)
+    fresh = [(w, why) for w, why in found if w.instance_id not in owned]
+    if not fresh:
+        return []
+    quarantines = [
+        Quarantine.objects.create(
+            source=source,
+            namespace=namespace,
+            instance_id=w.instance_id,
+            key=w.key,
+            worker=w,
+            kind=UNHEALTHY,
+            detail=why,
+            target=gate.verified_policy,
+            reason="pause queued",
+        )
+        for w, why in fresh
+    ]
+    entries: list[gates.DriftEntry] = [
+        {
+            "key": q.key,
+            "instance_id": q.instance_id,
+            "kind": UNHEALTHY,
+            "detail": q.detail,
+            "state": QuarantineState.QUARANTINED.value,
+            "quarantine_id": q.pk,
+        }
+        for q in quarantines
+    ]
+    facts: dict[tuple[str, str], ledger.Change] = {
+        (namespace, w.instance_id): ledger.reported(
+            _declared(w), key=w.key, serving=Serving.QUARANTINED
+        )
+        for w, _why in fresh
+    }
+    gates.record_drift(
+        gate, actor=actor, facts=facts, drift=[*gate.drift, *entries], new=entries
+    )
+    for q in quarantines:
+        record(
+            AuditAction.QUARANTINE_STARTED,
+            actor=actor,
+            target=q,
+            details={"key": q.key, "kind": q.kind, "detail": q.detail, "namespace": q.namespace},
+            correlation_id=q.correlation_id,
+        )
+        notify(NotificationEvent.DRIFT_QUARANTINED, quarantine=q)
+    return [q.pk for q in quarantines]

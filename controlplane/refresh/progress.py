@@ -20,6 +20,28 @@ from controlplane.textlimits import REASON_CHARS
 CANARY_AWAITING = "awaiting"
 CANARY_PASSED = "passed"
 CANARY_FAILED = "failed"
+#: The canary's statistical analysis runs (`strategy.canary.analysis`); no verdict is taken yet.
+CANARY_ANALYSING = "analysing"
+
+#: A canary analysis's outcomes (`analysis.judge`): pass, marginal, inconclusive, fail.
+ANALYSIS_PASS = "pass"
+ANALYSIS_MARGINAL = "marginal"
+ANALYSIS_INCONCLUSIVE = "inconclusive"
+ANALYSIS_FAIL = "fail"
+
+
+class CanaryAnalysisSummary(TypedDict, total=False):
+    """What the canary's analysis concluded, as the page and the API show it; the full report
+    is the `CanaryAnalysis` row it names."""
+
+    #: The `CanaryAnalysis` row.
+    run_id: int
+    template: str
+    template_version: int
+    #: pass, marginal, inconclusive or fail (empty while it runs).
+    outcome: str
+    score: float | None
+    summary: str
 
 
 class CanaryReview(TypedDict, total=False):
@@ -39,6 +61,11 @@ class CanaryReview(TypedDict, total=False):
     by: str
     at: str
     reason: str
+    #: The statistical analysis of the canary, when the strategy asks for one.
+    analysis: CanaryAnalysisSummary
+    #: The analysis was marginal or inconclusive: a person decides (approve or reject),
+    #: whatever `evaluation` says.
+    needs_person: bool
 
 
 #: An external update's apply states (`ExternalApply.state`).
@@ -179,6 +206,17 @@ def with_canary_verdict(
             state=outcome,
         )
     )
+    return with_canary(progress, canary)
+
+
+def with_canary_analysis(
+    refresh, summary: CanaryAnalysisSummary, *, state: str, needs_person: bool = False
+) -> Progress:
+    """The canary's analysis, started (`state` analysing) or concluded (`state` awaiting a
+    verdict; `needs_person` when a person must decide)."""
+    progress = progress_of(refresh)
+    canary = canary_of(refresh) or CanaryReview()
+    canary.update(CanaryReview(state=state, analysis=summary, needs_person=needs_person))
     return with_canary(progress, canary)
 
 

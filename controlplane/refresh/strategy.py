@@ -13,7 +13,9 @@ plan time (`assign_waves`) is pure: it numbers each planned worker's wave from 1
   the rest (`canary.evaluation`: `none` = the fingerprint and generation checks alone; `manual`
   = a person approves or rejects; `trainer` = the trainer answers through
   `refresh.canary.record_canary_verdict`), then the rest in waves of `max_unavailable` (all at
-  once when it is not given).
+  once when it is not given). `canary.analysis` names the source's analysis template: the
+  canary is first compared with the workers still on the old policy and judged statistically
+  (pass: on to `evaluation`; marginal: a person decides; fail: rolled back).
 
 `max_failed` is the failure budget (any strategy): how many workers may fail update or
 verification, or leave or join, before the refresh holds. `pause_after` lists the waves after
@@ -51,7 +53,9 @@ _KEYS = {
     "pause_after",
     "canary",
 }
-_CANARY_KEYS = {"size", "instances", "evaluation", "timeout_seconds"}
+_CANARY_KEYS = {"size", "instances", "evaluation", "timeout_seconds", "analysis"}
+#: An analysis template's name: a slug, as `analysis.models.AnalysisTemplate.name` stores it.
+_TEMPLATE_NAME_CHARS = 64
 
 
 class CanaryJson(TypedDict, total=False):
@@ -62,6 +66,9 @@ class CanaryJson(TypedDict, total=False):
     timeout_seconds: Required[int]
     size: int | str
     instances: list[str]
+    #: The source's analysis template (by name) that judges the canary statistically before
+    #: `evaluation` is asked (docs/concepts/canary-analysis.md).
+    analysis: str
 
 
 class StrategyJson(TypedDict, total=False):
@@ -128,9 +135,13 @@ class Canary:
     instances: tuple[str, ...] = ()
     evaluation: str = EVAL_NONE
     timeout_seconds: int = DEFAULT_VERDICT_TIMEOUT_SECONDS
+    #: The analysis template that judges the canary first (None: no automated analysis).
+    analysis: str | None = None
 
     def to_dict(self) -> CanaryJson:
         out = CanaryJson(evaluation=self.evaluation, timeout_seconds=self.timeout_seconds)
+        if self.analysis:
+            out["analysis"] = self.analysis
         if self.instances:
             out["instances"] = list(self.instances)
         else:
@@ -188,6 +199,8 @@ class Strategy:
                 EVAL_MANUAL: f"approved by a person within {self.canary.timeout_seconds} s",
                 EVAL_TRAINER: f"judged by the trainer within {self.canary.timeout_seconds} s",
             }[self.canary.evaluation]
+            if self.canary.analysis:
+                judge = f"analysed with template {self.canary.analysis!r}, then {judge}"
             text = f"canary of {who} {judge}, {rest}"
         if self.staged:
             text += (
@@ -252,7 +265,29 @@ def _parse_canary(raw: Any) -> Canary:
         raise ValidationError(
             f"canary.timeout_seconds: must be between 1 and {MAX_VERDICT_TIMEOUT_SECONDS}"
         )
-    return Canary(size=size, instances=instances, evaluation=evaluation, timeout_seconds=timeout)
+    return Canary(
+        size=size,
+        instances=instances,
+        evaluation=evaluation,
+        timeout_seconds=timeout,
+        analysis=_parse_template_name(raw.get("analysis")),
+    )
+
+
+def _parse_template_name(raw: Any) -> str | None:
+    """`canary.analysis`: a template name (a slug); empty means no analysis."""
+    if raw in (None, ""):
+        return None
+    text = raw.strip() if isinstance(raw, str) else ""
+    if (
+        not text
+        or len(text) > _TEMPLATE_NAME_CHARS
+        or not all(c.isalnum() or c in "-_" for c in text)
+    ):
+        raise ValidationError(
+            "canary.analysis: expected an analysis template's name (letters, digits, - and _)"
+        )
+    return text
 
 
 def parse_strategy(raw: Mapping[str, Any] | None) -> Strategy:

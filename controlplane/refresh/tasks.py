@@ -12,7 +12,7 @@ from controlplane.refresh.drills import runner, schedule
 from controlplane.refresh.drills.runner import RUN_DRILL_TASK
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.executor.tracing import quarantine_trace
-from controlplane.refresh.intents import canary, expiry, external
+from controlplane.refresh.intents import analysis, canary, expiry, external, watch
 from controlplane.refresh.intents.base import EXECUTE_TASK
 from controlplane.refresh.quarantine import CATCH_UP_TASK
 from controlplane.refresh.reconcile import reconcile_policy_refreshes as reconcile
@@ -68,7 +68,19 @@ def expire_stale_plans() -> list[int]:
 
 @shared_task(name="refresh.expire_canary_reviews", ignore_result=True)
 def expire_canary_reviews() -> list[int]:
+    # The same tick sends again a canary analysis whose task was lost (analysis.py).
+    analysis.requeue_stalled_analyses()
     return canary.expire_canary_reviews()
+
+
+@shared_task(name="refresh.watch_reopened", ignore_result=True)
+def watch_reopened() -> dict[int, str]:
+    return watch.watch_reopened()
+
+
+@shared_task(name="refresh.analyse_canary", ignore_result=True)
+def analyse_canary(refresh_id: int) -> str:
+    return analysis.run_canary_analysis(refresh_id)
 
 
 @shared_task(name="refresh.expire_apply_waits", ignore_result=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from controlplane import jobs
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
 from controlplane.notify.emit import notify
@@ -30,8 +31,10 @@ from controlplane.refresh.models import (
     state_change,
 )
 from controlplane.refresh.progress import (
+    CANARY_ANALYSING,
     CANARY_AWAITING,
     CANARY_PASSED,
+    CanaryAnalysisSummary,
     CanaryReview,
     Progress,
     canary_of,
@@ -43,6 +46,10 @@ from controlplane.refresh.progress import (
 )
 from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import CANARY, EVAL_NONE, Strategy, stored, wave_label
+
+
+#: The Celery task that runs a canary's analysis (`refresh.tasks`; sent by name).
+ANALYSE_CANARY_TASK = "refresh.analyse_canary"
 
 
 def is_staged(refresh: PolicyRefresh) -> bool:
@@ -124,6 +131,28 @@ def next_move(refresh: PolicyRefresh) -> tuple[str, dict[str, Any], str]:
     label = wave_label(strategy, wave)
     if strategy.kind == CANARY and wave == 1:
         assert strategy.canary is not None
+        if strategy.canary.analysis:
+            # The analysis judges first (a Celery task, `intents/analysis.py`); its outcome
+            # then asks for `evaluation`'s verdict, a person's, or rolls the canary back. The
+            # deadline covers the analysis too: a lost analysis fails the canary, never
+            # leaves it waiting forever.
+            deadline = timezone.now() + timedelta(seconds=strategy.canary.timeout_seconds)
+            with_canary(
+                progress,
+                CanaryReview(
+                    state=CANARY_ANALYSING,
+                    evaluation=strategy.canary.evaluation,
+                    deadline=deadline.isoformat(),
+                    instances=by_namespace(verified_in_wave(refresh)),
+                    analysis=CanaryAnalysisSummary(template=strategy.canary.analysis),
+                ),
+            )
+            return (
+                RefreshState.CANARY_REVIEW,
+                {"progress": progress},
+                f"canary verified; analysing it against the baseline with template "
+                f"{strategy.canary.analysis!r} until {deadline.isoformat()}",
+            )
         if strategy.canary.evaluation != EVAL_NONE:
             deadline = timezone.now() + timedelta(seconds=strategy.canary.timeout_seconds)
             with_canary(
@@ -205,6 +234,7 @@ def finish_wave(lease, refresh: PolicyRefresh, actor) -> str:
         },
         correlation_id=refresh.correlation_id,
     )
+    analysing = awaiting and (canary_of(refresh) or {}).get("state") == CANARY_ANALYSING
     if awaiting:
         record(
             AuditAction.POLICY_REFRESH_CANARY_REVIEW,
@@ -213,6 +243,10 @@ def finish_wave(lease, refresh: PolicyRefresh, actor) -> str:
             details={"canary": canary_of(refresh)},
             correlation_id=refresh.correlation_id,
         )
+    if analysing:
+        # The verdict is asked for (notified) once the analysis concluded.
+        jobs.enqueue(ANALYSE_CANARY_TASK, refresh.pk)
+    elif awaiting:
         notify("refresh.canary_review", refresh=refresh, reason=what)
     elif state == RefreshState.WAITING:
         record(

@@ -46,6 +46,7 @@ from controlplane.refresh.intents.base import audit_refresh, locked_refresh
 from controlplane.refresh.live import publish_state_on_commit
 from controlplane.refresh.models import PolicyRefresh, RefreshState
 from controlplane.refresh.progress import (
+    CANARY_ANALYSING,
     CANARY_AWAITING,
     CANARY_FAILED,
     CANARY_PASSED,
@@ -151,7 +152,7 @@ def _record(
         if not refused:
             if not _needs_deciding(refresh, passed=passed, weight_version=weight_version):
                 return refresh  # the same answer again (a retried webhook): nothing to do
-            _decide(refresh, passed=passed, metrics=metrics, actor=actor, reason=reason)
+            decide_locked(refresh, passed=passed, metrics=metrics, actor=actor, reason=reason)
             if enqueue:
                 base.enqueue_execution(refresh.pk)
     # Audited after the refusal's own transaction ended, so raising does not roll it back.
@@ -179,6 +180,11 @@ def _needs_deciding(refresh: PolicyRefresh, *, passed: bool, weight_version: Any
         )
     if canary.get("verdict") == (CANARY_PASSED if passed else CANARY_FAILED):
         return False
+    if canary.get("state") == CANARY_ANALYSING:
+        raise InvalidTransition(
+            f"policy refresh #{refresh.pk}'s canary is still being analysed; a verdict is "
+            "taken once the analysis has concluded"
+        )
     if refresh.state != RefreshState.CANARY_REVIEW or canary.get("state") != CANARY_AWAITING:
         raise wrong_state(
             refresh,
@@ -190,13 +196,18 @@ def _needs_deciding(refresh: PolicyRefresh, *, passed: bool, weight_version: Any
 def _why_not_the_trainers(refresh: PolicyRefresh) -> str:
     """Empty when the refresh's canary takes a trainer's verdict, else why it does not."""
     strategy = stored(refresh)
+    if (canary_of(refresh) or {}).get("needs_person"):
+        return (
+            f"policy refresh #{refresh.pk}'s canary analysis was not a clear pass: a person "
+            "decides with the report in front of them; a trainer's verdict is refused"
+        )
     if strategy.canary is None or strategy.canary.evaluation == EVAL_TRAINER:
         return ""  # no canary at all: the state check says nothing waits for a verdict
     why = _NOT_THE_TRAINERS.get(strategy.canary.evaluation, "is not judged by the trainer")
     return f"policy refresh #{refresh.pk}'s canary {why}; a trainer's verdict is refused"
 
 
-def _decide(
+def decide_locked(
     refresh: PolicyRefresh, *, passed: bool, metrics: dict, actor: Actor, reason: str
 ) -> None:
     """Move a locked refresh out of `canary_review` (the caller holds its row)."""
@@ -250,6 +261,8 @@ def _by_person(refresh: PolicyRefresh, *, passed: bool, actor: Actor, reason: st
 
 def _require_manual(refresh: PolicyRefresh) -> None:
     strategy = stored(refresh)
+    if (canary_of(refresh) or {}).get("needs_person"):
+        return  # a marginal or inconclusive analysis: a person decides, whatever `evaluation`
     if strategy.canary is None or strategy.canary.evaluation != EVAL_MANUAL:
         raise InvalidTransition(
             f"policy refresh #{refresh.pk} has no canary awaiting a person's approval"
@@ -274,7 +287,7 @@ def expire_canary_reviews(now: datetime | None = None) -> list[int]:
             locked = locked_refresh(refresh)
             if locked.state != RefreshState.CANARY_REVIEW:
                 continue  # a verdict came meanwhile
-            _decide(
+            decide_locked(
                 locked,
                 passed=False,
                 metrics={},

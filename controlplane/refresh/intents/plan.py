@@ -34,6 +34,7 @@ from controlplane.refresh.models import (
     PlannedWorker,
     PolicyRefresh,
 )
+from controlplane.refresh.planning.analysis import analysis_blockers
 from controlplane.refresh.planning import (
     Scope,
     ScopeRequest,
@@ -236,6 +237,13 @@ def plan_policy_refresh(
     blockers += scope.blockers
     policy = source_policy(source)
     blockers += plan_level_blockers(source, verification=request.verification, policy=policy)
+    blockers += analysis_blockers(
+        source,
+        request.strategy,
+        scope.selected,
+        scope.wave_of,
+        request.target["weight_version"],
+    )
     group = group_plan(request.target, scope.selected)
     blockers += group.pop("blockers", [])
     plans = _worker_plans(request, scope, group, policy)

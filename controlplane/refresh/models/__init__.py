@@ -6,6 +6,11 @@ them and the rest of the project (and audit rows, which name models by label) ke
 to take them from.
 """
 
+from controlplane.refresh.models.analysis import (
+    AnalysisPhase,
+    AnalysisRunState,
+    CanaryAnalysis,
+)
 from controlplane.refresh.models.drill import (
     DrillOutcome,
     DrillPhase,
@@ -46,6 +51,9 @@ from controlplane.refresh.models.refresh import (
 )
 
 __all__ = [
+    "AnalysisPhase",
+    "AnalysisRunState",
+    "CanaryAnalysis",
     "ACTIVE_STATES",
     "ADMITTING_STATES",
     "EXECUTING_STATES",

@@ -373,7 +373,7 @@ def cohort_strips(
     body = [
         f'<text class="chart-axis" x="0" y="{height - 1}">{escape(f"{low:.4g}")}</text>',
         f'<text class="chart-axis" x="{width}" y="{height - 1}" text-anchor="end">'
-        f"{escape(f"{high:.4g}")}</text>",
+        f"{escape(f'{high:.4g}')}</text>",
     ]
     for row, (name, series, cls) in enumerate(
         (("baseline", baseline, series_class(0)), ("canary", canary, series_class(1)))
@@ -382,13 +382,13 @@ def cohort_strips(
         for v in series:
             body.append(
                 f'<circle class="chart-dot {cls}" cx="{_num(x(v))}" cy="{y}" r="2.5">'
-                f"<title>{escape(name)}: {escape(f"{v:.4g}")}</title></circle>"
+                f"<title>{escape(name)}: {escape(f'{v:.4g}')}</title></circle>"
             )
         if series:
             mid = sorted(series)[len(series) // 2]
             body.append(
                 f'<line class="chart-median {cls}" x1="{_num(x(mid))}" x2="{_num(x(mid))}" '
                 f'y1="{y - 8}" y2="{y + 8}"><title>{escape(name)} median '
-                f"{escape(f"{mid:.4g}")}</title></line>"
+                f"{escape(f'{mid:.4g}')}</title></line>"
             )
     return _svg(width, height, label, body, "chart-strips")

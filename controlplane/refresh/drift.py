@@ -365,9 +365,7 @@ def quarantine_unhealthy(
         )
         for w, _why in fresh
     }
-    gates.record_drift(
-        gate, actor=actor, facts=facts, drift=[*gate.drift, *entries], new=entries
-    )
+    gates.record_drift(gate, actor=actor, facts=facts, drift=[*gate.drift, *entries], new=entries)
     for q in quarantines:
         record(
             AuditAction.QUARANTINE_STARTED,

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from controlplane.refresh import views
+from controlplane.refresh import analysis_views, views
 from controlplane.refresh.drills import views as drill_views
 
 app_name = "refresh"
@@ -17,6 +17,7 @@ urlpatterns = [
     path("drills/<int:pk>/", drill_views.drill_detail, name="drill"),
     path("drills/sources/<int:pk>/start/", drill_views.drill_start, name="drill_start"),
     path("<int:pk>/", views.detail, name="detail"),
+    path("<int:pk>/analysis/", analysis_views.analysis_report, name="analysis"),
     path("<int:pk>/actions/", views.refresh_actions, name="actions"),
     path("<int:pk>/worker-timeline/", views.worker_timeline, name="worker_timeline"),
     path("<int:pk>/start/", views.start, name="start"),

@@ -47,7 +47,6 @@ from controlplane.refresh.progress import (
 from controlplane.refresh.step_order import StepName
 from controlplane.refresh.strategy import CANARY, EVAL_NONE, Strategy, stored, wave_label
 
-
 #: The Celery task that runs a canary's analysis (`refresh.tasks`; sent by name).
 ANALYSE_CANARY_TASK = "refresh.analyse_canary"
 

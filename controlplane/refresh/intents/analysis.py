@@ -47,7 +47,7 @@ from controlplane.dynamo.http import make_client
 from controlplane.dynamo.observation import Observation
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.dynamo.scoring import observe
-from controlplane.fleet.models import Worker, WorkerState
+from controlplane.fleet.models import WorkerState
 from controlplane.notify.emit import notify
 from controlplane.refresh.departed import departed_ids, left_out_ids
 from controlplane.refresh.executor.runner import call_settings
@@ -163,9 +163,7 @@ def run_canary_analysis(refresh_id: int) -> str:
 
 def _analysing(refresh: PolicyRefresh) -> bool:
     canary = canary_of(refresh) or {}
-    return (
-        refresh.state == RefreshState.CANARY_REVIEW and canary.get("state") == CANARY_ANALYSING
-    )
+    return refresh.state == RefreshState.CANARY_REVIEW and canary.get("state") == CANARY_ANALYSING
 
 
 def _begin(refresh: PolicyRefresh, template) -> CanaryAnalysis | bool:
@@ -384,11 +382,11 @@ def requeue_stalled_analyses(now=None) -> list[int]:
         if not _analysing(refresh):
             continue
         run_id = ((canary_of(refresh) or {}).get("analysis") or {}).get("run_id")
-        if run_id and CanaryAnalysis.objects.filter(
-            pk=run_id, state=AnalysisRunState.RUNNING
-        ).exists():
+        if (
+            run_id
+            and CanaryAnalysis.objects.filter(pk=run_id, state=AnalysisRunState.RUNNING).exists()
+        ):
             continue
         jobs.send(ANALYSE_CANARY_TASK, refresh.pk)
         sent.append(refresh.pk)
     return sent
-

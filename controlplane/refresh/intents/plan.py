@@ -34,7 +34,6 @@ from controlplane.refresh.models import (
     PlannedWorker,
     PolicyRefresh,
 )
-from controlplane.refresh.planning.analysis import analysis_blockers
 from controlplane.refresh.planning import (
     Scope,
     ScopeRequest,
@@ -50,6 +49,7 @@ from controlplane.refresh.planning import (
     select_scope,
     source_policy,
 )
+from controlplane.refresh.planning.analysis import analysis_blockers
 from controlplane.refresh.planning.scope import membership_of
 from controlplane.refresh.planning.verification import Verification
 from controlplane.refresh.strategy import Strategy, instance_list, parse_strategy

@@ -29,7 +29,6 @@ import logging
 import statistics
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -307,6 +306,8 @@ def _roll_back(refresh: PolicyRefresh, named: str) -> str:
     else:
         with transaction.atomic():
             start_policy_refresh(new, actor=WATCH)
-        what = f"fleet-wide breach after reopen ({named}); rolling back with policy refresh #{new.pk}"
+        what = (
+            f"fleet-wide breach after reopen ({named}); rolling back with policy refresh #{new.pk}"
+        )
     notify("refresh.analysis_done", refresh=refresh, reason=what)
     return what

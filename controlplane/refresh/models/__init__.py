@@ -51,9 +51,6 @@ from controlplane.refresh.models.refresh import (
 )
 
 __all__ = [
-    "AnalysisPhase",
-    "AnalysisRunState",
-    "CanaryAnalysis",
     "ACTIVE_STATES",
     "ADMITTING_STATES",
     "EXECUTING_STATES",
@@ -64,6 +61,9 @@ __all__ = [
     "VERIFIED_EVIDENCE",
     "WAITING_STATES",
     "Admission",
+    "AnalysisPhase",
+    "AnalysisRunState",
+    "CanaryAnalysis",
     "Closure",
     "DrillOutcome",
     "DrillPhase",

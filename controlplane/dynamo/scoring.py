@@ -394,7 +394,8 @@ async def _teacher_force(
         raise ReplyProblem("teacher-forcing reply too large")
     body = decode_body(reply.raw)
     if reply.status != 200:
-        raise ReplyProblem(f"teacher forcing: {http_problem(reply.status, body, request.instance_id)}")
+        why = http_problem(reply.status, body, request.instance_id)
+        raise ReplyProblem(f"teacher forcing: {why}")
     values, problem = continuation_logprobs(body, request)
     if problem:
         raise ReplyProblem(problem)

@@ -175,6 +175,15 @@ def http_problem(status: int, body: Any, instance_id: int) -> str:
     return one_line(f"HTTP {status}: {message}")
 
 
+def _error_text(body: dict[str, Any]) -> str:
+    """An error object's message: Dynamo's `{"message": ...}` or OpenAI's nested
+    `{"error": {"message": ...}}`."""
+    error = body.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return one_line(error["message"], 300)
+    return body_message(body) or one_line(repr(error), 200)
+
+
 def _logprob(value: object) -> float | None:
     """A log probability, or None where the engine gave none. serde_json writes a NaN as
     null, so null is also how a broken engine's NaN arrives."""
@@ -192,7 +201,7 @@ def read_event(event: Any, into: Generated, max_tokens: int) -> None:
     if not isinstance(event, dict):
         raise ReplyProblem("a stream event is not a JSON object")
     if "error" in event:
-        raise ReplyProblem(f"stream error: {body_message(event) or one_line(event['error'], 200)}")
+        raise ReplyProblem(f"stream error: {_error_text(event)}")
     choices = event.get("choices")
     if not isinstance(choices, list) or len(choices) > 1:
         raise ReplyProblem("a stream event lacks a single-choice `choices` list")
@@ -308,7 +317,7 @@ def continuation_logprobs(
     if not isinstance(body, dict):
         return None, "teacher-forcing reply is not a JSON object"
     if "error" in body:
-        return None, one_line(f"teacher-forcing reply carries an error: {body_message(body)}")
+        return None, one_line(f"teacher-forcing reply carries an error: {_error_text(body)}")
     nvext = body.get("nvext")
     if nvext is not None and not isinstance(nvext, dict):
         return None, "teacher-forcing reply's nvext is not an object"

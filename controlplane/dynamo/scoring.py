@@ -44,6 +44,8 @@ TEACHER_EXTRA_FIELDS = ("prompt_logprobs", "worker_id")
 #: A streamed reply has one event per token plus the finish, usage and `[DONE]`; more than this
 #: many events beyond `max_tokens` is a reply we do not understand.
 EXTRA_EVENTS = 8
+#: One token's event is a few hundred bytes; the final one may carry prompt logprobs.
+MAX_EVENT_BYTES = 1024 * 1024
 #: Bounds on what we send: a prompt set is uploaded by people (analysis templates).
 MAX_PROMPT_TOKENS = 65536
 MAX_GENERATED_TOKENS = 4096
@@ -170,8 +172,12 @@ class Generated:
 def http_problem(status: int, body: Any, instance_id: int) -> str:
     message = body_message(body) or (one_line(body, 200) if body else "no body")
     if status == 400 and message == "Invalid request":
-        # What 1.6.1 answers for a pinned id it cannot route to (gone, or a rejected card).
-        return f"HTTP 400: Invalid request (is instance {instance_id} still routable?)"
+        # 1.6.1 says only this for a pinned id it cannot route to (the worker left, or its
+        # model card was rejected) and for a token id outside the vocabulary.
+        return (
+            f"HTTP 400: Invalid request (backend_instance_id {instance_id} not routable, "
+            f"or a token id outside the vocabulary)"
+        )
     return one_line(f"HTTP {status}: {message}")
 
 
@@ -258,8 +264,12 @@ class EventStream:
     def feed(self, chunk: bytes) -> None:
         if self.problem is not None:
             return
-        self._pending += chunk.replace(b"\r\n", b"\n")
+        # Normalized on the joined bytes, so a CRLF split across two chunks is still seen.
+        self._pending = (self._pending + chunk).replace(b"\r\n", b"\n")
         *events, self._pending = self._pending.split(b"\n\n")
+        if len(self._pending) > MAX_EVENT_BYTES:
+            self.problem = f"a stream event is over {MAX_EVENT_BYTES} bytes"
+            return
         for raw in events:
             try:
                 self._event(raw)

@@ -39,14 +39,12 @@ def captured_body(name: str = "tf_full") -> dict[str, Any]:
     return copy.deepcopy(CAPTURED[name]["body"])
 
 
-def frontend(server, *, sse: bytes | None = None, teacher: Any = None, status: int = 200):
+def frontend(server, *, sse: bytes | None = None, teacher: Any = None):
     """Serve /v1/completions: a streamed request gets `sse`, a unary one `teacher`."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if body.get("stream"):
-            if status != 200:
-                return web.json_response(teacher, status=status)
             response = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await response.prepare(request)
             await response.write(sse if sse is not None else captured_sse())
@@ -203,17 +201,27 @@ async def test_time_to_first_token_is_measured_when_the_first_event_lands(
     assert seen.total_ms - seen.ttft_ms >= 290
 
 
-def test_events_split_anywhere_read_the_same():
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
+def test_events_split_anywhere_read_the_same(newline):
+    text = captured_sse().replace(b"\n", newline)
     whole = EventStream(6)
-    whole.feed(captured_sse())
+    whole.feed(text)
     whole.finish()
     bytewise = EventStream(6)
-    for i in range(len(captured_sse())):
-        bytewise.feed(captured_sse()[i : i + 1])
+    for i in range(len(text)):
+        bytewise.feed(text[i : i + 1])
     bytewise.finish()
     assert whole.problem is None and bytewise.problem is None
     assert whole.generated == bytewise.generated
     assert whole.generated.completion_ids == GENERATED and whole.generated.done
+
+
+def test_an_endless_event_is_given_up():
+    stream = EventStream(6)
+    for _ in range(70):
+        stream.feed(b"data: " + b"x" * 16384)
+    assert stream.problem == "a stream event is over 1048576 bytes"
+    assert len(stream._pending) <= 1024 * 1024 + 16384 + 6
 
 
 def test_streamed_teacher_forcing_capture_keeps_prompt_logprobs_on_the_final_event():
@@ -226,14 +234,17 @@ def test_streamed_teacher_forcing_capture_keeps_prompt_logprobs_on_the_final_eve
 
 
 async def test_an_unroutable_pinned_instance_is_an_error(server, client, loopback_policy):
-    frontend(server, teacher=CAPTURED["err_unknown_instance_stream"]["sse"], status=400)
-
     async def refuse(request: web.Request) -> web.StreamResponse:
-        return web.json_response(CAPTURED["err_unknown_instance"]["body"], status=400)
+        # 1.6.1 refuses an unroutable pin before streaming: plain JSON, not an event.
+        refused = CAPTURED["err_unknown_instance_stream"]["sse"]
+        return web.Response(text=refused, status=400, content_type="application/json")
 
     server.route("/v1/completions", refuse)
     seen = await run(server, client, loopback_policy)
-    assert seen.error is not None and "HTTP 400" in seen.error and str(PINNED) in seen.error
+    assert seen.error == (
+        f"HTTP 400: Invalid request (backend_instance_id {PINNED} not routable, "
+        f"or a token id outside the vocabulary)"
+    )
     assert seen.completion_ids == () and seen.continuation_logprobs is None
 
 

@@ -26,7 +26,7 @@ import asyncio
 import functools
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
@@ -179,6 +179,7 @@ class DynamoClient:
         error_limit: int | None = None,
         accept: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
+        on_chunk: Callable[[bytes], None] | None = None,
     ) -> Reply:
         """One request; redirects not followed; body read up to `limit` bytes.
 
@@ -188,6 +189,8 @@ class DynamoClient:
         payload's size. `timeout` (default: the client's) bounds the whole exchange.
         `extra_headers` replaces the trace-join headers of the current work
         (`trace_join.call_headers`), which every other call carries.
+        `on_chunk` is called with each piece of the body as it arrives (a streamed reply's
+        time to first token is measured there); the body is still returned whole.
         Raises `TransportError` subclasses only.
         """
         session = self._session
@@ -216,7 +219,7 @@ class DynamoClient:
                     timeout=_NO_AIOHTTP_TIMERS,
                 ) as response:
                     cap = limit if error_limit is None or response.status == 200 else error_limit
-                    raw = await _read_capped(response, cap)
+                    raw = await _read_capped(response, cap, on_chunk)
                     return Reply(response.status, response.headers, raw)
         except TimeoutError:  # our deadline (aiohttp's own timers are off)
             raise CallTimeout(f"timed out after {deadline:g}s") from None
@@ -229,7 +232,11 @@ def make_client(*, timeout: float, max_connections: int = 100) -> DynamoClient:
     return DynamoClient(timeout=timeout, max_connections=max_connections)
 
 
-async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+async def _read_capped(
+    response: aiohttp.ClientResponse,
+    limit: int,
+    on_chunk: Callable[[bytes], None] | None = None,
+) -> bytes | None:
     """The decoded body, or None as soon as it is known to exceed `limit` bytes."""
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit():
@@ -237,13 +244,16 @@ async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | 
             return None
         # aiohttp stops at the declared length, so this read is bounded; a compressed body is
         # read in chunks below, since its decoded size is what the cap is about.
-        if not response.headers.get("content-encoding"):
+        if not response.headers.get("content-encoding") and on_chunk is None:
             return await response.read()
     chunks: list[bytes] = []
     size = 0
+    # Each read returns as soon as some bytes arrived, so a streamed event is seen when it lands.
     async for chunk in response.content.iter_chunked(_READ_CHUNK):
         size += len(chunk)
         if size > limit:
             return None
+        if on_chunk is not None:
+            on_chunk(chunk)
         chunks.append(chunk)
     return b"".join(chunks)

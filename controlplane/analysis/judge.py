@@ -279,12 +279,10 @@ def _outcome(
     critical = [v for v in failed if v["critical"]]
     if critical:
         first = critical[0]
-        return FAIL, (
-            f"Failed: {_names(critical)} {'is' if len(critical) == 1 else 'are'} critical and "
-            "moved the bad way on the canary "
-            f"({first['name']}: median {_fmt(first['median_baseline'])} -> "
-            f"{_fmt(first['median_canary'])}, {first['reason']})."
-        )
+        moved = f"{first['name']} {_moved(first)} on the canary ({_failure_detail(first)})"
+        if len(critical) == 1:
+            return FAIL, f"Failed: critical metric {moved}."
+        return FAIL, (f"Failed: critical metrics {_names(critical)} moved the bad way; {moved}.")
     missing = [v for v in verdicts if v["verdict"] == NODATA and v["must_have_data"]]
     if missing:
         return INCONCLUSIVE, (
@@ -327,6 +325,18 @@ def _rounded(v: MetricVerdict) -> MetricVerdict:
     out["p_value"] = report_float(v["p_value"])
     out["effect"] = report_float(v["effect"])
     return out
+
+
+def _moved(v: MetricVerdict) -> str:
+    return "rose" if (v["effect"] or 0.0) > 0 else "fell"
+
+
+def _failure_detail(v: MetricVerdict) -> str:
+    return (
+        f"median {_fmt(v['median_baseline'])} -> {_fmt(v['median_canary'])}, shift "
+        f"{_signed(v['effect'] or 0.0)} beyond the allowed {_fmt(v['allowed_effect'])}, "
+        f"p={_fmt(v['p_value'])}"
+    )
 
 
 def _names(verdicts: list[MetricVerdict]) -> str:

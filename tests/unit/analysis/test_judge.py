@@ -168,13 +168,21 @@ def test_a_critical_failure_fails_even_with_a_high_score():
     report = _run(rules, data)
     assert report["score"] == 99.0
     assert report["outcome"] == FAIL
-    assert report["summary"].startswith("Failed: error is critical and moved the bad way")
+    assert report["summary"].startswith(
+        "Failed: critical metric error rose on the canary (median 0 -> 1, shift +1 beyond the "
+        "allowed 0.5, p="
+    )
 
 
 def test_a_critical_failure_fails_even_when_required_data_is_missing():
     rules = [_rule("error", critical=True), _rule("kl", must_have_data=True)]
-    report = _run(rules, {"error": ROSE, "kl": ([None] * N, [None] * N)})
+    rules.append(_rule("ttft", critical=True, direction=EITHER))
+    data = {"error": ROSE, "kl": ([None] * N, [None] * N), "ttft": ([1.0] * N, [0.0] * N)}
+    report = _run(rules, data)
     assert report["outcome"] == FAIL
+    assert report["summary"].startswith(
+        "Failed: critical metrics error and ttft moved the bad way; error rose on the canary"
+    )
 
 
 def test_must_have_data_without_data_is_inconclusive_and_counts_against_the_score():

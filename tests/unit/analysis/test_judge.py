@@ -267,3 +267,18 @@ def test_a_bad_spec_is_refused_with_a_clear_error(spec_fields, rule_fields, mess
 def test_a_metric_named_twice_is_refused():
     with pytest.raises(ValueError, match="named twice"):
         _run([_rule("m"), _rule("m")], {"m": SAME})
+
+
+def test_whole_numbers_in_a_spec_are_reported_as_json_floats():
+    # A spec parsed from JSON may hold ints; the report's float fields stay floats.
+    spec = JudgeSpec(
+        metrics=(MetricRule("m", INCREASE, 0),),  # type: ignore[arg-type]
+        group_weights={"default": 2},  # type: ignore[dict-item]
+        pass_score=95,  # type: ignore[arg-type]
+        marginal_score=75,  # type: ignore[arg-type]
+    )
+    report = judge(spec, {"m": SAME[0]}, {"m": SAME[1]})
+    assert isinstance(report["metrics"][0]["allowed_effect"], float)
+    assert isinstance(report["groups"][0]["weight"], float)
+    assert isinstance(report["pass_score"], float)
+    assert isinstance(report["marginal_score"], float)

@@ -155,6 +155,8 @@ def _usable(logprob: float | None) -> bool:
 def _ref_logprob(o: Observation, max_tokens: int) -> float | None:
     if o.error is not None or o.continuation_logprobs is None:
         return None
+    # Tokens without a usable logprob are skipped; `kl_estimate` pairs tokens across cohorts,
+    # so a hole on one side does not shift it.
     return _mean(lp for lp in o.continuation_logprobs if _usable(lp))
 
 

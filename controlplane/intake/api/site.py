@@ -13,6 +13,7 @@ from django.urls import re_path
 from ninja import NinjaAPI
 
 from controlplane.intake.api import (
+    analysis_templates,
     audit,
     capacity,
     deliveries,
@@ -56,6 +57,7 @@ for module in (
     audit,
     deliveries,
     provenance,
+    analysis_templates,
 ):
     api.add_router("", module.router)
 api.add_router("", trainer_webhooks)

@@ -56,16 +56,16 @@ class Command(OperatorCommand):
         for p in (listing, show, put):
             p.add_argument("--json", action="store_true", help="print one line of JSON")
 
-    def handle(self, *args, subcommand: str, **options: Any) -> None:
-        source = Source.objects.filter(name=options["source"]).first()
-        if source is None:
-            raise Refused(f"no source named {shown(options['source'])}", Exit.NOT_FOUND)
+    def handle(self, *args, subcommand: str, source: str, **options: Any) -> None:
+        found = Source.objects.filter(name=source).first()
+        if found is None:
+            raise Refused(f"no source named {shown(source)}", Exit.NOT_FOUND)
         if subcommand == "list":
-            self._list(source, as_json=options["json"])
+            self._list(found, as_json=options["json"])
         elif subcommand == "show":
-            self._show(source, options["name"], options["version"], as_json=options["json"])
+            self._show(found, options["name"], options["version"], as_json=options["json"])
         else:
-            self._set(source, **options)
+            self._set(found, **options)
 
     def _list(self, source: Source, *, as_json: bool) -> None:
         rows = [

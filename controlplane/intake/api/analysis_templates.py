@@ -88,7 +88,7 @@ def _full(t: AnalysisTemplate) -> dict[str, Any]:
     "/sources/{name}/analysis-templates",
     response={200: page_of(TemplateSummaryOut), **COMMON_ERRORS},
 )
-def list_templates(request: HttpRequest, name: str, page: Query[PageParams]):
+def list_analysis_templates(request: HttpRequest, name: str, page: Query[PageParams]):
     """The source's analysis templates, each at its latest version, by name."""
     require(request, Perm.VIEW)
     source = source_or_404(request, name)
@@ -99,7 +99,9 @@ def list_templates(request: HttpRequest, name: str, page: Query[PageParams]):
     "/sources/{name}/analysis-templates/{template}",
     response={200: TemplateOut, **COMMON_ERRORS},
 )
-def get_template(request: HttpRequest, name: str, template: str, query: Query[VersionQuery]):
+def get_analysis_template(
+    request: HttpRequest, name: str, template: str, query: Query[VersionQuery]
+):
     """One template: its latest version, or the one `?version=` names."""
     require(request, Perm.VIEW)
     source = source_or_404(request, name)
@@ -114,7 +116,7 @@ def get_template(request: HttpRequest, name: str, template: str, query: Query[Ve
     "/sources/{name}/analysis-templates/{template}",
     response={200: TemplateOut, 201: TemplateOut, **COMMON_ERRORS},
 )
-def put_template(request: HttpRequest, name: str, template: str, payload: TemplateIn):
+def put_analysis_template(request: HttpRequest, name: str, template: str, payload: TemplateIn):
     """Save `body` as the template's next version (201). A body identical to the latest
     version's writes nothing and answers 200 with that version."""
     require(request, Perm.MANAGE_SOURCES)

@@ -8,7 +8,7 @@ row; the form is only offered to those who may save.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
@@ -41,7 +41,10 @@ def _can_edit(request: HtmxHttpRequest) -> bool:
 @requires(Perm.VIEW)
 def template_list(request: HtmxHttpRequest, source: str) -> HttpResponse:
     """The source's templates (latest version of each) and the form that saves a version;
-    POST saves (the service refuses, with 403, whoever may not)."""
+    POST saves; whoever may not is refused before anything is looked up (the service checks
+    again: every interface saves through it)."""
+    if request.method == "POST" and not _can_edit(request):
+        raise PermissionDenied
     src = _get_source(source)
     form = TemplateForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():

@@ -323,10 +323,7 @@ def _prompt_case(raw: Any, path: str, errors: _Errors) -> PromptCase | None:
     return PromptCase(prompt, continuation)
 
 
-def parse_prompts(raw: Any, errors: _Errors | None = None, path: str = "prompts") -> tuple:
-    """The prompt list alone (the web form's prompt file is parsed with it)."""
-    own = errors is None
-    errors = errors if errors is not None else _Errors()
+def _prompts(raw: Any, errors: _Errors, path: str = "prompts") -> tuple[PromptCase, ...]:
     if not isinstance(raw, list):
         errors.add(path, "must be a list of prompt cases")
         cases: tuple[PromptCase, ...] = ()
@@ -336,8 +333,6 @@ def parse_prompts(raw: Any, errors: _Errors | None = None, path: str = "prompts"
     else:
         parsed = [_prompt_case(case, f"{path}[{i}]", errors) for i, case in enumerate(raw)]
         cases = tuple(c for c in parsed if c is not None)
-    if own:
-        errors.raise_any()
     return cases
 
 
@@ -519,7 +514,7 @@ def parse_template(raw: Any) -> TemplateSpec:
         )
     errors = _Errors()
     _known_keys(raw, set(TemplateBody.__annotations__), "", errors)
-    prompts = parse_prompts(raw.get("prompts", []), errors)
+    prompts = _prompts(raw.get("prompts", []), errors)
     judge = _judge(raw.get("judge", _MISSING), errors)
     min_prompts = _number(
         raw,
@@ -549,7 +544,8 @@ def parse_template(raw: Any) -> TemplateSpec:
     )
     background = _background(raw.get("background", _MISSING), len(prompts), errors)
     spec = TemplateSpec(prompts, judge, min_prompts, max_tokens, background)
-    if "prompts" not in errors.by_field:
+    # Counted only when every case parsed: a count of the good ones would mislead.
+    if not any(path.startswith("prompts") for path in errors.by_field):
         problem = min_prompts_problem(spec)
         if problem:
             errors.add("prompts", problem)

@@ -174,6 +174,8 @@ def test_empty_prompts_and_continuations_are_refused():
     raw[2] = [1, 2, 3]
     errors = errors_of({"prompts": raw})
     assert set(errors) >= {"prompts[0].prompt", "prompts[1].continuation", "prompts[2]"}
+    # 17 good cases of 20 is not also "too few prompts": the bad ones are what to fix.
+    assert "prompts" not in errors
 
 
 def test_whole_template_size_at_and_over_one_mib():

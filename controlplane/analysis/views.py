@@ -7,6 +7,8 @@ row; the form is only offered to those who may save.
 
 from __future__ import annotations
 
+import re
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpResponse
@@ -17,11 +19,13 @@ from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.analysis import services
 from controlplane.analysis.forms import TemplateForm, pretty
-from controlplane.analysis.models import AnalysisTemplate
 from controlplane.analysis.spec import TemplateSpec, default_judge
 from controlplane.audit.recorder import actor_from_request
 from controlplane.fleet.models import Source
 from controlplane.requests import HtmxHttpRequest
+
+#: `?version=`: ASCII digits that fit the column (anything else, even "²", is simply not found).
+VERSION_TEXT = re.compile(r"[0-9]{1,9}")
 
 
 def _get_source(name: str) -> Source:
@@ -80,7 +84,7 @@ def template_detail(request: HtmxHttpRequest, source: str, name: str) -> HttpRes
     version history, and the form to save the next version, starting from this one."""
     src = _get_source(source)
     raw_version = request.GET.get("version", "")
-    if raw_version and not raw_version.isdigit():
+    if raw_version and not VERSION_TEXT.fullmatch(raw_version):
         raise Http404("no such version")
     template = services.get_version(src, name, int(raw_version) if raw_version else None)
     if template is None:
@@ -95,8 +99,10 @@ def template_detail(request: HtmxHttpRequest, source: str, name: str) -> HttpRes
     form = TemplateForm(
         initial={"name": template.name, "body": pretty(template.body)}, auto_id="id_%s"
     )
-    versions = services.versions_of(src, name).only(
-        "version", "created_at", "created_by", "note", "name", "source_id"
+    versions = list(
+        services.versions_of(src, name).only(
+            "version", "created_at", "created_by", "note", "name", "source_id"
+        )
     )
     context = {
         "source": src,
@@ -105,7 +111,7 @@ def template_detail(request: HtmxHttpRequest, source: str, name: str) -> HttpRes
         "problems": problems,
         "body_text": pretty(template.body),
         "versions": versions,
-        "is_latest": template.pk == AnalysisTemplate.latest(src, name).pk,  # type: ignore[union-attr]
+        "is_latest": template.version == versions[0].version,
         "form": form,
         "can_edit": _can_edit(request),
     }

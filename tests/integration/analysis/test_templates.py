@@ -231,6 +231,7 @@ def test_any_version_opens_whole(source, admin_user, viewer_client):
     assert "?version=2" in html and "first" in html
     assert html.count("{&quot;prompt&quot;: [") == 20
     assert viewer_client.get("/sources/src-a/analysis/t/?version=3").status_code == 404
-    assert viewer_client.get("/sources/src-a/analysis/t/?version=x").status_code == 404
+    for odd in ("x", "²", "9" * 30, "-1", "1.0"):
+        assert viewer_client.get(f"/sources/src-a/analysis/t/?version={odd}").status_code == 404
     assert viewer_client.get("/sources/src-a/analysis/nope/").status_code == 404
     assert viewer_client.get("/sources/nowhere/analysis/").status_code == 404

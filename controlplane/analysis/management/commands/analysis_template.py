@@ -9,6 +9,7 @@ anything); with it, that user's role is checked and the row names them.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -32,6 +33,12 @@ from controlplane.dynamo.jsonsafe import UnsafeJSON, loads_bounded
 from controlplane.fleet.models import Source
 
 
+def _version(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) < 2**31:
+        raise argparse.ArgumentTypeError("a version is a whole number from 1")
+    return int(text)
+
+
 class Command(OperatorCommand):
     help = (
         "List, show or set a source's canary analysis templates (each set writes a new "
@@ -46,7 +53,7 @@ class Command(OperatorCommand):
         show = sub.add_parser("show", help="one version's body as JSON (default: the latest)")
         show.add_argument("source")
         show.add_argument("name")
-        show.add_argument("--version", type=int, default=None)
+        show.add_argument("--version", type=_version, default=None)
         put = sub.add_parser("set", help="save a template file as the next version")
         put.add_argument("source")
         put.add_argument("name")

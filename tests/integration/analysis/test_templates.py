@@ -235,3 +235,30 @@ def test_any_version_opens_whole(source, admin_user, viewer_client):
         assert viewer_client.get(f"/sources/src-a/analysis/t/?version={odd}").status_code == 404
     assert viewer_client.get("/sources/src-a/analysis/nope/").status_code == 404
     assert viewer_client.get("/sources/nowhere/analysis/").status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_saves_get_consecutive_versions(source, admin_user):
+    """The source row serialises version numbers: saves racing on one template each get their
+    own version instead of one failing on the unique constraint."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from django.db import connections
+
+    actor = Actor.for_user(admin_user)
+    barrier = Barrier(4)
+
+    def save(n: int) -> int:
+        try:
+            barrier.wait(timeout=30)
+            return services.save_template(source, "t", body(20 + n), actor=actor).version
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(4) as pool:
+        versions = sorted(pool.map(save, range(4)))
+    assert versions == [1, 2, 3, 4]
+    stored = {len(t.body["prompts"]) for t in AnalysisTemplate.objects.all()}
+    assert stored == {20, 21, 22, 23}
+    assert AuditEvent.objects.filter(action=SAVED).count() == 4

@@ -14,13 +14,17 @@ from controlplane.analysis.models import NOTE_CHARS
 from controlplane.analysis.spec import MAX_TEMPLATE_BYTES, read_prompt_lines
 from controlplane.dynamo.jsonsafe import UnsafeJSON, loads_bounded
 
+#: The body as typed: the template's own limit (checked on its compact JSON by `parse_template`)
+#: plus room for the indentation `pretty` and people add.
+BODY_TEXT_CHARS = MAX_TEMPLATE_BYTES + 64 * 1024
+
 
 class TemplateForm(forms.Form):
     name = forms.SlugField(max_length=64, help_text="letters, digits, hyphens, underscores")
     body = forms.CharField(
         label="Template (JSON)",
         widget=forms.Textarea(attrs={"rows": 18, "class": "mono", "spellcheck": "false"}),
-        max_length=MAX_TEMPLATE_BYTES,
+        max_length=BODY_TEXT_CHARS,
         strip=False,
         help_text="prompts, judge, min_prompts, max_tokens, background: see the docs page "
         "“Canary analysis templates”",
@@ -36,9 +40,7 @@ class TemplateForm(forms.Form):
     def clean_body(self) -> Any:
         text = self.cleaned_data["body"]
         try:
-            raw = loads_bounded(
-                text, max_depth=settings.JSON_MAX_DEPTH, max_bytes=MAX_TEMPLATE_BYTES
-            )
+            raw = loads_bounded(text, max_depth=settings.JSON_MAX_DEPTH, max_bytes=BODY_TEXT_CHARS)
         except UnsafeJSON as exc:
             raise ValidationError(f"not valid JSON: {exc}") from None
         if not isinstance(raw, dict):
@@ -86,7 +88,8 @@ def pretty(body: Any) -> str:
     if not isinstance(body, dict) or not isinstance(body.get("prompts"), list):
         return json.dumps(body, indent=2, ensure_ascii=False)
     rest = {k: v for k, v in body.items() if k != "prompts"}
-    cases = [json.dumps(case, ensure_ascii=False) for case in body["prompts"]]
+    # Compact, so a template near its size limit still fits the form when shown and sent back.
+    cases = [json.dumps(case, separators=(",", ":")) for case in body["prompts"]]
     lines = ["{", '  "prompts": [' + ("" if cases else "]" + ("," if rest else ""))]
     if cases:
         lines += [f"    {case}," for case in cases[:-1]] + [f"    {cases[-1]}"]

@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 
 from controlplane.analysis import services
 from controlplane.analysis.models import AnalysisTemplate
-from controlplane.analysis.spec import parse_template
+from controlplane.analysis.spec import MAX_TEMPLATE_BYTES, parse_template, template_size
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
@@ -229,7 +229,7 @@ def test_any_version_opens_whole(source, admin_user, viewer_client):
     html = old.content.decode()
     assert old.status_code == 200 and "t v1" in html and "An older version" in html
     assert "?version=2" in html and "first" in html
-    assert html.count("{&quot;prompt&quot;: [") == 20
+    assert html.count("{&quot;prompt&quot;:[") == 20
     assert viewer_client.get("/sources/src-a/analysis/t/?version=3").status_code == 404
     for odd in ("x", "²", "9" * 30, "-1", "1.0"):
         assert viewer_client.get(f"/sources/src-a/analysis/t/?version={odd}").status_code == 404
@@ -262,3 +262,19 @@ def test_concurrent_saves_get_consecutive_versions(source, admin_user):
     stored = {len(t.body["prompts"]) for t in AnalysisTemplate.objects.all()}
     assert stored == {20, 21, 22, 23}
     assert AuditEvent.objects.filter(action=SAVED).count() == 4
+
+
+def test_a_template_near_the_size_limit_goes_back_through_the_form_unchanged(
+    source, admin_user, admin_client
+):
+    """What the page shows is what the form takes back: the largest templates included."""
+    big = {"prompts": [{"prompt": [2**31 - 1] * 4000, "continuation": None}] * 23}
+    assert 1_000_000 < template_size(big) <= MAX_TEMPLATE_BYTES
+    saved = services.save_template(source, "big", big, actor=Actor.for_user(admin_user))
+    page = admin_client.get("/sources/src-a/analysis/big/")
+    shown = page.context["form"].initial["body"]
+    answer = admin_client.post(
+        "/sources/src-a/analysis/", {"name": "big", "body": shown, "note": "resent"}
+    )
+    assert answer.status_code == 302, answer.content.decode()[-2000:]
+    assert AnalysisTemplate.latest(source, "big") == saved  # identical: no new version

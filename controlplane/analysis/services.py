@@ -16,7 +16,7 @@ from django.db import transaction
 from controlplane import lockorder
 from controlplane.accounts.roles import Perm
 from controlplane.analysis.models import NOTE_CHARS, AnalysisTemplate
-from controlplane.analysis.spec import TemplateSpec, parse_template
+from controlplane.analysis.spec import TemplateSpec, parse_template, require_min_prompts
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.fleet.models import Source
@@ -113,3 +113,28 @@ def spec_of(template: AnalysisTemplate) -> TemplateSpec:
     """A stored version, parsed: what a canary analysis runs with. Re-parsed rather than
     trusted, so a body stored under older limits is refused with the same field errors."""
     return parse_template(template.body)
+
+
+def template_for_analysis(
+    source: Source, name: str, version: int | None = None
+) -> tuple[AnalysisTemplate, TemplateSpec]:
+    """The version a canary analysis of `source` would run with, parsed and checked, for a
+    plan to call before anything moves. Raises ValidationError on `analysis_template`, in
+    words a person can act on, when there is no such template or version, or when it does not
+    validate (fewer prompts than its `min_prompts` included)."""
+    template = get_version(source, name, version)
+    if template is None:
+        which = f"version {version} of " if version is not None else ""
+        raise ValidationError(
+            {"analysis_template": [f"{source.name} has no {which}analysis template {name!r}"]}
+        )
+    try:
+        spec = spec_of(template)
+        require_min_prompts(spec)
+    except ValidationError as exc:
+        details = exc.message_dict if hasattr(exc, "error_dict") else {"template": exc.messages}
+        said = "; ".join(f"{field}: {' '.join(m)}" for field, m in details.items())
+        raise ValidationError(
+            {"analysis_template": [f"analysis template {template} of {source.name}: {said}"]}
+        ) from None
+    return template, spec

@@ -278,3 +278,27 @@ def test_a_template_near_the_size_limit_goes_back_through_the_form_unchanged(
     )
     assert answer.status_code == 302, answer.content.decode()[-2000:]
     assert AnalysisTemplate.latest(source, "big") == saved  # identical: no new version
+
+
+def test_the_check_a_plan_calls(source, admin_user):
+    """What a plan calls before a canary analysis: the parsed template, or one clear error."""
+    actor = Actor.for_user(admin_user)
+    with pytest.raises(ValidationError) as caught:
+        services.template_for_analysis(source, "held-out")
+    assert caught.value.message_dict == {
+        "analysis_template": ["src-a has no analysis template 'held-out'"]
+    }
+    saved = services.save_template(source, "held-out", body(20), actor=actor)
+    template, spec = services.template_for_analysis(source, "held-out")
+    assert template == saved and len(spec.prompts) == 20
+    # A stored body with too few prompts (written before a limit rose, or by hand) is refused.
+    short = {**saved.body, "prompts": saved.body["prompts"][:7]}
+    AnalysisTemplate.objects.create(source=source, name="held-out", version=2, body=short)
+    with pytest.raises(ValidationError) as caught:
+        services.template_for_analysis(source, "held-out")
+    (message,) = caught.value.message_dict["analysis_template"]
+    assert message.startswith("analysis template held-out v2 of src-a: prompts: 7 prompts")
+    assert "at least 20 (min_prompts)" in message
+    assert services.template_for_analysis(source, "held-out", 1)[0] == saved
+    with pytest.raises(ValidationError, match="no version 9 of analysis template"):
+        services.template_for_analysis(source, "held-out", 9)

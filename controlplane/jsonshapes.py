@@ -25,6 +25,7 @@ from typing import (
     is_typeddict,
 )
 
+from controlplane.analysis.spec import TemplateBody
 from controlplane.dynamo.fingerprint import FingerprintJson
 from controlplane.dynamo.listing import ListenerTransport
 from controlplane.fleet.discovery.diff import WorkerEventDetails
@@ -78,6 +79,8 @@ SHAPES: dict[str, Any] = {
     "fleet.PublishedPolicy.version": WeightVersion,
     "fleet.PublishedPolicy.namespaces": Namespaces,
     "fleet.PublishedPolicy.lag_alerted": Namespaces,
+    # -- analysis
+    "analysis.AnalysisTemplate.body": TemplateBody,
     # -- refresh: drills
     "refresh.DrillRun.namespaces": Namespaces,
     "refresh.DrillRun.instances": InstanceIds,

@@ -219,7 +219,10 @@ def analyse(refresh: PolicyRefresh, spec: TemplateSpec, cohorts: Cohorts) -> dic
             "canary": [m.key for m in cohorts.canary],
         },
         "values": {"baseline": base_values, "canary": canary_values},
-        "moved_most": moved_most(baseline, canary, MOVED_MOST),
+        "moved_most": [
+            {**m, "prompt_ids": list(spec.prompts[m["prompt_index"]].prompt)}
+            for m in moved_most(baseline, canary, MOVED_MOST)
+        ],
         "prompts": len(spec.prompts),
     }
 

@@ -16,8 +16,12 @@ function of the step:
 
 Broken checkpoints are configured per version (`BrokenCheckpoint`): `drift` and `marginal`
 add version-keyed noise to every logit (large, or between a close successor and `drift`),
-`garbage` emits a short repeating cycle, `zero_length` ends at once, `nan_logprobs` reports
-NaN (`null` on the wire, as serde renders a non-finite float) or no logprobs at all.
+`garbage` emits a short repeating cycle, `zero_length` ends at once, and `nan_logprobs` has
+NaN logprobs, delivered the way Dynamo 1.6.1's vLLM worker delivers them (mode `vllm`): the
+chosen-token logprobs are dropped (serde cannot read a NaN, so the frontend loses the whole
+logprobs payload and the choice has no `logprobs`) and prompt logprobs are clamped to -1e30
+(`_finite_logprob` in dynamo/vllm/handlers.py); mode `null` writes `null` instead, as an
+engine path that passes non-finite values through would.
 
 Generation and teacher forcing use one function (`distribution`), so the prompt logprob of a
 token equals the generation logprob of the same token after the same prefix, exactly.
@@ -54,6 +58,8 @@ GARBAGE_CYCLE: Final = 3
 GARBAGE_LOGPROB: Final = -0.003
 _TAIL_SIZE = VOCAB_SIZE - FIRST_EMITTED_ID - CANDIDATES
 _UNIFORM_LOGPROB = -math.log(VOCAB_SIZE - FIRST_EMITTED_ID)
+#: What Dynamo's vLLM handler writes for a non-finite prompt logprob.
+MIN_FINITE_LOGPROB: Final = -1e30
 _STEP = re.compile(r"(\d+)$")
 
 
@@ -64,16 +70,16 @@ class BrokenCheckpoint:
     kind: BrokenKind
     #: drift / marginal: the noise added to every logit (defaults in DEFAULT_MAGNITUDE).
     magnitude: float | None = None
-    #: nan_logprobs: "nan" (null values on the wire) or "absent" (no logprobs block at all).
-    mode: Literal["nan", "absent"] = "nan"
+    #: nan_logprobs: "vllm" (what Dynamo 1.6.1's vLLM path makes of NaN) or "null".
+    mode: Literal["vllm", "null"] = "vllm"
 
     def __post_init__(self) -> None:
         if self.kind not in BROKEN_KINDS:
             raise ValueError(
                 f"unknown broken checkpoint kind {self.kind!r}; expected one of {BROKEN_KINDS}"
             )
-        if self.mode not in ("nan", "absent"):
-            raise ValueError("mode must be 'nan' or 'absent'")
+        if self.mode not in ("vllm", "null"):
+            raise ValueError("mode must be 'vllm' or 'null'")
         if self.magnitude is not None and (
             not isinstance(self.magnitude, int | float) or not 0 <= self.magnitude <= 50
         ):
@@ -171,7 +177,7 @@ class Generation:
     #: Top alternatives per position (token id, logprob), best first.
     top: list[list[tuple[int, float]]]
     detailed_finish_reason: str
-    #: False when the checkpoint returns no logprobs at all (`nan_logprobs`, mode `absent`).
+    #: False when the reply carries no chosen-token logprobs (`nan_logprobs`, mode `vllm`).
     has_logprobs: bool = True
 
 
@@ -266,9 +272,13 @@ class Lineage:
         if broken is not None and broken.kind == "garbage":
             first = self.distribution(state, version).greedy()
             cycle = [first, *(FIRST_EMITTED_ID + (first + k) % 97 for k in range(1, GARBAGE_CYCLE))]
-            ids = [cycle[i % GARBAGE_CYCLE] for i in range(max_tokens)]
-            alternatives = [[(t, GARBAGE_LOGPROB)] if top else [] for t in ids]
-            return Generation(ids, [GARBAGE_LOGPROB] * len(ids), alternatives, "length")
+            looped = [cycle[i % GARBAGE_CYCLE] for i in range(max_tokens)]
+            return Generation(
+                looped,
+                [GARBAGE_LOGPROB] * len(looped),
+                [[(t, GARBAGE_LOGPROB)] if top else [] for t in looped],
+                "length",
+            )
         ids: list[int] = []
         values: list[float | None] = []
         alternatives: list[list[tuple[int, float]]] = []
@@ -281,20 +291,23 @@ class Lineage:
             state = self.advance(state, token)
         if broken is not None and broken.kind == "nan_logprobs":
             return Generation(
-                ids, [None] * len(ids), alternatives, "length", has_logprobs=broken.mode == "nan"
+                ids,
+                [None] * len(ids),
+                [[] for _ in ids],
+                "length",
+                has_logprobs=broken.mode == "null",
             )
         return Generation(ids, values, alternatives, "length")
 
     def prompt_logprobs(
         self, version: Any, prompt: Sequence[int], top: int = 0
-    ) -> list[dict[int, tuple[float | None, int]] | None] | None:
+    ) -> list[dict[int, tuple[float | None, int]] | None]:
         """Teacher forcing: each prompt token's (logprob, rank) given the tokens before it,
-        plus the `top` most likely alternatives. Position 0 has none (`None`), as in vLLM.
-        None overall when the checkpoint returns no logprobs."""
+        plus the `top` most likely alternatives. Position 0 has none (`None`), as in vLLM."""
         broken = self.broken(version)
-        if broken is not None and broken.kind == "nan_logprobs" and broken.mode == "absent":
-            return None
+        # NaN weights: every value is the NaN as delivered (clamped, or null).
         nan = broken is not None and broken.kind == "nan_logprobs"
+        nan_value = MIN_FINITE_LOGPROB if nan and broken and broken.mode == "vllm" else None
         garbage = broken is not None and broken.kind == "garbage"
         entries: list[dict[int, tuple[float | None, int]] | None] = [None] if prompt else []
         state = self.advance(self.start(), prompt[0]) if prompt else self.start()
@@ -305,10 +318,10 @@ class Lineage:
             else:
                 dist = self.distribution(state, version)
                 entry: dict[int, tuple[float | None, int]] = {
-                    token: (None if nan else dist.logprob(token), dist.rank(token))
+                    token: (nan_value if nan else dist.logprob(token), dist.rank(token))
                 }
                 for rank, (alt, lp) in enumerate(dist.top(top), start=1):
-                    entry.setdefault(alt, (None if nan else lp, rank))
+                    entry.setdefault(alt, (nan_value if nan else lp, rank))
                 entries.append(entry)
             state = self.advance(state, token)
         return entries

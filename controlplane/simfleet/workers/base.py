@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from controlplane.simfleet.collective import JoinError, wait_formed
 from controlplane.simfleet.config import WorkerSpec
 from controlplane.simfleet.faults import FaultBook
+from controlplane.simfleet.latency import LatencyConfig, LatencySampler
 
 #: Calls kept per worker; bounded so a 2,000-worker fleet stays small in memory.
 CALL_LOG_LIMIT = 200
@@ -88,6 +89,8 @@ class SimWorker:
         self.routes: dict[str, Handler] = self.build_routes()
         #: The fleet this worker runs in (set by `SimFleet.add_worker`): its collectives.
         self.fleet: Any = None
+        #: Serving latency draws (the fleet replaces it with its configured default).
+        self.latency = LatencySampler(LatencyConfig(), str(instance_id))
 
     # -- family hooks -----------------------------------------------------------------------
     def build_routes(self) -> dict[str, Handler]:
@@ -235,6 +238,7 @@ class SimWorker:
             "cache_resets": self.cache_resets,
             "update_count": self.update_count,
             "generation_count": self.generation_count,
+            "latency": self.latency.config.to_dict(),
             "faults": self.faults.to_dict(),
             "calls": list(self.calls),
         }

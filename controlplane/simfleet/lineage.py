@@ -121,6 +121,10 @@ class LineageConfig:
     steps: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.broken, dict) or not isinstance(self.steps, dict):
+            raise ValueError("lineage 'broken' and 'steps' are objects keyed by version")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError("lineage seed must be an integer")
         self.broken = {str(k): BrokenCheckpoint.from_value(v) for k, v in self.broken.items()}
         self.steps = {str(k): int(v) for k, v in self.steps.items()}
         if not isinstance(self.amplitude, int | float) or not 0 <= self.amplitude <= 10:
@@ -130,6 +134,8 @@ class LineageConfig:
     def from_dict(cls, data: dict[str, Any] | LineageConfig) -> LineageConfig:
         if isinstance(data, LineageConfig):
             return data
+        if not isinstance(data, dict):
+            raise ValueError("a lineage is an object: seed, amplitude, broken, steps")
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown lineage keys: {sorted(unknown)}")

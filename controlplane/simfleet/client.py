@@ -92,14 +92,21 @@ class SimFleetControl:
         self._request("PUT", f"/workers/{_segment(key)}/world_size", {"world_size": world_size})
 
     def set_latency(self, key: str | int, latency: dict[str, Any] | None) -> None:
-        self._request("PUT", f"/workers/{_segment(key)}/latency", latency)
+        path = f"/workers/{_segment(key)}/latency"
+        if latency is None:
+            self._request("DELETE", path)
+        else:
+            self._request("PUT", path, latency)
 
     def lineage(self) -> dict[str, Any] | None:
         lineage: dict[str, Any] | None = self._request("GET", "/lineage")["lineage"]
         return lineage
 
     def set_lineage(self, lineage: dict[str, Any] | None) -> None:
-        self._request("PUT", "/lineage", lineage)
+        if lineage is None:
+            self._request("DELETE", "/lineage")
+        else:
+            self._request("PUT", "/lineage", lineage)
 
     def set_broken(self, version: Any, broken: str | dict[str, Any] | None) -> None:
         """Mark `version` a broken checkpoint (`"drift"`, `{"kind": "marginal"}`, ...), or

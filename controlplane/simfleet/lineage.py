@@ -52,7 +52,7 @@ DEFAULT_AMPLITUDE: Final = 0.25
 DEFAULT_MAGNITUDE: Final = {"drift": 4.0, "marginal": 0.9}
 #: `drift` also pushes the base model's favourite down by this much, so the greedy token
 #: changes at nearly every position rather than only where the noise happens to win.
-DRIFT_DEMOTION: Final = 3.0
+DRIFT_DEMOTION: Final = 6.0
 #: `garbage` repeats a cycle this long, each token with this (overconfident) logprob.
 GARBAGE_CYCLE: Final = 3
 GARBAGE_LOGPROB: Final = -0.003

@@ -14,9 +14,11 @@ demo runner) drive it. `SimFleetControl` in `controlplane.simfleet.client` is it
     DELETE /_sim/workers/<key>/faults        clear this worker's faults
     DELETE /_sim/faults                      clear every fault
     PUT    /_sim/workers/<key>/version       {"version": ...}
-    PUT    /_sim/workers/<key>/latency       {"ttft": {"median": s}, "per_token": {...}} | null
+    PUT    /_sim/workers/<key>/latency       {"ttft": {"median": s}, "per_token": {...}}
+    DELETE /_sim/workers/<key>/latency       back to the fleet's default latency
     GET    /_sim/lineage                     the policy lineage served (null: none)
-    PUT    /_sim/lineage                     {"seed": n, "amplitude": a, "broken": {...}} | null
+    PUT    /_sim/lineage                     {"seed": n, "amplitude": a, "broken": {...}}
+    DELETE /_sim/lineage                     serve no lineage (unrelated outputs per version)
     PUT    /_sim/lineage/broken/<version>    {"kind": "drift" | "marginal" | "garbage" | ...}
     DELETE /_sim/lineage/broken/<version>    that version is healthy again
     POST   /_sim/churn                       {"interval": seconds | null}
@@ -102,6 +104,12 @@ class ControlApi:
             case "PUT", ["workers", key, "latency"]:
                 fleet.set_latency(key, body)
                 return json_response({"ok": True})
+            case "DELETE", ["workers", key, "latency"]:
+                fleet.set_latency(key, None)
+                return json_response({"ok": True})
+            case "DELETE", ["lineage"]:
+                fleet.set_lineage(None)
+                return json_response({"lineage": None})
             case "GET", ["lineage"]:
                 return json_response({"lineage": fleet.lineage_view()})
             case "PUT", ["lineage"]:

@@ -26,6 +26,12 @@ WORKER_TYPE = "decode"
 UNSET_DP_RANK = "none"
 
 Labels = tuple[tuple[str, str], ...]
+#: `failures_total`'s (class, reason) for the error types whose labels were observed on the
+#: real 1.6.1 frontend; engine failures are not counted there until observed.
+FAILURE_LABELS = {
+    "validation": ("InvalidRequest", "request.invalid"),
+    "not_found": ("NotFound", "request.not_found"),
+}
 
 
 def log_buckets(low: float, high: float, count: int) -> list[float]:
@@ -152,6 +158,7 @@ class FrontendMetrics:
     """The frontend's request accounting, named as Dynamo 1.6.1 names it."""
 
     REQUESTS = n("requests_total")
+    FAILURES = n("failures_total")
     STARTED = n("requests_started_total")
     INFLIGHT = n("inflight_requests")
     QUEUED = n("queued_requests")
@@ -175,6 +182,9 @@ class FrontendMetrics:
             self.REQUESTS,
             "Total number of LLM requests processed",
             ("model", "endpoint", "request_type", "status", "error_type"),
+        )
+        r.counter(
+            self.FAILURES, "Total number of terminal semantic request failures", ("class", "reason")
         )
         r.counter(
             self.STARTED,
@@ -256,6 +266,9 @@ class FrontendMetrics:
             status=status,
             error_type=error_type,
         )
+        failure = FAILURE_LABELS.get(error_type)
+        if failure is not None:
+            self.registry.inc(self.FAILURES, **{"class": failure[0], "reason": failure[1]})
         self._shift(self.INFLIGHT, model, -1)
         if queued:
             self._shift(self.QUEUED, model, -1)

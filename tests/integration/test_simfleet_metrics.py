@@ -179,8 +179,10 @@ def test_a_worker_that_starts_failing_later_is_counted_from_then_on(fleet):
     assert post(fleet, instance_id).status_code == 200  # healthy until T
     assert time.monotonic() - armed_at < 0.5, "the first request must run before T"
     deadline = time.monotonic() + 5
+    sent = 1
     while time.monotonic() < deadline:
         reply = post(fleet, instance_id)
+        sent += 1
         if reply.status_code != 200:
             break
     assert reply.status_code == 500 and reply.json() == {
@@ -191,9 +193,23 @@ def test_a_worker_that_starts_failing_later_is_counted_from_then_on(fleet):
     assert time.monotonic() - armed_at >= 0.5
     # From then on every request fails, and the other worker is untouched.
     assert post(fleet, instance_id).status_code == 500
+    sent += 1
     assert post(fleet, fleet.workers()[1]["instance_id"]).status_code == 200
     samples = scrape(fleet)
     assert requests_total(samples, request_type="unary", status="error", error_type="internal") == 2
+    # The failing worker's own system server counts them, by hex instance id, as 1.6.1 does;
+    # the frontend has no per-worker error counter.
+    system_url = fleet.state(key)["system_url"]
+    page = {
+        sample.name: (sample.labels, sample.value)
+        for family in text_string_to_metric_families(HTTP.get(f"{system_url}/metrics").text)
+        for sample in family.samples
+    }
+    labels, errors = page["dynamo_component_errors_total"]
+    assert errors == 2 and labels["worker_id"] == f"{instance_id:x}"
+    assert labels["dynamo_endpoint"] == "generate" and labels["error_type"] == "generate"
+    assert page["dynamo_component_requests_total"][1] == sent
+    assert page["dynamo_component_inflight_requests"][1] == 0
     # The worker's state lists the fault with its delay.
     faults = fleet.state(key)["faults"]["generate"]
     assert faults[0]["kind"] == "engine_error" and faults[0]["after"] == 0.5

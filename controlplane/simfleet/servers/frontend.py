@@ -166,19 +166,40 @@ class Frontend:
                 400, "sampling_params.extra_args is not supported", "Bad Request"
             )
         max_tokens = min(int(req.get("max_tokens") or DEFAULT_MAX_TOKENS), MAX_TOKENS_LIMIT)
+        shape = Shape(req, extra)
+        worker.generate_requests += 1
+        worker.generate_inflight += 1
+        try:
+            return await self._serve(request, req, shape, worker, prompts[0], max_tokens, call)
+        except (GenerationFailed, DropConnection):
+            worker.generate_errors += 1
+            raise
+        finally:
+            worker.generate_inflight -= 1
+
+    async def _serve(
+        self,
+        request: web.BaseRequest,
+        req: dict[str, Any],
+        shape: Shape,
+        worker: SimWorker,
+        prompt: list[int],
+        max_tokens: int,
+        call: Call,
+    ) -> web.StreamResponse:
+        """The routed worker runs the request: engine, latency, then the reply."""
         headers = (
             {"x-request-id": request.headers["x-request-id"]}
             if "x-request-id" in request.headers
             else {}
         )
-        shape = Shape(req, extra)
         prompt_top = int(shape.prompt_logprobs) if shape.prompt_logprobs is not None else None
         outcome = await generate(
             self.fleet,
             worker,
-            prompts[0],
+            prompt,
             max_tokens,
-            str(model),
+            shape.model,
             top=shape.top,
             prompt_top=prompt_top,
         )
@@ -187,13 +208,13 @@ class Frontend:
         if outcome.engine_error is not None:
             fault = outcome.engine_error
             raise GenerationFailed(fault.status, fault.message, "Internal Server Error")
-        call.first_token(worker, len(prompts[0]))
+        call.first_token(worker, len(prompt))
         if req.get("stream"):
-            return await self._stream(request, shape, worker, prompts[0], outcome, headers, call)
+            return await self._stream(request, shape, worker, prompt, outcome, headers, call)
         for _ in outcome.ids[1:]:
             await self._next_token(worker, call)
         call.succeeded(len(outcome.ids))
-        body = unary_body(shape, worker, prompts[0], outcome)
+        body = unary_body(shape, worker, prompt, outcome)
         return web.Response(
             body=dumps(body), headers={"Content-Type": "application/json", **headers}
         )

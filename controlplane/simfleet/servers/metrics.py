@@ -124,6 +124,10 @@ class MetricsRegistry:
         self._add(_Family(name, help, "histogram", tuple(labels), tuple(buckets)))
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        self.inc_labelled(name, labels, amount)
+
+    def inc_labelled(self, name: str, labels: dict[str, str], amount: float = 1.0) -> None:
+        """`inc` for label names that are Python keywords (`class`)."""
         family = self._families[name]
         key = family.key(labels)
         family.values[key] = family.values.get(key, 0.0) + amount
@@ -268,7 +272,7 @@ class FrontendMetrics:
         )
         failure = FAILURE_LABELS.get(error_type)
         if failure is not None:
-            self.registry.inc(self.FAILURES, **{"class": failure[0], "reason": failure[1]})
+            self.registry.inc_labelled(self.FAILURES, {"class": failure[0], "reason": failure[1]})
         self._shift(self.INFLIGHT, model, -1)
         if queued:
             self._shift(self.QUEUED, model, -1)

@@ -80,6 +80,11 @@ class SimWorker:
         self.cache_resets = 0
         self.update_count = 0
         self.generation_count = 0
+        #: Requests on the `generate` endpoint: served, failed and running now (the worker's
+        #: own `dynamo_component_*` counters on its system server).
+        self.generate_requests = 0
+        self.generate_errors = 0
+        self.generate_inflight = 0
         self.calls: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_LIMIT)
         self.faults = FaultBook()
         self.lock = asyncio.Lock()

@@ -37,7 +37,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final, Literal, get_args
 
-from controlplane.simfleet.tokens import FIRST_EMITTED_ID, VOCAB_SIZE
+from controlplane.simfleet.tokens import (
+    FIRST_EMITTED_ID,
+    NEAR_TIE_LOGPROB,
+    VOCAB_SIZE,
+    jitter_offset,
+)
 
 BrokenKind = Literal["drift", "marginal", "garbage", "zero_length", "nan_logprobs"]
 BROKEN_KINDS: tuple[str, ...] = get_args(BrokenKind)
@@ -285,16 +290,7 @@ class Lineage:
                 [[(t, GARBAGE_LOGPROB)] if top else [] for t in looped],
                 "length",
             )
-        ids: list[int] = []
-        values: list[float | None] = []
-        alternatives: list[list[tuple[int, float]]] = []
-        for _ in range(max_tokens):
-            dist = self.distribution(state, version)
-            token = dist.greedy()
-            ids.append(token)
-            values.append(dist.logprob(token))
-            alternatives.append(dist.top(top) if top else [])
-            state = self.advance(state, token)
+        ids, values, alternatives = self._greedy(state, version, max_tokens, top)
         if broken is not None and broken.kind == "nan_logprobs":
             return Generation(
                 ids,
@@ -304,6 +300,56 @@ class Lineage:
                 has_logprobs=broken.mode == "null",
             )
         return Generation(ids, values, alternatives, "length")
+
+    def _greedy(
+        self, state: bytes, version: Any, count: int, top: int, *, flip_from: int | None = None
+    ) -> tuple[list[int], list[float | None], list[list[tuple[int, float]]]]:
+        """`count` greedy tokens from `state`; with `flip_from`, the first near-tie at or
+        after that position takes the runner-up instead (see `jittered`)."""
+        ids: list[int] = []
+        values: list[float | None] = []
+        alternatives: list[list[tuple[int, float]]] = []
+        for position in range(count):
+            dist = self.distribution(state, version)
+            token = dist.greedy()
+            if flip_from is not None and position >= flip_from:
+                best, runner_up = dist.top(2)
+                if best[1] <= NEAR_TIE_LOGPROB:
+                    token, flip_from = runner_up[0], None
+            ids.append(token)
+            values.append(dist.logprob(token))
+            alternatives.append(dist.top(top) if top else [])
+            state = self.advance(state, token)
+        return ids, values, alternatives
+
+    def jittered(
+        self,
+        version: Any,
+        prompt: Sequence[int],
+        max_tokens: int,
+        *,
+        magnitude: float,
+        flip_from: int | None,
+        seed: str,
+        top: int = 0,
+    ) -> Generation:
+        """The same weights under other batching numerics (the `logprob_jitter` fault): every
+        chosen logprob moves by at most `magnitude`; with `flip_from`, the first uncertain
+        position at or after it (chosen probability at most one half) takes the runner-up
+        and generation continues greedily from that prefix."""
+        if self.broken(version) is not None:
+            return self.generate(version, prompt, max_tokens, top)
+        state = self.start()
+        for token in prompt:
+            state = self.advance(state, token)
+        ids, values, alternatives = self._greedy(
+            state, version, max_tokens, top, flip_from=flip_from
+        )
+        moved: list[float | None] = [
+            None if v is None else min(v + jitter_offset(seed, i, magnitude), 0.0)
+            for i, v in enumerate(values)
+        ]
+        return Generation(ids, moved, alternatives, "length")
 
     def prompt_logprobs(
         self, version: Any, prompt: Sequence[int], top: int = 0

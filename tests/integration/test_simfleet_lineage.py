@@ -346,3 +346,31 @@ def test_the_command_line_configures_a_lineage_with_broken_checkpoints():
         build_config(parser.parse_args(["--lineage-seed", "5", "--broken", "v7=melted"]))
     with pytest.raises(SystemExit, match="needs a lineage"):
         build_config(parser.parse_args(["--broken", "v7=drift"]))
+
+
+def test_logprob_jitter_keeps_a_lineage_versions_weights(fleet):
+    """The same weights under other numerics: logprobs move a little; a flip takes the
+    runner-up at an uncertain position and continues greedily under the same weights."""
+    from controlplane.simfleet import Fault
+
+    key, worker = fleet.workers()[0]["key"], ids_of(fleet)[0]
+    prompt = PROMPTS[2]
+    clean = complete(fleet, worker, prompt, max_tokens=10)
+    fleet.inject(key, "generate", Fault.logprob_jitter(0.002, once=True))
+    jittered = complete(fleet, worker, prompt, max_tokens=10)
+    assert jittered["nvext"]["completion_token_ids"] == clean["nvext"]["completion_token_ids"]
+    pairs = zip(
+        jittered["choices"][0]["logprobs"]["token_logprobs"],
+        clean["choices"][0]["logprobs"]["token_logprobs"],
+        strict=True,
+    )
+    assert all(abs(a - b) <= 0.002 for a, b in pairs)
+
+    fleet.inject(key, "generate", Fault.logprob_jitter(0.002, flip_from=0, once=True))
+    flipped = complete(fleet, worker, prompt, max_tokens=10)["nvext"]["completion_token_ids"]
+    good = clean["nvext"]["completion_token_ids"]
+    at = next(i for i, (a, b) in enumerate(zip(flipped, good, strict=True)) if a != b)
+    forced = complete(fleet, worker, prompt + flipped, max_tokens=1, prompt_logprobs=0)
+    entries = forced["nvext"]["prompt_logprobs"][len(prompt) :]
+    ranks = [e[str(t)]["rank"] for e, t in zip(entries, flipped, strict=True)]
+    assert ranks[at] == 2 and set(ranks[:at] + ranks[at + 1 :]) == {1}

@@ -113,8 +113,20 @@ async def generate(
     worker.generation_count += 1
     version = worker.generation_version_for(model)
     lineage = fleet.lineage
-    if lineage is not None and lineage.covers(version) and not (wrong or jitter):
-        made = lineage.generate(version, prompt, max_tokens, top)
+    if lineage is not None and lineage.covers(version) and not wrong:
+        made = (
+            lineage.jittered(
+                version,
+                prompt,
+                max_tokens,
+                magnitude=jitter.magnitude,
+                flip_from=jitter.position,
+                seed=f"{worker.instance_id}:{worker.generation_count}",
+                top=top,
+            )
+            if jitter is not None
+            else lineage.generate(version, prompt, max_tokens, top)
+        )
         outcome = Outcome(
             made.ids,
             made.detailed_finish_reason,

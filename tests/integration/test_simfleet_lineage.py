@@ -374,3 +374,28 @@ def test_logprob_jitter_keeps_a_lineage_versions_weights(fleet):
     entries = forced["nvext"]["prompt_logprobs"][len(prompt) :]
     ranks = [e[str(t)]["rank"] for e, t in zip(entries, flipped, strict=True)]
     assert ranks[at] == 2 and set(ranks[:at] + ranks[at + 1 :]) == {1}
+
+
+def test_prompt_logprobs_are_a_top_level_field_and_must_be_a_count(fleet):
+    worker = ids_of(fleet)[0]
+    url = f"{fleet.frontend_url}/v1/completions"
+    inside = HTTP.post(
+        url,
+        json={
+            "model": "sim-model",
+            "prompt": PROMPTS[0],
+            "nvext": {"backend_instance_id": worker, "prompt_logprobs": 1},
+        },
+    )
+    assert inside.status_code == 400
+    assert "unknown field `prompt_logprobs`" in inside.json()["message"]
+    bad = HTTP.post(
+        url,
+        json={
+            "model": "sim-model",
+            "prompt": PROMPTS[0],
+            "prompt_logprobs": -1,
+            "nvext": {"backend_instance_id": worker, "extra_fields": ["prompt_logprobs"]},
+        },
+    )
+    assert bad.status_code == 400 and bad.json()["type"] == "Bad Request"

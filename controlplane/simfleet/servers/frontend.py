@@ -12,6 +12,7 @@ and its requests wait until it resumes (bounded by `paused_generation_max_wait`)
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -135,14 +136,28 @@ class Frontend:
         except DropConnection:
             call.failed(500)
             raise
+        except asyncio.CancelledError:
+            # The client went away (aiohttp cancels the handler): a cancelled request.
+            self.metrics.disconnected()
+            call.failed(499)
+            raise
         except BaseException:
-            call.failed(499 if call.first_token_at is not None else 500)
+            call.failed(500)
             raise
 
     async def _complete(
         self, request: web.BaseRequest, req: dict[str, Any], call: Call
     ) -> web.StreamResponse:
         nvext = req["nvext"] if isinstance(req.get("nvext"), dict) else {}
+        if "prompt_logprobs" in nvext:
+            # It is a top-level field; 1.6.1's nvext refuses unknown keys (observed).
+            raise GenerationFailed(
+                400,
+                "Failed to deserialize the JSON body into the target type: unknown field "
+                "`prompt_logprobs`, expected one of `greed_sampling`, `use_raw_prompt`, "
+                "`annotations`, `backend_instance_id`, `token_data`, `extra_fields`",
+                "Bad Request",
+            )
         extra = set(nvext.get("extra_fields") or [])
         prompts = self._prompts(req.get("prompt"))
         n = req.get("n") or 1

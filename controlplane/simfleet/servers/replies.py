@@ -11,29 +11,45 @@ finishes.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
 
-from controlplane.simfleet.servers.generation import Outcome, PromptEntry
+from controlplane.simfleet.servers.generation import GenerationFailed, Outcome, PromptEntry
 from controlplane.simfleet.tokens import token_text
 from controlplane.simfleet.workers import SimWorker
 
 
 class Shape:
-    """What the request asked to see, read once."""
+    """What the request asked to see, read once. Bad counts are the frontend's 400."""
 
     def __init__(self, req: dict[str, Any], extra: set[str]) -> None:
         self.model = str(req["model"])
         self.extra = extra
-        self.logprobs = req.get("logprobs")
-        self.prompt_logprobs = req.get("prompt_logprobs") if "prompt_logprobs" in extra else None
+        self.logprobs = _count(req, "logprobs")
+        requested = _count(req, "prompt_logprobs")
+        self.prompt_logprobs = requested if "prompt_logprobs" in extra else None
         options = req.get("stream_options")
         self.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
     @property
     def top(self) -> int:
         return int(self.logprobs) if self.logprobs is not None else 0
+
+
+def _count(req: dict[str, Any], name: str) -> int | None:
+    value = req.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GenerationFailed(
+            400,
+            "Failed to deserialize the JSON body into the target type: "
+            f"{name}: invalid value: {json.dumps(value)}, expected a non-negative integer",
+            "Bad Request",
+        )
+    return int(value)
 
 
 def finish_reason(detailed: str) -> str:

@@ -200,16 +200,23 @@ def test_a_worker_that_starts_failing_later_is_counted_from_then_on(fleet):
     # The failing worker's own system server counts them, by hex instance id, as 1.6.1 does;
     # the frontend has no per-worker error counter.
     system_url = fleet.state(key)["system_url"]
-    page = {
-        sample.name: (sample.labels, sample.value)
-        for family in text_string_to_metric_families(HTTP.get(f"{system_url}/metrics").text)
-        for sample in family.samples
-    }
-    labels, errors = page["dynamo_component_errors_total"]
+    page: dict[str, list] = {}
+    for family in text_string_to_metric_families(HTTP.get(f"{system_url}/metrics").text):
+        for sample in family.samples:
+            page.setdefault(sample.name, []).append((sample.labels, sample.value))
+    ((labels, errors),) = page["dynamo_component_errors_total"]
     assert errors == 2 and labels["worker_id"] == f"{instance_id:x}"
     assert labels["dynamo_endpoint"] == "generate" and labels["error_type"] == "generate"
-    assert page["dynamo_component_requests_total"][1] == sent
-    assert page["dynamo_component_inflight_requests"][1] == 0
+    assert page["dynamo_component_requests_total"][0][1] == sent
+    assert page["dynamo_component_inflight_requests"][0][1] == 0
+    assert page["dynamo_component_request_duration_seconds_count"][0][1] == sent
+    bounds = [
+        float(lab["le"]) for lab, _ in page["dynamo_component_request_duration_seconds_bucket"]
+    ]
+    assert bounds[:3] == [0.005, 0.01, 0.025] and bounds[-1] == float("inf")
+    # The healthy worker has no error series at all, as on 1.6.1.
+    other = fleet.state(fleet.workers()[1]["key"])["system_url"]
+    assert "dynamo_component_errors_total{" not in HTTP.get(f"{other}/metrics").text
     # The worker's state lists the fault with its delay.
     faults = fleet.state(key)["faults"]["generate"]
     assert faults[0]["kind"] == "engine_error" and faults[0]["after"] == 0.5

@@ -220,3 +220,29 @@ def test_a_worker_that_starts_failing_later_is_counted_from_then_on(fleet):
     # The worker's state lists the fault with its delay.
     faults = fleet.state(key)["faults"]["generate"]
     assert faults[0]["kind"] == "engine_error" and faults[0]["after"] == 0.5
+
+
+def test_a_client_that_leaves_mid_stream_is_counted_as_cancelled(fleet):
+    key, instance_id = fleet.workers()[0]["key"], fleet.workers()[0]["instance_id"]
+    fleet.set_latency(key, {"ttft": {"median": 0}, "per_token": {"median": 0.2, "sigma": 0}})
+    body = {
+        "model": "sim-model",
+        "prompt": PROMPT,
+        "max_tokens": 20,
+        "stream": True,
+        "nvext": {"backend_instance_id": instance_id},
+    }
+    url = f"{fleet.frontend_url}/v1/completions"
+    # Leaving the block closes the connection after the first of 20 events.
+    with httpx.Client(timeout=10) as client, client.stream("POST", url, json=body) as reply:
+        assert next(reply.iter_lines()).startswith("data: {")
+    deadline = time.monotonic() + 10
+    cancelled = 0.0
+    while time.monotonic() < deadline and not cancelled:
+        samples = scrape(fleet)
+        cancelled = requests_total(
+            samples, request_type="stream", status="error", error_type="cancelled"
+        )
+    assert cancelled == 1
+    assert samples["dynamo_frontend_disconnected_clients"] == {(): 1.0}
+    assert samples["dynamo_frontend_inflight_requests"][(("model", "sim-model"),)] == 0

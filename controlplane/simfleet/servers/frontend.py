@@ -136,8 +136,9 @@ class Frontend:
         except DropConnection:
             call.failed(500)
             raise
-        except asyncio.CancelledError:
-            # The client went away (aiohttp cancels the handler): a cancelled request.
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away (aiohttp cancels the handler, or a stream write finds the
+            # socket closed): a cancelled request.
             self.metrics.disconnected()
             call.failed(499)
             raise

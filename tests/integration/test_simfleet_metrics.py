@@ -174,10 +174,10 @@ def test_inflight_counts_a_request_while_it_runs(fleet):
 
 def test_a_worker_that_starts_failing_later_is_counted_from_then_on(fleet):
     key, instance_id = fleet.workers()[0]["key"], fleet.workers()[0]["instance_id"]
-    fleet.inject(key, "generate", Fault.engine_error("engine died", after=0.5))
+    fleet.inject(key, "generate", Fault.engine_error("engine died", after=1.5))
     armed_at = time.monotonic()
     assert post(fleet, instance_id).status_code == 200  # healthy until T
-    assert time.monotonic() - armed_at < 0.5, "the first request must run before T"
+    assert time.monotonic() - armed_at < 1.5, "the first request must run before T"
     deadline = time.monotonic() + 5
     sent = 1
     while time.monotonic() < deadline:
@@ -190,7 +190,7 @@ def test_a_worker_that_starts_failing_later_is_counted_from_then_on(fleet):
         "type": "Internal Server Error",
         "code": 500,
     }
-    assert time.monotonic() - armed_at >= 0.5
+    assert time.monotonic() - armed_at >= 1.5
     # From then on every request fails, and the other worker is untouched.
     assert post(fleet, instance_id).status_code == 500
     sent += 1
@@ -200,16 +200,49 @@ def test_a_worker_that_starts_failing_later_is_counted_from_then_on(fleet):
     # The failing worker's own system server counts them, by hex instance id, as 1.6.1 does;
     # the frontend has no per-worker error counter.
     system_url = fleet.state(key)["system_url"]
-    page = {
-        sample.name: (sample.labels, sample.value)
-        for family in text_string_to_metric_families(HTTP.get(f"{system_url}/metrics").text)
-        for sample in family.samples
-    }
-    labels, errors = page["dynamo_component_errors_total"]
+    page: dict[str, list] = {}
+    for family in text_string_to_metric_families(HTTP.get(f"{system_url}/metrics").text):
+        for sample in family.samples:
+            page.setdefault(sample.name, []).append((sample.labels, sample.value))
+    ((labels, errors),) = page["dynamo_component_errors_total"]
     assert errors == 2 and labels["worker_id"] == f"{instance_id:x}"
     assert labels["dynamo_endpoint"] == "generate" and labels["error_type"] == "generate"
-    assert page["dynamo_component_requests_total"][1] == sent
-    assert page["dynamo_component_inflight_requests"][1] == 0
+    assert page["dynamo_component_requests_total"][0][1] == sent
+    assert page["dynamo_component_inflight_requests"][0][1] == 0
+    assert page["dynamo_component_request_duration_seconds_count"][0][1] == sent
+    bounds = [
+        float(lab["le"]) for lab, _ in page["dynamo_component_request_duration_seconds_bucket"]
+    ]
+    assert bounds[:3] == [0.005, 0.01, 0.025] and bounds[-1] == float("inf")
+    # The healthy worker has no error series at all, as on 1.6.1.
+    other = fleet.state(fleet.workers()[1]["key"])["system_url"]
+    assert "dynamo_component_errors_total{" not in HTTP.get(f"{other}/metrics").text
     # The worker's state lists the fault with its delay.
     faults = fleet.state(key)["faults"]["generate"]
-    assert faults[0]["kind"] == "engine_error" and faults[0]["after"] == 0.5
+    assert faults[0]["kind"] == "engine_error" and faults[0]["after"] == 1.5
+
+
+def test_a_client_that_leaves_mid_stream_is_counted_as_cancelled(fleet):
+    key, instance_id = fleet.workers()[0]["key"], fleet.workers()[0]["instance_id"]
+    fleet.set_latency(key, {"ttft": {"median": 0}, "per_token": {"median": 0.2, "sigma": 0}})
+    body = {
+        "model": "sim-model",
+        "prompt": PROMPT,
+        "max_tokens": 20,
+        "stream": True,
+        "nvext": {"backend_instance_id": instance_id},
+    }
+    url = f"{fleet.frontend_url}/v1/completions"
+    # Leaving the block closes the connection after the first of 20 events.
+    with httpx.Client(timeout=10) as client, client.stream("POST", url, json=body) as reply:
+        assert next(reply.iter_lines()).startswith("data: {")
+    deadline = time.monotonic() + 10
+    cancelled = 0.0
+    while time.monotonic() < deadline and not cancelled:
+        samples = scrape(fleet)
+        cancelled = requests_total(
+            samples, request_type="stream", status="error", error_type="cancelled"
+        )
+    assert cancelled == 1
+    assert samples["dynamo_frontend_disconnected_clients"] == {(): 1.0}
+    assert samples["dynamo_frontend_inflight_requests"][(("model", "sim-model"),)] == 0

@@ -136,8 +136,9 @@ class Frontend:
         except DropConnection:
             call.failed(500)
             raise
-        except asyncio.CancelledError:
-            # The client went away (aiohttp cancels the handler): a cancelled request.
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away (aiohttp cancels the handler, or a stream write finds the
+            # socket closed): a cancelled request.
             self.metrics.disconnected()
             call.failed(499)
             raise
@@ -182,15 +183,14 @@ class Frontend:
             )
         max_tokens = min(int(req.get("max_tokens") or DEFAULT_MAX_TOKENS), MAX_TOKENS_LIMIT)
         shape = Shape(req, extra)
-        worker.generate_requests += 1
-        worker.generate_inflight += 1
+        worker.generate_metrics.started()
+        failed = True
         try:
-            return await self._serve(request, req, shape, worker, prompts[0], max_tokens, call)
-        except (GenerationFailed, DropConnection):
-            worker.generate_errors += 1
-            raise
+            served = await self._serve(request, req, shape, worker, prompts[0], max_tokens, call)
+            failed = False
+            return served
         finally:
-            worker.generate_inflight -= 1
+            worker.generate_metrics.finished(time.monotonic() - call.started_at, failed=failed)
 
     async def _serve(
         self,

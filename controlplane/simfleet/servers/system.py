@@ -70,37 +70,14 @@ class SystemServers:
 
     @staticmethod
     def _metrics(worker: SimWorker) -> str:
-        """The worker runtime's per-endpoint counters for `generate`, labelled as 1.6.1 labels
-        them (`worker_id` is the instance id in lower-case hex), plus our flush counter."""
-        labels = (
-            f'dynamo_component="{worker.component}",dynamo_endpoint="generate",'
-            f'dynamo_namespace="{worker.namespace}",worker_id="{worker.instance_id:x}"'
-        )
-        lines = [
-            "# HELP dynamo_component_requests_total"
-            " Total number of requests processed by work handler",
-            "# TYPE dynamo_component_requests_total counter",
-            f"dynamo_component_requests_total{{{labels}}} {worker.generate_requests}",
-            "# HELP dynamo_component_inflight_requests"
-            " Number of requests currently being processed by work handler",
-            "# TYPE dynamo_component_inflight_requests gauge",
-            f"dynamo_component_inflight_requests{{{labels}}} {worker.generate_inflight}",
-        ]
-        if worker.generate_errors:
-            # Like the real one, the error series appears only once an error happened.
-            lines += [
-                "# HELP dynamo_component_errors_total"
-                " Total number of errors in work handler processing",
-                "# TYPE dynamo_component_errors_total counter",
-                f'dynamo_component_errors_total{{{labels},error_type="generate"}} '
-                f"{worker.generate_errors}",
-            ]
+        """The worker runtime's `generate` endpoint metrics (as 1.6.1 labels them) and our
+        flush counter."""
         flush = f'namespace="{worker.namespace}",component="{worker.component}"'
-        lines += [
-            "# TYPE simfleet_flush_total counter",
-            f"simfleet_flush_total{{{flush}}} {worker.flush_count}",
-        ]
-        return "\n".join(lines) + "\n"
+        return (
+            worker.generate_metrics.render()
+            + "# TYPE simfleet_flush_total counter\n"
+            + f"simfleet_flush_total{{{flush}}} {worker.flush_count}\n"
+        )
 
     async def _engine(self, worker: SimWorker, request: web.BaseRequest, path: str) -> Reply:
         route = path[len(ENGINE_PREFIX) :]

@@ -19,6 +19,7 @@ from controlplane.simfleet.collective import JoinError, wait_formed
 from controlplane.simfleet.config import WorkerSpec
 from controlplane.simfleet.faults import FaultBook
 from controlplane.simfleet.latency import LatencyConfig, LatencySampler
+from controlplane.simfleet.workers.metrics import EndpointMetrics
 
 #: Calls kept per worker; bounded so a 2,000-worker fleet stays small in memory.
 CALL_LOG_LIMIT = 200
@@ -80,11 +81,8 @@ class SimWorker:
         self.cache_resets = 0
         self.update_count = 0
         self.generation_count = 0
-        #: Requests on the `generate` endpoint: served, failed and running now (the worker's
-        #: own `dynamo_component_*` counters on its system server).
-        self.generate_requests = 0
-        self.generate_errors = 0
-        self.generate_inflight = 0
+        #: The `generate` endpoint's own counters, served on the system server's `/metrics`.
+        self.generate_metrics = EndpointMetrics(spec.namespace, spec.component, instance_id)
         self.calls: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_LIMIT)
         self.faults = FaultBook()
         self.lock = asyncio.Lock()

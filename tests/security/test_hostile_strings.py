@@ -627,6 +627,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "fleet:worker": [f"/workers/{x.pk}/" for x in workers],
         "fleet:metrics": ["/metrics"],
         "refresh:list": ["/refreshes/"],
+        "refresh:inbox": ["/refreshes/inbox/"],
         "refresh:plan": ["/refreshes/new/"],
         "refresh:source_strategy": [f"/refreshes/sources/{s.pk}/strategy/" for s in all_sources],
         "refresh:gates": ["/refreshes/gates/"],
@@ -796,6 +797,11 @@ def _stream_paths(w: World) -> dict[str, list[str]]:
         ],
         "ws/gates/": ["/ws/gates/"],
         "ws/gate-table/": ["/ws/gate-table/"],
+        "ws/inbox/": ["/ws/inbox/"],
+        "ws/refresh-list/": [
+            "/ws/refresh-list/",
+            f"/ws/refresh-list/?who={_quote(PAYLOAD)}&state={_quote(PAYLOAD)}",
+        ],
     }
 
 

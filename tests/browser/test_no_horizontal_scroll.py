@@ -110,8 +110,29 @@ def _overflowing(page, pages: dict[str, str]) -> dict[str, str]:
                 "[document.scrollingElement.scrollWidth, window.innerWidth]"
             )
             if scroll > inner:
-                wide[f"{name} @ {width}"] = f"{url}: {scroll} > {inner}"
+                wide[f"{name} @ {width}"] = f"{url}: {scroll} > {inner}; {_culprits(page)}"
     return wide
+
+
+#: The deepest elements sticking out past the window's right edge (what to fix, in a failure).
+CULPRITS = """() => {
+  const out = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const r = el.getBoundingClientRect();
+    if (r.right <= window.innerWidth + 0.5 || r.width === 0) continue;
+    const past = (c) => c.getBoundingClientRect().right > window.innerWidth + 0.5;
+    if ([...el.children].some(past)) continue;
+    const classes = typeof el.className === "string" ? el.className.trim() : "";
+    const name = el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
+      (classes ? "." + classes.split(/\\s+/).join(".") : "");
+    out.push(`${name} (right ${Math.round(r.right)})`);
+  }
+  return out.slice(0, 5).join(", ");
+}"""
+
+
+def _culprits(page) -> str:
+    return page.evaluate(CULPRITS)
 
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.value for r in ROLES])
@@ -124,6 +145,8 @@ def test_no_page_scrolls_horizontally(page, simfleet, transactional_db, role):
     page.goto("about:blank")
 
 
+# The refresh pages, apart: they are restructured on another branch now; should one overflow
+# there, its case is marked `xfail(reason=RESTRUCTURED)` until fixed.
 @pytest.mark.parametrize("role", ROLES, ids=[r.value for r in ROLES])
 def test_no_refresh_page_scrolls_horizontally(page, simfleet, transactional_db, role):
     pages = _world(simfleet)

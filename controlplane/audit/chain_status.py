@@ -3,8 +3,8 @@
 Incremental, never a full walk per page view. The newest row known good (its sequence, hash,
 where keyed rows began, and when it was verified) is kept in the cache. Each read:
 
-1. re-reads the known-good row's hash: a rewrite of that row, or a table truncated below it,
-   shows at once;
+1. re-reads the known-good row's hash (the first row of the same query): a rewrite of that
+   row, or a table truncated below it, shows at once;
 2. verifies only the rows after it with `chain.verify_chain(after=...)` (links, HMACs, the
    unkeyed-after-keyed rule), at most `VERIFY_BATCH` per read, so a long backlog (a first
    read on a big table, a cleared cache) is spread over a few reads and the page says how far
@@ -86,20 +86,6 @@ def chain_status(batch: int = VERIFY_BATCH) -> ChainStatus:
     mark = _mark()
     head_row = AuditChainHead.objects.first()
     head = head_row.last_sequence if head_row is not None else 0
-    if mark["sequence"]:
-        pinned = (
-            AuditEvent.objects.filter(sequence=mark["sequence"])
-            .values_list("entry_hash", flat=True)
-            .first()
-        )
-        if pinned != mark["hash"]:
-            return _broken(
-                mark,
-                head,
-                mark["sequence"],
-                f"row #{mark['sequence']} no longer has the hash it had when verified "
-                "(rewritten, or the chain was truncated)",
-            )
     if head < mark["sequence"]:
         return _broken(
             mark,
@@ -109,10 +95,26 @@ def chain_status(batch: int = VERIFY_BATCH) -> ChainStatus:
             "(rows at the end were deleted)",
         )
     upto = min(head, mark["sequence"] + batch)
-    rows = AuditEvent.objects.filter(sequence__gt=mark["sequence"], sequence__lte=upto)
+    # The known-good row comes first in the same query: its hash must not have changed.
+    rows = verification_rows(
+        AuditEvent.objects.filter(sequence__gte=mark["sequence"], sequence__lte=upto)
+    )
+    if mark["sequence"]:
+        pinned = next(rows, None)
+        if pinned is None or (pinned.sequence, pinned.entry_hash) != (
+            mark["sequence"],
+            mark["hash"],
+        ):
+            return _broken(
+                mark,
+                head,
+                mark["sequence"],
+                f"row #{mark['sequence']} no longer has the hash it had when verified "
+                "(rewritten, or the chain was truncated)",
+            )
     pins = AnchorSet(keyed_from=mark.get("keyed_from"))
     report = verify_chain(
-        verification_rows(rows),
+        rows,
         # The head is compared only when this read reaches it: a capped batch ends before it.
         head=head_row if upto == head else None,
         anchors=pins,

@@ -42,8 +42,8 @@ def test_each_read_checks_only_the_rows_added_since():
     with CaptureQueriesContext(connection) as queries:
         status = chain_status()
     assert status.state == "verified" and status.verified_to == 8
-    walk = [q["sql"] for q in queries.captured_queries if '"sequence" >' in q["sql"]]
-    assert len(walk) == 1 and '"sequence" > 6 ' in walk[0]  # from row #6 on, not #1
+    walk = [q["sql"] for q in queries.captured_queries if '"sequence" >=' in q["sql"]]
+    assert len(walk) == 1 and '"sequence" >= 6 ' in walk[0]  # from row #6 on, not #1
 
 
 def test_a_capped_read_says_how_far_it_got_and_the_next_goes_on():

@@ -57,11 +57,12 @@ def test_approver_sees_a_pending_approval_within_2_s_without_reloading(
     refresh = _elsewhere(
         lambda: intents.start_policy_refresh(planned, actor=actor_for(operator), enqueue=False)
     )
-    started = time.monotonic()
     assert refresh.state == RefreshState.AWAITING_APPROVAL
     # Polled by Playwright with a deadline (the page's CSP forbids evaluated predicates).
     page.wait_for_selector("#inbox-badge[data-count='1']", state="visible", timeout=2_000)
-    assert time.monotonic() - started < 2.0
+    # Timed from the moment the refresh entered the state (in the start's transaction), so
+    # the rest of that transaction, the commit and the push all count.
+    assert time.time() - refresh.state_changed_at.timestamp() < 2.0
     assert _badge_count(page) == "1"
     assert page.evaluate("window.__sameDocument") is True
     assert "1 awaiting your approval" in page.get_attribute("a.inbox-link", "aria-label")

@@ -17,6 +17,7 @@ from django.db import connections
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
 from controlplane.intake.models import WebhookEndpoint
+from controlplane.notify.models import NotificationDestination
 from controlplane.refresh import intents
 from tests.conftest import PASSWORD
 from tests.fixtures.live_server import sign_in
@@ -60,6 +61,12 @@ def _world(simfleet) -> dict[str, str]:
 
     ran, waiting, planned = _elsewhere(build)
     endpoint = WebhookEndpoint.objects.create(name="trainer-a", source=source, secrets=["x" * 32])
+    destination = NotificationDestination.objects.create(
+        name="ops-hook",
+        kind="webhook",
+        url="http://127.0.0.1:9/hooks/a-rather-long-path/that-goes-on/and-on",
+        allowed_networks=["127.0.0.0/8"],
+    )
     worker = source.workers.first()
     return {
         "fleet": "/",
@@ -83,8 +90,14 @@ def _world(simfleet) -> dict[str, str]:
         "webhooks": "/admin-tools/webhooks/",
         "webhook new": "/admin-tools/webhooks/new/",
         "webhook": f"/admin-tools/webhooks/{endpoint.pk}/",
+        "webhook edit": f"/admin-tools/webhooks/{endpoint.pk}/edit/",
+        "webhook delete": f"/admin-tools/webhooks/{endpoint.pk}/delete/",
         "notifications": "/admin-tools/notifications/",
         "notification new": "/admin-tools/notifications/new/",
+        "notification": f"/admin-tools/notifications/{destination.pk}/",
+        "notification edit": f"/admin-tools/notifications/{destination.pk}/edit/",
+        "search empty": "/search/",
+        "sign-in": "/accounts/login/",
         "not found": "/no-such-page/",
         # Restructured on another branch (REFRESH_PAGES).
         "detail": f"/refreshes/{ran.pk}/",

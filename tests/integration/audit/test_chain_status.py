@@ -15,6 +15,7 @@ from tests.integration.audit.tampering import (
     forged_append,
     guessed_key,
     rewrite_row_then,
+    sha256_as_legacy,
     sql,
     truncate_tail,
 )
@@ -112,3 +113,28 @@ def test_history_page_names_the_broken_entry(viewer_client):
     html = viewer_client.get("/history/").content.decode()
     assert 'data-state="broken"' in html
     assert "Chain broken at entry #" in html and "HMAC" in html
+
+
+def test_a_recreated_database_is_verified_afresh_not_called_tampered():
+    """The mark outlives the database in the cache (a dropped and recreated database of the
+    same name): another row #1 means another chain, verified from its start."""
+    record_some(6)
+    assert chain_status().verified_to == 6
+    sql("DELETE FROM audit_auditevent")
+    sql("UPDATE audit_auditchainhead SET last_sequence = 0, last_hash = %s", ["0" * 64])
+    record_some(3, label="a new installation")
+    status = chain_status()
+    assert (status.state, status.verified_to) == ("verified", 3)
+
+
+@pytest.mark.parametrize(
+    "hasher", [guessed_key("k1"), sha256_as_legacy], ids=["guessed key", "as legacy rows"]
+)
+def test_a_full_rewrite_without_the_key_is_still_broken(hasher):
+    """Rewritten from row #1 on: another chain to the mark, verified from its start, where
+    the HMACs fail, or unkeyed rows stand where keyed rows began."""
+    record_some(6)
+    assert chain_status().verified_to == 6
+    rewrite_row_then(hasher, from_start=True)()
+    status = chain_status()
+    assert status.state == "broken" and status.broken_at == 1

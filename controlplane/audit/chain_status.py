@@ -18,8 +18,9 @@ from its start) and is verified afresh from row #1 — keeping the row where key
 a rewrite without the key still fails there.
 
 What it cannot see is a row *before* the mark rewritten after it was verified (other than the
-mark itself), nor a log deleted whole (it reads as empty): a full walk finds that — `manage.py audit verify` and the checkpoint task with its
-signed checkpoints outside the database. The page says "incrementally" for that reason.
+mark itself), nor a log deleted whole (it reads as empty): a full walk finds that —
+`manage.py audit verify` and the checkpoint task with its signed checkpoints outside the
+database. The page says "incrementally" for that reason.
 A break is kept until the chain verifies again from the last good mark (it does not, unless
 someone restores the rows), and never advances the mark.
 """

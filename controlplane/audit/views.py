@@ -6,6 +6,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from controlplane.audit.chain_status import chain_status
 from controlplane.audit.export import EXPORTERS
 from controlplane.audit.forms import AuditFilterForm
 from controlplane.audit.models import AuditEvent
@@ -59,8 +60,9 @@ def history(request: HtmxHttpRequest) -> HttpResponse:
     query = request.GET.copy()
     query.pop("page", None)
     context = {"form": form, "page": page, "query": query.urlencode()}
-    template = "audit/history.html#events" if request.htmx else "audit/history.html"
-    return render(request, template, context)
+    if request.htmx:  # paging and filters swap the table alone; the status stays as drawn
+        return render(request, "audit/history.html#events", context)
+    return render(request, "audit/history.html", context | {"chain": chain_status()})
 
 
 @require_GET

@@ -1,12 +1,13 @@
 from django.urls import path
 
-from controlplane.refresh import analysis_views, views
+from controlplane.refresh import analysis_views, inbox, list_views, views
 from controlplane.refresh.drills import views as drill_views
 
 app_name = "refresh"
 
 urlpatterns = [
-    path("", views.refresh_list, name="list"),
+    path("", list_views.refresh_list, name="list"),
+    path("inbox/", inbox.inbox, name="inbox"),
     path("new/", views.plan, name="plan"),
     path("gates/", views.gate_list, name="gates"),
     path("gates/<int:pk>/actions/", views.gate_actions, name="gate_actions"),

@@ -1,4 +1,4 @@
-"""Policy refresh pages: list, plan form → preview → confirm, live progress, gates, actions.
+"""Policy refresh pages: plan form → preview → confirm, live progress, gates, actions.
 
 Every view checks its permission with `@requires`; every mutating view is POST-only and runs
 one row of the action table (`refresh.action_table`), whose action function audits. Errors a
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -46,7 +45,6 @@ from controlplane.refresh.intents.action_table import (
 )
 from controlplane.refresh.models import (
     ACTIVE_STATES,
-    TERMINAL_STATES,
     Gate,
     PolicyRefresh,
     Quarantine,
@@ -72,28 +70,6 @@ def _error_message(exc: RefreshError | ValidationError) -> str:
     if isinstance(exc, RefreshError):
         return exc.message
     return getattr(exc, "message", None) or "; ".join(exc.messages)
-
-
-@require_GET
-@requires(Perm.VIEW)
-def refresh_list(request: HttpRequest) -> HttpResponse:
-    refreshes = PolicyRefresh.objects.select_related("source").order_by("-id")
-    # A plan is not "active" (nothing runs) nor "completed" (nothing ran): it waits for a
-    # confirmation, and once discarded (ended without ever starting) it is listed as such.
-    never_started = Q(state=RefreshState.ABORTED, started_at__isnull=True)
-    context = {
-        "planned": list(refreshes.filter(state=RefreshState.PLANNED)),
-        "active": list(refreshes.filter(state__in=ACTIVE_STATES).exclude(state="held")),
-        "held": list(refreshes.filter(state=RefreshState.HELD)),
-        "completed": list(
-            refreshes.filter(state__in=TERMINAL_STATES)
-            .exclude(never_started)
-            .exclude(state=RefreshState.ROLLED_BACK)[:100]
-        ),
-        "rolled_back": list(refreshes.filter(state=RefreshState.ROLLED_BACK)[:20]),
-        "discarded": list(refreshes.filter(never_started)[:20]),
-    }
-    return render(request, "refresh/list.html", context)
 
 
 @require_http_methods(["GET", "POST"])

@@ -703,6 +703,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
             f"/api/v1/sources/{sim.name}/analysis-templates/held-out?version=1",
         ],
         "refresh:list": ["/refreshes/"],
+        "refresh:inbox": ["/refreshes/inbox/"],
         "refresh:plan": ["/refreshes/new/"],
         "refresh:source_strategy": [f"/refreshes/sources/{s.pk}/strategy/" for s in all_sources],
         "refresh:gates": ["/refreshes/gates/"],
@@ -872,6 +873,11 @@ def _stream_paths(w: World) -> dict[str, list[str]]:
         ],
         "ws/gates/": ["/ws/gates/"],
         "ws/gate-table/": ["/ws/gate-table/"],
+        "ws/inbox/": ["/ws/inbox/"],
+        "ws/refresh-list/": [
+            "/ws/refresh-list/",
+            f"/ws/refresh-list/?who={_quote(PAYLOAD)}&state={_quote(PAYLOAD)}",
+        ],
     }
 
 

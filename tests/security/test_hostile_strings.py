@@ -548,6 +548,87 @@ def analysis_templates(w: World) -> None:
     )
 
 
+def canary_analysis_reports(w: World) -> None:
+    """A canary analysis report and a watch record of the canary refresh: the worker keys,
+    the frontend's error texts and the replies in it are outside data (a worker or frontend
+    answers them), shown on the analysis page and in the API."""
+    from controlplane.analysis.models import AnalysisTemplate
+    from controlplane.refresh.models import AnalysisPhase, CanaryAnalysis
+
+    h = w.hostile
+    refresh = next(r for r in w.refreshes if (r.progress or {}).get("canary"))
+    template = AnalysisTemplate.objects.filter(source=w.sim).order_by("-version").first()
+    assert template is not None
+    metric = {
+        "name": "ref_logprob",
+        "group": "drift",
+        "direction": "decrease",
+        "allowed_effect": 0.1,
+        "critical": True,
+        "must_have_data": True,
+        "verdict": "fail",
+        "reason": h("analysis metric reason"),
+        "n_baseline": 2,
+        "n_canary": 2,
+        "median_baseline": -0.5,
+        "median_canary": -3.0,
+        "u": 0.0,
+        "p_value": 0.01,
+        "method": "exact",
+        "effect": -2.5,
+    }
+    CanaryAnalysis.objects.create(
+        refresh=refresh,
+        phase=AnalysisPhase.CANARY,
+        template=template,
+        state="done",
+        outcome="fail",
+        score=40.0,
+        summary=h("analysis summary"),
+        report={
+            "judge": {"outcome": "fail", "score": 40.0, "summary": "", "metrics": [metric]},
+            "cohorts": {"baseline": [h("analysis baseline key")], "canary": [h("canary key")]},
+            "values": {
+                "baseline": {"ref_logprob": [-0.5, -0.4]},
+                "canary": {"ref_logprob": [-3, -2]},
+            },
+            "moved_most": [
+                {
+                    "prompt_index": 0,
+                    "prompt_ids": [1, 2],
+                    "ref_logprob_shift": -2.5,
+                    "kl_estimate": 2.5,
+                    "output_divergence": 1.0,
+                    "baseline_ids": [3],
+                    "canary_ids": [],
+                    "baseline_finish": "length",
+                    "canary_finish": None,
+                    "baseline_error": None,
+                    "canary_error": h("frontend error text"),
+                }
+            ],
+            "prompts": 20,
+        },
+    )
+    CanaryAnalysis.objects.create(
+        refresh=refresh,
+        phase=AnalysisPhase.BACKGROUND,
+        template=template,
+        report={
+            "ticks": [
+                {
+                    "at": "2026-12-06T00:00:00+00:00",
+                    "workers": 1,
+                    "prompts": [0],
+                    "breaches": [{"key": h("watch breach key"), "why": h("watch breach why")}],
+                    "fleet_wide": False,
+                }
+            ],
+            "breaches": [{"key": h("watch breach key (total)"), "why": "500"}],
+        },
+    )
+
+
 CHANNELS: list[Callable[[World], None]] = [
     discovery_payloads,
     sources_via_forms_and_api,
@@ -562,6 +643,7 @@ CHANNELS: list[Callable[[World], None]] = [
     canary_verdict_from_the_trainer,
     drill_records,
     analysis_templates,
+    canary_analysis_reports,
 ]
 
 
@@ -691,6 +773,8 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "fleet:worker": [f"/workers/{x.pk}/" for x in workers],
         "fleet:metrics": ["/metrics"],
         "analysis:templates": [f"/sources/{s.name}/analysis/" for s in all_sources],
+        "refresh:analysis": [f"/refreshes/{pk}/analysis/" for pk in r],
+        "intake:api-v1:list_analyses": [f"/api/v1/refreshes/{pk}/analyses" for pk in r],
         "analysis:template": [
             f"/sources/{sim.name}/analysis/held-out/",
             *(f"/sources/{sim.name}/analysis/held-out/?version={v}" for v in (1, 2, 3)),

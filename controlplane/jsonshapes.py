@@ -51,6 +51,7 @@ from controlplane.refresh.gates import AdmittedEntry, DriftEntry, InstanceSets
 from controlplane.refresh.handshake import Group
 from controlplane.refresh.ledger import EvidenceDetail
 from controlplane.refresh.membership import MembershipChange
+from controlplane.refresh.models.analysis import AnalysisReport
 from controlplane.refresh.namespaces import ResolvedNamespaces
 from controlplane.refresh.planning.verification import Verification
 from controlplane.refresh.planning.worker import PlannedCalls
@@ -82,6 +83,7 @@ SHAPES: dict[str, Any] = {
     # -- analysis
     "analysis.AnalysisTemplate.body": TemplateBody,
     # -- refresh: drills
+    "refresh.CanaryAnalysis.report": AnalysisReport,
     "refresh.DrillRun.namespaces": Namespaces,
     "refresh.DrillRun.instances": InstanceIds,
     "refresh.DrillRun.current_policy": DrillPolicy,

@@ -142,9 +142,10 @@ def run_canary_analysis(refresh_id: int) -> str:
     if not _analysing(refresh) or strategy.canary is None or not strategy.canary.analysis:
         return "nothing to analyse"
     template, spec, problem = template_spec(refresh.source, strategy.canary.analysis)
-    run = _begin(refresh, template) if template is not None else None
-    if run is False:
+    begun = _begin(refresh, template) if template is not None else None
+    if begun is False:
         return "already running or concluded"
+    run = begun if isinstance(begun, CanaryAnalysis) else None
     cohorts = canary_cohorts(refresh)
     if spec is None or not cohorts.baseline or not cohorts.canary:
         why = problem or (
@@ -152,13 +153,13 @@ def run_canary_analysis(refresh_id: int) -> str:
             if not cohorts.baseline
             else "no canary worker is verified"
         )
-        return _conclude(refresh, run or None, _cannot_judge(why, cohorts))
+        return _conclude(refresh, run, _cannot_judge(why, cohorts))
     try:
         report = analyse(refresh, spec, cohorts)
     except Exception as exc:  # a bug or an outage must not leave the canary analysing
         logger.exception("canary analysis of refresh #%s failed", refresh.pk)
         report = _cannot_judge(f"the analysis failed: {type(exc).__name__}: {exc}", cohorts)
-    return _conclude(refresh, run or None, report)
+    return _conclude(refresh, run, report)
 
 
 def _analysing(refresh: PolicyRefresh) -> bool:
@@ -325,7 +326,7 @@ def _conclude(refresh: PolicyRefresh, run: CanaryAnalysis | None, report: dict[s
             # refresh is not moved by a late analysis.
             return f"{outcome} (too late: the refresh is {locked.state})"
         summary = CanaryAnalysisSummary(**((canary_of(locked) or {}).get("analysis") or {}))
-        summary.update(outcome=outcome, score=score, summary=summary_text)
+        summary["outcome"], summary["score"], summary["summary"] = outcome, score, summary_text
         did = _act(locked, outcome, summary, summary_text)
         # Audited last: the chain head is locked after the gates the outcome moved.
         audit_refresh(
@@ -383,7 +384,7 @@ def requeue_stalled_analyses(now=None) -> list[int]:
     now = now or timezone.now()
     sent = []
     for refresh in PolicyRefresh.objects.filter(
-        state=RefreshState.CANARY_REVIEW, since__lt=now - STALL_AFTER
+        state=RefreshState.CANARY_REVIEW, state_changed_at__lt=now - STALL_AFTER
     ).order_by("id"):
         if not _analysing(refresh):
             continue

@@ -10,6 +10,8 @@ from controlplane.refresh.models.analysis import (
     AnalysisPhase,
     AnalysisRunState,
     CanaryAnalysis,
+    CanaryReport,
+    WatchReport,
 )
 from controlplane.refresh.models.drill import (
     DrillOutcome,
@@ -64,6 +66,7 @@ __all__ = [
     "AnalysisPhase",
     "AnalysisRunState",
     "CanaryAnalysis",
+    "CanaryReport",
     "Closure",
     "DrillOutcome",
     "DrillPhase",
@@ -84,6 +87,7 @@ __all__ = [
     "Serving",
     "ServingInterval",
     "StepRun",
+    "WatchReport",
     "WorkerStepResult",
     "state_change",
 ]

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
+from controlplane.jsonshapes import problems
 from controlplane.refresh import intents
 from controlplane.refresh.intents.canary import (
     TrainerVerdictRefused,
@@ -26,6 +27,7 @@ from controlplane.refresh.intents.canary import (
 from controlplane.refresh.models import (
     AnalysisPhase,
     CanaryAnalysis,
+    CanaryReport,
     JournalEntry,
     PolicyRefresh,
     RefreshState,
@@ -142,6 +144,8 @@ def test_a_close_successor_passes_and_the_canary_proceeds(fleet, source, operato
     assert verdicts["ref_logprob"] == verdicts["kl_estimate"] == "pass"
     assert set(fleet_versions(fleet).values()) == {"v2"}
     assert refresh.progress["canary"]["by"] == "canary analysis"
+    # The stored report is the declared shape, all the way down.
+    assert problems(run.report, CanaryReport) == []
     assert AuditEvent.objects.filter(
         correlation_id=refresh.correlation_id, action="policy_refresh.analysis_done"
     ).exists()

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from controlplane.jsonshapes import problems
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.intents.analysis import run_canary_analysis
 from controlplane.refresh.intents.watch import watch_reopened
@@ -16,6 +17,7 @@ from controlplane.refresh.models import (
     Gate,
     Quarantine,
     RefreshState,
+    WatchReport,
 )
 from controlplane.simfleet import Fault
 from tests.integration.canary_analysis.helpers import canary, lineage_fleet_config, save
@@ -73,3 +75,4 @@ def test_a_worker_erroring_after_the_reopen_is_quarantined_within_the_window(
     assert Quarantine.objects.count() == 1  # the healthy ones stay admitted
     watch.refresh_from_db()
     assert [b["key"] for b in watch.report["breaches"]] == [q.key]
+    assert problems(watch.report, WatchReport) == []

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
-from controlplane.fleet import serving_health, services
+from controlplane.fleet import services, serving_health
 from controlplane.fleet.models import ServingHealthPoint, Source
 from tests.integration.fleet.conftest import LOOPBACK, closed_port_url
 
@@ -53,7 +53,7 @@ class Exposition:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            def do_GET(self) -> None:
                 owner.hits += 1
                 if self.path != "/metrics":
                     self.send_error(404)

@@ -19,7 +19,8 @@ from django.utils import timezone
 from controlplane.audit.recorder import Actor
 from controlplane.fleet import services, serving_health
 from controlplane.fleet.models import ServingHealthPoint, Source
-from tests.integration.fleet.conftest import LOOPBACK, closed_port_url
+from controlplane.jsonshapes import SHAPES, problems
+from tests.integration.fleet.conftest import LOOPBACK, closed_port_url, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "dynamo"
 IDLE = (FIXTURES / "frontend-metrics-1.6.1-idle.txt").read_text()
@@ -126,6 +127,8 @@ def test_rates_errors_and_latency_come_from_the_window_between_two_reads(db, fro
     assert tiny["request_rate"] == pytest.approx(11 / point.seconds)
     assert tiny["error_ratio"] == pytest.approx(3 / 11)
     assert point.by_model["unknown_model"]["error_ratio"] == 1.0
+    stored = ServingHealthPoint.objects.get(pk=point.pk).by_model
+    assert problems(stored, SHAPES["fleet.ServingHealthPoint.by_model"]) == []
 
     frontend.text = bumped(BUSY, STREAM_OK, 10)
     serving_health.sample_all()
@@ -323,3 +326,40 @@ def test_the_source_page_loads_the_fragment(viewer_client, charted):
 
 def test_an_unknown_source_is_404(viewer_client, db):
     assert viewer_client.get(reverse("fleet:serving_health", args=[999_999])).status_code == 404
+
+
+@pytest.mark.celery
+def test_the_beat_task_runs_on_a_celery_worker(celery_worker, db, frontend):
+    from controlplane.fleet.tasks import sample_serving_health
+
+    source = make("celery", frontend.url)
+    sample_serving_health.delay()
+    wait_for(lambda: frontend.hits == 1)
+    frontend.text = BUSY
+    sample_serving_health.delay()
+    point = wait_for(lambda: ServingHealthPoint.objects.filter(source=source).first())
+    assert point.request_rate == pytest.approx(13 / point.seconds)
+
+
+def test_a_long_window_draws_the_worst_of_each_stretch(viewer_client, db):
+    source = make("long", "http://127.0.0.1:9")
+    now = timezone.now()
+    ServingHealthPoint.objects.bulk_create(
+        ServingHealthPoint(
+            source=source,
+            taken_at=now - timedelta(seconds=2 * (400 - i)),
+            seconds=2.0,
+            request_rate=500.0 if i == 201 else 1.0,
+            error_rate=0.0,
+        )
+        for i in range(400)
+    )
+    html = viewer_client.get(_url(source)).content.decode()
+    figure = re.search(r'<figure[^>]*id="serving-requests".*?</figure>', html, re.S).group(0)
+    svg = ET.fromstring(re.search(r"<svg.*</svg>", figure, re.S).group(0))
+    dots = svg.findall("{http://www.w3.org/2000/svg}circle")
+    assert len(dots) <= serving_health.MAX_DRAWN
+    assert (
+        sum("500/s" in (d.findtext("{http://www.w3.org/2000/svg}title") or "") for d in dots) == 1
+    )
+    assert "max 500/s" in figure

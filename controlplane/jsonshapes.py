@@ -25,6 +25,7 @@ from typing import (
     is_typeddict,
 )
 
+from controlplane.analysis.spec import TemplateBody
 from controlplane.dynamo.fingerprint import FingerprintJson
 from controlplane.dynamo.listing import ListenerTransport
 from controlplane.fleet.discovery.diff import WorkerEventDetails
@@ -80,6 +81,8 @@ SHAPES: dict[str, Any] = {
     "fleet.PublishedPolicy.namespaces": Namespaces,
     "fleet.PublishedPolicy.lag_alerted": Namespaces,
     "fleet.ServingHealthPoint.by_model": ServingModels,
+    # -- analysis
+    "analysis.AnalysisTemplate.body": TemplateBody,
     # -- refresh: drills
     "refresh.DrillRun.namespaces": Namespaces,
     "refresh.DrillRun.instances": InstanceIds,

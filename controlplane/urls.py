@@ -16,6 +16,7 @@ urlpatterns = [
     path("favicon.ico", favicon),
     path("", include("controlplane.fleet.urls")),
     path("refreshes/", include("controlplane.refresh.urls")),
+    path("", include("controlplane.analysis.urls")),
     path("", include("controlplane.intake.urls")),
     path("accounts/", include("controlplane.accounts.urls")),
     path("history/", include("controlplane.audit.urls")),

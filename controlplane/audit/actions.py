@@ -80,6 +80,8 @@ class AuditAction(models.TextChoices):
     POLICY_REFRESH_ANALYSIS_BREACH = "policy_refresh.analysis_breach"
     # a trainer's verdict on a canary its strategy leaves to a person (or to no one)
     POLICY_REFRESH_CANARY_VERDICT_REFUSED = "policy_refresh.canary_verdict_refused"
+    # canary analysis (controlplane/analysis): a new version of a source's analysis template
+    ANALYSIS_TEMPLATE_SAVED = "analysis_template.saved"
     # rollback drills (refresh/drills): a subset to the previous policy and back
     DRILL_STARTED = "drill.started"
     DRILL_SUCCEEDED = "drill.succeeded"

@@ -190,13 +190,21 @@ def _error_text(body: dict[str, Any]) -> str:
     return body_message(body) or one_line(repr(error), 200)
 
 
+#: At or below this a log probability is a stand-in for a non-finite one: Dynamo 1.6.1's vLLM
+#: worker clamps a NaN or -inf prompt logprob to -1e30 before serde sees it
+#: (`_finite_logprob` in dynamo/vllm/handlers.py), so a broken checkpoint's NaN arrives so.
+NON_FINITE_FLOOR = -1e29
+
+
 def _logprob(value: object) -> float | None:
     """A log probability, or None where the engine gave none. serde_json writes a NaN as
-    null, so null is also how a broken engine's NaN arrives."""
+    null, so null is also how a broken engine's NaN arrives; a clamped one (at or below
+    `NON_FINITE_FLOOR`) counts as none too, never as a very unlikely token."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     number = float(value)
-    return number if math.isfinite(number) and number <= 0 else None
+    ok = math.isfinite(number) and NON_FINITE_FLOOR < number <= 0
+    return number if ok else None
 
 
 def read_event(event: Any, into: Generated, max_tokens: int) -> None:

@@ -31,6 +31,7 @@ class MetricRow:
     effect: float | None
     allowed_effect: float | None
     direction: str
+    reason: str
     baseline_median: float | None
     canary_median: float | None
     n_baseline: int
@@ -69,8 +70,9 @@ def metric_rows(run: CanaryAnalysis) -> list[MetricRow]:
                 effect=m.get("effect"),
                 allowed_effect=m.get("allowed_effect"),
                 direction=str(m.get("direction", "")),
-                baseline_median=m.get("baseline_median"),
-                canary_median=m.get("canary_median"),
+                reason=str(m.get("reason", "")),
+                baseline_median=m.get("median_baseline"),
+                canary_median=m.get("median_canary"),
                 n_baseline=int(m.get("n_baseline") or len(b)),
                 n_canary=int(m.get("n_canary") or len(c)),
                 chart=charts.cohort_strips(b, c, label=f"{name}: baseline and canary per prompt"),

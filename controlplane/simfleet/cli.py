@@ -10,6 +10,8 @@ import sys
 from typing import Protocol
 
 from controlplane.simfleet.config import FAMILIES, FAMILY_VLLM, FleetConfig
+from controlplane.simfleet.latency import LatencyDistribution
+from controlplane.simfleet.lineage import BROKEN_KINDS, LineageConfig
 from controlplane.simfleet.runtime import SimFleetServer
 
 
@@ -39,6 +41,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="JSON fleet config (overrides the above)")
     parser.add_argument("--churn", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--lineage-seed",
+        type=int,
+        default=None,
+        help="serve a policy lineage with this seed (versions v1, v2, ... are its steps)",
+    )
+    parser.add_argument(
+        "--broken",
+        action="append",
+        default=[],
+        metavar="VERSION=KIND",
+        help="a broken checkpoint of the lineage, e.g. v7=drift (repeatable; kinds: "
+        + ", ".join(BROKEN_KINDS)
+        + ")",
+    )
+    parser.add_argument("--ttft-ms", type=float, default=None, help="median time to first token")
+    parser.add_argument("--token-ms", type=float, default=None, help="median time per token")
 
 
 def build_config(args: argparse.Namespace) -> FleetConfig:
@@ -63,6 +82,25 @@ def build_config(args: argparse.Namespace) -> FleetConfig:
         config.churn_interval = args.churn
     if args.seed is not None:
         config.seed = args.seed
+    if args.lineage_seed is not None:
+        config.lineage = LineageConfig(seed=args.lineage_seed)
+    if args.broken:
+        if config.lineage is None:
+            raise SystemExit("--broken needs a lineage (--lineage-seed, or one in --config)")
+        for item in args.broken:
+            version, _, kind = item.partition("=")
+            try:
+                config.lineage = LineageConfig.from_dict(
+                    config.lineage.to_dict() | {"broken": config.lineage.broken | {version: kind}}
+                )
+            except ValueError as exc:
+                raise SystemExit(f"--broken {item}: {exc}") from None
+    if args.ttft_ms is not None:
+        config.latency.ttft = LatencyDistribution(args.ttft_ms / 1000, config.latency.ttft.sigma)
+    if args.token_ms is not None:
+        config.latency.per_token = LatencyDistribution(
+            args.token_ms / 1000, config.latency.per_token.sigma
+        )
     return config
 
 

@@ -91,6 +91,32 @@ class SimFleetControl:
     def set_world_size(self, key: str | int, world_size: int | None) -> None:
         self._request("PUT", f"/workers/{_segment(key)}/world_size", {"world_size": world_size})
 
+    def set_latency(self, key: str | int, latency: dict[str, Any] | None) -> None:
+        path = f"/workers/{_segment(key)}/latency"
+        if latency is None:
+            self._request("DELETE", path)
+        else:
+            self._request("PUT", path, latency)
+
+    def lineage(self) -> dict[str, Any] | None:
+        lineage: dict[str, Any] | None = self._request("GET", "/lineage")["lineage"]
+        return lineage
+
+    def set_lineage(self, lineage: dict[str, Any] | None) -> None:
+        if lineage is None:
+            self._request("DELETE", "/lineage")
+        else:
+            self._request("PUT", "/lineage", lineage)
+
+    def set_broken(self, version: Any, broken: str | dict[str, Any] | None) -> None:
+        """Mark `version` a broken checkpoint (`"drift"`, `{"kind": "marginal"}`, ...), or
+        healthy again with None."""
+        path = f"/lineage/broken/{_segment(version)}"
+        if broken is None:
+            self._request("DELETE", path)
+        else:
+            self._request("PUT", path, {"kind": broken} if isinstance(broken, str) else broken)
+
     def state(self, key: str | int) -> dict[str, Any]:
         state: dict[str, Any] = self._request("GET", f"/workers/{_segment(key)}")
         return state

@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from controlplane.simfleet.latency import LatencyConfig
+from controlplane.simfleet.lineage import LineageConfig
+
 #: Backend families a simulated worker can speak (names match `controlplane.dynamo.families`).
 FAMILY_VLLM: Final = "vllm"
 FAMILY_SIDECAR = "vllm-sidecar"
@@ -71,8 +74,13 @@ class WorkerSpec:
     #: vLLM only: False simulates a build that does not track declared versions: no
     #: `set_weight_version` route, and `get_weight_version` answers without `version_declared`.
     version_tracking: bool = True
+    #: This worker's serving latency (`LatencyConfig` as JSON); None uses the fleet's.
+    latency: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.latency is not None:
+            # Validate now, keep JSON: specs are copied through `to_dict` (restart, churn).
+            self.latency = LatencyConfig.from_dict(self.latency).to_dict()
         if self.family not in FAMILIES:
             raise ValueError(f"unknown worker family {self.family!r}; expected one of {FAMILIES}")
         if self.dynamo_release not in RELEASES:
@@ -120,6 +128,17 @@ class FleetConfig:
     paused_generation_max_wait: float = 30.0
     #: Ranks the stand-in trainer holds in every collective weight-update group (0..n-1).
     trainer_ranks: int = 1
+    #: The policy lineage versions are read in (`lineage.py`); None keeps every version's
+    #: output an unrelated hash of (version, prompt), as `expected_completion_ids` computes.
+    lineage: LineageConfig | None = None
+    #: Default serving latency of every worker (`latency.py`); a spec may override it.
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lineage, dict):
+            self.lineage = LineageConfig.from_dict(self.lineage)
+        if isinstance(self.latency, dict):
+            self.latency = LatencyConfig.from_dict(self.latency)
 
     @classmethod
     def generate(

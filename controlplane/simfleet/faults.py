@@ -8,12 +8,15 @@ advertised (`pause_generation`, `control/pause_generation`, ...) plus three pseu
 - `health`   the worker's `/health` and `/live`;
 - `*`        every engine route of the worker.
 
-A fault fires `times` times (one-shot is `times=1`) or forever (`times=None`).
+A fault fires `times` times (one-shot is `times=1`) or forever (`times=None`), from the
+moment it is armed or, with `after`, from that many seconds later ("this worker starts failing
+at T": a background check must catch a worker that was healthy when the gate reopened).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import time
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 FaultKind = Literal[
@@ -33,6 +36,9 @@ FaultKind = Literal[
     # logprob moves by up to `magnitude`; with `position` set, the first near-tie at or after
     # it flips to the runner-up token and the completion continues from there
     "logprob_jitter",
+    # generate only: the engine fails after it started (past its time to first token): the
+    # frontend answers HTTP `status` (default 500) with the engine's `message`
+    "engine_error",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 
@@ -58,8 +64,18 @@ class Fault:
     #: logprob_jitter: the largest logprob offset, and where a near-tie may first flip.
     magnitude: float = 0.0
     position: int | None = None
+    #: Seconds after arming before the fault starts firing (None: at once).
+    after: float | None = None
+    #: Monotonic time from which it fires; set when armed (`FaultBook.add`).
+    active_at: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if self.after is not None and (
+            isinstance(self.after, bool)
+            or not isinstance(self.after, int | float)
+            or not 0 <= self.after <= 86400
+        ):
+            raise ValueError("after must be a number of seconds in [0, 86400] or None")
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {self.kind!r}; expected one of {FAULT_KINDS}")
         if self.kind == "hang" and not self.seconds:
@@ -75,7 +91,7 @@ class Fault:
     def from_dict(cls, data: dict[str, Any] | Fault) -> Fault:
         if isinstance(data, Fault):
             return data
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"active_at"}
         unknown = set(data) - known - {"once"}
         if unknown:
             raise ValueError(f"unknown fault keys: {sorted(unknown)}")
@@ -85,7 +101,10 @@ class Fault:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What `from_dict` takes back (the arming time is the fleet's own bookkeeping)."""
+        data = asdict(self)
+        del data["active_at"]
+        return data
 
     # Shortcuts keep test code readable: `Fault.hang(5, once=True)`.
     @classmethod
@@ -102,9 +121,30 @@ class Fault:
 
     @classmethod
     def http(
-        cls, status: int = 500, message: str = "injected fault", *, once: bool = False
+        cls,
+        status: int = 500,
+        message: str = "injected fault",
+        *,
+        once: bool = False,
+        after: float | None = None,
     ) -> Fault:
-        return cls("http_error", status=status, message=message, times=1 if once else None)
+        return cls(
+            "http_error", status=status, message=message, times=1 if once else None, after=after
+        )
+
+    @classmethod
+    def engine_error(
+        cls,
+        message: str = "engine error: injected fault",
+        *,
+        status: int = 500,
+        once: bool = False,
+        after: float | None = None,
+    ) -> Fault:
+        """Generation fails inside the engine, from now on or from `after` seconds on."""
+        return cls(
+            "engine_error", status=status, message=message, times=1 if once else None, after=after
+        )
 
     @classmethod
     def drop(cls, *, once: bool = False) -> Fault:
@@ -159,6 +199,7 @@ class FaultBook:
         return bool(self._by_route)
 
     def add(self, route: str, fault: Fault) -> None:
+        fault.active_at = time.monotonic() + (fault.after or 0.0)
         self._by_route.setdefault(route, []).append(fault)
 
     def clear(self) -> None:
@@ -170,11 +211,14 @@ class FaultBook:
             return []
         fired: list[Fault] = []
         names = (route, ANY_ROUTE) if wildcard else (route,)
+        now = time.monotonic()
         for name in names:
             armed = self._by_route.get(name)
             if not armed:
                 continue
             for fault in list(armed):
+                if fault.active_at is not None and fault.active_at > now:
+                    continue  # armed for later: not yet, and no use consumed
                 fired.append(fault)
                 if fault.times is not None:
                     fault.times -= 1

@@ -16,6 +16,8 @@ from typing import Any
 from controlplane.simfleet.collective import Collectives
 from controlplane.simfleet.config import FleetConfig, WorkerSpec
 from controlplane.simfleet.faults import Fault
+from controlplane.simfleet.latency import LatencyConfig, LatencySampler
+from controlplane.simfleet.lineage import BrokenCheckpoint, Lineage, LineageConfig
 from controlplane.simfleet.workers import WORKER_CLASSES, SimWorker
 
 #: How far automatic churn lets the worker count drift from its starting size.
@@ -45,6 +47,8 @@ class SimFleet:
         self._round_robin = 0
         #: Collective weight-update groups the workers join (`collective.py`).
         self.collectives = Collectives(config.trainer_ranks)
+        #: The policy lineage versions are read in, if any (`lineage.py`).
+        self.lineage: Lineage | None = Lineage(config.lineage) if config.lineage else None
 
     # -- membership -----------------------------------------------------------------------------
     def add_worker(self, spec: WorkerSpec | dict[str, Any]) -> str:
@@ -64,6 +68,7 @@ class SimFleet:
             raise ValueError(f"worker token {token!r} is already in use")
         worker = WORKER_CLASSES[spec.family](spec, token, instance_id, self.admin_url)
         worker.fleet = self
+        self._sample_latency(worker)
         self.workers[token] = worker
         self.by_instance[instance_id] = worker
         self._event("join", worker)
@@ -161,6 +166,40 @@ class SimFleet:
         operator's `--vllm-rl-world-size`): its `rl` descriptor advertises `world_size` from
         the next probe on, under the same instance id."""
         self.get(key).spec.world_size = world_size
+
+    def set_latency(self, key: str | int, latency: LatencyConfig | dict[str, Any] | None) -> None:
+        """The worker's serving latency from now on (None: back to the fleet default)."""
+        worker = self.get(key)
+        worker.spec.latency = (
+            None if latency is None else LatencyConfig.from_dict(latency).to_dict()
+        )
+        self._sample_latency(worker)
+
+    def _sample_latency(self, worker: SimWorker) -> None:
+        spec = worker.spec.latency
+        config = LatencyConfig.from_dict(spec) if spec is not None else self.config.latency
+        # Seeded per worker: a seeded fleet replays each worker's latencies in order.
+        worker.latency = LatencySampler(config, f"{self.config.seed}:{worker.instance_id}")
+
+    # -- the policy lineage ---------------------------------------------------------------------
+    def set_lineage(self, config: LineageConfig | dict[str, Any] | None) -> None:
+        """Serve versions from this lineage from now on (None: unrelated hashes again)."""
+        self.config.lineage = None if config is None else LineageConfig.from_dict(config)
+        self.lineage = Lineage(self.config.lineage) if self.config.lineage else None
+
+    def set_broken(
+        self, version: Any, broken: BrokenCheckpoint | str | dict[str, Any] | None
+    ) -> None:
+        """Mark one version of the lineage broken (or healthy again with None)."""
+        if self.config.lineage is None or self.lineage is None:
+            raise ValueError("the fleet serves no lineage; set one first")
+        if broken is None:
+            self.config.lineage.broken.pop(str(version), None)
+        else:
+            self.config.lineage.broken[str(version)] = BrokenCheckpoint.from_value(broken)
+
+    def lineage_view(self) -> dict[str, Any] | None:
+        return self.config.lineage.to_dict() if self.config.lineage else None
 
     def state(self, key: str | int) -> dict[str, Any]:
         return self.get(key).state()

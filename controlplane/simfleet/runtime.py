@@ -142,6 +142,21 @@ class FleetHandle:
     def set_world_size(self, key: str | int, world_size: int | None) -> None:
         self.call(lambda: self.fleet.set_world_size(key, world_size))
 
+    def set_latency(self, key: str | int, latency: dict[str, Any] | None) -> None:
+        """The worker's serving latency (`LatencyConfig` as JSON), or None for the default."""
+        self.call(lambda: self.fleet.set_latency(key, latency))
+
+    def lineage(self) -> dict[str, Any] | None:
+        return self.call(self.fleet.lineage_view)
+
+    def set_lineage(self, lineage: dict[str, Any] | None) -> None:
+        self.call(lambda: self.fleet.set_lineage(lineage))
+
+    def set_broken(self, version: Any, broken: str | dict[str, Any] | None) -> None:
+        """Mark `version` a broken checkpoint (`"drift"`, `{"kind": "marginal"}`, ...), or
+        healthy again with None."""
+        self.call(lambda: self.fleet.set_broken(version, broken))
+
     def state(self, key: str | int) -> dict[str, Any]:
         return self.call(lambda: self.fleet.state(key))
 

@@ -61,7 +61,7 @@ def completion_logprobs(ids: Sequence[int]) -> list[float]:
     return [token_logprob(i) for i in ids]
 
 
-def _jitter(seed: str, position: int, magnitude: float) -> float:
+def jitter_offset(seed: str, position: int, magnitude: float) -> float:
     """A reproducible offset in [-magnitude, magnitude] for one position of one worker."""
     digest = hashlib.sha256(f"{seed}:{position}".encode()).digest()
     unit = int.from_bytes(digest[:8], "big") / 2**64  # [0, 1)
@@ -86,7 +86,9 @@ def jittered_completion(
     A confident position never flips: no jitter this small can overturn it.
     """
     ids = expected_completion_ids(version, prompt_token_ids, max_tokens)
-    logprobs = [lp + _jitter(seed, i, magnitude) for i, lp in enumerate(completion_logprobs(ids))]
+    logprobs = [
+        lp + jitter_offset(seed, i, magnitude) for i, lp in enumerate(completion_logprobs(ids))
+    ]
     if flip_from is None:
         return ids, [min(lp, 0.0) for lp in logprobs]
     for pos in range(max(flip_from, 0), len(ids)):
@@ -99,9 +101,10 @@ def jittered_completion(
         rest = expected_completion_ids(
             version, [*prompt_token_ids, *prefix], max_tokens - len(prefix)
         )
-        flipped_lp = token_logprob(ids[pos]) - abs(_jitter(seed, pos, magnitude))
+        flipped_lp = token_logprob(ids[pos]) - abs(jitter_offset(seed, pos, magnitude))
         rest_lp = [
-            token_logprob(t) + _jitter(seed, len(prefix) + i, magnitude) for i, t in enumerate(rest)
+            token_logprob(t) + jitter_offset(seed, len(prefix) + i, magnitude)
+            for i, t in enumerate(rest)
         ]
         new_ids = [*prefix, *rest]
         new_lp = [*logprobs[:pos], flipped_lp, *rest_lp]

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -486,6 +489,65 @@ def policy_published_from_the_trainer(w: World) -> None:
     assert refused.status_code == 422, refused.content
 
 
+def analysis_templates(w: World) -> None:
+    """A source's analysis templates through the form, the API and the command line: notes are
+    free text; a hostile name and a hostile field name are refused, the form showing them."""
+    h = w.hostile
+    prompts = [{"prompt": [i + 1, 2], "continuation": None} for i in range(20)]
+    body = json.dumps({"prompts": prompts})
+    saved = w.client.post(
+        f"/sources/{w.sim.name}/analysis/",
+        {"name": "held-out", "body": body, "note": h("analysis template note (form)")},
+    )
+    assert saved.status_code == 302, saved.content.decode()[:3000]
+    for where, name, extra in (
+        ("name", h("analysis template name (form)"), {}),
+        ("body", "held-out", {h("analysis template field (form)"): 1}),
+    ):
+        refused = w.client.post(
+            f"/sources/{w.sim.name}/analysis/",
+            {
+                "name": name,
+                "body": json.dumps({"prompts": prompts, **extra}),
+                "note": h(f"analysis template refused note ({where})"),
+            },
+        )
+        assert refused.status_code == 400, refused.status_code
+        w.refusals.append((f"analysis:templates (refused {where})", refused.content.decode()))
+    api = w.client.put(
+        f"/api/v1/sources/{w.sim.name}/analysis-templates/held-out",
+        json.dumps(
+            {
+                "body": {"prompts": [*prompts[:-1], {"prompt": [9]}]},
+                "note": h("analysis template note (api)"),
+            }
+        ),
+        content_type="application/json",
+    )
+    assert api.status_code == 201, api.content
+    refused_api = w.client.put(
+        f"/api/v1/sources/{w.sim.name}/analysis-templates/held-out",
+        json.dumps(
+            {"body": {"prompts": prompts, h("analysis template field (api)", shown=False): 1}}
+        ),
+        content_type="application/json",
+    )
+    assert refused_api.status_code == 400, refused_api.content
+    path = Path(tempfile.mkdtemp()) / "template.json"
+    path.write_text(json.dumps({"prompts": prompts, "max_tokens": 8}))
+    call_command(
+        "analysis_template",
+        "set",
+        w.sim.name,
+        "held-out",
+        "--file",
+        str(path),
+        "--note",
+        h("analysis template note (cli)"),
+        stdout=io.StringIO(),
+    )
+
+
 CHANNELS: list[Callable[[World], None]] = [
     discovery_payloads,
     sources_via_forms_and_api,
@@ -499,6 +561,7 @@ CHANNELS: list[Callable[[World], None]] = [
     quarantine_exits,
     canary_verdict_from_the_trainer,
     drill_records,
+    analysis_templates,
 ]
 
 
@@ -562,6 +625,7 @@ API_WRITES = {
     "record_canary_verdict",  # POST only; the trainer's verdict, checked like any write
     "report_applied",  # POST only; the trainer's applied report, checked like any write
     "start_source_drill",
+    "put_analysis_template",
 }
 #: Query parameters the pages read (filters, sort, pagination), each sent hostile too.
 #: Query parameters some page shows back. `page` is not one: every pager parses it as a number
@@ -626,6 +690,18 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "fleet:static_worker_create": [f"/sources/{sim.pk}/static-workers/new/"],
         "fleet:worker": [f"/workers/{x.pk}/" for x in workers],
         "fleet:metrics": ["/metrics"],
+        "analysis:templates": [f"/sources/{s.name}/analysis/" for s in all_sources],
+        "analysis:template": [
+            f"/sources/{sim.name}/analysis/held-out/",
+            *(f"/sources/{sim.name}/analysis/held-out/?version={v}" for v in (1, 2, 3)),
+        ],
+        "intake:api-v1:list_analysis_templates": [
+            f"/api/v1/sources/{s.name}/analysis-templates" for s in all_sources
+        ],
+        "intake:api-v1:get_analysis_template": [
+            f"/api/v1/sources/{sim.name}/analysis-templates/held-out",
+            f"/api/v1/sources/{sim.name}/analysis-templates/held-out?version=1",
+        ],
         "refresh:list": ["/refreshes/"],
         "refresh:plan": ["/refreshes/new/"],
         "refresh:source_strategy": [f"/refreshes/sources/{s.pk}/strategy/" for s in all_sources],

@@ -14,6 +14,7 @@ from ninja import NinjaAPI
 
 from controlplane.intake.api import (
     analyses,
+    analysis_templates,
     audit,
     capacity,
     deliveries,
@@ -58,6 +59,7 @@ for module in (
     deliveries,
     provenance,
     analyses,
+    analysis_templates,
 ):
     api.add_router("", module.router)
 api.add_router("", trainer_webhooks)

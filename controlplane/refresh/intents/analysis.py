@@ -189,7 +189,7 @@ def _begin(refresh: PolicyRefresh, template) -> CanaryAnalysis | bool:
             summary="",
         )
         locked.progress = with_canary_analysis(locked, summary, state=CANARY_ANALYSING)
-        locked.save(update_fields=["progress", "updated_at"])
+        locked.save(update_fields=["progress"])
         audit_refresh(
             AuditAction.POLICY_REFRESH_ANALYSIS_STARTED,
             locked,
@@ -219,7 +219,10 @@ def analyse(refresh: PolicyRefresh, spec: TemplateSpec, cohorts: Cohorts) -> dic
             "canary": [m.key for m in cohorts.canary],
         },
         "values": {"baseline": base_values, "canary": canary_values},
-        "moved_most": moved_most(baseline, canary, MOVED_MOST),
+        "moved_most": [
+            {**m, "prompt_ids": list(spec.prompts[m["prompt_index"]].prompt)}
+            for m in moved_most(baseline, canary, MOVED_MOST)
+        ],
         "prompts": len(spec.prompts),
     }
 
@@ -234,10 +237,14 @@ async def collect(
 ) -> tuple[list[Observation], list[Observation]]:
     """Both cohorts' observations, one per prompt, in prompt order."""
     bound = asyncio.Semaphore(CONCURRENCY)
+    # One prompt at a time per worker, in both cohorts: a two-worker canary and a ten-worker
+    # baseline then see the same load per worker, so their latencies compare like for like.
+    per_worker: dict[str, asyncio.Semaphore] = {}
     async with make_client(timeout=timeout) as client:
 
         async def one(member: Member, index: int, continuation) -> Observation:
-            async with bound:
+            alone = per_worker.setdefault(member.instance_id, asyncio.Semaphore(1))
+            async with alone, bound:
                 return await observe(
                     client,
                     frontend_url,
@@ -269,16 +276,18 @@ async def collect(
             or (greedy[i].completion_ids if not greedy[i].error else None)
             for i in indexes
         }
-        baseline = await asyncio.gather(
+        # Both cohorts at once, so the fleet's conditions of the moment are the same for both.
+        both = await asyncio.gather(
             *(
                 one(base_of(i), i, references[i])
                 if references[i] or i not in greedy
                 else _as_is(greedy[i])
                 for i in indexes
-            )
+            ),
+            *(one(canary_of_(i), i, references[i]) for i in indexes),
         )
-        canary = await asyncio.gather(*(one(canary_of_(i), i, references[i]) for i in indexes))
-    return list(baseline), list(canary)
+    n = len(indexes)
+    return list(both[:n]), list(both[n:])
 
 
 async def _as_is(observation: Observation) -> Observation:
@@ -315,12 +324,10 @@ def _conclude(refresh: PolicyRefresh, run: CanaryAnalysis | None, report: dict[s
             # Aborted, rolled back by its deadline, or judged meanwhile: the report stays, the
             # refresh is not moved by a late analysis.
             return f"{outcome} (too late: the refresh is {locked.state})"
-        summary = CanaryAnalysisSummary(
-            **((canary_of(locked) or {}).get("analysis") or {}),
-            outcome=outcome,
-            score=score,
-            summary=summary_text,
-        )
+        summary = CanaryAnalysisSummary(**((canary_of(locked) or {}).get("analysis") or {}))
+        summary.update(outcome=outcome, score=score, summary=summary_text)
+        did = _act(locked, outcome, summary, summary_text)
+        # Audited last: the chain head is locked after the gates the outcome moved.
         audit_refresh(
             AuditAction.POLICY_REFRESH_ANALYSIS_DONE,
             locked,
@@ -330,7 +337,6 @@ def _conclude(refresh: PolicyRefresh, run: CanaryAnalysis | None, report: dict[s
             summary=summary_text,
             run=run.pk if run is not None else None,
         )
-        did = _act(locked, outcome, summary, summary_text)
         publish_state_on_commit(locked)
     notify("refresh.analysis_done", refresh=locked, reason=f"{outcome}: {summary_text}")
     return did
@@ -358,7 +364,7 @@ def _act(refresh: PolicyRefresh, outcome: str, summary: CanaryAnalysisSummary, t
     refresh.progress = with_canary_analysis(
         refresh, summary, state=CANARY_AWAITING, needs_person=needs_person
     )
-    refresh.save(update_fields=["progress", "updated_at"])
+    refresh.save(update_fields=["progress"])
     why = (
         f"canary analysis {outcome}: a person decides ({text})"
         if needs_person
@@ -377,7 +383,7 @@ def requeue_stalled_analyses(now=None) -> list[int]:
     now = now or timezone.now()
     sent = []
     for refresh in PolicyRefresh.objects.filter(
-        state=RefreshState.CANARY_REVIEW, updated_at__lt=now - STALL_AFTER
+        state=RefreshState.CANARY_REVIEW, since__lt=now - STALL_AFTER
     ).order_by("id"):
         if not _analysing(refresh):
             continue

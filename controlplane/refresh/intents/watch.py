@@ -7,9 +7,11 @@ through a rotating slice of the admitted workers (at most `WORKERS_PER_TICK`), e
 `nvext.backend_instance_id`, and judges each worker:
 
 - its error share over the sample above `background.max_error_rate`, or
-- its median reply time above `background.max_latency_ratio` times the reference: the
-  baseline cohort's median measured by the canary analysis, before the fleet moved (the
-  window before the refresh). Without a canary report the latency rule is not applied.
+- its median reply time above `background.max_latency_ratio` times the reference (and at
+  least `LATENCY_FLOOR_MS` above it): the baseline cohort's median measured by the canary
+  analysis, before the fleet moved (the window before the refresh). Without a canary report
+  the latency rule is not applied. Each worker takes one sampled prompt at a time, as in the
+  canary analysis, so the load per worker matches the reference's.
 
 A worker in breach is quarantined (`drift.quarantine_unhealthy`: out of the admitted set,
 paused, caught up; its catch-up's verify decides whether it comes back) and a
@@ -51,6 +53,7 @@ from controlplane.refresh.models import (
     AnalysisPhase,
     AnalysisRunState,
     CanaryAnalysis,
+    Gate,
     PolicyRefresh,
     RefreshState,
 )
@@ -66,6 +69,9 @@ WATCH = Actor.system("watch after reopen")
 WORKERS_PER_TICK = 32
 #: Ticks kept in the report (the page's panel); older ones are summarised by their counts.
 TICKS_KEPT = 60
+#: A slowdown counts only when it is also this large in absolute terms: replies of a few
+#: milliseconds jitter by more than any ratio on their own (a new connection, a busy core).
+LATENCY_FLOOR_MS = 250.0
 #: The longest window any template may ask for bounds which refreshes are looked at.
 LONGEST_WINDOW = timedelta(days=1)
 
@@ -153,13 +159,21 @@ def reference_ms(refresh: PolicyRefresh) -> float | None:
 
 
 def admitted_workers(refresh: PolicyRefresh) -> list[Worker]:
+    """The live workers the scope's gates admit now at the refresh's version (the gate is the
+    truth of what serves rollouts; a worker's last probe may lag it)."""
     target = str(refresh.weight_version)
+    admitted = {
+        (g.namespace, str(e["instance_id"]))
+        for g in Gate.objects.filter(source=refresh.source, namespace__in=refresh.namespaces)
+        for e in g.admitted or []
+        if str(e.get("version")) == target
+    }
     return [
         w
         for w in Worker.objects.filter(
             source=refresh.source, namespace__in=refresh.namespaces, state=WorkerState.LIVE
         ).order_by("namespace", "instance_id")
-        if str(w.weight_version) == target
+        if (w.namespace, w.instance_id) in admitted
     ]
 
 
@@ -204,10 +218,12 @@ def tick(refresh: PolicyRefresh, run: CanaryAnalysis, spec: TemplateSpec, now) -
 
 async def _sample(spec, workers, prompts, frontend_url, policy, timeout):
     bound = asyncio.Semaphore(16)
+    per_worker: dict[str, asyncio.Semaphore] = {}
     async with make_client(timeout=timeout) as client:
 
         async def one(w: Worker, i: int) -> tuple[str, Observation]:
-            async with bound:
+            alone = per_worker.setdefault(w.instance_id, asyncio.Semaphore(1))
+            async with alone, bound:
                 return w.instance_id, await observe(
                     client,
                     frontend_url,
@@ -243,7 +259,8 @@ def judge_worker(
     totals = [o.total_ms for o in seen if o.total_ms is not None]
     if reference and totals:
         median = statistics.median(totals)
-        if median > limits.max_latency_ratio * reference:
+        slower = median - reference
+        if median > limits.max_latency_ratio * reference and slower >= LATENCY_FLOOR_MS:
             return Breach(
                 worker,
                 f"median reply {median:.0f} ms is over {limits.max_latency_ratio:g}x the "

@@ -14,6 +14,13 @@ demo runner) drive it. `SimFleetControl` in `controlplane.simfleet.client` is it
     DELETE /_sim/workers/<key>/faults        clear this worker's faults
     DELETE /_sim/faults                      clear every fault
     PUT    /_sim/workers/<key>/version       {"version": ...}
+    PUT    /_sim/workers/<key>/latency       {"ttft": {"median": s}, "per_token": {...}}
+    DELETE /_sim/workers/<key>/latency       back to the fleet's default latency
+    GET    /_sim/lineage                     the policy lineage served (null: none)
+    PUT    /_sim/lineage                     {"seed": n, "amplitude": a, "broken": {...}}
+    DELETE /_sim/lineage                     serve no lineage (unrelated outputs per version)
+    PUT    /_sim/lineage/broken/<version>    {"kind": "drift" | "marginal" | "garbage" | ...}
+    DELETE /_sim/lineage/broken/<version>    that version is healthy again
     POST   /_sim/churn                       {"interval": seconds | null}
     GET    /_sim/groups                      collective weight-update groups
     POST   /_sim/groups/broadcast            {"version": ..., "group_name": null} (the trainer)
@@ -29,6 +36,7 @@ from aiohttp import web
 
 from controlplane.simfleet.faults import FAULT_KINDS
 from controlplane.simfleet.fleet import SimFleet, UnknownWorker
+from controlplane.simfleet.lineage import BROKEN_KINDS
 from controlplane.simfleet.servers.common import json_response
 
 
@@ -59,7 +67,12 @@ class ControlApi:
         match method, parts:
             case "GET", []:
                 return json_response(
-                    {"routes": routes_index(), "fault_kinds": list(FAULT_KINDS)} | self.urls()
+                    {
+                        "routes": routes_index(),
+                        "fault_kinds": list(FAULT_KINDS),
+                        "broken_checkpoint_kinds": list(BROKEN_KINDS),
+                    }
+                    | self.urls()
                 )
             case "GET", ["fleet"]:
                 return json_response(
@@ -88,6 +101,26 @@ class ControlApi:
             case "PUT", ["workers", key, "version"]:
                 fleet.set_version(key, body["version"])
                 return json_response({"ok": True})
+            case "PUT", ["workers", key, "latency"]:
+                fleet.set_latency(key, body)
+                return json_response({"ok": True})
+            case "DELETE", ["workers", key, "latency"]:
+                fleet.set_latency(key, None)
+                return json_response({"ok": True})
+            case "DELETE", ["lineage"]:
+                fleet.set_lineage(None)
+                return json_response({"lineage": None})
+            case "GET", ["lineage"]:
+                return json_response({"lineage": fleet.lineage_view()})
+            case "PUT", ["lineage"]:
+                fleet.set_lineage(body)
+                return json_response({"lineage": fleet.lineage_view()})
+            case "PUT", ["lineage", "broken", version]:
+                fleet.set_broken(version, body)
+                return json_response({"lineage": fleet.lineage_view()})
+            case "DELETE", ["lineage", "broken", version]:
+                fleet.set_broken(version, None)
+                return json_response({"lineage": fleet.lineage_view()})
             case "PUT", ["workers", key, "world_size"]:
                 fleet.set_world_size(key, body["world_size"])
                 return json_response({"ok": True})

@@ -70,10 +70,13 @@ class SystemServers:
 
     @staticmethod
     def _metrics(worker: SimWorker) -> str:
-        labels = f'namespace="{worker.namespace}",component="{worker.component}"'
+        """The worker runtime's `generate` endpoint metrics (as 1.6.1 labels them) and our
+        flush counter."""
+        flush = f'namespace="{worker.namespace}",component="{worker.component}"'
         return (
-            f"dynamo_component_requests_total{{{labels}}} {len(worker.calls)}\n"
-            f"simfleet_flush_total{{{labels}}} {worker.flush_count}\n"
+            worker.generate_metrics.render()
+            + "# TYPE simfleet_flush_total counter\n"
+            + f"simfleet_flush_total{{{flush}}} {worker.flush_count}\n"
         )
 
     async def _engine(self, worker: SimWorker, request: web.BaseRequest, path: str) -> Reply:

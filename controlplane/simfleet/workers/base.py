@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 from controlplane.simfleet.collective import JoinError, wait_formed
 from controlplane.simfleet.config import WorkerSpec
 from controlplane.simfleet.faults import FaultBook
+from controlplane.simfleet.latency import LatencyConfig, LatencySampler
+from controlplane.simfleet.workers.metrics import EndpointMetrics
 
 #: Calls kept per worker; bounded so a 2,000-worker fleet stays small in memory.
 CALL_LOG_LIMIT = 200
@@ -79,6 +81,8 @@ class SimWorker:
         self.cache_resets = 0
         self.update_count = 0
         self.generation_count = 0
+        #: The `generate` endpoint's own counters, served on the system server's `/metrics`.
+        self.generate_metrics = EndpointMetrics(spec.namespace, spec.component, instance_id)
         self.calls: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_LIMIT)
         self.faults = FaultBook()
         self.lock = asyncio.Lock()
@@ -88,6 +92,8 @@ class SimWorker:
         self.routes: dict[str, Handler] = self.build_routes()
         #: The fleet this worker runs in (set by `SimFleet.add_worker`): its collectives.
         self.fleet: Any = None
+        #: Serving latency draws (the fleet replaces it with its configured default).
+        self.latency = LatencySampler(LatencyConfig(), str(instance_id))
 
     # -- family hooks -----------------------------------------------------------------------
     def build_routes(self) -> dict[str, Handler]:
@@ -235,6 +241,7 @@ class SimWorker:
             "cache_resets": self.cache_resets,
             "update_count": self.update_count,
             "generation_count": self.generation_count,
+            "latency": self.latency.config.to_dict(),
             "faults": self.faults.to_dict(),
             "calls": list(self.calls),
         }

@@ -494,3 +494,22 @@ async def test_a_cohort_with_a_bad_prompt_sends_nothing(server, client, loopback
             timeout=5,
         )
     assert server.hits.get("/v1/completions") is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "read"),
+    [
+        (-0.5, -0.5),
+        (0, 0.0),
+        (-1e30, None),
+        (-1e29, None),
+        (-1e28, -1e28),
+        (None, None),
+        (0.1, None),
+    ],
+)
+def test_a_clamped_non_finite_logprob_reads_as_none(raw, read):
+    # Dynamo 1.6.1's vLLM worker sends a NaN prompt logprob as -1e30: not a real value.
+    from controlplane.dynamo.scoring import _logprob
+
+    assert _logprob(raw) == read

@@ -1,10 +1,6 @@
 """Serving health against the simulated fleet's frontend, which serves the real 1.6.1 metric
-names on `/metrics` (controlplane/simfleet/servers/frontend.py).
-
-Until the simulated frontend has `/metrics`, this test is an expected failure that says so
-(it is never skipped silently); once the frontend answers `/metrics`, it runs and must pass,
-and the traffic it sends must show up as `dynamo_frontend_requests_total`.
-"""
+names on `/metrics` (controlplane/simfleet/servers/frontend.py): traffic sent through it must
+show up in one point, exactly."""
 
 from __future__ import annotations
 
@@ -23,9 +19,7 @@ def _completion(url: str, model: str, *, stream: bool = False) -> int:
 
 
 def test_a_window_of_simulated_traffic_becomes_one_point(simfleet, make_source):
-    served = httpx.get(f"{simfleet.frontend_url}/metrics", timeout=10)
-    if served.status_code != 200:
-        pytest.xfail(f"the simulated frontend has no /metrics yet (HTTP {served.status_code})")
+    assert httpx.get(f"{simfleet.frontend_url}/metrics", timeout=10).status_code == 200
     source = make_source(simfleet)
     serving_health.sample_all()  # the baseline
 

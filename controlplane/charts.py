@@ -16,7 +16,7 @@ they assembled themselves. Colours are CSS classes (`chart-v0` … `chart-v7` fo
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.utils.html import escape
@@ -193,6 +193,54 @@ def sparkline(points: Sequence[tuple[str, float]], *, label: str, width: int = 2
             f'<circle class="chart-dot" cx="{_num(x)}" cy="{_num(y)}" r="2.5">'
             f"<title>{escape(title)}</title></circle>"
         )
+    return _svg(width, height, label, body, "chart-spark")
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One series of `lines`: `(title, value)` points, oldest first; `cls` its colour."""
+
+    label: str
+    cls: str
+    points: Sequence[tuple[str, float]]
+
+
+def lines(
+    series: Sequence[Line],
+    *,
+    label: str,
+    unit: Callable[[float], str] | None = None,
+    width: int = 240,
+) -> SafeString:
+    """Sparklines of several series on one scale (points evenly spaced, as `sparkline`), the
+    largest value as the axis note in `unit` (default milliseconds), and a legend when there is
+    more than one."""
+    unit = unit or format_ms
+    height, pad, head = 60, 4, 16
+    values = [v for s in series for _, v in s.points]
+    top = max(values, default=0) or 1
+    note = f"max {unit(max(values))}" if values else "no data"
+    body = [f'<text class="chart-axis" x="0" y="10">{escape(note)}</text>']
+    if len(series) > 1:
+        names = " · ".join(s.label for s in series)
+        body.append(
+            f'<text class="chart-axis" x="{width}" y="10" text-anchor="end">{escape(names)}</text>'
+        )
+    for s in series:
+        step = (width - 2 * pad) / max(1, len(s.points) - 1)
+        coords = [
+            (pad + i * step, height - pad - (height - pad - head) * v / top)
+            for i, (_, v) in enumerate(s.points)
+        ]
+        cls = escape(s.cls)
+        if len(coords) > 1:
+            path = " ".join(f"{_num(x)},{_num(y)}" for x, y in coords)
+            body.append(f'<polyline class="chart-line chart-series {cls}" points="{path}"/>')
+        for (title, _), (x, y) in zip(s.points, coords, strict=True):
+            body.append(
+                f'<circle class="chart-dot {cls}" cx="{_num(x)}" cy="{_num(y)}" r="2">'
+                f"<title>{escape(s.label)} {escape(title)}</title></circle>"
+            )
     return _svg(width, height, label, body, "chart-spark")
 
 

@@ -30,6 +30,7 @@ from controlplane.dynamo.fingerprint import FingerprintJson
 from controlplane.dynamo.listing import ListenerTransport
 from controlplane.fleet.discovery.diff import WorkerEventDetails
 from controlplane.fleet.discovery.rejections import RejectedEntryJson
+from controlplane.fleet.serving_health import ServingModels
 from controlplane.fleet.validation import DeclaredFamilies
 from controlplane.intake.services.endpoints import Secrets
 from controlplane.intake.webhooks.trainer.events import ApprovalRule, WebhookResponse
@@ -80,6 +81,7 @@ SHAPES: dict[str, Any] = {
     "fleet.PublishedPolicy.version": WeightVersion,
     "fleet.PublishedPolicy.namespaces": Namespaces,
     "fleet.PublishedPolicy.lag_alerted": Namespaces,
+    "fleet.ServingHealthPoint.by_model": ServingModels,
     # -- analysis
     "analysis.AnalysisTemplate.body": TemplateBody,
     # -- refresh: drills

@@ -462,6 +462,15 @@ CELERY_BEAT_SCHEDULE["rollback-drills"] = {
     "schedule": timedelta(seconds=DRILL_TICK_SECONDS),
     "options": {"expires": DRILL_TICK_SECONDS * 0.9},
 }
+# Serving health (fleet/serving_health.py): how often each source's frontend /metrics is read
+# for its live chart, and how long the points are kept (the ring is pruned on every tick).
+SERVING_HEALTH_SAMPLE_SECONDS = env_float("SERVING_HEALTH_SAMPLE_SECONDS", 5.0, minimum=1.0)
+SERVING_HEALTH_KEEP_SECONDS = env_float("SERVING_HEALTH_KEEP_SECONDS", 2 * 3600.0, minimum=60.0)
+CELERY_BEAT_SCHEDULE["serving-health"] = {
+    "task": "fleet.sample_serving_health",
+    "schedule": timedelta(seconds=SERVING_HEALTH_SAMPLE_SECONDS),
+    "options": {"expires": SERVING_HEALTH_SAMPLE_SECONDS * 0.9},
+}
 PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000")
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -430,3 +430,44 @@ class PublishedPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source_id}/{self.lineage or '-'} step {self.step}: {self.version}"
+
+
+class ServingHealthPoint(models.Model):
+    """One sample of a source's serving, read from its frontend's `/metrics`
+    (fleet/serving_health.py): the rates and latency over the window since the previous
+    sample, summed over the frontend's models, or the `error` that kept it from being read.
+
+    A ring per source: rows older than `SERVING_HEALTH_KEEP_SECONDS` are deleted by the
+    sampler itself. Kept in the database, not Redis, so the chart survives a restart of either
+    and the ring is bounded by one indexed delete per tick."""
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="serving_health")
+    taken_at = models.DateTimeField()
+    #: The window the rates cover (the time since the previous sample).
+    seconds = models.FloatField(null=True, blank=True)
+    request_rate = models.FloatField(null=True, blank=True)
+    error_rate = models.FloatField(null=True, blank=True)
+    #: Errors over requests in the window; None without requests.
+    error_ratio = models.FloatField(null=True, blank=True)
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p90_ms = models.FloatField(null=True, blank=True)
+    duration_p50_ms = models.FloatField(null=True, blank=True)
+    duration_p90_ms = models.FloatField(null=True, blank=True)
+    #: A counter went down: the frontend restarted; the window counts from its restart.
+    reset = models.BooleanField(default=False)
+    #: Why nothing could be read (unreachable, outside the allowed networks, not metrics).
+    error = models.TextField(blank=True)
+    #: The busiest models of the window, each with its own rates and TTFT.
+    #: Shape: `ServingModels` (fleet/serving_health.py).
+    by_model = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-taken_at", "-id"]
+        indexes = [
+            models.Index(fields=["source", "-taken_at"], name="serving_health_recent"),
+            # The prune deletes by age across every source.
+            models.Index(fields=["taken_at"], name="serving_health_age"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_id} serving at {self.taken_at:%H:%M:%S}"

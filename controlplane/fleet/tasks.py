@@ -1,4 +1,4 @@
-"""Celery tasks for discovery: thin adapters that take ids and call the services."""
+"""Celery tasks for discovery and serving health: thin adapters that call the services."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from controlplane import jobs
+from controlplane.fleet import serving_health
 from controlplane.fleet.discovery import run_discovery
 from controlplane.fleet.models import DiscoveryTrigger, Source
 from controlplane.fleet.services import RUN_DISCOVERY_TASK
@@ -40,6 +41,12 @@ def schedule_discoveries() -> int:
         )
         due += 1
     return due
+
+
+@shared_task(name=serving_health.SAMPLE_TASK, ignore_result=True)
+def sample_serving_health() -> int:
+    """Beat tick: one serving health point per enabled source with a frontend URL."""
+    return serving_health.sample_all()
 
 
 # The names these tasks had before the fleet side said "discovery": messages queued under them

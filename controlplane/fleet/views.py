@@ -7,6 +7,7 @@ which writes the audit row.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpResponse
@@ -17,6 +18,7 @@ from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
 from controlplane.fleet import live, services
+from controlplane.fleet import serving_health as health
 from controlplane.fleet.discovery.rejections import latest_rejections
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.forms import SourceForm, StaticWorkerForm
@@ -94,6 +96,20 @@ def source_map(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     source = _get_source(pk)
     template = "fleet/_charts_map.html#map" if request.htmx else "fleet/_charts_map.html"
     return render(request, template, {"source": source})
+
+
+@require_GET
+@requires(Perm.VIEW)
+def serving_health(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The source's serving health charts (fleet/serving_health.py), polled by the fragment
+    itself every sample interval while the page is open."""
+    source = _get_source(pk)
+    context = {
+        "source": source,
+        "health": health.health_view(source) if source.frontend_url else None,
+        "poll_seconds": f"{settings.SERVING_HEALTH_SAMPLE_SECONDS:g}",
+    }
+    return render(request, "fleet/_serving_health.html", context)
 
 
 @require_GET

@@ -47,6 +47,7 @@ def state_of(pk: int, state: str) -> bool:
         (("--max-unavailable", "200%"), "not all_at_once"),
         (("--strategy", "waves", "--max-unavailable", "1", "--pause-after", "0"), "from 1"),
         (("--canary", "1", "--canary-instance", "7"), "not both"),
+        (("--canary", "1", "--canary-analysis", "not a name!"), "analysis template's name"),
     ],
 )
 def test_a_strategy_that_does_not_validate_is_a_usage_error_and_plans_nothing(

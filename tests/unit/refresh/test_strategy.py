@@ -42,6 +42,9 @@ def workers(per_namespace: dict[str, int]) -> list[Placed]:
         ({"kind": "canary", "canary": {"instances": ["x"]}}, "not an instance id"),
         ({"kind": "canary", "canary": {"size": 1, "evaluation": "vibes"}}, "canary.evaluation"),
         ({"kind": "canary", "canary": {"size": 1, "timeout_seconds": 0}}, "between 1 and"),
+        ({"kind": "canary", "canary": {"size": 1, "analysis": "a b"}}, "canary.analysis"),
+        ({"kind": "canary", "canary": {"size": 1, "analysis": 7}}, "canary.analysis"),
+        ({"kind": "canary", "canary": {"size": 1, "analysis": "x" * 65}}, "canary.analysis"),
         ({"kind": "waves", "max_unavailable": 1, "pause_after": [0]}, "numbered from 1"),
         ({"kind": "all_at_once", "pause_after": [1]}, "needs waves"),
         ({"kind": "waves", "max_unavailable": 1, "admit_as_verified": "yes"}, "true or false"),
@@ -61,12 +64,19 @@ def test_the_json_form_round_trips():
         "max_failed": 2,
         "admit_as_verified": True,
         "pause_after": [2, 1, 2],
-        "canary": {"instances": ["0042", "7"], "evaluation": "trainer", "timeout_seconds": 90},
+        "canary": {
+            "instances": ["0042", "7"],
+            "evaluation": "trainer",
+            "timeout_seconds": 90,
+            "analysis": "held-out",
+        },
     }
     strategy = parse_strategy(raw)
     stored = strategy.to_dict()
     assert stored["pause_after"] == [1, 2]
     assert stored["canary"]["instances"] == ["42", "7"]
+    assert stored["canary"]["analysis"] == "held-out"
+    assert "analysed with template 'held-out'" in strategy.describe()
     assert parse_strategy(stored) == strategy
     assert parse_strategy(None).to_dict() == {"kind": "all_at_once", "max_failed": 0}
 

@@ -142,6 +142,12 @@ def add_strategy_arguments(parser) -> None:
         "--canary-timeout", type=int, metavar="SECONDS", help="how long a verdict is waited for"
     )
     group.add_argument(
+        "--canary-analysis",
+        metavar="TEMPLATE",
+        help="judge the canary against the baseline with this analysis template of the source "
+        "first (docs/concepts/canary-analysis.md)",
+    )
+    group.add_argument(
         "--instance",
         action="append",
         default=[],
@@ -159,6 +165,7 @@ def strategy_from_options(opts) -> StrategyJson | None:
         or bool(opts.get("canary_instances"))
         or opts.get("canary_evaluation") is not None
         or opts.get("canary_timeout") is not None
+        or opts.get("canary_analysis") is not None
     )
     kind = opts.get("strategy") or ("canary" if canary_given else None)
     given = (
@@ -188,6 +195,8 @@ def strategy_from_options(opts) -> StrategyJson | None:
             canary["evaluation"] = opts["canary_evaluation"]
         if opts.get("canary_timeout") is not None:
             canary["timeout_seconds"] = opts["canary_timeout"]
+        if opts.get("canary_analysis") is not None:
+            canary["analysis"] = opts["canary_analysis"]
         raw["canary"] = canary
     try:
         return parse_strategy(raw).to_dict()

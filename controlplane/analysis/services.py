@@ -83,7 +83,7 @@ def save_template(
                 "source": source.name,
                 "name": name,
                 "version": template.version,
-                "previous_version": latest.version if latest else None,
+                "replaces_version": latest.version if latest else None,
                 "prompts": len(body["prompts"]),
                 "metrics": [m["name"] for m in body["judge"]["metrics"]],
                 "note": note[:QUOTED_CHARS],

@@ -38,7 +38,7 @@ def test_each_edit_writes_the_next_version_and_old_ones_stay(source, admin_user)
     assert [t.version for t in services.versions_of(source, "held-out")] == [2, 1]
     events = AuditEvent.objects.filter(action=SAVED).order_by("sequence")
     assert [e.details["version"] for e in events] == [1, 2]
-    assert events[1].details["previous_version"] == 1
+    assert events[1].details["replaces_version"] == 1
     assert events[1].details["prompts"] == 21
     assert events[1].actor_label == admin_user.get_username()
     assert events[1].target_id == str(v2.pk)

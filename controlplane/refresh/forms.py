@@ -241,6 +241,13 @@ class PlanForm(StrategyFields):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        source = self.fields["source"]
+        assert isinstance(source, forms.ModelChoiceField)
+        if not self.is_bound and not self.initial.get("source"):
+            # The only source is the one meant: no choice to make, so none to forget.
+            only = list(source.queryset.values_list("name", flat=True)[:2])
+            if len(only) == 1:
+                self.initial["source"] = only[0]
         for field, family in FAMILY_PAUSE_FIELDS.items():
             modes = family_pause_modes(FAMILIES[family])
             choice = self.fields[field]
@@ -339,6 +346,55 @@ class PlanForm(StrategyFields):
             "strategy": data.get("strategy"),
             "instances": data.get("instances"),
         }
+
+
+#: The plan form's fields that belong to one update method only: the page shows the chosen
+#: method's (static/js/app.js switches them with the method).
+METHOD_FIELDS = {
+    UpdateMethod.DISK: ("model_path",),
+    UpdateMethod.DISTRIBUTED: ("group_params", "update_params"),
+    UpdateMethod.TENSOR: ("update_params",),
+    UpdateMethod.LORA: ("lora_action", "lora_name", "lora_uri"),
+    UpdateMethod.EXTERNAL: ("apply_timeout_s",),
+    UpdateMethod.CUSTOM: ("custom_route", "custom_body"),
+}
+
+
+def method_field_groups(form: PlanForm) -> list[dict]:
+    """The method-specific fields, one group per method, each marked shown or hidden by the
+    method the form holds (posted, or its initial: disk)."""
+    chosen = (form.data.get("method") if form.is_bound else None) or form.initial.get(
+        "method", form.fields["method"].initial or UpdateMethod.DISK
+    )
+    return [
+        {
+            "method": method.value,
+            "label": METHOD_LABELS[method],
+            "fields": [form[name] for name in names],
+            "shown": method.value == chosen,
+        }
+        for method, names in METHOD_FIELDS.items()
+    ]
+
+
+class RollbackForm(forms.Form):
+    """Roll back: any earlier verified version of the source (its revision history) and the
+    namespaces to take back. Force-reopened namespaces start unticked: an approver opened
+    them on purpose, so the operator must choose them explicitly."""
+
+    version = forms.ChoiceField(widget=forms.RadioSelect, label="Roll back to")
+    namespaces = forms.MultipleChoiceField(
+        widget=forms.CheckboxSelectMultiple, label="Namespaces"
+    )
+
+    def __init__(self, data=None, *, revisions, namespaces, initial=None) -> None:
+        super().__init__(data, initial=initial)
+        version = self.fields["version"]
+        chosen = self.fields["namespaces"]
+        assert isinstance(version, forms.ChoiceField)
+        assert isinstance(chosen, forms.MultipleChoiceField)
+        version.choices = [(r.key, r.label) for r in revisions]
+        chosen.choices = [(ns.namespace, ns.namespace) for ns in namespaces]
 
 
 class SourceStrategyForm(StrategyFields):

@@ -33,7 +33,10 @@ from controlplane.refresh.models import (
     WorkerStepResult,
 )
 from controlplane.refresh.namespaces import outcome_in, verified_namespaces
+from controlplane.refresh.intents.recovery import still_held_namespaces
 from controlplane.refresh.plansummary import describe_duration, plan_summary
+from controlplane.refresh.progress import previous_policy
+from controlplane.refresh.revisions import Revision, revision_history, version_key
 from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 from controlplane.refresh.windows import admitted_at
 
@@ -570,3 +573,69 @@ def banner_context(source=None) -> dict[str, Any]:
         "banner_refreshes": active_refreshes(source),
         "held_state": RefreshState.HELD,
     }
+
+
+# -- the rollback plan page ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RollbackNamespace:
+    """One namespace a rollback may take back, and why it is ticked or not at first."""
+
+    namespace: str
+    state: str
+    #: What its gate stands for now, in words.
+    text: str
+    #: Still held by the refresh being rolled back: the rollback must take it over.
+    held: bool
+    #: An approver forced it open: left out unless the operator ticks it.
+    forced: bool
+
+
+@dataclass(frozen=True)
+class RollbackPage:
+    source: Any
+    of: PolicyRefresh | None
+    revisions: list[Revision]
+    namespaces: list[RollbackNamespace]
+    initial: dict[str, Any]
+
+
+def rollback_page(source, of: PolicyRefresh | None) -> RollbackPage:
+    """The revision history of the source and its namespaces, with what the form starts with:
+    the newest revision not current everywhere it is chosen (the one before the refresh being
+    rolled back, when known), and every namespace of that refresh (else of the source) but the
+    force-reopened ones."""
+    history = revision_history(source)
+    gates = {g.namespace: g for g in Gate.objects.filter(source=source).select_related("source")}
+    held = set(still_held_namespaces(of)) if of is not None else set()
+    scope = list(of.namespaces) if of is not None else sorted(gates)
+    names = sorted(set(scope) | set(gates))
+    rows = []
+    for ns in names:
+        gate = gates.get(ns)
+        state = gate.state if gate else "unverified"
+        rows.append(
+            RollbackNamespace(
+                ns,
+                state,
+                _gate_text(gate) if gate else "never gated",
+                ns in held,
+                state == GateState.OPEN_FORCED,
+            )
+        )
+    before = previous_policy(of) if of is not None else None
+    wanted = None
+    if before and "weight_version" in before:
+        wanted = version_key(before["weight_version"])
+    if wanted is None or not any(r.key == wanted for r in history):
+        target = version_key(of.weight_version) if of is not None else None
+        wanted = next(
+            (r.key for r in history if r.key != target and set(scope) - set(r.current_in)),
+            history[0].key if history else None,
+        )
+    initial = {
+        "version": wanted,
+        "namespaces": [r.namespace for r in rows if r.namespace in scope and not r.forced],
+    }
+    return RollbackPage(source, of, history, rows, initial)

@@ -182,7 +182,10 @@ class PlanForm(StrategyFields):
     namespaces = forms.CharField(required=False, help_text="comma-separated; empty = all")
     worker_ids = forms.CharField(required=False, help_text="comma-separated worker ids; optional")
     weight_version = forms.CharField(max_length=200)
-    method = forms.ChoiceField(choices=[(m.value, METHOD_LABELS[m]) for m in UpdateMethod])
+    method = forms.ChoiceField(
+        choices=[(m.value, METHOD_LABELS[m]) for m in UpdateMethod],
+        widget=forms.Select(attrs={"data-method-select": ""}),
+    )
     model_path = forms.CharField(required=False, max_length=1000)
     group_params = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     update_params = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
@@ -241,11 +244,9 @@ class PlanForm(StrategyFields):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        source = self.fields["source"]
-        assert isinstance(source, forms.ModelChoiceField)
         if not self.is_bound and not self.initial.get("source"):
             # The only source is the one meant: no choice to make, so none to forget.
-            only = list(source.queryset.values_list("name", flat=True)[:2])
+            only = list(Source.objects.filter(enabled=True).values_list("name", flat=True)[:2])
             if len(only) == 1:
                 self.initial["source"] = only[0]
         for field, family in FAMILY_PAUSE_FIELDS.items():
@@ -348,33 +349,52 @@ class PlanForm(StrategyFields):
         }
 
 
-#: The plan form's fields that belong to one update method only: the page shows the chosen
-#: method's (static/js/app.js switches them with the method).
-METHOD_FIELDS = {
-    UpdateMethod.DISK: ("model_path",),
-    UpdateMethod.DISTRIBUTED: ("group_params", "update_params"),
-    UpdateMethod.TENSOR: ("update_params",),
-    UpdateMethod.LORA: ("lora_action", "lora_name", "lora_uri"),
-    UpdateMethod.EXTERNAL: ("apply_timeout_s",),
-    UpdateMethod.CUSTOM: ("custom_route", "custom_body"),
+#: The plan form's fields that belong to some update methods only, grouped by the methods that
+#: use them: the page shows the groups of the chosen method (static/js/app.js switches them).
+METHOD_FIELDS: tuple[tuple[tuple[UpdateMethod, ...], tuple[str, ...]], ...] = (
+    ((UpdateMethod.DISK,), ("model_path",)),
+    ((UpdateMethod.DISTRIBUTED,), ("group_params",)),
+    ((UpdateMethod.DISTRIBUTED, UpdateMethod.TENSOR), ("update_params",)),
+    ((UpdateMethod.LORA,), ("lora_action", "lora_name", "lora_uri")),
+    ((UpdateMethod.EXTERNAL,), ("apply_timeout_s",)),
+    ((UpdateMethod.CUSTOM,), ("custom_route", "custom_body")),
+)
+
+#: What each method-specific field is called on the page.
+METHOD_FIELD_LABELS = {
+    "model_path": "Model path",
+    "group_params": "Group parameters (JSON)",
+    "update_params": "Update parameters (JSON)",
+    "lora_action": "LoRA action",
+    "lora_name": "LoRA adapter name",
+    "lora_uri": "LoRA source URI (load, swap)",
+    "custom_route": "Custom route (allowlisted on static workers)",
+    "custom_body": "Custom route body (JSON)",
 }
 
 
 def method_field_groups(form: PlanForm) -> list[dict]:
-    """The method-specific fields, one group per method, each marked shown or hidden by the
-    method the form holds (posted, or its initial: disk)."""
-    chosen = (form.data.get("method") if form.is_bound else None) or form.initial.get(
-        "method", form.fields["method"].initial or UpdateMethod.DISK
+    """The method-specific fields, grouped, each group marked shown or hidden by the method
+    the form holds (posted, or its initial: disk). Every field is in one group only, so a
+    hidden group's empty fields never shadow a shown one's values."""
+    chosen = (form.data.get("method") if form.is_bound else None) or (
+        form.initial.get("method") or UpdateMethod.DISK
     )
-    return [
-        {
-            "method": method.value,
-            "label": METHOD_LABELS[method],
-            "fields": [form[name] for name in names],
-            "shown": method.value == chosen,
-        }
-        for method, names in METHOD_FIELDS.items()
-    ]
+    groups = []
+    for methods, names in METHOD_FIELDS:
+        fields = []
+        for name in names:
+            bound = form[name]
+            bound.label = METHOD_FIELD_LABELS.get(name, bound.label)
+            fields.append(bound)
+        groups.append(
+            {
+                "methods": " ".join(m.value for m in methods),
+                "fields": fields,
+                "shown": chosen in methods,
+            }
+        )
+    return groups
 
 
 class RollbackForm(forms.Form):
@@ -383,9 +403,7 @@ class RollbackForm(forms.Form):
     them on purpose, so the operator must choose them explicitly."""
 
     version = forms.ChoiceField(widget=forms.RadioSelect, label="Roll back to")
-    namespaces = forms.MultipleChoiceField(
-        widget=forms.CheckboxSelectMultiple, label="Namespaces"
-    )
+    namespaces = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, label="Namespaces")
 
     def __init__(self, data=None, *, revisions, namespaces, initial=None) -> None:
         super().__init__(data, initial=initial)

@@ -185,12 +185,7 @@ def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
     The live stream cannot render them — it has no request — so its fragment asks for them.
     """
     refresh = _get_refresh(pk)
-    context = {
-        "refresh": refresh,
-        "is_active": refresh.state in ACTIVE_STATES,
-        "can_end": intents.can_end(refresh),
-        **presenters.recovery_context(refresh),
-    }
+    context = {"refresh": refresh} | presenters.actions_context(refresh)
     return render(request, "refresh/detail.html#actions", context)
 
 
@@ -269,8 +264,9 @@ def gate_list(request: HtmxHttpRequest) -> HttpResponse:
 @requires(Perm.VIEW)
 def gate_actions(request: HttpRequest, pk: int) -> HttpResponse:
     """One gate's action form, rendered for this user (a streamed row asks for it)."""
-    gate = get_object_or_404(Gate, pk=pk)
-    return render(request, "refresh/gates.html#gate-actions", {"gate": gate})
+    gate = get_object_or_404(Gate.objects.select_related("source"), pk=pk)
+    context = {"gate": gate, "row": presenters.gate_row(gate)}
+    return render(request, "refresh/gates.html#gate-actions", context)
 
 
 @require_POST

@@ -4,6 +4,9 @@ a gate or a namespace open, accept a membership change, reopen the verified name
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
@@ -116,7 +119,9 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
     return new
 
 
-def _take_over(old: PolicyRefresh, new: PolicyRefresh, actor: Actor, policy: dict) -> PolicyRefresh:
+def _take_over(
+    old: PolicyRefresh, new: PolicyRefresh, actor: Actor, policy: Mapping[str, Any]
+) -> PolicyRefresh:
     """The rollback `new` takes over the scope of `old` (locked, held or waiting) and runs;
     `old` ends `rolled_back`. Inside the caller's transaction, both rows locked."""
     # The rollback takes over the scope (and the paused workers) without a gap.

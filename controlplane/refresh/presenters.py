@@ -20,7 +20,7 @@ from controlplane.refresh import eta
 from controlplane.refresh.gates import displayed_reason, versions_served
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
 from controlplane.refresh.inflight import in_flight_table
-from controlplane.refresh.intents.queries import can_end, is_membership_hold
+from controlplane.refresh.intents.queries import can_end, is_membership_hold, left_paused_keys
 from controlplane.refresh.intents.recovery import still_held_namespaces
 from controlplane.refresh.membership import change_of
 from controlplane.refresh.models import (
@@ -701,8 +701,10 @@ def _versions_now(refresh: PolicyRefresh) -> dict[str, Any]:
 
 
 def paused_now(refresh: PolicyRefresh) -> dict[str, int]:
-    """Paused instances per namespace of the refresh, from the serving ledger (any refresh's)."""
-    return dict(
+    """Paused instances per namespace of the refresh: those the serving ledger says are paused
+    (a wave in progress, any refresh's) or, if more, those this refresh paused and has not
+    resumed (a held refresh leaves its workers as they are)."""
+    counts = dict(
         ServingInterval.objects.filter(
             source=refresh.source,
             namespace__in=refresh.namespaces,
@@ -713,6 +715,16 @@ def paused_now(refresh: PolicyRefresh) -> dict[str, int]:
         .values_list("namespace")
         .annotate(n=Count("id"))
     )
+    keys = left_paused_keys(refresh) if refresh.started_at is not None else []
+    if keys:
+        for namespace, n in (
+            refresh.workers.filter(key__in=keys)
+            .order_by()
+            .values_list("namespace")
+            .annotate(n=Count("id"))
+        ):
+            counts[namespace] = max(counts.get(namespace, 0), n)
+    return counts
 
 
 def progress_of(refresh: PolicyRefresh, steps: list[StepLine]) -> tuple[int, int]:

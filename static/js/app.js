@@ -98,6 +98,29 @@ document.addEventListener("close", (e) => {
   if (dialog instanceof HTMLDialogElement && dialog.returnFocusTo) dialog.returnFocusTo.focus();
 }, true);
 
+// A live update must not pull an open dialog from under the person reading it: the swap waits,
+// and once the dialog closes without being submitted the page reloads to catch up.
+let heldBackSwap = false;
+function holdIfDialogOpen(e) {
+  const target = e.detail && e.detail.target;
+  if (!(target instanceof Element)) return;
+  if (target.matches("dialog[open]") || target.querySelector("dialog[open]")) {
+    e.detail.shouldSwap = false;
+    heldBackSwap = true;
+  }
+}
+document.addEventListener("htmx:oobBeforeSwap", holdIfDialogOpen);
+document.addEventListener("htmx:beforeSwap", holdIfDialogOpen);
+document.addEventListener("close", (e) => {
+  if (!(e.target instanceof HTMLDialogElement) || !heldBackSwap) return;
+  if (document.querySelector("dialog[open]")) return;
+  // A submit navigates anyway; only a cancelled dialog needs the page brought up to date.
+  setTimeout(() => { if (!document.querySelector("form[data-submitting]")) location.reload(); }, 0);
+}, true);
+document.addEventListener("submit", (e) => {
+  if (e.target instanceof HTMLFormElement && !e.defaultPrevented) e.target.setAttribute("data-submitting", "");
+});
+
 let confirmDialog = null;
 let confirmPending = null;
 

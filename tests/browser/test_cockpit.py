@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connections
 
-from controlplane.audit.recorder import Actor
 from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.models import PolicyRefresh, RefreshState

@@ -735,15 +735,6 @@ def progress_of(refresh: PolicyRefresh, steps: list[StepLine]) -> tuple[int, int
     return sum(1 for s in steps if s.status in ("ok", "skipped")), total
 
 
-def eta_text(refresh: PolicyRefresh) -> str:
-    found = eta.estimate(refresh)
-    if found is None:
-        return ""
-    minutes = found.remaining_seconds / 60
-    left = f"{minutes:.0f} min" if minutes >= 1 else f"{found.remaining_seconds:.0f} s"
-    return f"about {left} left"
-
-
 def next_steps(refresh: PolicyRefresh, gates_now: list[NamespaceGate]) -> list[NextStep]:
     """What a person can do after the refresh stopped short: plan again, roll back (through a
     plan), ask an approver to force-reopen a gate left closed."""
@@ -813,7 +804,7 @@ def cockpit_context(refresh: PolicyRefresh, gates_now: list[NamespaceGate]) -> d
             "rows": rows,
             "done": done,
             "total": total,
-            "eta": eta_text(refresh),
+            "eta": eta.estimate(refresh),
             "aborting": refresh.state == ABORTING,
             "paused": sum(paused.values()),
             "next_steps": next_steps(refresh, gates_now),

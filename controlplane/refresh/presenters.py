@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 from urllib.parse import urlencode
 
@@ -432,17 +433,26 @@ def head_context(refresh: PolicyRefresh) -> dict[str, Any]:
 
 
 def actions_context(refresh: PolicyRefresh) -> dict[str, Any]:
-    """What the cockpit and its action buttons (with their dialogs) need."""
+    """What the cockpit and its action buttons (with their dialogs) need. The dialogs are
+    computed only when the buttons are rendered (a pushed head fetches its buttons over HTTP):
+    templates call a callable context value."""
     recovery = recovery_context(refresh)
     gates_now = recovery["namespace_gates"]
+    paused = paused_now(refresh)
+
+    @cache
+    def dialogs() -> dict[str, Any]:
+        return consequences(refresh, gates_now, paused)
+
     return (
         {
             "is_active": refresh.state in ACTIVE_STATES,
             "can_end": can_end(refresh),
+            "dialogs": lambda: dialogs()["dialogs"],
+            "force_dialogs": lambda: dialogs()["force_dialogs"],
         }
         | recovery
-        | cockpit_context(refresh, gates_now)
-        | consequences(refresh, gates_now)
+        | cockpit_context(refresh, gates_now, paused)
     )
 
 
@@ -740,6 +750,15 @@ def next_steps(refresh: PolicyRefresh, gates_now: list[NamespaceGate]) -> list[N
     plan), ask an approver to force-reopen a gate left closed."""
     if refresh.state not in ENDED_BADLY and refresh.state != RefreshState.HELD:
         return []
+    closed = [g.namespace for g in gates_now if g.closed]
+    reopen = NextStep(
+        "Ask an approver to force-reopen",
+        reverse("refresh:gates"),
+        f"closed now: {', '.join(closed)}; an approver can open them on the Gates page",
+        "next-reopen",
+    )
+    if refresh.state == RefreshState.HELD:  # its own buttons retry, roll back or abort
+        return [reopen] if closed else []
     source = refresh.source
     steps = [
         NextStep(
@@ -758,16 +777,8 @@ def next_steps(refresh: PolicyRefresh, gates_now: list[NamespaceGate]) -> list[N
                 "next-rollback",
             )
         )
-    closed = [g.namespace for g in gates_now if g.closed]
     if closed:
-        steps.append(
-            NextStep(
-                "Ask an approver to force-reopen",
-                reverse("refresh:gates"),
-                f"closed now: {', '.join(closed)}; an approver can open them on the Gates page",
-                "next-reopen",
-            )
-        )
+        steps.append(reopen)
     return steps
 
 
@@ -778,7 +789,9 @@ def has_revisions(source) -> bool:
     ).exists()
 
 
-def cockpit_context(refresh: PolicyRefresh, gates_now: list[NamespaceGate]) -> dict[str, Any]:
+def cockpit_context(
+    refresh: PolicyRefresh, gates_now: list[NamespaceGate], paused: dict[str, int]
+) -> dict[str, Any]:
     """The header of the refresh page: state, progress, estimated end, current → target per
     namespace, what is paused, what trainers see, and the next steps."""
     steps = step_lines(refresh)
@@ -786,7 +799,6 @@ def cockpit_context(refresh: PolicyRefresh, gates_now: list[NamespaceGate]) -> d
     started = refresh.started_at is not None
     before = (refresh.progress or {}).get("previous_version") if started else None
     now = _versions_now(refresh)
-    paused = paused_now(refresh)
     workers = dict(grid_namespaces(refresh))
     rows = [
         CockpitRow(
@@ -840,12 +852,13 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def consequences(refresh: PolicyRefresh, gates_now: list[NamespaceGate]) -> dict[str, Any]:
+def consequences(
+    refresh: PolicyRefresh, gates_now: list[NamespaceGate], paused: dict[str, int]
+) -> dict[str, Any]:
     """Per dangerous action on this refresh, what its dialog says: the version, namespaces,
     workers and gates it touches, and what trainers see during and after."""
     ns = list(refresh.namespaces)
     total = refresh.workers.count()
-    paused = paused_now(refresh)
     paused_total = sum(paused.values())
     closed = [g.namespace for g in gates_now if g.closed]
     held_here = [g.namespace for g in gates_now if g.held_here]

@@ -166,3 +166,16 @@ def test_the_cockpit_is_above_the_fold_in_every_state(page, fleet, source, admin
             page.goto(url)
             assert _no_horizontal_scroll(page), (url, size)
     page.goto("about:blank")
+
+
+def test_an_aborting_refresh_shows_abort_disabled(client, fleet, source, operator):
+    """`aborting` (the executor has not confirmed the abort yet): the cockpit says so and the
+    Abort button is disabled, not offered again."""
+    refresh = plan(source, operator, "v1")
+    intents.start_policy_refresh(refresh, actor=actor_for(operator), enqueue=False)
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(state="aborting")
+    client.force_login(operator)
+    html = client.get(f"/refreshes/{refresh.pk}/").content.decode()
+    assert 'data-state="aborting">aborting…</span>' in html
+    assert '<button class="danger" id="abort-refresh" disabled>aborting…</button>' in html
+    assert 'data-dialog="dialog-abort"' not in html

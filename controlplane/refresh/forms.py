@@ -182,7 +182,10 @@ class PlanForm(StrategyFields):
     namespaces = forms.CharField(required=False, help_text="comma-separated; empty = all")
     worker_ids = forms.CharField(required=False, help_text="comma-separated worker ids; optional")
     weight_version = forms.CharField(max_length=200)
-    method = forms.ChoiceField(choices=[(m.value, METHOD_LABELS[m]) for m in UpdateMethod])
+    method = forms.ChoiceField(
+        choices=[(m.value, METHOD_LABELS[m]) for m in UpdateMethod],
+        widget=forms.Select(attrs={"data-method-select": ""}),
+    )
     model_path = forms.CharField(required=False, max_length=1000)
     group_params = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     update_params = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
@@ -241,6 +244,11 @@ class PlanForm(StrategyFields):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if not self.is_bound and not self.initial.get("source"):
+            # The only source is the one meant: no choice to make, so none to forget.
+            only = list(Source.objects.filter(enabled=True).values_list("name", flat=True)[:2])
+            if len(only) == 1:
+                self.initial["source"] = only[0]
         for field, family in FAMILY_PAUSE_FIELDS.items():
             modes = family_pause_modes(FAMILIES[family])
             choice = self.fields[field]
@@ -339,6 +347,72 @@ class PlanForm(StrategyFields):
             "strategy": data.get("strategy"),
             "instances": data.get("instances"),
         }
+
+
+#: The plan form's fields that belong to some update methods only, grouped by the methods that
+#: use them: the page shows the groups of the chosen method (static/js/app.js switches them).
+METHOD_FIELDS: tuple[tuple[tuple[UpdateMethod, ...], tuple[str, ...]], ...] = (
+    ((UpdateMethod.DISK,), ("model_path",)),
+    ((UpdateMethod.DISTRIBUTED,), ("group_params",)),
+    ((UpdateMethod.DISTRIBUTED, UpdateMethod.TENSOR), ("update_params",)),
+    ((UpdateMethod.LORA,), ("lora_action", "lora_name", "lora_uri")),
+    ((UpdateMethod.EXTERNAL,), ("apply_timeout_s",)),
+    ((UpdateMethod.CUSTOM,), ("custom_route", "custom_body")),
+)
+
+#: What each method-specific field is called on the page.
+METHOD_FIELD_LABELS = {
+    "model_path": "Model path",
+    "group_params": "Group parameters (JSON)",
+    "update_params": "Update parameters (JSON)",
+    "lora_action": "LoRA action",
+    "lora_name": "LoRA adapter name",
+    "lora_uri": "LoRA source URI (load, swap)",
+    "custom_route": "Custom route (allowlisted on static workers)",
+    "custom_body": "Custom route body (JSON)",
+}
+
+
+def method_field_groups(form: PlanForm) -> list[dict]:
+    """The method-specific fields, grouped, each group marked shown or hidden by the method
+    the form holds (posted, or its initial: disk). Every field is in one group only, so a
+    hidden group's empty fields never shadow a shown one's values."""
+    chosen = (form.data.get("method") if form.is_bound else None) or (
+        form.initial.get("method") or UpdateMethod.DISK
+    )
+    groups = []
+    for methods, names in METHOD_FIELDS:
+        fields = []
+        for name in names:
+            bound = form[name]
+            bound.label = METHOD_FIELD_LABELS.get(name, bound.label)
+            fields.append(bound)
+        groups.append(
+            {
+                "methods": " ".join(m.value for m in methods),
+                "fields": fields,
+                "shown": chosen in methods,
+            }
+        )
+    return groups
+
+
+class RollbackForm(forms.Form):
+    """Roll back: any earlier verified version of the source (its revision history) and the
+    namespaces to take back. Force-reopened namespaces start unticked: an approver opened
+    them on purpose, so the operator must choose them explicitly."""
+
+    version = forms.ChoiceField(widget=forms.RadioSelect, label="Roll back to")
+    namespaces = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, label="Namespaces")
+
+    def __init__(self, data=None, *, revisions, namespaces, initial=None) -> None:
+        super().__init__(data, initial=initial)
+        version = self.fields["version"]
+        chosen = self.fields["namespaces"]
+        assert isinstance(version, forms.ChoiceField)
+        assert isinstance(chosen, forms.MultipleChoiceField)
+        version.choices = [(r.key, r.label) for r in revisions]
+        chosen.choices = [(ns.namespace, ns.namespace) for ns in namespaces]
 
 
 class SourceStrategyForm(StrategyFields):

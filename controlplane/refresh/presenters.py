@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,24 +17,31 @@ from django.urls import reverse
 from controlplane.dynamo.fingerprint import AgreementRule, Fingerprint, quote
 from controlplane.fleet.filters import SEARCH_MAX, paginate, parse_page
 from controlplane.fleet.rows import pager
+from controlplane.refresh import eta
 from controlplane.refresh.gates import displayed_reason, versions_served
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
 from controlplane.refresh.inflight import in_flight_table
-from controlplane.refresh.intents.queries import can_end, is_membership_hold
+from controlplane.refresh.intents.queries import can_end, is_membership_hold, left_paused_keys
+from controlplane.refresh.intents.recovery import still_held_namespaces
 from controlplane.refresh.membership import change_of
 from controlplane.refresh.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
+    Evidence,
     Gate,
     GateState,
     JournalEntry,
     PolicyRefresh,
     RefreshState,
+    Serving,
+    ServingInterval,
     StepRun,
     WorkerStepResult,
 )
 from controlplane.refresh.namespaces import outcome_in, verified_namespaces
 from controlplane.refresh.plansummary import describe_duration, plan_summary
+from controlplane.refresh.progress import previous_policy
+from controlplane.refresh.revisions import Revision, revision_history, version_key
 from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 from controlplane.refresh.windows import admitted_at
 
@@ -49,7 +57,8 @@ class StepLine:
 
 
 def current_step(refresh: PolicyRefresh) -> str | None:
-    step = STATE_STEP.get(RefreshState(refresh.state))
+    # By value: a state this module does not know yet (another step's) runs no step here.
+    step = STATE_STEP.get(refresh.state)  # type: ignore[call-overload]
     return step.value if step else None
 
 
@@ -419,15 +428,33 @@ def recovery_context(refresh: PolicyRefresh) -> dict[str, Any]:
 
 
 def head_context(refresh: PolicyRefresh) -> dict[str, Any]:
-    """The refresh's state, steps, gates and held reason: the small part a state change
-    re-sends (no grid, no journal)."""
-    return {
-        "refresh": refresh,
-        "steps": step_lines(refresh),
-        "is_active": refresh.state in ACTIVE_STATES,
-        "can_end": can_end(refresh),
-        **recovery_context(refresh),
-    }
+    """The cockpit, and the refresh's steps, gates and held reason: the small part a state
+    change re-sends (no grid, no journal)."""
+    return {"refresh": refresh} | actions_context(refresh)
+
+
+def actions_context(refresh: PolicyRefresh) -> dict[str, Any]:
+    """What the cockpit and its action buttons (with their dialogs) need. The dialogs are
+    computed only when the buttons are rendered (a pushed head fetches its buttons over HTTP):
+    templates call a callable context value."""
+    recovery = recovery_context(refresh)
+    gates_now = recovery["namespace_gates"]
+    paused = paused_now(refresh)
+
+    @cache
+    def dialogs() -> dict[str, Any]:
+        return consequences(refresh, gates_now, paused)
+
+    return (
+        {
+            "is_active": refresh.state in ACTIVE_STATES,
+            "can_end": can_end(refresh),
+            "dialogs": lambda: dialogs()["dialogs"],
+            "force_dialogs": lambda: dialogs()["force_dialogs"],
+        }
+        | recovery
+        | cockpit_context(refresh, gates_now, paused)
+    )
 
 
 def detail_context(
@@ -532,6 +559,10 @@ class GateRow:
     def pk(self) -> int:
         return self.gate.pk
 
+    @property
+    def consequence(self) -> Consequence:
+        return gate_consequence(self.gate)
+
 
 def gate_row(gate: Gate) -> GateRow:
     return GateRow(gate, displayed_reason(gate), GATE_BADGE.get(GateState(gate.state), "closed"))
@@ -570,3 +601,380 @@ def banner_context(source=None) -> dict[str, Any]:
         "banner_refreshes": active_refreshes(source),
         "held_state": RefreshState.HELD,
     }
+
+
+# -- the rollback plan page ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RollbackNamespace:
+    """One namespace a rollback may take back, and why it is ticked or not at first."""
+
+    namespace: str
+    state: str
+    #: What its gate stands for now, in words.
+    text: str
+    #: Still held by the refresh being rolled back: the rollback must take it over.
+    held: bool
+    #: An approver forced it open: left out unless the operator ticks it.
+    forced: bool
+
+
+@dataclass(frozen=True)
+class RollbackPage:
+    source: Any
+    of: PolicyRefresh | None
+    revisions: list[Revision]
+    namespaces: list[RollbackNamespace]
+    initial: dict[str, Any]
+
+
+def rollback_page(source, of: PolicyRefresh | None) -> RollbackPage:
+    """The revision history of the source and its namespaces, with what the form starts with:
+    the newest revision not current everywhere it is chosen (the one before the refresh being
+    rolled back, when known), and every namespace of that refresh (else of the source) but the
+    force-reopened ones."""
+    history = revision_history(source)
+    gates = {g.namespace: g for g in Gate.objects.filter(source=source).select_related("source")}
+    held = set(still_held_namespaces(of)) if of is not None else set()
+    scope = list(of.namespaces) if of is not None else sorted(gates)
+    names = sorted(set(scope) | set(gates))
+    rows = []
+    for ns in names:
+        gate = gates.get(ns)
+        state = gate.state if gate else "unverified"
+        rows.append(
+            RollbackNamespace(
+                ns,
+                state,
+                _gate_text(gate) if gate else "never gated",
+                ns in held,
+                state == GateState.OPEN_FORCED,
+            )
+        )
+    before = previous_policy(of) if of is not None else None
+    wanted = None
+    if before and "weight_version" in before:
+        wanted = version_key(before["weight_version"])
+    if wanted is None or not any(r.key == wanted for r in history):
+        target = version_key(of.weight_version) if of is not None else None
+        wanted = next(
+            (r.key for r in history if r.key != target and set(scope) - set(r.current_in)),
+            history[0].key if history else None,
+        )
+    initial = {
+        "version": wanted,
+        "namespaces": [r.namespace for r in rows if r.namespace in scope and not r.forced],
+    }
+    return RollbackPage(source, of, history, rows, initial)
+
+
+# -- the cockpit: the header on top of every refresh page ----------------------------------------
+
+#: A state coming from the executor's abort handshake (`aborting` → `aborted`): the abort was
+#: asked for and in-flight calls are being cancelled. Compared by value, so the page is ready
+#: before the state is.
+ABORTING = "aborting"
+#: States after which the page offers next steps (plan again, roll back, ask for a reopen).
+ENDED_BADLY = frozenset({RefreshState.ABORTED, RefreshState.FAILED, RefreshState.REJECTED})
+
+
+@dataclass(frozen=True)
+class CockpitRow:
+    """One namespace in the cockpit: from which version to which, what is paused, and what
+    trainers see (its gate now)."""
+
+    gate: NamespaceGate
+    current: Any
+    target: Any
+    paused: int
+    workers: int
+
+    @property
+    def at_target(self) -> bool:
+        return self.current is not None and version_key(self.current) == version_key(self.target)
+
+
+@dataclass(frozen=True)
+class NextStep:
+    label: str
+    url: str
+    text: str
+    id: str
+
+
+def _versions_now(refresh: PolicyRefresh) -> dict[str, Any]:
+    return dict(
+        Gate.objects.filter(source=refresh.source, namespace__in=refresh.namespaces).values_list(
+            "namespace", "verified_version"
+        )
+    )
+
+
+def paused_now(refresh: PolicyRefresh) -> dict[str, int]:
+    """Paused instances per namespace of the refresh: those the serving ledger says are paused
+    (a wave in progress, any refresh's) or, if more, those this refresh paused and has not
+    resumed (a held refresh leaves its workers as they are)."""
+    counts = dict(
+        ServingInterval.objects.filter(
+            source=refresh.source,
+            namespace__in=refresh.namespaces,
+            valid_to__isnull=True,
+            serving=Serving.PAUSED,
+        )
+        .order_by()
+        .values_list("namespace")
+        .annotate(n=Count("id"))
+    )
+    keys = left_paused_keys(refresh) if refresh.started_at is not None else []
+    if keys:
+        for namespace, n in (
+            refresh.workers.filter(key__in=keys)
+            .order_by()
+            .values_list("namespace")
+            .annotate(n=Count("id"))
+        ):
+            counts[namespace] = max(counts.get(namespace, 0), n)
+    return counts
+
+
+def progress_of(refresh: PolicyRefresh, steps: list[StepLine]) -> tuple[int, int]:
+    """(steps done, steps in all): a finished refresh counts full."""
+    total = len(steps)
+    if refresh.state == RefreshState.SUCCEEDED:
+        return total, total
+    return sum(1 for s in steps if s.status in ("ok", "skipped")), total
+
+
+def next_steps(refresh: PolicyRefresh, gates_now: list[NamespaceGate]) -> list[NextStep]:
+    """What a person can do after the refresh stopped short: plan again, roll back (through a
+    plan), ask an approver to force-reopen a gate left closed."""
+    if refresh.state not in ENDED_BADLY and refresh.state != RefreshState.HELD:
+        return []
+    closed = [g.namespace for g in gates_now if g.closed]
+    reopen = NextStep(
+        "Ask an approver to force-reopen",
+        reverse("refresh:gates"),
+        f"closed now: {', '.join(closed)}; an approver can open them on the Gates page",
+        "next-reopen",
+    )
+    if refresh.state == RefreshState.HELD:  # its own buttons retry, roll back or abort
+        return [reopen] if closed else []
+    source = refresh.source
+    steps = [
+        NextStep(
+            "Plan again",
+            f"{reverse('refresh:plan')}?{urlencode({'source': source.name})}",
+            "a new plan of this source, from a fresh discovery",
+            "next-plan",
+        )
+    ]
+    if has_revisions(source):
+        steps.append(
+            NextStep(
+                "Roll back…",
+                f"{reverse('refresh:rollback_plan', args=[source.pk])}?of={refresh.pk}",
+                "choose an earlier verified version and the namespaces; review its plan",
+                "next-rollback",
+            )
+        )
+    if closed:
+        steps.append(reopen)
+    return steps
+
+
+def has_revisions(source) -> bool:
+    """Whether any version was ever verified on the source (one query)."""
+    return ServingInterval.objects.filter(
+        source=source, evidence=Evidence.VERIFIED_REFRESH
+    ).exists()
+
+
+def cockpit_context(
+    refresh: PolicyRefresh, gates_now: list[NamespaceGate], paused: dict[str, int]
+) -> dict[str, Any]:
+    """The header of the refresh page: state, progress, estimated end, current → target per
+    namespace, what is paused, what trainers see, and the next steps."""
+    steps = step_lines(refresh)
+    done, total = progress_of(refresh, steps)
+    started = refresh.started_at is not None
+    before = (refresh.progress or {}).get("previous_version") if started else None
+    now = _versions_now(refresh)
+    workers = dict(grid_namespaces(refresh))
+    rows = [
+        CockpitRow(
+            ng,
+            before if before is not None else now.get(ng.namespace),
+            refresh.weight_version,
+            paused.get(ng.namespace, 0),
+            workers.get(ng.namespace, 0),
+        )
+        for ng in gates_now
+    ]
+    return {
+        "steps": steps,
+        "cockpit": {
+            "rows": rows,
+            "done": done,
+            "total": total,
+            "eta": eta.estimate(refresh),
+            "aborting": refresh.state == ABORTING,
+            "paused": sum(paused.values()),
+            "next_steps": next_steps(refresh, gates_now),
+        },
+    }
+
+
+# -- dialogs: what a dangerous action will do, said before it is done ----------------------------
+
+
+@dataclass(frozen=True)
+class Consequence:
+    """The content of one confirmation dialog, computed from the refresh and its gates."""
+
+    action: str
+    title: str
+    confirm: str
+    version: str
+    namespaces: list[str]
+    workers: str
+    gates: str
+    during: str
+    after: str
+    #: A namespace the dialog is about (force-reopen one), to tell dialogs apart.
+    namespace: str = ""
+
+    @property
+    def dom_id(self) -> str:
+        return f"dialog-{self.action}{'-' + self.namespace if self.namespace else ''}"
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def consequences(
+    refresh: PolicyRefresh, gates_now: list[NamespaceGate], paused: dict[str, int]
+) -> dict[str, Any]:
+    """Per dangerous action on this refresh, what its dialog says: the version, namespaces,
+    workers and gates it touches, and what trainers see during and after."""
+    ns = list(refresh.namespaces)
+    total = refresh.workers.count()
+    paused_total = sum(paused.values())
+    closed = [g.namespace for g in gates_now if g.closed]
+    held_here = [g.namespace for g in gates_now if g.held_here]
+    version = str(refresh.weight_version)
+    previous = (refresh.progress or {}).get("previous_version")
+    old = str(previous) if previous is not None else "the version the gates stood for before"
+    paused_words = (
+        f"{_n(paused_total, 'worker')} paused now"
+        + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(paused.items()))})" if paused else "")
+        if paused_total
+        else "no worker paused now"
+    )
+    closed_words = (
+        f"closed now: {', '.join(closed)}" if closed else "none closed now: rollouts admitted"
+    )
+    out: dict[str, Any] = {
+        "abort": Consequence(
+            "abort",
+            f"Abort policy refresh #{refresh.pk}?",
+            "Abort",
+            f"{version} (stops short; no rollback)",
+            ns,
+            f"{_n(total, 'planned worker')}; {paused_words}",
+            closed_words,
+            "in-flight calls are cancelled; the page says aborting until the executor confirms",
+            "gates that were closed stay closed with their reason; workers keep the version "
+            "they have (a mixed fleet is possible); paused engines resume only if asked",
+        ),
+        "discard": Consequence(
+            "discard",
+            f"Discard plan #{refresh.pk}?",
+            "Discard",
+            f"{version} (never started)",
+            ns,
+            f"{_n(total, 'planned worker')}: none is called",
+            "no gate changes",
+            "nothing changes: the plan was never started",
+            "nothing changes; the plan is kept in history as discarded",
+        ),
+        "end": Consequence(
+            "end",
+            f"End policy refresh #{refresh.pk} without calling any worker?",
+            "End refresh",
+            version,
+            ns,
+            f"none is called; {paused_words} stay as they are",
+            f"{closed_words}; they stay closed",
+            "nothing is called",
+            "the scope is free for another refresh; closed gates stay closed until a refresh "
+            "or a force-reopen opens them",
+        ),
+        "reject": Consequence(
+            "reject",
+            f"Reject policy refresh #{refresh.pk}?",
+            "Reject",
+            f"{version} (never runs)",
+            ns,
+            f"{_n(total, 'planned worker')}: none is called",
+            "no gate changes",
+            "nothing changes",
+            f"trainers keep the gates as they are now; {version} is not installed",
+        ),
+        "reject_canary": Consequence(
+            "reject_canary",
+            f"Reject the canary of #{refresh.pk}?",
+            "Reject canary",
+            f"{version} → back to {old} on the canary",
+            ns,
+            "the canary workers are updated back, then the refresh holds",
+            closed_words,
+            "the canary workers pause while they go back; the rest keep serving",
+            "the gates admit the old set; the refresh is held for a decision",
+        ),
+    }
+    for namespace in held_here:
+        gate_text = next((g.text for g in gates_now if g.namespace == namespace), "")
+        out[f"force_reopen:{namespace}"] = Consequence(
+            "force_reopen",
+            f"Force-reopen {namespace} without verification?",
+            f"Force-reopen {namespace}",
+            "whatever each worker reports (read back first), not verified",
+            [namespace],
+            f"every live worker of {namespace}; {paused.get(namespace, 0)} paused there now resume",
+            f"{namespace}: {gate_text}",
+            "nothing until you confirm",
+            f"/api/v1/gates says {namespace} is open (forced) by you, with your reason; "
+            f"rollouts are admitted; #{refresh.pk} lets go of {namespace} and stays held on "
+            "the rest",
+            namespace,
+        )
+    return {"dialogs": out, "force_dialogs": [out[f"force_reopen:{n}"] for n in held_here]}
+
+
+def gate_consequence(gate: Gate) -> Consequence:
+    """What force-reopening this gate does (the Gates page's dialog), from the gate alone."""
+    where = f"{gate.source.name}/{gate.namespace}"
+    verified = len(gate.verified_instances or [])
+    refresh = gate.active_refresh_id
+    return Consequence(
+        "force_reopen_gate",
+        f"Force-reopen {where} without verification?",
+        f"Force-reopen {gate.namespace}",
+        "whatever each live worker reports (read back first), not verified"
+        + (f"; last verified: {gate.verified_version}" if gate.verified_version else ""),
+        [gate.namespace],
+        f"every live worker of {gate.namespace} ({verified} verified, "
+        f"{gate.unverified_count} unverified now)",
+        f"{where}: {gate.get_state_display()}" + (f" — {gate.reason}" if gate.reason else ""),
+        "nothing until you confirm",
+        f"/api/v1/gates says {gate.namespace} is open (forced) by you, with your reason; "
+        "rollouts are admitted at the versions the workers report"
+        + (
+            f"; policy refresh #{refresh} lets go of {gate.namespace} and resumes its engines there"
+            if refresh
+            else ""
+        ),
+        f"{gate.pk}",
+    )

@@ -33,6 +33,7 @@ urlpatterns = [
     path("<int:pk>/reopen-verified/", views.reopen_verified, name="reopen_verified"),
     path("<int:pk>/force-reopen/", views.force_reopen_namespace, name="force_reopen_namespace"),
     path("<int:pk>/pause/", views.pause_at_next_wave, name="pause"),
+    path("sources/<int:pk>/rollback/", views.rollback_plan, name="rollback_plan"),
     path("sources/<int:pk>/strategy/", views.source_strategy, name="source_strategy"),
     path("<int:pk>/continue/", views.continue_refresh, name="continue"),
     path("<int:pk>/approve-canary/", views.approve_canary, name="approve_canary"),

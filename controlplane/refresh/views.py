@@ -19,7 +19,13 @@ from controlplane.audit.recorder import actor_from_request
 from controlplane.fleet.models import Source, Worker
 from controlplane.refresh import intents, presenters
 from controlplane.refresh.errors import RefreshError
-from controlplane.refresh.forms import PlanForm, SourceStrategyForm
+from controlplane.refresh.forms import (
+    PlanForm,
+    RollbackForm,
+    SourceStrategyForm,
+    method_field_groups,
+)
+from controlplane.refresh.intents import recovery
 from controlplane.refresh.intents.action_table import (
     ABORT,
     APPROVE,
@@ -85,7 +91,45 @@ def plan(request: HttpRequest) -> HttpResponse:
             form.add_error(None, exc)
         else:
             return redirect("refresh:detail", pk=refresh.pk)
-    return render(request, "refresh/plan.html", {"form": form})
+    context = {"form": form, "method_groups": method_field_groups(form)}
+    return render(request, "refresh/plan.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@requires(Perm.OPERATE_REFRESH)
+def rollback_plan(request: HttpRequest, pk: int) -> HttpResponse:
+    """Roll back through a plan: choose an earlier verified version of the source (its
+    revision history) and the namespaces; the plan is shown on the plan page to review and
+    start (`?of=<id>`: the refresh being rolled back, whose page links here)."""
+    source = get_object_or_404(Source, pk=pk)
+    of_id = request.POST.get("of") or request.GET.get("of") or ""
+    of = None
+    if of_id:
+        if not of_id.isdigit() or len(of_id) > 12:
+            return HttpResponse("bad refresh id", status=400)
+        of = get_object_or_404(PolicyRefresh.objects.select_related("source"), pk=int(of_id))
+    page = presenters.rollback_page(source, of)
+    form = RollbackForm(
+        request.POST or None,
+        revisions=page.revisions,
+        namespaces=page.namespaces,
+        initial=page.initial,
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            refresh = recovery.plan_rollback(
+                source,
+                actor=actor_from_request(request),
+                version=form.cleaned_data["version"],
+                namespaces=form.cleaned_data["namespaces"],
+                of=of,
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(request, "Rollback planned: review it, then start it.")
+            return redirect("refresh:detail", pk=refresh.pk)
+    return render(request, "refresh/plan_rollback.html", {"form": form, "page": page})
 
 
 @require_GET
@@ -117,12 +161,7 @@ def refresh_actions(request: HttpRequest, pk: int) -> HttpResponse:
     The live stream cannot render them — it has no request — so its fragment asks for them.
     """
     refresh = _get_refresh(pk)
-    context = {
-        "refresh": refresh,
-        "is_active": refresh.state in ACTIVE_STATES,
-        "can_end": intents.can_end(refresh),
-        **presenters.recovery_context(refresh),
-    }
+    context = {"refresh": refresh} | presenters.actions_context(refresh)
     return render(request, "refresh/detail.html#actions", context)
 
 
@@ -152,7 +191,26 @@ def _act(action: Action[PolicyRefresh]):
     return view
 
 
-start = _act(START)
+_start_plan = _act(START)
+
+
+@require_POST
+@requires(START.perm)
+def start(request: HttpRequest, pk: int) -> HttpResponse:
+    """Confirm a plan. A planned rollback of a refresh still held or waiting takes that one's
+    scope over as it starts (`recovery.start_rollback_plan`)."""
+    refresh = _get_refresh(pk)
+    if refresh.rollback_of_id is None:
+        return _start_plan(request, pk)
+    try:
+        refresh = recovery.start_rollback_plan(refresh, actor=actor_from_request(request))
+    except (RefreshError, ValidationError) as exc:
+        messages.error(request, _error_message(exc))
+    else:
+        messages.success(request, START.message(refresh))
+    return redirect("refresh:detail", pk=refresh.pk)
+
+
 discard = _act(DISCARD)
 approve = _act(APPROVE)
 reject = _act(REJECT)
@@ -182,8 +240,9 @@ def gate_list(request: HtmxHttpRequest) -> HttpResponse:
 @requires(Perm.VIEW)
 def gate_actions(request: HttpRequest, pk: int) -> HttpResponse:
     """One gate's action form, rendered for this user (a streamed row asks for it)."""
-    gate = get_object_or_404(Gate, pk=pk)
-    return render(request, "refresh/gates.html#gate-actions", {"gate": gate})
+    gate = get_object_or_404(Gate.objects.select_related("source"), pk=pk)
+    context = {"gate": gate, "row": presenters.gate_row(gate)}
+    return render(request, "refresh/gates.html#gate-actions", context)
 
 
 @require_POST

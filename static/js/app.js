@@ -63,30 +63,144 @@ document.addEventListener("htmx:wsClose", (e) => {
   }
 });
 
-// --- Confirmation on destructive actions ---------------------------------------------------
-// Any button, link or form with data-confirm="…" asks first; "Cancel" stops the click (and the
-// htmx request it would trigger) or the submit. Runs in the capture phase, before htmx.
-function confirmed(el) {
-  return window.confirm(el.getAttribute("data-confirm"));
+// --- Dialogs of our own on dangerous actions ------------------------------------------------
+// `<button type="button" data-dialog="ID">` opens `<dialog id="ID">` (rendered by the server
+// inside the action's form, saying what the action touches and what trainers will see); its
+// submit button submits that form, its `data-dialog-close` button (or Escape) cancels.
+// Anything else with data-confirm="…" gets the same kind of dialog with that one sentence,
+// built here once: no native confirm() anywhere.
+function openDialog(dialog, opener) {
+  if (!(dialog instanceof HTMLDialogElement)) return;
+  dialog.returnFocusTo = opener;
+  dialog.showModal();
+  const field = dialog.querySelector("input:not([type=hidden]), textarea, select");
+  (field || dialog.querySelector("[data-dialog-submit]") || dialog).focus();
 }
 
 document.addEventListener("click", (e) => {
+  const target = e.target instanceof Element ? e.target : null;
+  if (!target) return;
+  const opener = target.closest("[data-dialog]");
+  if (opener) {
+    e.preventDefault();
+    openDialog(document.getElementById(opener.getAttribute("data-dialog")), opener);
+    return;
+  }
+  const close = target.closest("[data-dialog-close]");
+  if (close) {
+    const dialog = close.closest("dialog");
+    if (dialog) dialog.close();
+  }
+});
+
+document.addEventListener("close", (e) => {
+  const dialog = e.target;
+  if (dialog instanceof HTMLDialogElement && dialog.returnFocusTo) dialog.returnFocusTo.focus();
+}, true);
+
+// A live update must not pull an open dialog from under the person reading it: the swap waits,
+// and once the dialog closes without being submitted the page reloads to catch up.
+let heldBackSwap = false;
+function holdIfDialogOpen(e) {
+  const target = e.detail && e.detail.target;
+  if (!(target instanceof Element)) return;
+  if (target.matches("dialog[open]") || target.querySelector("dialog[open]")) {
+    e.detail.shouldSwap = false;
+    heldBackSwap = true;
+  }
+}
+document.addEventListener("htmx:oobBeforeSwap", holdIfDialogOpen);
+document.addEventListener("htmx:beforeSwap", holdIfDialogOpen);
+document.addEventListener("close", (e) => {
+  if (!(e.target instanceof HTMLDialogElement) || !heldBackSwap) return;
+  if (document.querySelector("dialog[open]")) return;
+  // A submit navigates anyway; only a cancelled dialog needs the page brought up to date.
+  setTimeout(() => { if (!document.querySelector("form[data-submitting]")) location.reload(); }, 0);
+}, true);
+document.addEventListener("submit", (e) => {
+  if (e.target instanceof HTMLFormElement && !e.defaultPrevented) e.target.setAttribute("data-submitting", "");
+});
+
+let confirmDialog = null;
+let confirmPending = null;
+
+function confirmDialogFor(text) {
+  if (!confirmDialog) {
+    confirmDialog = document.createElement("dialog");
+    confirmDialog.className = "consequence";
+    confirmDialog.id = "confirm-dialog";
+    const question = document.createElement("p");
+    question.className = "confirm-question";
+    const actions = document.createElement("div");
+    actions.className = "actions dialog-actions";
+    const cancel = document.createElement("button");
+    cancel.type = "button";
+    cancel.textContent = "Cancel";
+    cancel.setAttribute("data-dialog-close", "");
+    const ok = document.createElement("button");
+    ok.type = "button";
+    ok.className = "danger";
+    ok.id = "confirm-dialog-ok";
+    ok.textContent = "Confirm";
+    ok.addEventListener("click", () => {
+      const pending = confirmPending;
+      confirmPending = null;
+      confirmDialog.close();
+      if (pending) pending();
+    });
+    actions.append(cancel, ok);
+    confirmDialog.append(question, actions);
+    document.body.append(confirmDialog);
+  }
+  confirmDialog.querySelector(".confirm-question").textContent = text;
+  return confirmDialog;
+}
+
+// Capture phase, before htmx: the first click only asks; the confirmed one goes through.
+document.addEventListener("click", (e) => {
   const el = e.target instanceof Element ? e.target.closest("[data-confirm]") : null;
   if (!el || el.tagName === "FORM") return;
-  if (!confirmed(el)) {
-    e.preventDefault();
-    e.stopImmediatePropagation();
-  }
+  if (el.dataset.confirmed === "1") { delete el.dataset.confirmed; return; }
+  e.preventDefault();
+  e.stopImmediatePropagation();
+  confirmPending = () => { el.dataset.confirmed = "1"; el.click(); };
+  openDialog(confirmDialogFor(el.getAttribute("data-confirm")), el);
 }, true);
 
 document.addEventListener("submit", (e) => {
   const form = e.target;
   if (!(form instanceof HTMLFormElement) || !form.hasAttribute("data-confirm")) return;
-  if (!confirmed(form)) {
-    e.preventDefault();
-    e.stopImmediatePropagation();
-  }
+  if (form.dataset.confirmed === "1") { delete form.dataset.confirmed; return; }
+  e.preventDefault();
+  e.stopImmediatePropagation();
+  confirmPending = () => { form.dataset.confirmed = "1"; form.requestSubmit(); };
+  openDialog(confirmDialogFor(form.getAttribute("data-confirm")), form);
 }, true);
+
+// --- The plan form shows the chosen update method's fields only ------------------------------
+// Method-specific fields sit in groups, `data-method-fields="METHOD ..."` naming the methods that
+// use them; the server hides the groups of other methods, and a change of method swaps them.
+document.addEventListener("change", (e) => {
+  const select = e.target;
+  if (!(select instanceof HTMLSelectElement) || !select.matches("[data-method-select]")) return;
+  document.querySelectorAll("[data-method-fields]").forEach((group) => {
+    group.hidden = !group.getAttribute("data-method-fields").split(" ").includes(select.value);
+  });
+});
+
+// --- A flash message about a refresh goes stale once the refresh moves on -------------------
+// The message ("Retrying…", "Started") was true for the state the page loaded in; when the live
+// cockpit says the refresh is in another state, the message is about the past: remove it.
+let loadedState = null;
+function dropStaleMessages() {
+  const cockpit = document.getElementById("cockpit");
+  if (!cockpit) return;
+  const now = cockpit.getAttribute("data-state");
+  if (loadedState === null) { loadedState = now; return; }
+  if (now !== loadedState) document.querySelectorAll(".messages").forEach((m) => m.remove());
+}
+document.addEventListener("DOMContentLoaded", dropStaleMessages);
+document.addEventListener("htmx:oobAfterSwap", dropStaleMessages);
 
 // --- "/" focuses the search box in the top bar ----------------------------------------------
 // Unless the person is typing somewhere already (a field, an editable element) or holds a

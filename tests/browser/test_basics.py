@@ -85,22 +85,24 @@ def test_abort_asks_first_and_cancel_changes_nothing(page, simfleet, operator, t
     assert refresh.state == RefreshState.AWAITING_APPROVAL
     sign_in(page, operator.username, PASSWORD)
     page.goto(f"/refreshes/{refresh.pk}/")
-    asked = []
+    native = []
+    page.on("dialog", lambda dialog: (native.append(dialog.message), dialog.dismiss()))
 
-    def dismiss(dialog):
-        asked.append(dialog.message)
-        dialog.dismiss()
-
-    page.once("dialog", dismiss)
-    page.click("#refresh-actions button.danger")
-    assert asked == ["Abort this refresh?"]
+    # Our own dialog asks first, naming what the abort touches; Cancel changes nothing.
+    page.click("#refresh-actions #abort-refresh")
+    dialog = page.locator("dialog#dialog-abort")
+    dialog.wait_for(state="visible")
+    assert f"Abort policy refresh #{refresh.pk}?" in dialog.inner_text()
+    dialog.locator("[data-dialog-close]").click()
+    dialog.wait_for(state="hidden")
     page.wait_for_timeout(300)  # give a (wrongly) submitted form the time to land
     assert PolicyRefresh.objects.get(pk=refresh.pk).state == RefreshState.AWAITING_APPROVAL
 
-    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#refresh-actions #abort-refresh")
     with page.expect_navigation():
-        page.click("#refresh-actions button.danger")
+        dialog.locator("[data-dialog-submit]").click()
     assert PolicyRefresh.objects.get(pk=refresh.pk).state == RefreshState.ABORTED
+    assert native == []  # no native confirm() on the way
     # Leave the page before the database is flushed: its htmx loads and live sockets would
     # otherwise still be reading tables the flush truncates (a deadlock at teardown).
     page.wait_for_load_state("networkidle")

@@ -45,8 +45,8 @@ def test_plan_summary_then_discard(page, fleet_source):
     bodies = first_calls.locator("pre.json").all_inner_texts()
     assert any('"model_path": "/ckpt/v9"' in body for body in bodies)
 
-    page.on("dialog", lambda dialog: dialog.accept())  # the data-confirm question, if asked
-    page.click("#discard-refresh")
+    page.click("#discard-refresh")  # our own dialog asks first
+    page.click("dialog#dialog-discard [data-dialog-submit]")
     page.wait_for_selector("text=Plan discarded; nothing was started.")
     refresh = PolicyRefresh.objects.get(source=fleet_source)
     assert refresh.state == RefreshState.ABORTED and refresh.started_at is None

@@ -790,6 +790,11 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "refresh:inbox": ["/refreshes/inbox/"],
         "refresh:plan": ["/refreshes/new/"],
         "refresh:source_strategy": [f"/refreshes/sources/{s.pk}/strategy/" for s in all_sources],
+        # The rollback form: the revision history (hostile versions) and each refresh's scope.
+        "refresh:rollback_plan": [
+            *(f"/refreshes/sources/{s.pk}/rollback/" for s in all_sources),
+            *(f"/refreshes/sources/{sim.pk}/rollback/?of={pk}" for pk in r),
+        ],
         "refresh:gates": ["/refreshes/gates/"],
         "refresh:gate_actions": [f"/refreshes/gates/{g.pk}/actions/" for g in Gate.objects.all()],
         "refresh:detail": [f"/refreshes/{pk}/" for pk in r],

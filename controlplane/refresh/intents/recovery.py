@@ -4,12 +4,16 @@ a gate or a namespace open, accept a membership change, reopen the verified name
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError
-from django.db import transaction
+from collections.abc import Mapping
+from typing import Any
 
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from controlplane import lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
-from controlplane.fleet.models import Worker, WorkerState
+from controlplane.fleet.models import Source, Worker, WorkerState
 from controlplane.notify.emit import notify
 from controlplane.refresh import gates
 from controlplane.refresh.departed import DEPARTED
@@ -21,7 +25,8 @@ from controlplane.refresh.errors import (
 from controlplane.refresh.executor.departures import LEFT_THE_FLEET, write_departures
 from controlplane.refresh.executor.steps import verified_instance_sets
 from controlplane.refresh.intents import base
-from controlplane.refresh.intents.base import audit_refresh, locked_refresh
+from controlplane.refresh.intents.base import audit_refresh, locked_refresh, scope_conflict
+from controlplane.refresh.intents.lifecycle import start_policy_refresh
 from controlplane.refresh.intents.plan import fresh_discovery, plan_policy_refresh
 from controlplane.refresh.intents.queries import (
     is_membership_hold,
@@ -53,6 +58,7 @@ from controlplane.refresh.namespaces import (
     with_resolved,
 )
 from controlplane.refresh.progress import previous_policy
+from controlplane.refresh.revisions import revision_history
 from controlplane.refresh.step_order import STEP_STATE, StepName
 from controlplane.refresh.strategy import (
     rollback_strategy,
@@ -64,9 +70,12 @@ __all__ = [
     "ROLLBACK_STATES",
     "force_reopen_gate",
     "force_reopen_namespace",
+    "plan_rollback",
     "reopen_verified_namespaces",
     "resolve_membership",
     "rollback_policy_refresh",
+    "start_rollback_plan",
+    "still_held_namespaces",
 ]
 
 
@@ -105,36 +114,145 @@ def rollback_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRe
         old = locked_refresh(refresh)
         if old.state not in ROLLBACK_STATES:
             raise wrong_state(old, wanted="held")
-        new = locked_refresh(new)
-        # The rollback takes over the scope (and the paused workers) without a gap.
-        ScopeLock.objects.filter(refresh=old).update(refresh=new)
-        Gate.objects.filter(active_refresh=old).update(active_refresh=new)
-        old.transition(
-            RefreshState.ROLLED_BACK, end_reason=f"rolled back by policy refresh #{new.pk}"
-        )
-        needs_approval = new.source.require_approval
-        new.transition(RefreshState.AWAITING_APPROVAL if needs_approval else RefreshState.GATING)
-        audit_refresh(
-            AuditAction.POLICY_REFRESH_ROLLED_BACK,
-            old,
-            actor,
-            rollback_refresh_id=new.pk,
-            target=policy,
-        )
-        audit_refresh(
-            AuditAction.POLICY_REFRESH_REQUESTED, new, actor, needs_approval=needs_approval
-        )
-        if needs_approval:
-            notify("refresh.awaiting_approval", refresh=new)
-        else:
-            audit_refresh(AuditAction.POLICY_REFRESH_STARTED, new, actor)
-            base.enqueue_execution(new.pk)
+        new = _take_over(old, locked_refresh(new), actor, policy)
+    _publish_both(old, new)
+    return new
 
+
+def _take_over(
+    old: PolicyRefresh, new: PolicyRefresh, actor: Actor, policy: Mapping[str, Any]
+) -> PolicyRefresh:
+    """The rollback `new` takes over the scope of `old` (locked, held or waiting) and runs;
+    `old` ends `rolled_back`. Inside the caller's transaction, both rows locked."""
+    # The rollback takes over the scope (and the paused workers) without a gap.
+    ScopeLock.objects.filter(refresh=old).update(refresh=new)
+    Gate.objects.filter(active_refresh=old).update(active_refresh=new)
+    old.transition(RefreshState.ROLLED_BACK, end_reason=f"rolled back by policy refresh #{new.pk}")
+    needs_approval = new.source.require_approval
+    new.transition(RefreshState.AWAITING_APPROVAL if needs_approval else RefreshState.GATING)
+    audit_refresh(
+        AuditAction.POLICY_REFRESH_ROLLED_BACK,
+        old,
+        actor,
+        rollback_refresh_id=new.pk,
+        target=policy,
+    )
+    audit_refresh(AuditAction.POLICY_REFRESH_REQUESTED, new, actor, needs_approval=needs_approval)
+    if needs_approval:
+        notify("refresh.awaiting_approval", refresh=new)
+    else:
+        audit_refresh(AuditAction.POLICY_REFRESH_STARTED, new, actor)
+        base.enqueue_execution(new.pk)
+    return new
+
+
+def _publish_both(old: PolicyRefresh, new: PolicyRefresh) -> None:
     def publish_both() -> None:
         publish_state(old)
         publish_state(new)
 
     transaction.on_commit(publish_both)
+
+
+# -- a rollback through a plan (the refresh page's Roll back) -----------------------------------
+
+
+def still_held_namespaces(refresh: PolicyRefresh) -> list[str]:
+    """The namespaces a held or waiting refresh still owns (its scope locks): a rollback that
+    takes it over must cover them. A force-reopened namespace is no longer among them."""
+    if refresh.state not in ROLLBACK_STATES:
+        return []
+    return sorted(ScopeLock.objects.filter(refresh=refresh).values_list("namespace", flat=True))
+
+
+def plan_rollback(
+    source: Source,
+    *,
+    actor: Actor,
+    version: str,
+    namespaces: list[str],
+    of: PolicyRefresh | None = None,
+) -> PolicyRefresh:
+    """A planned refresh back to an earlier verified version (`version`: a revision's key,
+    `revisions.version_key`), of the chosen namespaces only; it is reviewed and started on the
+    plan page like any plan (`start_rollback_plan`), never started here.
+
+    `of` is the refresh being rolled back (its pause, flush and verification settings are
+    kept, its waves become the rollback's): while it is held or waiting, the plan must cover
+    every namespace it still holds, since the rollback takes its scope over. The namespaces a
+    person force-reopened are no longer held: they are in the plan only if chosen.
+    """
+    revision = next((r for r in revision_history(source, limit=500) if r.key == version), None)
+    if revision is None:
+        raise ValidationError(f"{version} is not a verified version of {source.name}")
+    chosen = sorted(set(namespaces))
+    if not chosen:
+        raise ValidationError("choose at least one namespace to roll back")
+    if of is not None:
+        if of.source_id != source.pk:
+            raise ValidationError(f"policy refresh #{of.pk} is not on {source.name}")
+        missing = [ns for ns in still_held_namespaces(of) if ns not in chosen]
+        if missing:
+            raise ValidationError(
+                f"policy refresh #{of.pk} still holds {', '.join(missing)}: include "
+                f"{'it' if len(missing) == 1 else 'them'} in the rollback, or resolve "
+                f"{'it' if len(missing) == 1 else 'them'} on its page first"
+            )
+    kept: dict = {}
+    if of is not None:
+        kept = {
+            "pause_mode": of.pause_mode,
+            "pause_modes": of.pause_modes,
+            "inflight_may_straddle": of.inflight_may_straddle,
+            "verification": of.verification,
+            "flush_policy": of.flush_policy,
+            "strategy": rollback_strategy(stored(of)),
+        }
+    return plan_policy_refresh(
+        source=source,
+        actor=actor,
+        target=dict(revision.policy),
+        namespaces=chosen,
+        rollback_of=of,
+        **kept,
+    )
+
+
+def start_rollback_plan(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
+    """Start a planned rollback: like `start_policy_refresh`, but while the refresh it rolls
+    back is still held or waiting, it takes that one's scope over (`_take_over`) and the
+    namespaces it adds are locked for it."""
+    old = refresh.rollback_of
+    if old is None or old.state not in ROLLBACK_STATES:
+        return start_policy_refresh(refresh, actor=actor)
+    if refresh.plan_blockers:
+        raise PlanBlocked("the plan has blockers: " + "; ".join(refresh.plan_blockers))
+    with transaction.atomic(durable=True):
+        old = locked_refresh(old)
+        if old.state not in ROLLBACK_STATES:
+            raise wrong_state(old, wanted="held")
+        new = locked_refresh(refresh)
+        if new.state != RefreshState.PLANNED:
+            raise wrong_state(new, wanted="planned")
+        held = still_held_namespaces(old)
+        missing = [ns for ns in held if ns not in new.namespaces]
+        if missing:
+            raise InvalidTransition(
+                f"policy refresh #{old.pk} still holds {', '.join(missing)}, which this plan "
+                "leaves out; plan the rollback again"
+            )
+        added = [ns for ns in sorted(new.namespaces) if ns not in held]
+        if added:
+            lockorder.domain_lock("scope locks")
+            try:
+                with transaction.atomic():
+                    ScopeLock.objects.bulk_create(
+                        ScopeLock(source=new.source, namespace=ns, refresh=new) for ns in added
+                    )
+            except IntegrityError:
+                raise scope_conflict(new.source, added) from None
+        new = _take_over(old, new, actor, new.target)
+    _publish_both(old, new)
     return new
 
 

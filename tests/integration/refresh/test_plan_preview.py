@@ -75,11 +75,11 @@ def test_the_summary_comes_first_with_confirm_and_discard_under_it(
         assert re.search(rf"{family}: keep \(\d workers?\)", text)
     assert re.search(rf"3 workers in {len(namespaces)} namespaces? \(", text)
     assert "Expected duration  no history yet" in text
-    # Confirm and Discard sit under the summary, before any per-worker call.
+    # Confirm and Discard sit in the cockpit on top, before the summary and any per-worker call.
     confirm, discard = page.index('id="confirm-refresh"'), page.index('id="discard-refresh"')
-    assert page.index('id="plan-expected"') < confirm < page.index('class="grid plan-workers"')
+    assert page.index('id="cockpit"') < confirm < page.index('id="plan-expected"')
     assert discard < page.index('class="grid plan-workers"')
-    assert 'data-confirm="Discard this plan?"' in page
+    assert 'data-dialog="dialog-discard"' in page and "Discard plan #" in page
     # Calls are collapsed, their bodies pretty JSON (escaped), never Python reprs.
     assert '<details class="worker-calls">' in page
     assert "&quot;model_path&quot;: &quot;/ckpt/v2&quot;" in page

@@ -36,7 +36,7 @@ from controlplane.refresh.models import (
     RefreshState,
     ScopeLock,
 )
-from controlplane.refresh.step_order import STEP_STATE, StepName
+from controlplane.refresh.step_order import STATE_STEP, STEP_STATE, StepName
 from controlplane.textlimits import STATE_REASON_CHARS
 
 __all__ = [
@@ -143,21 +143,33 @@ def reject_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) 
 def abort_policy_refresh(
     refresh: PolicyRefresh, *, actor: Actor, resume_engines: bool = False
 ) -> PolicyRefresh:
-    """Stop at the next call boundary. Ends held (gate closed) unless `resume_engines`."""
+    """Stop now. A running refresh moves to `aborting`: its executor cancels the calls in
+    flight and confirms, ending `aborted` with its gates closed and what it paused left paused
+    (named in the end reason), or, with `resume_engines`, resuming the engines it paused first
+    (`executor/abort.py`). One with no executor running ends or releases at once."""
     reason = f"aborted by {actor.label}"
     with transaction.atomic():
         refresh = locked_refresh(refresh)
         state = refresh.state
+        if state == RefreshState.ABORTING:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is already aborting ({refresh.end_reason}): its "
+                "executor is cancelling the calls in flight and ends it aborted within seconds"
+            )
         if state in (RefreshState.PLANNED, RefreshState.AWAITING_APPROVAL):
             # Nothing touched yet: end at once.
             refresh.transition(RefreshState.ABORTED, end_reason=reason)
             gates.release_scope(refresh, "")
         elif state in EXECUTING_STATES and state != RefreshState.RELEASING:
-            refresh.abort_requested = True
-            refresh.end_reason = reason
-            refresh.end_state = RefreshState.ABORTED if resume_engines else ""
-            refresh.save(update_fields=["abort_requested", "end_reason", "end_state"])
-            # The running step hears it through Redis, without a query per heartbeat.
+            refresh.transition(
+                RefreshState.ABORTING,
+                abort_requested=True,
+                end_reason=reason,
+                end_state=RefreshState.ABORTED if resume_engines else "",
+                failed_step=STATE_STEP[RefreshState(state)].value,
+            )
+            # The running step hears it through Redis within a fraction of a second, without a
+            # query per beat; an executor between steps reads the state.
             abort_signal.send_on_commit(refresh.pk)
         elif state == RefreshState.AWAITING_APPLY and not resume_engines:
             # An external update waiting for the trainer: it holds, its workers paused, as an
@@ -176,7 +188,12 @@ def abort_policy_refresh(
                 "its engines, or resolved by retry, rollback, force-reopen or ending it"
             )
         audit_refresh(
-            AuditAction.POLICY_REFRESH_ABORTED, refresh, actor, resume_engines=resume_engines
+            AuditAction.POLICY_REFRESH_ABORTED,
+            refresh,
+            actor,
+            resume_engines=resume_engines,
+            previous_state=state,
+            state=refresh.state,
         )
     publish_state_on_commit(refresh)
     return refresh
@@ -210,6 +227,11 @@ def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefre
     """Re-run the failed step on failed or unreached workers only, then carry on."""
     with transaction.atomic():
         refresh = locked_refresh(refresh)
+        if refresh.state == RefreshState.ABORTING:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is aborting ({refresh.end_reason}); an aborted "
+                "refresh is not retried: plan a new one (or roll back) once it is aborted"
+            )
         if refresh.state == RefreshState.HELD and not refresh.failed_step:
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is held with nothing to retry ("
@@ -247,6 +269,11 @@ def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> 
             raise wrong_state(
                 refresh,
                 why="only an active refresh ends",
+            )
+        if refresh.state == RefreshState.ABORTING and executor_alive(refresh):
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is aborting: its executor is cancelling the "
+                "calls in flight and ends it aborted within seconds"
             )
         if refresh.state in EXECUTING_STATES and executor_alive(refresh):
             raise InvalidTransition(

@@ -420,7 +420,6 @@ def run_step_calls(
         raise JournalOutage(outage, journal, [batch, arrived]) from outage
     except BaseException:
         stop.set()  # a lost lease or a database error: stop calling workers at once
-        inflight.cancel()  # (nothing of this step is written any more: do not wait for them)
         raise
     finally:
         failure = wait()

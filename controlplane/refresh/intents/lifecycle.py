@@ -171,6 +171,10 @@ def abort_policy_refresh(
             # The running step hears it through Redis within a fraction of a second, without a
             # query per beat; an executor between steps reads the state.
             abort_signal.send_on_commit(refresh.pk)
+            gates.update_gate_reason(
+                refresh,
+                f"policy refresh #{refresh.pk} aborting ({reason}): cancelling its calls in flight",
+            )
         elif state == RefreshState.AWAITING_APPLY and not resume_engines:
             # An external update waiting for the trainer: it holds, its workers paused, as an
             # executing refresh holds at its next call boundary.

@@ -176,8 +176,8 @@ def abort_policy_refresh(
                 f"policy refresh #{refresh.pk} aborting ({reason}): cancelling its calls in flight",
             )
         elif state == RefreshState.AWAITING_APPLY and not resume_engines:
-            # An external update waiting for the trainer: it holds, its workers paused, as an
-            # executing refresh holds at its next call boundary.
+            # An external update waiting for the trainer: no executor, no call in flight; it
+            # holds with its workers paused (the trainer may be applying the weights).
             external.abort_apply_wait(refresh, actor=actor)
         elif (state == RefreshState.HELD and resume_engines) or state in WAITING_STATES:
             # Waiting between waves, nothing it paused is left but the workers its failure
@@ -282,7 +282,7 @@ def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> 
         if refresh.state in EXECUTING_STATES and executor_alive(refresh):
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is running ({refresh.state}); abort it first "
-                "(it stops at the next call boundary), then end it"
+                "(it cancels its calls in flight and ends aborted within seconds)"
             )
         left_paused = left_paused_keys(refresh)
         end_reason = f"ended by {actor.label}: {reason}"

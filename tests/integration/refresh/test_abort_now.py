@@ -105,6 +105,11 @@ def test_aborting_shows_in_the_refresh_and_gate_apis(fleet, operator, operator_c
         assert f"policy refresh #{refresh.pk} aborting" in body["reason"]
     code, out, _ = cli("refresh", "status", str(refresh.pk))
     assert code == 0 and "state: aborting" in out
+    page = operator_client.get(f"/refreshes/{refresh.pk}/")
+    assert page.status_code == 200
+    assert 'class="badge aborting"' in page.content.decode()
+    eta = answer.json()["eta"] if "eta" in answer.json() else None
+    assert eta is None or eta.get("estimated_end") is None
 
 
 def test_the_reconciler_finishes_an_abort_whose_executor_died(fleet, operator, settings):

@@ -28,7 +28,7 @@ from controlplane.refresh.models import (
 )
 from controlplane.refresh.reconcile import orphaned_refresh_ids, reconcile_policy_refreshes
 from controlplane.simfleet import Fault
-from tests.integration.refresh.cli import cli
+from tests.integration.refresh.cli import cli, cli_json
 from tests.integration.refresh.helpers import (
     actor_for,
     execute_in_thread,
@@ -108,8 +108,9 @@ def test_aborting_shows_in_the_refresh_and_gate_apis(fleet, operator, operator_c
     page = operator_client.get(f"/refreshes/{refresh.pk}/")
     assert page.status_code == 200
     assert 'class="badge aborting"' in page.content.decode()
-    eta = answer.json()["eta"] if "eta" in answer.json() else None
-    assert eta is None or eta.get("estimated_end") is None
+    code, status = cli_json("refresh", "status", str(refresh.pk))
+    assert code == 0 and status["eta"]["estimated_end"] is None
+    assert "aborting" in status["eta"]["reason"]
 
 
 def test_the_reconciler_finishes_an_abort_whose_executor_died(fleet, operator, settings):

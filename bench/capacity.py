@@ -86,7 +86,7 @@ def fill(workers: int):
         for step, operation, at, spread in CALLS:
             when = t0 + dt.timedelta(seconds=at + spread * i / workers)
             call = (step, operation, "POST", "http://w/", None, 200, None, True, "", 5.0, 1)
-            rows.append((refresh.pk, pk, *call, when, when, 1))
+            rows.append((refresh.pk, pk, *call, when, when, 1, False, None))
     insert_values(JournalEntry, JOURNAL_FIELDS, rows)
     actor = Actor.system("capacity bench")
     for namespace in NAMESPACES:

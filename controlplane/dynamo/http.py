@@ -26,7 +26,7 @@ import asyncio
 import functools
 import json
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
@@ -125,13 +125,22 @@ class DynamoClient:
     `timeout` is the deadline of a call that does not name its own.
     """
 
-    def __init__(self, *, timeout: float, max_connections: int = 100) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        max_connections: int = 100,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> None:
         if not timeout > 0:
             raise ValueError("timeout must be positive")
         if max_connections <= 0:
             raise ValueError("max_connections must be positive")
         self.timeout = timeout
         self.max_connections = max_connections
+        #: aiohttp's request tracing, for a caller that must know how far a call got (the
+        #: refresh executor, to say whether a call an abort cancelled had reached its worker).
+        self.trace_configs = list(trace_configs)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> DynamoClient:
@@ -151,6 +160,7 @@ class DynamoClient:
             # Session headers are merged per request from aiohttp's own multidict, several
             # times cheaper than the same headers passed as a dict with every call.
             headers=_BASE_HEADERS,
+            trace_configs=self.trace_configs or None,
         )
         return self
 
@@ -227,9 +237,16 @@ class DynamoClient:
             raise transport_error(exc) from exc
 
 
-def make_client(*, timeout: float, max_connections: int = 100) -> DynamoClient:
+def make_client(
+    *,
+    timeout: float,
+    max_connections: int = 100,
+    trace_configs: Sequence[aiohttp.TraceConfig] = (),
+) -> DynamoClient:
     """A client with no redirects, an explicit default deadline and a bounded pool."""
-    return DynamoClient(timeout=timeout, max_connections=max_connections)
+    return DynamoClient(
+        timeout=timeout, max_connections=max_connections, trace_configs=trace_configs
+    )
 
 
 async def _read_capped(

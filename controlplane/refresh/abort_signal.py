@@ -1,17 +1,19 @@
 """An abort request, signalled through Redis so a running step hears it without a query.
 
-The refresh row's `abort_requested` is the truth; this key is only a hint. `abort_policy_refresh`
-sets it once the transaction that raised the flag commits (`send_on_commit`), and the journal's
-heartbeat reads it (`read`): when the key is there, the heartbeat confirms with the fenced
-database read it would do anyway (`Lease.guard_reading_abort`). So a signal never aborts
+The refresh row (`aborting`, with `abort_requested` set) is the truth; this key is only a hint.
+`abort_policy_refresh` sets it once the transaction that moved the refresh to `aborting`
+commits (`send_on_commit`), and the running step reads it (`read`) at every heartbeat and, while
+calls are in flight, every `journal.ABORT_WATCH_SECONDS`: when the key is there, the step
+confirms with the fenced database read it would do anyway (`Lease.guard_reading_abort`) and
+cancels its calls in flight (docs/operate/abort.md). So a signal never aborts
 anything by itself: one left behind after a retry reset the flag costs one statement, after
 which the reader withdraws it (`withdraw`). A reader that cannot reach Redis must not assume
 "no abort": `read` raises, and the heartbeat falls back to the database.
 
 Each request stores a value of its own, so withdrawing a stale signal (compare-and-delete)
 never removes one sent by a later request. The key expires after `TTL_SECONDS`: an abort is
-honoured within a heartbeat of its request while a step runs, and at the next step boundary
-(read from the database) otherwise, so an older key has done its work.
+honoured within a fraction of a second of its request while a step runs, and at the next step
+boundary (the runner reads the state) otherwise, so an older key has done its work.
 """
 
 from __future__ import annotations

@@ -57,6 +57,8 @@ def _not_estimating(refresh: PolicyRefresh) -> str | None:
     """Why a refresh in this state has no estimate (None: it runs its sequence)."""
     if refresh.state == RefreshState.RELEASING:
         return "the refresh is being closed out (releasing the engines it paused)"
+    if refresh.state == RefreshState.ABORTING:
+        return "the refresh is aborting (cancelling its calls in flight)"
     if refresh.state not in EXECUTING_STATES:
         return f"the refresh is {refresh.state}, not running its steps"
     return None

@@ -38,6 +38,7 @@ from controlplane.refresh.models import (
     JournalEntry,
     PolicyRefresh,
     RefreshState,
+    WorkerStepResult,
 )
 from controlplane.refresh.tasks import execute_policy_refresh
 from controlplane.simfleet import Fault
@@ -360,11 +361,13 @@ def test_an_abort_is_heard_through_a_renewal_cut_by_a_termination(
         thread.join(40)
     connection.close()
     assert cut.is_set()
-    assert done == [RefreshState.HELD], done
+    assert done == [RefreshState.ABORTED], done
     refresh.refresh_from_db()
-    assert "aborted by" in refresh.held_reason, refresh.held_reason
-    # Heard during the first update: no other worker was called.
-    assert sum(w["update_count"] for w in fleet.workers()) == 1
+    assert "aborted by" in refresh.end_reason, refresh.end_reason
+    # Heard during the first update (cancelled in flight): no other worker was called.
+    assert sum(w["update_count"] for w in fleet.workers()) <= 1
+    statuses = WorkerStepResult.objects.filter(refresh=refresh, step="update")
+    assert sorted(statuses.values_list("status", flat=True)) == ["cancelled"] + ["unreached"] * 3
     fault_report(refreshes=1, aborts_heard=1, terminations=terminate.rounds)
 
 

@@ -2,8 +2,10 @@
 
 Calls run on an event loop in a helper thread, so the Django thread stays free to batch journal
 writes while calls are in flight (see `journal.run_step_calls`). Each finished worker is handed
-over as one `WorkerOutcome`. Before every call the runner looks at `stop`: an abort stops at the
-next call boundary and the remaining workers come back `unreached`.
+over as one `WorkerOutcome`. Before every call the runner looks at `stop`, and an abort also
+cancels the calls in flight (`cancellation.InFlight`): a cancelled call is journaled as such,
+saying whether its request had reached the worker, its worker comes back `cancelled`, and the
+workers not yet called come back `unreached`.
 
 A refresh run keeps one `CallRuntime` from its first step to its last: one event loop thread,
 one HTTP client whose pool is sized to the concurrency bound (connections stay open from step
@@ -32,6 +34,13 @@ from controlplane.dynamo.generation import run_generation_check
 from controlplane.dynamo.http import DynamoClient, make_client
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.dynamo.releases import DECLARED_REQUIRED, declared_ok
+from controlplane.refresh.executor.cancellation import (
+    REQUEST_TRACING,
+    CallProgress,
+    InFlight,
+    cancelled_error,
+    track,
+)
 from controlplane.refresh.executor.heap import settle_long_lived_heap
 from controlplane.refresh.planning import GENERATION, generation_check_from_call
 
@@ -53,6 +62,10 @@ class CallRecord:
     duration_ms: float
     started_at: datetime
     finished_at: datetime
+    #: An abort cancelled the call; `reached` says whether its request had been written to the
+    #: worker's connection (see `cancellation`). None for a call that was not cancelled.
+    cancelled: bool = False
+    reached: bool | None = None
 
 
 @dataclass(slots=True)
@@ -70,7 +83,7 @@ class WorkerJob:
 class WorkerOutcome:
     planned_worker_id: int
     key: str
-    status: str  # ok | failed | unreached
+    status: str  # ok | failed | unreached | cancelled
     error: str = ""
     duration_ms: float = 0.0
     records: list[CallRecord] = field(default_factory=list)
@@ -171,7 +184,11 @@ class CallRuntime:
             self._stop()
 
     async def _open(self) -> _RunState:
-        client = make_client(timeout=self.timeout, max_connections=self.concurrency + 2)
+        client = make_client(
+            timeout=self.timeout,
+            max_connections=self.concurrency + 2,
+            trace_configs=(REQUEST_TRACING,),
+        )
         await client.__aenter__()
         return _RunState(client, self.policy)
 
@@ -192,7 +209,11 @@ async def _in_context(coro: Coroutine[Any, Any, Any], context: contextvars.Conte
     return await asyncio.get_running_loop().create_task(coro, context=context)
 
 
-async def _run_one(run: _RunState, cfg: CallSettings, job: WorkerJob, spec: dict[str, Any]):
+async def _run_one(
+    run: _RunState, cfg: CallSettings, job: WorkerJob, spec: dict[str, Any], progress: list
+):
+    # Tracked in this call's own task: the request tracing reads it from the task's context.
+    progress.append(track())
     if spec["operation"] == GENERATION:
         check = generation_check_from_call(spec)
         started = datetime.now(UTC)
@@ -267,20 +288,36 @@ async def run_jobs(
     emit: Callable[[WorkerOutcome], None],
     stop: threading.Event,
     paused: threading.Event | None = None,
+    inflight: InFlight | None = None,
 ) -> None:
     """`paused`, while set, holds every call not yet started (the journal cannot be written:
-    see `journal.StepJournal.flush`); `stop` still ends the wait."""
+    see `journal.StepJournal.flush`); `stop` still ends the wait. `inflight.cancel()` (set
+    `stop` first) cancels the calls in flight."""
+    inflight = inflight or InFlight()
+    inflight.bind(asyncio.get_running_loop())
     runtime = cfg.runtime
     if runtime is not None and runtime.state is not None and cfg.concurrency <= runtime.concurrency:
-        await _run_jobs(runtime.state, jobs, cfg, emit=emit, stop=stop, paused=paused)
+        await _run_jobs(
+            runtime.state, jobs, cfg, emit=emit, stop=stop, paused=paused, inflight=inflight
+        )
         return
     # No run runtime (a step run on its own), or a step that needs more calls in flight than
     # the run's pool holds — a collective group's join, where every rank must be in flight at
     # once or none completes: a client for this step only, sized to its bound.
     # The generation checks go to the frontend, so allow a connection or two beyond the bound.
-    async with make_client(timeout=cfg.timeout, max_connections=cfg.concurrency + 2) as client:
+    async with make_client(
+        timeout=cfg.timeout,
+        max_connections=cfg.concurrency + 2,
+        trace_configs=(REQUEST_TRACING,),
+    ) as client:
         await _run_jobs(
-            _RunState(client, cfg.policy.for_run()), jobs, cfg, emit=emit, stop=stop, paused=paused
+            _RunState(client, cfg.policy.for_run()),
+            jobs,
+            cfg,
+            emit=emit,
+            stop=stop,
+            paused=paused,
+            inflight=inflight,
         )
 
 
@@ -292,6 +329,7 @@ async def _run_jobs(
     emit: Callable[[WorkerOutcome], None],
     stop: threading.Event,
     paused: threading.Event | None = None,
+    inflight: InFlight,
 ) -> None:
     semaphore = asyncio.Semaphore(cfg.concurrency)
 
@@ -306,8 +344,12 @@ async def _run_jobs(
                     outcome.status = "unreached"
                     outcome.error = "stopped before this call (abort requested)"
                     break
-                record = await _run_one(state, cfg, job, spec)
+                record = await _cancellable(state, cfg, job, spec, inflight)
                 outcome.records.append(record)
+                if record.cancelled:
+                    outcome.status = "cancelled"
+                    outcome.error = f"{spec['operation']}: {record.error}"
+                    break
                 if not record.ok:
                     outcome.status = "failed"
                     outcome.error = f"{spec['operation']}: {record.error}"
@@ -317,3 +359,47 @@ async def _run_jobs(
             emit(outcome)
 
     await asyncio.gather(*(run(job) for job in jobs))
+
+
+async def _cancellable(
+    state: _RunState, cfg: CallSettings, job: WorkerJob, spec: dict[str, Any], inflight: InFlight
+) -> CallRecord:
+    """One call in a task of its own that `inflight` can cancel; a cancelled call comes back as
+    a record saying so (and how far it got) instead of raising."""
+    progress: list[CallProgress] = []
+    started_at = datetime.now(UTC)
+    t0 = time.perf_counter()
+    # Created and registered in one turn of the loop, after the caller looked at `stop`: an
+    # abort's cancel (scheduled on this loop after `stop` was set) always finds it.
+    task = asyncio.ensure_future(_run_one(state, cfg, job, spec, progress))
+    inflight.add(task)
+    try:
+        await asyncio.wait((task,))
+    except asyncio.CancelledError:
+        task.cancel()  # the step itself is being torn down: take the call with it
+        raise
+    finally:
+        inflight.discard(task)
+    if not task.cancelled():
+        return task.result()
+    reached = bool(progress and progress[0].sent)
+    if spec["operation"] == GENERATION:
+        method, url, body = "POST", cfg.frontend_url.rstrip("/") + "/v1/completions", spec["body"]
+    else:
+        prepared, body = state.templates.get(spec)
+        method, url = prepared.call.method, admin_url(job.system_url, prepared.call)
+    return CallRecord(
+        operation=spec["operation"],
+        method=method,
+        url=url,
+        request_body=body,
+        http_status=None,
+        response_body=None,
+        ok=False,
+        error=cancelled_error(progress[0] if progress else CallProgress()),
+        duration_ms=(time.perf_counter() - t0) * 1000.0,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+        cancelled=True,
+        reached=reached,
+    )

@@ -18,6 +18,11 @@ workers as for 2,000. A heartbeat with nothing to write issues none, unless:
 - Redis cannot be read: then every heartbeat flushes, as all did before the signal, so an
   abort is never missed because Redis is away.
 
+Between heartbeats, while calls are in flight, the abort watch reads the signal alone every
+`ABORT_WATCH_SECONDS` (a Redis GET, no SQL unless it is set). A confirmed abort stops new calls
+and cancels those in flight (`cancellation.InFlight`), so an abort takes effect within a
+fraction of a second rather than when a hung worker's call times out.
+
 Each of those is one statement, `Lease.guard_reading_abort` on its own (no rows to fence, so
 no transaction around it): while no call finishes, a slow step costs a statement per renewal,
 not one per heartbeat. A lease taken over meanwhile is found
@@ -55,6 +60,7 @@ from controlplane import dbretry
 from controlplane.bulk import insert_values
 from controlplane.refresh import abort_signal
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob, WorkerOutcome, run_jobs
+from controlplane.refresh.executor.cancellation import InFlight
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.live import publish_progress, publish_step_running
 from controlplane.refresh.models import JournalEntry, WorkerStepResult
@@ -64,6 +70,9 @@ from controlplane.textlimits import REASON_CHARS, URL_CHARS
 FLUSHES_PER_STEP = 4
 #: How often a step looks for outcomes to write and for an abort (Redis, not SQL).
 HEARTBEAT_SECONDS = 1.0
+#: How often, between heartbeats, a step with calls in flight reads the abort signal (a Redis
+#: GET): an abort cancels the calls within about this much of its commit.
+ABORT_WATCH_SECONDS = 0.2
 #: Share of the lease after which an idle heartbeat renews it: two thirds of the lease are left
 #: to absorb a slow database or a stalled beat before a reconciler may take the refresh over.
 LEASE_RENEWAL_FRACTION = 1 / 3
@@ -89,6 +98,8 @@ JOURNAL_FIELDS = (
     "started_at",
     "finished_at",
     "lease_token",
+    "cancelled",
+    "reached",
 )
 RESULT_FIELDS = (
     "refresh",
@@ -123,6 +134,8 @@ def journal_rows(refresh_id, token, step, attempt, outcome: WorkerOutcome) -> li
             r.started_at,
             r.finished_at,
             token,
+            r.cancelled,
+            r.reached,
         )
         for r in outcome.records
     ]
@@ -266,12 +279,26 @@ class StepJournal:
             self.flush([])
             return
         self.signal_unreadable = False
+        self._confirm(signal)
+
+    def watch_abort(self) -> None:
+        """Between heartbeats: read the abort signal only (no SQL unless it is set). Redis
+        unreadable is left to the heartbeat, which then reads the database flag."""
+        if self.aborted:
+            return
+        try:
+            signal = abort_signal.read(self.lease.refresh_id)
+        except redis.RedisError:
+            return
+        self._confirm(signal)
+
+    def _confirm(self, signal: bytes | str | None) -> None:
         if signal is None:
             return
         self.flush([])
         if not self.aborted:
             # Left by an abort that a retry or the runner since reset: the flag decides.
-            abort_signal.withdraw(lease.refresh_id, signal)
+            abort_signal.withdraw(self.lease.refresh_id, signal)
 
 
 def _start_calls(
@@ -281,10 +308,11 @@ def _start_calls(
     stop: threading.Event,
     name: str,
     paused: threading.Event | None = None,
+    inflight: InFlight | None = None,
 ) -> Callable[[], BaseException | None]:
     """Start the calls; `_DONE` is emitted when they are over. Returns a function that waits
     for them to be over and gives their failure, if any."""
-    coro = run_jobs(jobs, cfg, emit=emit, stop=stop, paused=paused)
+    coro = run_jobs(jobs, cfg, emit=emit, stop=stop, paused=paused, inflight=inflight)
     if cfg.runtime is not None:
         future = cfg.runtime.submit(coro)
         future.add_done_callback(lambda _f: emit(_DONE))
@@ -331,17 +359,26 @@ def run_step_calls(
         return journal
     outcomes: queue.SimpleQueue = queue.SimpleQueue()
     stop = threading.Event()
+    inflight = InFlight()
     wait = _start_calls(
-        jobs, cfg, outcomes.put, stop, f"refresh-{lease.refresh_id}-{step}", journal.calls_paused
+        jobs,
+        cfg,
+        outcomes.put,
+        stop,
+        f"refresh-{lease.refresh_id}-{step}",
+        journal.calls_paused,
+        inflight,
     )
     batch_size = max(1, math.ceil(len(jobs) / FLUSHES_PER_STEP))
     batch: list[WorkerOutcome] = []
     next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+    next_watch = time.monotonic() + ABORT_WATCH_SECONDS
     finished = False
     try:
         while not finished:
+            wake = min(next_heartbeat, next_watch)
             try:
-                item = outcomes.get(timeout=max(0.0, next_heartbeat - time.monotonic()))
+                item = outcomes.get(timeout=max(0.0, wake - time.monotonic()))
             except queue.Empty:
                 item = None
             if item is _DONE:
@@ -359,8 +396,15 @@ def run_step_calls(
             elif beat:
                 journal.heartbeat()
                 next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
-            if journal.aborted:
+            elif not finished and time.monotonic() >= next_watch:
+                journal.watch_abort()
+            if time.monotonic() >= next_watch or beat:
+                next_watch = time.monotonic() + ABORT_WATCH_SECONDS
+            if journal.aborted and not stop.is_set():
+                # No call starts from now on, then those in flight are cancelled: their
+                # workers come back `cancelled`, the rest `unreached`.
                 stop.set()
+                inflight.cancel()
     except dbretry.DatabaseOutage as outage:
         # The journal stayed unwritable: no further call, and the outcomes of those that were
         # in flight go with the error, for the hold to write once the database answers.

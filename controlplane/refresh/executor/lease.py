@@ -10,6 +10,12 @@ before the statement, so it never flatters the lease, and recorded once the rene
 a rolled-back one does not count): the journal's heartbeat renews only when `renewal_due()`,
 not at every beat.
 
+An abort moves the refresh to `aborting` under the refresh's row lock, while the executor may be
+about to move it on (the next step, held, succeeded). So a guard that changes the state matches
+only while the refresh is not `aborting`, unless it is the executor's confirmation of the abort
+(`CONFIRMS_ABORT`); a guard refused for that reason raises `AbortPending` and its transaction
+rolls back whole, and the runner confirms the abort instead.
+
 Through a database outage the renewals fail and are retried (`controlplane.dbretry`), so an
 outage longer than the lease may let another executor take the refresh over once the database
 answers. Nothing is lost silently: this executor's next guard then finds the token stale and
@@ -30,12 +36,21 @@ from django.db import connections, router, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh
+from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState
 from controlplane.textlimits import LABEL_CHARS
 
 
 class LeaseLost(Exception):
     """Another executor took the refresh over; this one must stop writing at once."""
+
+
+class AbortPending(Exception):
+    """A person aborted the refresh (it is `aborting`): the state change this executor was
+    writing did not apply, and it must confirm the abort instead."""
+
+
+#: The states an executor may move an `aborting` refresh to: its confirmation of the abort.
+CONFIRMS_ABORT = frozenset({RefreshState.ABORTED, RefreshState.RELEASING})
 
 
 def default_owner() -> str:
@@ -87,10 +102,19 @@ class Lease:
         """
         renewed_at = time.monotonic()
         fields.setdefault("lease_expires_at", timezone.now() + timedelta(seconds=self.seconds))
-        matched = PolicyRefresh.objects.filter(pk=self.refresh_id, lease_token=self.token).update(
-            **fields
-        )
+        ours = PolicyRefresh.objects.filter(pk=self.refresh_id, lease_token=self.token)
+        moving = "state" in fields and fields["state"] not in CONFIRMS_ABORT
+        if moving:
+            ours = ours.exclude(state=RefreshState.ABORTING)
+        matched = ours.update(**fields)
         if not matched:
+            if (
+                moving
+                and PolicyRefresh.objects.filter(
+                    pk=self.refresh_id, lease_token=self.token, state=RefreshState.ABORTING
+                ).exists()
+            ):
+                raise AbortPending(f"policy refresh #{self.refresh_id} is aborting")
             raise LeaseLost(
                 f"policy refresh #{self.refresh_id}: fencing token {self.token} is stale"
             )

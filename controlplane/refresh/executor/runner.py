@@ -36,10 +36,11 @@ from controlplane.notify.emit import notify
 from controlplane.refresh import gates
 from controlplane.refresh.departed import DEPARTED, departed_keys
 from controlplane.refresh.executor import budget, waves
+from controlplane.refresh.executor.abort import confirm_abort
 from controlplane.refresh.executor.calls import CallRuntime, CallSettings
 from controlplane.refresh.executor.canary import CanaryRollback
 from controlplane.refresh.executor.journal import JournalOutage
-from controlplane.refresh.executor.lease import Lease, LeaseLost
+from controlplane.refresh.executor.lease import AbortPending, Lease, LeaseLost
 from controlplane.refresh.executor.step_base import StepContext, StepResult
 from controlplane.refresh.executor.steps import EXECUTOR, STEPS
 from controlplane.refresh.executor.tracing import refresh_trace, step_span
@@ -141,6 +142,11 @@ class Runner:
             except LeaseLost:
                 logger.warning("policy refresh #%s: lease lost, stopping", self.lease.refresh_id)
                 return "lease_lost"
+            except AbortPending:
+                # A person aborted while this executor moved the refresh on: the move did not
+                # apply; the loop reads `aborting` and confirms the abort.
+                self._unjudged = None
+                continue
             except dbretry.DatabaseOutage as outage:
                 return self._hold_after_outage(outage)
             except Exception as exc:
@@ -167,12 +173,16 @@ class Runner:
         step, step_run, result = self._unjudged
         self._interrupted = ""
         refresh = self.load()
+        if refresh.state == RefreshState.ABORTING:
+            self._unjudged = None
+            self._finish_step_run(step_run, "failed", result.reason)
+            return ""  # the loop confirms the abort
         at_step = (
             refresh.state in EXECUTING_STATES and STATE_STEP[RefreshState(refresh.state)] == step
         )
         if at_step and refresh.abort_requested:
             self._finish_step_run(step_run, "failed", "aborted")
-            self._abort(refresh)  # as the person asked; the loop goes on from there
+            self._confirm_abort(refresh)  # as the person asked; the loop goes on from there
         elif at_step:
             self._hold_failed_step(refresh, step, result.reason, step_run)
         self._unjudged = None
@@ -219,8 +229,11 @@ class Runner:
                 with transaction.atomic(durable=True):
                     self.lease.release()
                 return refresh.state
-            if refresh.abort_requested and refresh.state != RefreshState.RELEASING:
-                self._abort(refresh)
+            if refresh.state == RefreshState.ABORTING or (
+                refresh.abort_requested and refresh.state != RefreshState.RELEASING
+            ):
+                if self._confirm_abort(refresh) == RefreshState.ABORTED:
+                    return RefreshState.ABORTED
                 continue
             step = STATE_STEP[RefreshState(refresh.state)]
             result, step_run, ctx = self._run_step(refresh, step)
@@ -234,10 +247,22 @@ class Runner:
             if not result.ok:
                 self._unjudged = (step, step_run, result)
             refresh = self.load()
-            if (result.aborted and not result.ok) or (refresh.abort_requested and not result.ok):
-                self._finish_step_run(step_run, "failed", "aborted")
-                self._abort(refresh)
+            if refresh.state == RefreshState.ABORTING or (
+                refresh.abort_requested and (result.aborted or not result.ok)
+            ):
+                # Aborted: whatever the step did (done, failed, its calls cancelled), the
+                # person's abort decides what follows.
                 self._unjudged = None
+                stopped = result.reason if result.aborted else ""
+                if result.aborted:
+                    asked = refresh.end_reason or "aborted"
+                    self._finish_step_run(step_run, "aborted", f"{asked}: {stopped}")
+                elif result.ok:
+                    self._finish_step_run(step_run, "ok", result.detail)
+                else:
+                    self._finish_step_run(step_run, "failed", result.reason)
+                if self._confirm_abort(refresh, stopped) == RefreshState.ABORTED:
+                    return RefreshState.ABORTED
                 continue
             if not result.ok:
                 outcome = self._after_failure(refresh, step, step_run, result, ctx)
@@ -465,19 +490,30 @@ class Runner:
             notify("refresh.held", refresh=refresh, reason=reason)
         return self._published()
 
-    def _abort(self, refresh: PolicyRefresh) -> None:
-        step = STATE_STEP[RefreshState(refresh.state)]
-        reason = refresh.end_reason or "aborted by an operator"
-        if refresh.end_state:
+    def _confirm_abort(self, refresh: PolicyRefresh, stopped: str = "") -> str:
+        """The abort's calls are cancelled: end `aborted`, or release first (`abort.py`)."""
+        step_run = self._step_run
+        if step_run is not None:
+            # The step stopped without being recorded (a database failure cut it short, or the
+            # abort refused the state change it was writing): it ends aborted.
             with transaction.atomic(durable=True):
-                self.lease.guard(
-                    **state_change(
-                        RefreshState.RELEASING, abort_requested=False, failed_step=step.value
-                    )
-                )
-            publish_state(self.load())
-            return
-        self._hold(refresh, step, reason, None)
+                self.lease.guard()
+                self._finish_step_run(step_run, "aborted", refresh.end_reason or "aborted")
+        self._interrupted = ""
+
+        def confirm() -> str:
+            current = self.load()
+            if current.state != RefreshState.ABORTING and not (
+                current.abort_requested
+                and current.state in EXECUTING_STATES
+                and current.state != RefreshState.RELEASING
+            ):
+                return current.state  # a retried confirmation whose commit had landed
+            return confirm_abort(self.lease, current, stopped=stopped)
+
+        state = dbretry.retry(confirm, what="confirming the abort")
+        self._published()
+        return state
 
     def _end_after_release(self, refresh, step_run: StepRun, result: StepResult) -> PolicyRefresh:
         """End as the person chose, even where a listed worker could not be resumed.
@@ -574,6 +610,9 @@ class Runner:
         refresh = self.load()
         if refresh.state not in EXECUTING_STATES:
             return refresh.state
+        if refresh.state == RefreshState.ABORTING:
+            # The person's abort stands: end as they asked rather than hold.
+            return self._confirm_abort(refresh)
         step = STATE_STEP[RefreshState(refresh.state)]
         self._hold(refresh, step, f"executor error: {type(exc).__name__}: {exc}", None)
         return RefreshState.HELD
@@ -595,6 +634,8 @@ class Runner:
             refresh = self.load()
             if refresh.state not in EXECUTING_STATES:
                 return refresh.state
+            if refresh.state == RefreshState.ABORTING:
+                return confirm_abort(self.lease, refresh)
             step = STATE_STEP[RefreshState(refresh.state)]
             self._hold(refresh, step, str(outage), step_run)
             return RefreshState.HELD

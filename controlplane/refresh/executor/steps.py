@@ -253,6 +253,25 @@ def summarize_failures(step: str, outcomes, total: int) -> str:
     return f"{step} failed on {len(failed)} of {total} workers — {named}{more}"
 
 
+#: A worker's step an abort stopped: cancelled in flight, or never called.
+STOPPED = frozenset({"cancelled", "unreached"})
+
+
+def cancelled_summary(outcomes) -> str:
+    """What an abort stopped in a step: "N calls cancelled (M had reached the worker)", and
+    the workers it left uncalled. The runner puts it after "aborted by <who>: "."""
+    cancelled = [r for o in outcomes for r in o.records if r.cancelled]
+    reached = sum(1 for r in cancelled if r.reached)
+    unreached = sum(1 for o in outcomes if o.status == "unreached")
+    text = (
+        f"{len(cancelled)} call{'' if len(cancelled) == 1 else 's'} cancelled "
+        f"({reached} had reached the worker)"
+    )
+    if unreached:
+        text += f", {unreached} worker{'' if unreached == 1 else 's'} not called"
+    return text
+
+
 class WorkerStep(Step):
     """Call every planned worker that has not yet succeeded at this step."""
 
@@ -313,8 +332,8 @@ class WorkerStep(Step):
     def judge(
         self, journal, total: int, *, skipped: int = 0, before: DoneBefore | None = None
     ) -> StepResult:
-        if any(o.status == "unreached" for o in journal.outcomes) and journal.aborted:
-            return StepResult(False, "aborted", aborted=True)
+        if journal.aborted and any(o.status in STOPPED for o in journal.outcomes):
+            return StepResult(False, cancelled_summary(journal.outcomes), aborted=True)
         if any(o.status != "ok" for o in journal.outcomes):
             # Out of the step's whole scope: a retry runs only the workers still to do, and
             # "failed on 1 of 1 workers" would hide the eleven done before it.

@@ -78,7 +78,7 @@ ABORT = Action[PolicyRefresh](
     lambda refresh, actor, given: lifecycle.abort_policy_refresh(
         refresh, actor=actor, resume_engines=given.resume_engines
     ),
-    "Abort requested; the refresh stops at the next call boundary.",
+    "Abort requested; calls in flight are cancelled and the refresh ends within seconds.",
 )
 DISCARD = Action[PolicyRefresh](
     "discard",

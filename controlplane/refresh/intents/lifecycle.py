@@ -36,7 +36,7 @@ from controlplane.refresh.models import (
     RefreshState,
     ScopeLock,
 )
-from controlplane.refresh.step_order import STEP_STATE, StepName
+from controlplane.refresh.step_order import STATE_STEP, STEP_STATE, StepName
 from controlplane.textlimits import STATE_REASON_CHARS
 
 __all__ = [
@@ -143,25 +143,41 @@ def reject_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) 
 def abort_policy_refresh(
     refresh: PolicyRefresh, *, actor: Actor, resume_engines: bool = False
 ) -> PolicyRefresh:
-    """Stop at the next call boundary. Ends held (gate closed) unless `resume_engines`."""
+    """Stop now. A running refresh moves to `aborting`: its executor cancels the calls in
+    flight and confirms, ending `aborted` with its gates closed and what it paused left paused
+    (named in the end reason), or, with `resume_engines`, resuming the engines it paused first
+    (`executor/abort.py`). One with no executor running ends or releases at once."""
     reason = f"aborted by {actor.label}"
     with transaction.atomic():
         refresh = locked_refresh(refresh)
         state = refresh.state
+        if state == RefreshState.ABORTING:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is already aborting ({refresh.end_reason}): its "
+                "executor is cancelling the calls in flight and ends it aborted within seconds"
+            )
         if state in (RefreshState.PLANNED, RefreshState.AWAITING_APPROVAL):
             # Nothing touched yet: end at once.
             refresh.transition(RefreshState.ABORTED, end_reason=reason)
             gates.release_scope(refresh, "")
         elif state in EXECUTING_STATES and state != RefreshState.RELEASING:
-            refresh.abort_requested = True
-            refresh.end_reason = reason
-            refresh.end_state = RefreshState.ABORTED if resume_engines else ""
-            refresh.save(update_fields=["abort_requested", "end_reason", "end_state"])
-            # The running step hears it through Redis, without a query per heartbeat.
+            refresh.transition(
+                RefreshState.ABORTING,
+                abort_requested=True,
+                end_reason=reason,
+                end_state=RefreshState.ABORTED if resume_engines else "",
+                failed_step=STATE_STEP[RefreshState(state)].value,
+            )
+            # The running step hears it through Redis within a fraction of a second, without a
+            # query per beat; an executor between steps reads the state.
             abort_signal.send_on_commit(refresh.pk)
+            gates.update_gate_reason(
+                refresh,
+                f"policy refresh #{refresh.pk} aborting ({reason}): cancelling its calls in flight",
+            )
         elif state == RefreshState.AWAITING_APPLY and not resume_engines:
-            # An external update waiting for the trainer: it holds, its workers paused, as an
-            # executing refresh holds at its next call boundary.
+            # An external update waiting for the trainer: no executor, no call in flight; it
+            # holds with its workers paused (the trainer may be applying the weights).
             external.abort_apply_wait(refresh, actor=actor)
         elif (state == RefreshState.HELD and resume_engines) or state in WAITING_STATES:
             # Waiting between waves, nothing it paused is left but the workers its failure
@@ -176,7 +192,12 @@ def abort_policy_refresh(
                 "its engines, or resolved by retry, rollback, force-reopen or ending it"
             )
         audit_refresh(
-            AuditAction.POLICY_REFRESH_ABORTED, refresh, actor, resume_engines=resume_engines
+            AuditAction.POLICY_REFRESH_ABORTED,
+            refresh,
+            actor,
+            resume_engines=resume_engines,
+            previous_state=state,
+            state=refresh.state,
         )
     publish_state_on_commit(refresh)
     return refresh
@@ -210,6 +231,11 @@ def retry_policy_refresh(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefre
     """Re-run the failed step on failed or unreached workers only, then carry on."""
     with transaction.atomic():
         refresh = locked_refresh(refresh)
+        if refresh.state == RefreshState.ABORTING:
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is aborting ({refresh.end_reason}); an aborted "
+                "refresh is not retried: plan a new one (or roll back) once it is aborted"
+            )
         if refresh.state == RefreshState.HELD and not refresh.failed_step:
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is held with nothing to retry ("
@@ -248,10 +274,15 @@ def end_policy_refresh(refresh: PolicyRefresh, *, actor: Actor, reason: str) -> 
                 refresh,
                 why="only an active refresh ends",
             )
+        if refresh.state == RefreshState.ABORTING and executor_alive(refresh):
+            raise InvalidTransition(
+                f"policy refresh #{refresh.pk} is aborting: its executor is cancelling the "
+                "calls in flight and ends it aborted within seconds"
+            )
         if refresh.state in EXECUTING_STATES and executor_alive(refresh):
             raise InvalidTransition(
                 f"policy refresh #{refresh.pk} is running ({refresh.state}); abort it first "
-                "(it stops at the next call boundary), then end it"
+                "(it cancels its calls in flight and ends aborted within seconds)"
             )
         left_paused = left_paused_keys(refresh)
         end_reason = f"ended by {actor.label}: {reason}"

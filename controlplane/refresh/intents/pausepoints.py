@@ -46,6 +46,7 @@ def request_pause(refresh: PolicyRefresh, *, actor: Actor) -> PolicyRefresh:
             RefreshState.RELEASING,
             RefreshState.REOPENING,
             RefreshState.CANARY_ROLLBACK,
+            RefreshState.ABORTING,
         ):
             raise wrong_state(
                 refresh,

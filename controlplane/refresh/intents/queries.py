@@ -10,7 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from controlplane.fleet.models import Source
-from controlplane.refresh.departed import DEPARTED
+from controlplane.refresh.executor.abort import left_paused_keys
 from controlplane.refresh.membership import change_of, has_change
 from controlplane.refresh.models import (
     EXECUTING_STATES,
@@ -50,26 +50,6 @@ def can_end(refresh: PolicyRefresh) -> bool:
     if refresh.state not in ENDABLE_STATES:
         return False
     return refresh.state not in EXECUTING_STATES or not executor_alive(refresh)
-
-
-def left_paused_keys(refresh: PolicyRefresh) -> list[str]:
-    """Workers this refresh paused and has not resumed since (nor seen leave the fleet)."""
-    paused = set(
-        refresh.journal.filter(step=StepName.PAUSE).values_list("planned_worker_id", flat=True)
-    )
-    # The latest result per worker at resume/release decides whether it is running again.
-    latest: dict[int, str] = {}
-    for worker_id, status in (
-        refresh.results.filter(step__in=(StepName.RESUME_ENGINES, StepName.RELEASE))
-        .order_by("id")
-        .values_list("planned_worker_id", "status")
-    ):
-        latest[worker_id] = status
-    departed = set(
-        refresh.results.filter(status=DEPARTED).values_list("planned_worker_id", flat=True)
-    )
-    left = paused - departed - {pk for pk, status in latest.items() if status == "ok"}
-    return sorted(refresh.workers.filter(pk__in=left).values_list("key", flat=True))
 
 
 def last_verified_policy(source: Source, namespaces: list[str]) -> dict[str, Any] | None:

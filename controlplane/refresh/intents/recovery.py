@@ -296,6 +296,8 @@ def force_reopen_gate(gate: Gate, *, actor: Actor, reason: str) -> Gate:
                         "it is resuming the engines of a namespace closed out a moment ago; "
                         "try again when it is held"
                         if refresh.end_state == RefreshState.HELD
+                        else "it ends aborted within seconds; try again then"
+                        if refresh.state == RefreshState.ABORTING
                         else "abort it first"
                     )
                 )

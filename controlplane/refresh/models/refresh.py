@@ -37,6 +37,10 @@ class RefreshState(models.TextChoices):
     # An external update: the workers are paused and the trainer's framework applies the
     # weights itself; the refresh waits for its `applied` report (refresh/intents/external.py).
     AWAITING_APPLY = "awaiting_apply"
+    # An abort asked while an executor runs: it cancels the calls in flight and confirms, moving
+    # to `aborted` (or first to `releasing`, when the engines are to be resumed). The reconciler
+    # hands a refresh whose executor died here to a new executor, which confirms at once.
+    ABORTING = "aborting"
     SUCCEEDED = "succeeded"
     HELD = "held"
     ABORTED = "aborted"
@@ -62,6 +66,7 @@ EXECUTING_STATES = frozenset(
         RefreshState.REOPENING,
         RefreshState.RELEASING,
         RefreshState.CANARY_ROLLBACK,
+        RefreshState.ABORTING,
     }
 )
 #: States with no executor in which the refresh waits for a person or a trainer (between waves,
@@ -451,7 +456,8 @@ class StepRun(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     #: The wave this attempt ran for (staged strategies run the worker steps once per wave).
     wave = models.PositiveIntegerField(default=1)
-    status = models.CharField(max_length=16, default="running")  # running|ok|failed|skipped
+    # running|ok|failed|skipped|aborted (its calls were cancelled by an abort)
+    status = models.CharField(max_length=16, default="running")
     detail = models.TextField(blank=True)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -471,7 +477,7 @@ class WorkerStepResult(models.Model):
     planned_worker = models.ForeignKey(PlannedWorker, on_delete=models.CASCADE, related_name="+")
     step = models.CharField(max_length=24)
     attempt = models.PositiveIntegerField(default=1)
-    status = models.CharField(max_length=16)  # ok|failed|skipped|unreached
+    status = models.CharField(max_length=16)  # ok|failed|skipped|unreached|cancelled
     error = models.TextField(blank=True)
     duration_ms = models.FloatField(default=0)
     finished_at = models.DateTimeField()
@@ -507,13 +513,20 @@ class JournalEntry(models.Model):
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
     lease_token = models.PositiveBigIntegerField()
+    #: An abort cancelled the call before its reply (`ok` is false, `error` says so).
+    cancelled = models.BooleanField(default=False, db_default=False)
+    #: For a cancelled call: whether any byte of the request had been written to the worker's
+    #: connection (then the worker may have received it and acted; otherwise it cannot have
+    #: seen it). Null for a call that was not cancelled (docs/operate/abort.md).
+    reached = models.BooleanField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]
         verbose_name_plural = "journal entries"
 
     def __str__(self) -> str:
-        return f"#{self.refresh_id} {self.step} {self.operation} {'ok' if self.ok else 'failed'}"
+        outcome = "cancelled" if self.cancelled else ("ok" if self.ok else "failed")
+        return f"#{self.refresh_id} {self.step} {self.operation} {outcome}"
 
 
 class QuarantineState(models.TextChoices):

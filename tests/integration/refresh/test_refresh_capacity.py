@@ -196,7 +196,7 @@ def _synthetic_refresh(source: Source, workers: int) -> PolicyRefresh:
         ):
             when = t0 + dt.timedelta(seconds=at)
             call = (step, operation, "POST", "http://w/", None, 200, None, True, "", 5.0, 1)
-            rows.append((refresh.pk, pk, *call, when, when, 1))
+            rows.append((refresh.pk, pk, *call, when, when, 1, False, None))
     insert_values(JournalEntry, JOURNAL_FIELDS, rows)
     return refresh
 

@@ -214,7 +214,15 @@ def test_a_retry_that_fails_counts_the_whole_step_not_only_the_retried(refresh, 
 @pytest.mark.parametrize(
     ("status", "aborted", "expected"),
     [
-        ("unreached", True, StepResult(False, "aborted", aborted=True)),
+        (
+            "unreached",
+            True,
+            StepResult(
+                False,
+                "0 calls cancelled (0 had reached the worker), 1 worker not called",
+                aborted=True,
+            ),
+        ),
         ("ok", True, StepResult(True, aborted=True)),
         ("ok", False, StepResult(True, detail="1 worker ok")),
     ],

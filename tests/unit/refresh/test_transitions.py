@@ -17,6 +17,7 @@ from controlplane.refresh.models import (
     RefreshState,
     ScopeLock,
 )
+from controlplane.refresh.step_order import STATE_STEP
 from tests.unit.refresh.builders import DISK
 
 S = RefreshState
@@ -106,7 +107,7 @@ def test_the_requester_cannot_approve_their_own_refresh(source, approver):
 # -- abort ----------------------------------------------------------------------------------------
 
 ABORT_ENDS_AT_ONCE = {S.PLANNED, S.AWAITING_APPROVAL}
-ABORT_AT_NEXT_CALL = EXECUTING_STATES - {S.RELEASING}
+ABORT_NOW = EXECUTING_STATES - {S.RELEASING, S.ABORTING}
 
 
 @pytest.mark.parametrize("resume", [False, True], ids=["hold", "resume"])
@@ -116,11 +117,12 @@ def test_abort(source, state, resume):
     if state in ABORT_ENDS_AT_ONCE:
         intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
         assert state_of(refresh) == S.ABORTED
-    elif state in ABORT_AT_NEXT_CALL:
+    elif state in ABORT_NOW:
         intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
-        # The executor stops at its next call boundary; the state is its to change.
-        assert state_of(refresh) == state and refresh.abort_requested
+        # Aborting until the executor has cancelled its calls and confirms.
+        assert state_of(refresh) == S.ABORTING and refresh.abort_requested
         assert refresh.end_state == (S.ABORTED if resume else "")
+        assert refresh.failed_step == STATE_STEP[state]
     elif state == S.AWAITING_APPLY and not resume:
         # Waiting for the trainer's applied report, its workers paused: it holds with them.
         intents.abort_policy_refresh(refresh, actor=ACTOR, resume_engines=resume)
@@ -184,7 +186,8 @@ def test_a_gate_under_a_running_refresh_is_not_force_reopened(source, state):
     gate = Gate.objects.create(
         source=source, namespace="rl-a", state=GateState.CLOSED, active_refresh=refresh
     )
-    with pytest.raises(InvalidTransition, match="abort it first"):
+    wait = "ends aborted within seconds" if state == S.ABORTING else "abort it first"
+    with pytest.raises(InvalidTransition, match=wait):
         intents.force_reopen_gate(gate, actor=ACTOR, reason="stuck")
     gate.refresh_from_db()
     assert not gate.is_open and state_of(refresh) == state

@@ -54,7 +54,9 @@ ACTION_HELP = {
     "start": "start a planned refresh (it waits for approval where the source requires one)",
     "approve": "approve a refresh awaiting approval (not your own); it starts",
     "reject": "reject a refresh awaiting approval (not your own), with a reason",
-    "abort": "stop at the next call boundary; ends held unless --resume-engines",
+    "abort": "stop now: cancel the calls in flight (aborting), then end aborted with its "
+    "gates closed and what it paused left paused, or resume those first with "
+    "--resume-engines; returns at once (--watch waits for aborted, exit 0)",
     "discard": "throw away a planned refresh that was never started",
     "retry": "re-run the failed step of a held refresh on failed and unreached workers",
     "rollback": "plan and start a new refresh back to the last verified policy",
@@ -208,9 +210,10 @@ class Command(OperatorCommand):
         self._refresh(opts["id"])
         self._watch_until_stopped(opts["id"], opts)
 
-    def _watch_until_stopped(self, pk: int, opts) -> None:
-        """Stream progress; exit with the outcome (0 succeeded, 1 stopped otherwise, 6 timed
-        out). On a terminal the line is redrawn in place; otherwise one line per change."""
+    def _watch_until_stopped(self, pk: int, opts, wanted: str = RefreshState.SUCCEEDED) -> None:
+        """Stream progress; exit with the outcome (0 when it ends `wanted` — succeeded, or
+        aborted after an abort —, 1 stopped otherwise, 6 timed out). On a terminal the line is
+        redrawn in place; otherwise one line per change."""
         tty = not opts["json"] and self.stdout.isatty()
         shown_lines: list[str] = []
 
@@ -231,13 +234,17 @@ class Command(OperatorCommand):
         status, outcome = watch(
             pk, interval=opts["interval"], timeout=opts["timeout"], on_change=show
         )
+        if status["state"] == wanted:
+            outcome = Exit.OK
         if tty:
             self.stdout.write("")
         if not opts["json"]:
             r = status["refresh"]
             reason = r["held_reason"] or r["end_reason"]
             verdict = {
-                Exit.OK: f"succeeded at {shown(r['target'].get('weight_version'))}",
+                Exit.OK: f"succeeded at {shown(r['target'].get('weight_version'))}"
+                if status["state"] == RefreshState.SUCCEEDED
+                else f"{status['state']}: {shown(r['end_reason'])}",
                 Exit.TIMED_OUT: f"still {status['state']} after {opts['timeout']} s",
             }.get(outcome, status["state"] + (f": {shown(reason)}" if reason else ""))
             self.stdout.write(f"policy refresh #{pk} {verdict}")
@@ -309,4 +316,7 @@ class Command(OperatorCommand):
                 f"(by {user.get_username()}, audited)."
             )
         if opts["watch"]:
-            self._watch_until_stopped(result.pk, opts)
+            # An abort's watch ends well when the refresh ends aborted (after `aborting`).
+            aborting = opts["verb"] == "abort"
+            wanted = RefreshState.ABORTED if aborting else RefreshState.SUCCEEDED
+            self._watch_until_stopped(result.pk, opts, wanted)

@@ -62,6 +62,7 @@ _STRATEGY_FIELDS = (
     ("canary.instances", "canary_instances"),
     ("canary.evaluation", "canary_evaluation"),
     ("canary.timeout_seconds", "canary_timeout"),
+    ("canary.analysis", "canary_analysis"),
     ("canary", "canary_size"),
     ("max_unavailable", "max_unavailable"),
     ("waves need max_unavailable", "max_unavailable"),
@@ -141,6 +142,12 @@ class StrategyFields(forms.Form):
         label="Verdict timeout (s)",
         help_text="no verdict by then: the canary is rolled back",
     )
+    canary_analysis = forms.CharField(
+        required=False,
+        max_length=64,
+        label="Canary analysis template",
+        help_text="judge the canary against the baseline with this template of the source first",
+    )
 
     def _strategy(self, data) -> StrategyJson | None:
         """The strategy's JSON form, None for the source's default; errors go to the field
@@ -151,6 +158,7 @@ class StrategyFields(forms.Form):
             "instances": data.get("canary_instances") or None,
             "evaluation": data.get("canary_evaluation") or None,
             "timeout_seconds": data.get("canary_timeout"),
+            "analysis": data.get("canary_analysis") or None,
         }
         canary = {k: v for k, v in canary.items() if v not in (None, "")}
         raw = {
@@ -448,4 +456,5 @@ def strategy_initial(strategy: dict) -> dict:
         "canary_instances": ", ".join(canary.get("instances") or []),
         "canary_evaluation": canary.get("evaluation", EVAL_NONE),
         "canary_timeout": canary.get("timeout_seconds"),
+        "canary_analysis": canary.get("analysis", ""),
     }

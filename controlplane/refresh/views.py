@@ -50,7 +50,6 @@ from controlplane.refresh.intents.action_table import (
     ActionInput,
 )
 from controlplane.refresh.models import (
-    ACTIVE_STATES,
     Gate,
     PolicyRefresh,
     Quarantine,

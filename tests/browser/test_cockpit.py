@@ -69,10 +69,15 @@ def _no_horizontal_scroll(page) -> bool:
 def _header_fits(page, url: str) -> None:
     page.set_viewport_size(WIDE)
     page.goto(url)
-    box = page.locator("#cockpit").bounding_box()
+    # The live stream may swap the cockpit in once its socket connects: measure the one shown.
+    page.wait_for_selector("#cockpit #refresh-state", state="visible")
+    page.locator("#cockpit").wait_for(state="visible")
+    box = page.evaluate(
+        "(() => { const r = document.getElementById('cockpit').getBoundingClientRect();"
+        " return r.height ? {y: r.top + window.scrollY, height: r.height} : null; })()"
+    )
     assert box is not None and box["y"] + box["height"] < WIDE["height"], (url, box)
     # The state and the actions are in it.
-    page.wait_for_selector("#cockpit #refresh-state", state="visible")
     assert page.locator("#cockpit #refresh-actions").count() == 1
     assert _no_horizontal_scroll(page), url
     page.set_viewport_size(NARROW)

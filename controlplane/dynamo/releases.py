@@ -181,7 +181,7 @@ RELEASES: dict[str, ReleaseContract] = {
             sidecar_extra_args=False,
             sglang_disk_extra=_frozen({"keep_pause": True}),
         ),
-        verified="read from upstream docs and code (DYNAMO_CONTRACT.md §9), not run",
+        verified="read from upstream docs and code, not run here",
         vllm_undeclared_version='{"version": null, "version_declared": false} until declared; '
         "an explicit null is a declaration",
         vllm_version_declared_rule="trusted only where set_weight_version is advertised; a "

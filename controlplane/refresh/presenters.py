@@ -40,7 +40,7 @@ from controlplane.refresh.models import (
 )
 from controlplane.refresh.namespaces import outcome_in, verified_namespaces
 from controlplane.refresh.plansummary import describe_duration, plan_summary
-from controlplane.refresh.progress import previous_policy
+from controlplane.refresh.progress import previous_policy, previous_version
 from controlplane.refresh.revisions import Revision, revision_history, version_key
 from controlplane.refresh.step_order import ORDER, STATE_STEP, STEP_LABELS, WORKER_STEPS, StepName
 from controlplane.refresh.windows import admitted_at
@@ -798,7 +798,7 @@ def cockpit_context(
     steps = step_lines(refresh)
     done, total = progress_of(refresh, steps)
     started = refresh.started_at is not None
-    before = (refresh.progress or {}).get("previous_version") if started else None
+    before = previous_version(refresh) if started else None
     now = _versions_now(refresh)
     workers = dict(grid_namespaces(refresh))
     rows = [
@@ -864,7 +864,7 @@ def consequences(
     closed = [g.namespace for g in gates_now if g.closed]
     held_here = [g.namespace for g in gates_now if g.held_here]
     version = str(refresh.weight_version)
-    previous = (refresh.progress or {}).get("previous_version")
+    previous = previous_version(refresh)
     old = str(previous) if previous is not None else "the version the gates stood for before"
     paused_words = (
         f"{_n(paused_total, 'worker')} paused now"

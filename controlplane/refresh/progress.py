@@ -148,6 +148,11 @@ def previous_policy(refresh) -> Target | None:
     return (refresh.progress or {}).get("previous_policy")
 
 
+def previous_version(refresh) -> WeightVersion | None:
+    """The version the gate stood for before the refresh (None when unknown or none)."""
+    return (refresh.progress or {}).get("previous_version")
+
+
 def canary_deadline(refresh) -> str | None:
     return (canary_of(refresh) or {}).get("deadline")
 

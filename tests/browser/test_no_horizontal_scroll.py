@@ -98,7 +98,9 @@ def _world(simfleet) -> dict[str, str]:
         "notification edit": f"/admin-tools/notifications/{destination.pk}/edit/",
         "search empty": "/search/",
         "sign-in": "/accounts/login/",
-        "not found": "/no-such-page/",
+        # No "not found" page here: this live server runs with DEBUG on, where Django answers a
+        # 404 with its development page (every URL pattern, its own styles) instead of
+        # templates/errors/404.html, which the demo and production (DEBUG off) show.
         # Restructured on another branch (REFRESH_PAGES).
         "detail": f"/refreshes/{ran.pk}/",
         "awaiting detail": f"/refreshes/{waiting.pk}/",

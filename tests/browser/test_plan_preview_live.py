@@ -53,5 +53,6 @@ def test_plan_summary_then_discard(page, fleet_source):
     assert AuditEvent.objects.filter(
         action="policy_refresh.discarded", target_id=str(refresh.pk)
     ).exists()
-    page.goto("/refreshes/")
-    assert page.locator("h2:has-text('Discarded') + table").get_by_text(f"#{refresh.pk}").count()
+    page.goto("/refreshes/?state=discarded")
+    row = page.locator(f"#refresh-row-{refresh.pk}")
+    assert row.count() == 1 and "discarded" in row.inner_text()

@@ -85,11 +85,11 @@ NEEDS: dict[tuple[str, UpdateMethod], tuple[Operation, ...]] = {
 REFUSED: dict[tuple[str, UpdateMethod], str] = {
     ("vllm", UpdateMethod.TENSOR): (
         "vLLM advertises update_weights_from_tensor but always answers 'not implemented' "
-        "(DYNAMO_CONTRACT §4)"
+        "(docs: reference/backend-families)"
     ),
     ("vllm-sidecar", UpdateMethod.LORA): (
         "the native sidecar's LoRA routes are not part of the verified 1.6.1 surface "
-        "(DYNAMO_CONTRACT §5.2)"
+        "(docs: reference/backend-families)"
     ),
     ("vllm-sidecar", UpdateMethod.DISK): (
         "the native sidecar has no disk reload route; use the distributed method"

@@ -467,7 +467,7 @@ def flush_pass(draft: Draft) -> list[str]:
     if invalidates and (draft.request.flush_policy == "auto" or not flush_route):
         plan.flush_skipped = (
             f"{family.name} {update_op.value} already invalidates the prefix cache "
-            "(DYNAMO_CONTRACT §4/§5)"
+            "(docs: reference/backend-families)"
             if plan.pause_mode != RELEASE_MEMORY
             else f"{family.name} released its KV cache memory at pause"
         )

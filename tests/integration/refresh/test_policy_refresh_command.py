@@ -112,3 +112,28 @@ def test_declining_at_the_prompt_starts_nothing(fleet, source, operator, monkeyp
     assert "Start this refresh? [y/N]" in err and "Start this" not in out
     assert PolicyRefresh.objects.get().state == RefreshState.PLANNED
     assert all(w["update_count"] == 0 for w in fleet.workers())
+
+
+def test_the_printed_plan_groups_workers_that_share_it(fleet, source, operator):
+    # Three workers of one family share one plan: it prints once, with its count, and every
+    # worker only when asked (a fleet of thousands stays readable).
+    code, out, err = cli("policy_refresh", *ARGS, "--as", operator.username)
+    assert code == Exit.OK, err
+    assert "3 x [vllm]" in out
+    assert out.count("engine/update_weights_from_disk") == 1
+    assert "every worker:" not in out
+    code, out, err = cli(
+        "policy_refresh",
+        "sim",
+        "--weight-version",
+        "v6",
+        "--model-path",
+        "/ckpt/v6",
+        "--yes",
+        "--workers",
+        "--as",
+        operator.username,
+    )
+    assert code == Exit.OK, err
+    assert "every worker:" in out
+    assert all(w.key in out for w in PolicyRefresh.objects.order_by("-pk").first().workers.all())

@@ -67,7 +67,10 @@ NOT_ADVERTISED = "which the worker does not advertise"
 
 
 def skipped_reason(family: str, operation: str) -> str:
-    return f"{family} {operation} already invalidates the prefix cache (DYNAMO_CONTRACT §4/§5)"
+    return (
+        f"{family} {operation} already invalidates the prefix cache "
+        "(docs: reference/backend-families)"
+    )
 
 
 # -- vLLM Python worker ---------------------------------------------------------------------------
@@ -419,7 +422,9 @@ def test_sglang_missing_route_blocks_its_step(route, target, blocker):
 def test_flush_always_without_a_flush_route_skips_since_the_update_already_invalidates(worker):
     p = plan(worker, pause_mode="abort", flush_policy="always")
     assert p.blockers == [] and p.calls["flush"] == []
-    assert p.flush_skipped.endswith("already invalidates the prefix cache (DYNAMO_CONTRACT §4/§5)")
+    assert p.flush_skipped.endswith(
+        "already invalidates the prefix cache (docs: reference/backend-families)"
+    )
 
 
 def test_unknown_route_family_is_a_blocker_and_plans_no_calls():

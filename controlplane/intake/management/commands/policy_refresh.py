@@ -37,6 +37,7 @@ from controlplane.intake.management.commands._plan_options import (
     add_plan_arguments,
     blocker_lines,
 )
+from controlplane.intake.management.commands._plan_print import plan_lines
 from controlplane.intake.management.commands._refresh_status import status_of, watch
 from controlplane.refresh.executor import execute_refresh
 from controlplane.refresh.intents.action_table import ActionInput
@@ -75,11 +76,17 @@ class Command(refresh_command.Command):
         add_as_argument(parser)
         add_json_argument(parser)
         parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        parser.add_argument(
+            "--workers",
+            action="store_true",
+            help="print every worker of the plan too (by default workers sharing a plan are "
+            "grouped)",
+        )
 
     def handle(self, *args, **opts):
         user, refresh = self.planned(opts, "plan and start policy refreshes")
         if not opts["json"]:
-            self.print_plan(refresh)
+            self.print_plan(refresh, every=opts["workers"])
         blockers = blocker_lines(refresh)
         if blockers:
             raise Refused("refused at plan time: " + "; ".join(blockers), Exit.FAILED, "blocked")
@@ -141,7 +148,7 @@ class Command(refresh_command.Command):
         )
         sys.exit(int(outcome))
 
-    def print_plan(self, refresh) -> None:
+    def print_plan(self, refresh, *, every: bool = False) -> None:
         self.stdout.write(
             f"Plan #{refresh.pk}: {refresh.source.name} "
             f"{', '.join(shown(n) for n in refresh.namespaces)} -> "
@@ -149,16 +156,6 @@ class Command(refresh_command.Command):
             f"({shown(refresh.target.get('model_path') or refresh.target['method'])})"
         )
         self.stdout.write(f"  verify: {verification_summary(refresh)}")
-        for worker in refresh.workers.all():
-            self.stdout.write(
-                f"  {shown(worker.key)} [{worker.family or '?'}] {shown(worker.system_url)}"
-            )
-            for step, calls in worker.calls.items():
-                text = ", ".join(
-                    f"{c['method']} {shown(c['path'])} {shown(c['body'])}" for c in calls
-                )
-                if not calls and step == "flush" and worker.flush_skipped:
-                    text = f"skipped: {shown(worker.flush_skipped)}"
-                self.stdout.write(f"      {step}: {text or '-'}")
-            for blocker in worker.blockers:
-                self.stdout.write(f"      BLOCKED: {shown(blocker)}")
+        # Grouped: workers sharing a plan print once (2,000 workers stay readable).
+        for line in plan_lines(refresh.workers.all(), shown, every=every):
+            self.stdout.write(line)

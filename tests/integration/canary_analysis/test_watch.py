@@ -15,6 +15,7 @@ from controlplane.refresh.models import (
     AnalysisPhase,
     CanaryAnalysis,
     Gate,
+    PolicyRefresh,
     Quarantine,
     RefreshState,
     WatchReport,
@@ -76,3 +77,31 @@ def test_a_worker_erroring_after_the_reopen_is_quarantined_within_the_window(
     watch.refresh_from_db()
     assert [b["key"] for b in watch.report["breaches"]] == [q.key]
     assert problems(watch.report, WatchReport) == []
+
+
+def test_a_fleet_wide_breach_rolls_back_when_the_template_says_so(
+    simfleet_factory, operator, admin_user
+):
+    fleet = simfleet_factory(lineage_fleet_config(6))
+    source = make_source(fleet)
+    assert run_inline(source, operator, "v1").state == RefreshState.SUCCEEDED
+    save(source, admin_user, background={**WINDOW, "on_fleet_breach": "rollback"})
+    refresh = run_inline(source, operator, "v2", strategy=canary())
+    run_canary_analysis(refresh.pk)
+    execute_refresh(refresh.pk)
+    refresh.refresh_from_db()
+    assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
+
+    for worker in fleet.workers():
+        fleet.inject(worker["key"], "generate", Fault.http(500))
+    did = watch_reopened(now=refresh.finished_at + timedelta(seconds=11))
+    assert "rolling back with policy refresh" in did[refresh.pk], did
+
+    # The rollback is a refresh of its own, back to the policy before, started (not only
+    # planned); the workers are not quarantined one by one.
+    rollback = PolicyRefresh.objects.exclude(pk__in=[refresh.pk]).order_by("-pk").first()
+    assert rollback is not None and str(rollback.weight_version) == "v1"
+    assert rollback.state not in (RefreshState.PLANNED, RefreshState.ABORTED)
+    assert not Quarantine.objects.exists()
+    watch = CanaryAnalysis.objects.get(refresh=refresh, phase=AnalysisPhase.BACKGROUND)
+    assert watch.report["ticks"][-1]["fleet_wide"] is True

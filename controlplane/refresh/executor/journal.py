@@ -44,6 +44,7 @@ whose workers have no `ok` result yet, which a takeover treats as unknown (`step
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import logging
 import math
@@ -349,6 +350,58 @@ def _start_calls(
     return wait_thread
 
 
+class OutcomeChannel:
+    """Finished workers, handed from the call thread to the journal thread in batches.
+
+    The calls' event loop appends each outcome (a deque append, no lock, no wake-up); the
+    journal thread is woken only when what it waits for is there: a flush's share of outcomes
+    (`wake_at`, which it sets before it sleeps) or the end of the calls. Its own timers (the
+    abort watch, the heartbeat) wake it meanwhile, and each wake drains everything waiting. A
+    wake-up per worker cost a thread switch per worker on both sides, for nothing: the journal
+    writes only when a flush is due.
+    """
+
+    __slots__ = ("_pending", "_wake", "emitted", "wake_at")
+
+    def __init__(self) -> None:
+        self._pending: collections.deque[WorkerOutcome] = collections.deque()
+        self._wake: queue.SimpleQueue = queue.SimpleQueue()
+        #: Outcomes emitted so far (written by the call thread only).
+        self.emitted = 0
+        #: Wake the journal thread once `emitted` reaches this (written by the journal thread).
+        self.wake_at = 1
+
+    def emit(self, item: object) -> None:
+        """Called on the calls' loop with each outcome, and with `_DONE` when they are over."""
+        if item is _DONE:
+            self._wake.put(_DONE)
+            return
+        self._pending.append(item)  # type: ignore[arg-type]
+        self.emitted += 1
+        if self.emitted == self.wake_at:
+            self._wake.put(None)
+
+    def wait(self, timeout: float, wake_at: int) -> bool:
+        """Sleep until `wake_at` outcomes have been emitted, the calls are over or `timeout`
+        passed. Returns True once the calls are over (every outcome is then drainable)."""
+        self.wake_at = wake_at
+        if self.emitted >= wake_at:
+            # Reached before the threshold was set (the emitter saw the old one): no sleep,
+            # but take a wake-up token that may be waiting so it does not end a later sleep
+            # early (harmless if it does: a wake only drains).
+            timeout = 0.0
+        try:
+            return self._wake.get(timeout=timeout) is _DONE
+        except queue.Empty:
+            return False
+
+    def drain(self) -> list[WorkerOutcome]:
+        pending, taken = self._pending, []
+        while pending:
+            taken.append(pending.popleft())
+        return taken
+
+
 def run_step_calls(
     lease: Lease, step: str, attempt: int, jobs: list[WorkerJob], cfg: CallSettings
 ) -> StepJournal:
@@ -357,13 +410,13 @@ def run_step_calls(
     publish_step_running(lease.refresh_id, step, [j.planned_worker_id for j in jobs])
     if not jobs:
         return journal
-    outcomes: queue.SimpleQueue = queue.SimpleQueue()
+    channel = OutcomeChannel()
     stop = threading.Event()
     inflight = InFlight()
     wait = _start_calls(
         jobs,
         cfg,
-        outcomes.put,
+        channel.emit,
         stop,
         f"refresh-{lease.refresh_id}-{step}",
         journal.calls_paused,
@@ -377,18 +430,19 @@ def run_step_calls(
     try:
         while not finished:
             wake = min(next_heartbeat, next_watch)
-            try:
-                item = outcomes.get(timeout=max(0.0, wake - time.monotonic()))
-            except queue.Empty:
-                item = None
-            if item is _DONE:
-                # The last outcome may have just filled a flush; then nothing is left to write.
-                finished = True
-                if not batch and journal.done == len(jobs):
-                    break
-            elif item is not None:
-                batch.append(item)
+            # Woken when the next flush's share has been emitted (written + waiting), when
+            # the calls are over, or by the nearer timer.
+            finished = channel.wait(max(0.0, wake - time.monotonic()), journal.done + batch_size)
+            batch += channel.drain()
+            if finished and not batch and journal.done == len(jobs):
+                break  # the last outcome filled a flush: nothing is left to write
             beat = time.monotonic() >= next_heartbeat
+            while len(batch) > batch_size or (len(batch) == batch_size and not finished):
+                # Shares of exactly `batch_size`, as when outcomes arrived one by one: the
+                # statements of a step stay the same whatever the thread timing.
+                journal.flush(batch[:batch_size])
+                batch = batch[batch_size:]
+                next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
             if finished or len(batch) >= batch_size or (beat and batch):
                 journal.flush(batch)
                 batch = []
@@ -410,11 +464,7 @@ def run_step_calls(
         # in flight go with the error, for the hold to write once the database answers.
         stop.set()
         wait()
-        arrived = []
-        while not outcomes.empty():
-            item = outcomes.get_nowait()
-            if item is not _DONE:
-                arrived.append(item)
+        arrived = channel.drain()
         # `batch` is the flush that failed (its last try may have committed); `arrived` came
         # after it (a heartbeat's flush has no batch).
         raise JournalOutage(outage, journal, [batch, arrived]) from outage

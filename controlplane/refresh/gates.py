@@ -429,12 +429,13 @@ def _staged_sets(gate: Gate, live: Sequence[ServingInterval]) -> dict[str, Any]:
 
 def _withdraw_all(source, namespaces: Sequence[str], *, cause: str, transition=None) -> None:
     """Every admitted instance of these namespaces stops being admitted (its gate closed)."""
+    rows = ledger.current(source, namespaces)
     facts = {
         (r.namespace, r.instance_id): ledger.withdrawn(transition=transition)
-        for r in ledger.current(source, namespaces)
+        for r in rows
         if r.admission
     }
-    ledger.write(source, facts, cause=cause)
+    ledger.write(source, facts, cause=cause, known=rows)
 
 
 def _change(
@@ -566,11 +567,16 @@ def open_gates_verified(
     def facts() -> None:
         version = refresh.weight_version
         changes: dict[tuple[str, str], ledger.Change] = {}
+        # One read of the namespaces' intervals, for the facts and for the write.
+        known = ledger.current(refresh.source, namespaces)
+        by_namespace: dict[str, list] = {}
+        for row in known:
+            by_namespace.setdefault(row.namespace, []).append(row)
         for namespace in namespaces:
             ids = set(verified.get(namespace, ()))
             out = {str(d.get("instance_id")) for d in left_out.get(namespace, [])}
             live = None if serving is None else set(serving.get(namespace, ()))
-            for row in ledger.current(refresh.source, [namespace]):
+            for row in by_namespace.get(namespace, ()):
                 if row.instance_id in ids:
                     continue
                 if row.instance_id in out:
@@ -591,6 +597,7 @@ def open_gates_verified(
             changes,
             cause=f"policy refresh #{refresh.pk} reopened",
             journal=ledger.refresh_journal(refresh, proved),
+            known=known,
         )
 
     _change(

@@ -116,23 +116,27 @@ def write(
     run=None,
     now: datetime | None = None,
     journal: Journal | None = None,
+    known: Iterable[ServingInterval] | None = None,
 ) -> int:
     """Record `facts` for `source`; returns how many intervals were appended.
 
     `run` is the discovery behind the facts and `journal` the call rows behind each instance's
     (`refresh_journal`, `catch_up_journal`): both are stored on the intervals they append, so a
-    provenance answer can point at the readback that proved it."""
+    provenance answer can point at the readback that proved it. `known`: the current intervals
+    of the facts' namespaces (`current`), read by the caller in this transaction under the same
+    gate locks, so they are not read twice; an instance missing from them has no interval."""
     if not facts:
         return 0
     now = now or timezone.now()
     lockorder.domain_lock("gates")  # the ledger is written under its gates' row locks
-    rows = ServingInterval.objects.filter(
-        source=source,
-        valid_to__isnull=True,
-        namespace__in={ns for ns, _ in facts},
-        instance_id__in={iid for _, iid in facts},
-    )
-    existing = {(r.namespace, r.instance_id): r for r in rows}
+    if known is None:
+        known = ServingInterval.objects.filter(
+            source=source,
+            valid_to__isnull=True,
+            namespace__in={ns for ns, _ in facts},
+            instance_id__in={iid for _, iid in facts},
+        )
+    existing = {(r.namespace, r.instance_id): r for r in known}
     ended: list[int] = []
     appended: list[ServingInterval] = []
     for (namespace, instance_id), change in facts.items():
@@ -175,9 +179,7 @@ def write(
 
 
 #: The columns an appended interval writes (every concrete one but its id), by attribute name.
-_INSERTED = tuple(
-    f.attname for f in ServingInterval._meta.concrete_fields if not f.primary_key
-)
+_INSERTED = tuple(f.attname for f in ServingInterval._meta.concrete_fields if not f.primary_key)
 
 
 def _name_instances(source, rows: list[ServingInterval]) -> None:

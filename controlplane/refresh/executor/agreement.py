@@ -10,9 +10,11 @@ and a journal row saying what they generated against what the others agreed on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import transaction
 
@@ -35,25 +37,35 @@ class AgreementOutcome:
 
 
 def verified_samples(
-    refresh: PolicyRefresh, exclude: AbstractSet[int] = frozenset()
+    refresh: PolicyRefresh,
+    exclude: AbstractSet[int] = frozenset(),
+    *,
+    fresh: Mapping[int, tuple[str, Any, Any]] | None = None,
+    written_by: tuple[int, int] | None = None,
 ) -> dict[str, list[tuple[int, Sample]]]:
     """model → [(planned worker id, sample)] from each worker's latest passing generation.
 
     `exclude`: planned workers out of play (departed, or in a namespace resolved on its own).
+    `fresh`: this attempt's passing replies as its calls decoded them, and `written_by` the
+    (attempt, lease token) under which they were journaled: those rows are not read back (a
+    journal row and its in-memory record hold the same reply), and `fresh` is newer than every
+    row read.
     """
     # Only the four columns read: a whole entry with its planned worker also decoded that
     # worker's planned calls of every step, for each of a fleet's generation rows.
-    latest: dict[int, tuple[str, dict | None, object]] = {}
-    entries = (
-        JournalEntry.objects.filter(
-            refresh=refresh, step=StepName.VERIFY, operation=GENERATION, ok=True
-        )
-        .exclude(planned_worker=None)
-        .order_by("id")
-        .values_list("planned_worker_id", "planned_worker__key", "request_body", "response_body")
-    )
-    for worker_id, key, request_body, response_body in entries:
+    latest: dict[int, tuple[str, Any, Any]] = {}
+    entries = JournalEntry.objects.filter(
+        refresh=refresh, step=StepName.VERIFY, operation=GENERATION, ok=True
+    ).exclude(planned_worker=None)
+    if fresh is not None and written_by is not None:
+        attempt, token = written_by
+        entries = entries.exclude(attempt=attempt, lease_token=token)
+    for worker_id, key, request_body, response_body in entries.order_by("id").values_list(
+        "planned_worker_id", "planned_worker__key", "request_body", "response_body"
+    ):
         latest[worker_id] = (key, request_body, response_body)
+    if fresh is not None and written_by is not None:
+        latest.update(fresh)
     by_model: dict[str, list[tuple[int, Sample]]] = {}
     for worker_id, (key, request_body, response_body) in latest.items():
         if worker_id in exclude:
@@ -67,11 +79,18 @@ def verified_samples(
 
 
 def check_agreement(
-    refresh: PolicyRefresh, lease, attempt: int, *, exclude: AbstractSet[int] = frozenset()
+    refresh: PolicyRefresh,
+    lease,
+    attempt: int,
+    *,
+    exclude: AbstractSet[int] = frozenset(),
+    fresh: Mapping[int, tuple[str, Any, Any]] | None = None,
 ) -> AgreementOutcome:
-    """Compare every verified worker of each model; journal and fail the odd ones out."""
+    """Compare every verified worker of each model; journal and fail the odd ones out.
+    `fresh`: this attempt's passing generation replies, journaled under `lease` (see
+    `verified_samples`)."""
     rule = AgreementRule.from_dict((refresh.verification or {}).get("agreement"))
-    by_model = verified_samples(refresh, exclude)
+    by_model = verified_samples(refresh, exclude, fresh=fresh, written_by=(attempt, lease.token))
     if not by_model:
         return AgreementOutcome(True, "no generation results to cross-check")
     checks: list[tuple[str, list[tuple[int, Sample]], CrossCheck]] = []

@@ -7,7 +7,7 @@ the update can build results and call back into its step without importing `step
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from controlplane.refresh.executor.calls import CallSettings, WorkerJob
 from controlplane.refresh.executor.journal import StepJournal
@@ -37,6 +37,10 @@ class StepContext:
     attempt: int
     #: This executor took the refresh over mid-step from one that died.
     takeover: bool = False
+    #: The verify step's passing generation replies of this attempt, as its calls decoded
+    #: them: planned worker id → (key, request body, reply). The agreement check takes them
+    #: from here instead of decoding the same bodies again from the journal it just wrote.
+    generation_replies: dict[int, tuple[str, Any, Any]] | None = None
 
 
 class Step:

@@ -45,7 +45,7 @@ from controlplane.refresh.namespaces import (
     reopened_namespaces,
     resolved_of,
 )
-from controlplane.refresh.planning import update_is_idempotent
+from controlplane.refresh.planning import GENERATION, update_is_idempotent
 from controlplane.refresh.step_order import StepName
 
 EXECUTOR = Actor.system("policy-refresh executor")
@@ -463,6 +463,20 @@ class Verify(WorkerStep):
             job.expect_version = ctx.refresh.weight_version
         return job
 
+    def run_jobs(self, ctx: StepContext, jobs: list[WorkerJob], step: str | None = None):
+        journal = super().run_jobs(ctx, jobs, step)
+        if step is None:
+            replies = ctx.generation_replies = {}
+            for outcome in journal.outcomes:
+                for record in outcome.records:
+                    if record.operation == GENERATION and record.ok:
+                        replies[outcome.planned_worker_id] = (
+                            outcome.key,
+                            record.request_body,
+                            record.response_body,
+                        )
+        return journal
+
     def run(self, ctx: StepContext) -> StepResult:
         result = self._verify(ctx)
         if not result.aborted:
@@ -474,7 +488,11 @@ class Verify(WorkerStep):
         if not result.ok or result.aborted or not ctx.refresh.verification.get("generation"):
             return result
         agreement = check_agreement(
-            ctx.refresh, ctx.lease, ctx.attempt, exclude=out_of_play_ids(ctx.refresh)
+            ctx.refresh,
+            ctx.lease,
+            ctx.attempt,
+            exclude=out_of_play_ids(ctx.refresh),
+            fresh=ctx.generation_replies,
         )
         if not agreement.ok:
             return StepResult(False, agreement.summary)

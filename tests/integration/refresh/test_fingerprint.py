@@ -302,3 +302,33 @@ def test_the_refresh_page_names_the_odd_worker_and_the_rule(fleet, operator, cli
     # The odd worker's verify cell carries the reason; the journal has the agreement rows.
     assert "agreement: differs at token 0" in page
     assert "cross-worker agreement on sim-model" in page
+
+
+def test_the_replies_held_in_memory_are_the_journals_replies(fleet, operator):
+    """The agreement check takes this attempt's replies from the verify step's own records
+    instead of reading them back; what it compares must be exactly what the journal holds."""
+    from controlplane.refresh.executor import agreement, steps
+
+    seen: dict = {}
+    original = agreement.verified_samples
+
+    def spy(refresh, exclude=frozenset(), *, fresh=None, written_by=None):
+        found = original(refresh, exclude, fresh=fresh, written_by=written_by)
+        seen.update(fresh=fresh, written_by=written_by, found=found)
+        return found
+
+    source = make_source(fleet)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(agreement, "verified_samples", spy)
+        refresh = run_inline(source, operator, "v2")
+    assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
+    assert steps.Verify.run_jobs is not steps.WorkerStep.run_jobs
+    # Every verified worker came from memory, none from a read of this attempt's rows ...
+    assert len(seen["fresh"]) == 4
+
+    # ... and reading everything back from the journal finds the same samples (the check
+    # orders each model's workers itself, so the order they arrived in does not matter).
+    def ordered(by_model):
+        return {model: sorted(pairs) for model, pairs in by_model.items()}
+
+    assert ordered(original(refresh)) == ordered(seen["found"])

@@ -222,9 +222,13 @@ def _copy_on_commit(ids) -> None:
         transaction.on_commit(lambda: gate_cache.store(serialize_gate(g) for g in rows.all()))
 
 
-def _announce(gates: list[Gate]) -> None:
+def _announce(gates: list[Gate], *, copied: bool = False) -> None:
+    """Push the gates' new state once committed. `copied`: the caller's `_update` of these
+    very gates already registered their copies (one read and one copy per gate per commit,
+    not two)."""
     payloads = [serialize_gate(g) for g in gates]
-    _copy_on_commit(g.pk for g in gates)
+    if not copied:
+        _copy_on_commit(g.pk for g in gates)
     transaction.on_commit(lambda: publish_gate_changes(payloads))
 
 
@@ -481,7 +485,7 @@ def _change(
         )
     if action != AuditAction.GATE_FORCE_REOPENED:  # the force-reopen action notifies itself
         _notify_state_changes(before, fresh, refresh=refresh, reason=note)
-    _announce(fresh)
+    _announce(fresh, copied=True)  # `_update` above registered the copies of `ids`
     return fresh
 
 

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
+from controlplane.bulk import insert_values
 from controlplane.dynamo.families import UpdateMethod, routes_fit
 from controlplane.fleet.models import Worker, WorkerState
 from controlplane.refresh import gates
@@ -28,7 +29,7 @@ from controlplane.refresh.executor.departures import (
 from controlplane.refresh.executor.distributed import run_distributed_update, tear_down
 from controlplane.refresh.executor.external import run_external_update
 from controlplane.refresh.executor.handover import audit_taken_over, take_over_quarantines
-from controlplane.refresh.executor.journal import run_step_calls
+from controlplane.refresh.executor.journal import RESULT_FIELDS, run_step_calls
 from controlplane.refresh.executor.step_base import Step, StepContext, StepResult
 from controlplane.refresh.membership import ChangedWorker, MembershipChange, has_change
 from controlplane.refresh.models import (
@@ -301,17 +302,24 @@ class WorkerStep(Step):
         now = timezone.now()
         with transaction.atomic():
             ctx.lease.guard()
-            WorkerStepResult.objects.bulk_create(
-                WorkerStepResult(
-                    refresh=ctx.refresh,
-                    planned_worker=w,
-                    step=self.name,
-                    attempt=ctx.attempt,
-                    status="skipped",
-                    error=w.flush_skipped or "no calls planned for this step",
-                    finished_at=now,
-                )
-                for w in workers
+            # Plain values through one COPY, as the journal's own results (a flush that the
+            # disk update makes unnecessary skips every worker of the fleet).
+            insert_values(
+                WorkerStepResult,
+                RESULT_FIELDS,
+                [
+                    (
+                        ctx.refresh.pk,
+                        w.pk,
+                        self.name,
+                        ctx.attempt,
+                        "skipped",
+                        w.flush_skipped or "no calls planned for this step",
+                        0.0,
+                        now,
+                    )
+                    for w in workers
+                ],
             )
 
     def run_jobs(self, ctx: StepContext, jobs: list[WorkerJob], step: str | None = None):

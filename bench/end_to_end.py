@@ -289,13 +289,19 @@ def latest_refresh():
 
 
 def bare(listener: str, steps, discovery_concurrency: int, concurrency: int) -> Run:
+    marks: list[float] = []
+
     async def fan_out() -> int:
         found = await bare_discovery(listener, discovery_concurrency)
+        marks.append(time.perf_counter())
         return found + await bare_client(listener, steps, concurrency)
 
     cpu0, t0 = time.process_time(), time.perf_counter()
     calls = asyncio.run(fan_out())
-    return Run(wall=time.perf_counter() - t0, cpu=time.process_time() - cpu0, calls=calls)
+    end = time.perf_counter()
+    run = Run(wall=end - t0, cpu=time.process_time() - cpu0, calls=calls)
+    run.stages = [("discovery's calls", marks[0] - t0), ("refresh's calls", end - marks[0])]
+    return run
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -321,6 +327,9 @@ def report(workers: int, latency_ms: float, ours_runs: list[Run], bare_runs: lis
         values = [r.stages[k][1] for r in ours_runs if len(r.stages) == len(labels)]
         print(f"  {label:50} {spread(values)}")
     print("  (each run's steps, in order, must match the first run's to be listed)")
+    print("bare fan-out, in parts:")
+    for k, (label, _) in enumerate(bare_runs[0].stages):
+        print(f"  {label:50} {spread([r.stages[k][1] for r in bare_runs])}")
     allowed = [GOAL_FACTOR * b.wall + GOAL_SLACK for b in bare_runs]
     ratios = [o.wall / a for o, a in zip(ours_runs, allowed, strict=True)]
     wall_ratio = statistics.median(

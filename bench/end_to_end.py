@@ -275,6 +275,25 @@ def ts(moment) -> float:
     return moment.timestamp() if moment is not None else float("nan")
 
 
+def warm_web_processes(web_url: str, data: dict, connections: int) -> None:
+    """A signed `test.ping` and a gate read on each of `connections` new connections, so every
+    web process has served both paths once (the kernel hands each new connection to one of
+    them; a trainer's client keeps its connection only while it is busy)."""
+    from dynamo_rl_trainer import ControlPlane
+
+    for _ in range(connections):
+        with ControlPlane(
+            web_url,
+            source=SOURCE,
+            namespace=NAMESPACES[0],
+            endpoint=data["endpoint"],
+            secrets=data["secret"],
+            token=data["token"],
+        ) as fresh:
+            fresh.send_event("test.ping", {"message": "bench warm-up"})
+            fresh.gate()
+
+
 # -- one bare run ------------------------------------------------------------------------------
 
 
@@ -413,6 +432,7 @@ def main() -> None:
         # Warm-up (not reported): the processes' first task, imports, connections and caches,
         # as a long-running deployment has them; it also gives the bare run its calls.
         warm = ours(trainer, "warmup", servers, args.timeout, poll)
+        warm_web_processes(web_url, data, 4 * args.web_processes)
         print(f"  warm-up: {warm.wall * 1000:.0f} ms", flush=True)
         ours_runs: list[Run] = []
         bare_runs: list[Run] = []

@@ -458,7 +458,8 @@ def main() -> None:
                 f"{b.wall * 1000:7.0f} ms wall, CPU {b.cpu * 1000:7.0f} ms ({b.calls} calls)",
                 flush=True,
             )
-        print(f"bench took {time.perf_counter() - t0:.0f} s")
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"bench took {time.perf_counter() - t0:.0f} s; load average at the end {load}")
     report(args.workers, args.latency_ms, ours_runs, bare_runs)
 
 

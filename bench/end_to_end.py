@@ -50,6 +50,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -78,9 +79,9 @@ GOAL_FACTOR, GOAL_SLACK = 1.2, 1.0
 
 @dataclass
 class Trainer:
-    """What the trainer holds: the library's client (webhook secret and gate token)."""
+    """What the trainer holds: the library's `ControlPlane` (webhook secret and gate token)."""
 
-    client: object
+    client: Any
     namespaces: list[str]
 
 
@@ -186,13 +187,15 @@ def wait_for_gates(trainer, version: str, webhook_id: str, timeout: float, poll:
 def refused(webhook_id: str) -> str:
     """Why the delivery or its refresh can no longer open the gate ('' while it still can)."""
     from controlplane.intake.models import DeliveryState, ReceivedWebhook
+    from controlplane.intake.models import ReceivedWebhookOutcome as Outcome
     from controlplane.refresh.models import PolicyRefresh, RefreshState
 
     delivery = ReceivedWebhook.objects.filter(webhook_id=webhook_id).first()
     if delivery is None:
         return "the delivery was not stored"
-    if delivery.state in (DeliveryState.RETRYABLE,) or (
-        delivery.state == DeliveryState.DONE and delivery.outcome != "started"
+    # `retrying` (the scope was busy, the database hiccuped) may still start it: keep waiting.
+    if delivery.state == DeliveryState.RETRYABLE or (
+        delivery.state == DeliveryState.DONE and delivery.outcome != Outcome.STARTED
     ):
         why = delivery.detail or delivery.last_error
         return f"delivery {delivery.state}/{delivery.outcome}: {why}"

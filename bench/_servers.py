@@ -230,3 +230,34 @@ def cpu_seconds(pids: list[int]) -> float:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def start_celery(database_url: str, role: list[str], *, log_path: Path) -> subprocess.Popen:
+    """`celery -A controlplane <role...>` (a worker or beat) as deploy/ runs it, with persistent
+    database connections (CONTROLPLANE_PROCESS=celery), in a process group of its own so `stop`
+    ends it and its children; its output goes to `log_path`. Returns once started: a worker is
+    ready when it takes its first task, so a caller that needs it waits for one."""
+    env = dict(os.environ, DATABASE_URL=database_url, CONTROLPLANE_PROCESS="celery")
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "controlplane", *role],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+
+
+def delete_bench_keys() -> None:
+    """Drop every Redis key this bench wrote: all sit under its own REDIS_KEY_PREFIX (the
+    cache, the channel layer, the gate copies and the Celery broker's queues alike)."""
+    import redis
+
+    prefix = os.environ["REDIS_KEY_PREFIX"]
+    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    with contextlib.suppress(redis.RedisError):
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.unlink(*keys[start : start + 1000])

@@ -25,60 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _fleet import serve_fleet  # bench/ is sys.path[0] when a bench runs as a script
+from _fanout import bare_client, planned_calls  # bench/ is sys.path[0] when a bench runs
+from _fleet import serve_fleet
 from _paired import alternate, bench_environment, report, setup_django
 
 bench_environment()
-
-
-def planned_calls(refresh) -> tuple[str, list[list[list[tuple]]]]:
-    """The refresh's calls as steps → workers → calls (method, url, body), read synchronously."""
-    frontend = refresh.source.frontend_url.rstrip("/") + "/v1/completions"
-    steps = []
-    workers = list(refresh.workers.all())
-    for step in ("pause", "update", "flush", "resume_engines", "verify"):
-        per_worker = []
-        for worker in workers:
-            calls = []
-            for call in worker.calls.get(step, []):
-                if call["operation"] == "generation":
-                    calls.append(("POST", frontend, call["body"]))
-                else:
-                    url = worker.system_url.rstrip("/") + "/" + call["path"]
-                    calls.append((call["method"], url, call["body"]))
-            if calls:
-                per_worker.append(calls)
-        steps.append(per_worker)
-    return refresh.source.listener_url.rstrip("/") + "/v1/rl/workers", steps
-
-
-async def bare_client(listener: str, steps, concurrency: int) -> int:
-    """The same calls with the same shape (steps in order; per step every worker's calls in
-    sequence, `concurrency` workers at a time) and no bookkeeping at all."""
-    import aiohttp
-
-    semaphore = asyncio.Semaphore(concurrency)
-    count = 0
-    connector = aiohttp.TCPConnector(limit=concurrency + 2)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def get_listener():
-            async with session.get(listener) as response:
-                await response.read()
-
-        async def worker_calls(calls):
-            nonlocal count
-            async with semaphore:
-                for method, url, body in calls:
-                    async with session.request(method, url, json=body) as response:
-                        await response.read()
-                    count += 1
-
-        await get_listener()
-        for per_worker in steps:
-            await asyncio.gather(*(worker_calls(calls) for calls in per_worker))
-        await get_listener()
-    return count + 2
 
 
 def main() -> None:

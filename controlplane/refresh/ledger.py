@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, TypedDict
 from django.utils import timezone
 
 from controlplane import lockorder
-from controlplane.bulk import insert_values
+from controlplane.bulk import insert_instances
 from controlplane.dynamo.discovery import worker_key
 from controlplane.fleet.models import Worker
 from controlplane.refresh.models import (
@@ -167,19 +167,11 @@ def write(
     if ended:
         ServingInterval.objects.filter(pk__in=ended).update(valid_to=now)
     if appended:
-        # Plain values through one COPY (`bulk.insert_values`), not `bulk_create`: a gate
+        # Plain values through one COPY (`bulk.insert_instances`), not `bulk_create`: a gate
         # change of a 500-worker namespace appends 500 intervals, and Django's bulk compiler
         # cost several times the COPY. No caller needs the new rows' ids.
-        insert_values(
-            ServingInterval,
-            _INSERTED,
-            [tuple(getattr(row, name) for name in _INSERTED) for row in appended],
-        )
+        insert_instances(appended)
     return len(appended)
-
-
-#: The columns an appended interval writes (every concrete one but its id), by attribute name.
-_INSERTED = tuple(f.attname for f in ServingInterval._meta.concrete_fields if not f.primary_key)
 
 
 def _name_instances(source, rows: list[ServingInterval]) -> None:

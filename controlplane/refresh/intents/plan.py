@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
+from controlplane.bulk import insert_instances
 from controlplane.dynamo.fingerprint import FingerprintJson
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
@@ -334,29 +335,33 @@ def _store_plan(
             instances=request.instance_ids,
             waves=max(scope.wave_count, 1),
         )
-        PlannedWorker.objects.bulk_create(
-            PlannedWorker(
-                refresh=refresh,
-                worker=p.worker,
-                key=p.worker.key,
-                namespace=p.worker.namespace,
-                instance_id=p.worker.instance_id,
-                system_url=p.worker.system_url,
-                family=p.family,
-                model=p.worker.model,
-                calls=p.calls,
-                blockers=p.blockers,
-                flush_skipped=p.flush_skipped,
-                update_method=p.update_method,
-                method_reason=p.method_reason,
-                pause_mode=p.pause_mode,
-                rank_offset=p.rank_offset,
-                ranks=p.ranks,
-                world_size=p.worker.world_size,
-                world_size_from=world_size_provenance(p.worker, p.family),
-                wave=scope.wave_of.get(p.worker.key, 1),
-            )
-            for p in plans
+        # One COPY of plain values (`bulk.insert_instances`): no caller needs the rows' ids,
+        # and `bulk_create` cost ~0.3 s of a 500-worker plan.
+        insert_instances(
+            [
+                PlannedWorker(
+                    refresh=refresh,
+                    worker=p.worker,
+                    key=p.worker.key,
+                    namespace=p.worker.namespace,
+                    instance_id=p.worker.instance_id,
+                    system_url=p.worker.system_url,
+                    family=p.family,
+                    model=p.worker.model,
+                    calls=p.calls,
+                    blockers=p.blockers,
+                    flush_skipped=p.flush_skipped,
+                    update_method=p.update_method,
+                    method_reason=p.method_reason,
+                    pause_mode=p.pause_mode,
+                    rank_offset=p.rank_offset,
+                    ranks=p.ranks,
+                    world_size=p.worker.world_size,
+                    world_size_from=world_size_provenance(p.worker, p.family),
+                    wave=scope.wave_of.get(p.worker.key, 1),
+                )
+                for p in plans
+            ]
         )
         audit_refresh(
             AuditAction.POLICY_REFRESH_PLANNED,

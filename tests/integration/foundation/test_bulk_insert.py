@@ -107,3 +107,29 @@ def test_plain_values_and_their_look_alikes_read_back_as_the_orm_stores_them(wor
     assert stored == [(row[3], str(row[4])) for row in rows]
     assert stored[-1] == (datetime(2026, 5, 6, 7, 8, 9, tzinfo=UTC), "joined")
     assert type(stored[-1][1]) is str
+
+
+def test_instances_go_in_as_bulk_create_would_store_them(worker):
+    """`insert_instances` writes every column an unsaved instance holds, its defaults
+    included, in one statement, and the rows read back as `bulk_create` would have stored
+    them."""
+    from controlplane.bulk import insert_instances
+
+    at = datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+
+    def events(kind: str) -> list[WorkerEvent]:
+        return [
+            WorkerEvent(source=worker.source, worker=worker, occurred_at=at, kind=kind),
+            WorkerEvent(
+                source=worker.source, worker=worker, occurred_at=at, kind=kind, details={"n": 1}
+            ),
+        ]
+
+    with CaptureQueriesContext(connection) as queries:
+        insert_instances(events("joined"))
+    assert len(queries.captured_queries) == 1
+    WorkerEvent.objects.bulk_create(events("left"))
+    columns = ("source_id", "worker_id", "run_id", "occurred_at", "details")
+    ours = list(WorkerEvent.objects.filter(kind="joined").order_by("pk").values_list(*columns))
+    django = list(WorkerEvent.objects.filter(kind="left").order_by("pk").values_list(*columns))
+    assert ours == django and len(ours) == 2

@@ -364,24 +364,30 @@ async def _run_jobs(
 async def _cancellable(
     state: _RunState, cfg: CallSettings, job: WorkerJob, spec: dict[str, Any], inflight: InFlight
 ) -> CallRecord:
-    """One call in a task of its own that `inflight` can cancel; a cancelled call comes back as
-    a record saying so (and how far it got) instead of raising."""
+    """One call that `inflight` can cancel; a cancelled call comes back as a record saying so
+    (and how far it got) instead of raising.
+
+    The call runs in its worker's own task (each worker's calls run in sequence in one task of
+    the step's `gather`), registered for the length of the call: a task per call cost a task
+    and a wait per call, at thousands of calls a step, for the same cancellation. A
+    cancellation is the abort's when `inflight.cancelled` is set; any other (the step torn
+    down) goes on up."""
     progress: list[CallProgress] = []
     started_at = datetime.now(UTC)
     t0 = time.perf_counter()
-    # Created and registered in one turn of the loop, after the caller looked at `stop`: an
+    task = asyncio.current_task()
+    assert task is not None
+    # Registered in the same turn of the loop in which the caller looked at `stop`: an
     # abort's cancel (scheduled on this loop after `stop` was set) always finds it.
-    task = asyncio.ensure_future(_run_one(state, cfg, job, spec, progress))
     inflight.add(task)
     try:
-        await asyncio.wait((task,))
+        return await _run_one(state, cfg, job, spec, progress)
     except asyncio.CancelledError:
-        task.cancel()  # the step itself is being torn down: take the call with it
-        raise
+        if not inflight.cancelled:
+            raise  # the step itself is being torn down: the call goes with it
+        task.uncancel()
     finally:
         inflight.discard(task)
-    if not task.cancelled():
-        return task.result()
     reached = bool(progress and progress[0].sent)
     if spec["operation"] == GENERATION:
         method, url, body = "POST", cfg.frontend_url.rstrip("/") + "/v1/completions", spec["body"]

@@ -1,0 +1,91 @@
+"""The serving ledger, provenance, policy lag and canary analysis cost the same statements at
+100 workers as at 2,000: none of them reads or writes per worker.
+
+The module builds the same scenario at both sizes (`paths.scenario`: a fleet refreshed from one
+policy to the next, its ledger written by the real gate step and reopen, published policies, a
+canary refresh waiting for its analysis) and counts each path's statements with
+`CaptureQueriesContext`; the counts must be equal. Both sizes have the same four namespaces, so
+what is per namespace (a gate, its lag) is the same at both; it is not per worker.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+from django.test import Client
+
+from controlplane.accounts.roles import Role
+from controlplane.accounts.services import create_user_with_role
+
+from tests.integration.scale import paths
+from tests.integration.scale.fleet import count
+from tests.postgres import postgres_only
+
+pytestmark = [pytest.mark.django_db, postgres_only]
+
+SIZES = (100, 2000)
+
+
+@pytest.fixture(scope="module")
+def scenarios(django_db_setup, django_db_blocker):
+    """Built once for the module (a 2,000-worker scenario takes seconds), inside a transaction
+    that is rolled back after its last test; each test runs in a savepoint within it."""
+    with django_db_blocker.unblock():
+        outer = transaction.atomic()
+        # As a test case's own wrapper is: the lock-order check looks at the code's blocks.
+        outer._from_testcase = True  # type: ignore[attr-defined]
+        outer.__enter__()
+        try:
+            viewer = create_user_with_role("scale-viewer", Role.VIEWER, "x" * 20, validate=False)
+            client = Client()
+            client.force_login(viewer)
+            yield {n: paths.scenario(n, client) for n in SIZES}
+        finally:
+            transaction.set_rollback(True)
+            outer.__exit__(None, None, None)
+
+
+def statements(scenarios, names: list[str]) -> dict[str, dict[int, int]]:
+    """Per path, per size: its statements (what it needs first runs before, uncounted). Each
+    path runs once unmeasured first, so what a first request does once per process (a
+    template compiled, a session read into a cache) is not counted at one size only."""
+    out: dict[str, dict[int, int]] = {}
+    for name in names:
+        run, prepare = paths.PATHS[name]
+        out[name] = {}
+        for n, s in scenarios.items():
+            if prepare is not None:
+                prepare(s)
+            run(s)
+            out[name][n], _ = count(lambda s=s: run(s))
+    return out
+
+
+def assert_flat(found: dict[str, dict[int, int]]) -> None:
+    grown = {name: by_size for name, by_size in found.items() if len(set(by_size.values())) > 1}
+    assert not grown, f"statements grow with the fleet: {grown} (all: {found})"
+
+
+def test_the_ledger_is_written_in_the_same_statements_at_any_fleet_size(scenarios):
+    built = {
+        name: {n: s.built[name] for n, s in scenarios.items()}
+        for name in scenarios[SIZES[0]].built
+    }
+    assert_flat(built)
+    assert_flat(statements(scenarios, ["ledger: gate step + reopen"]))
+
+
+def test_version_windows_and_served_at_read_the_ledger_in_fixed_statements(scenarios):
+    assert_flat(statements(scenarios, [n for n in paths.PATHS if n.startswith("ledger: ")][1:]))
+
+
+def test_provenance_answers_cost_the_same_at_any_fleet_size(scenarios):
+    assert_flat(statements(scenarios, [n for n in paths.PATHS if n.startswith("provenance: ")]))
+
+
+def test_policy_lag_costs_the_same_at_any_fleet_size(scenarios):
+    assert_flat(statements(scenarios, [n for n in paths.PATHS if n.startswith("policy lag: ")]))
+
+
+def test_canary_analysis_costs_the_same_at_any_fleet_size(scenarios):
+    assert_flat(statements(scenarios, [n for n in paths.PATHS if n.startswith("canary: ")]))

@@ -104,9 +104,7 @@ def finished_refresh(f: Fleet, *, version: str = NEW, **fields) -> PolicyRefresh
         lease_token=1,
         **fields,
     )
-    workers = dict(
-        Worker.objects.filter(source=f.source).values_list("instance_id", "pk")
-    )
+    workers = dict(Worker.objects.filter(source=f.source).values_list("instance_id", "pk"))
     planned = PlannedWorker.objects.bulk_create(
         (
             PlannedWorker(

@@ -20,7 +20,7 @@ from django.test import Client
 from django.utils import timezone
 
 from controlplane.analysis.services import save_template
-from controlplane.refresh import windows
+from controlplane.refresh import gates, windows
 from controlplane.refresh.analysis_page import page_context
 from controlplane.refresh.intents import analysis
 from controlplane.refresh.lag_metrics import LagCollector
@@ -85,7 +85,21 @@ def scenario(n: int, client: Client, name: str = "") -> Scenario:
         strategy=CANARY_STRATEGY,
         waves=2,
     )
-    return Scenario(f, refresh, canary, client, built, instance_id=f.instances[n // 2][1])
+    # The canary wave: every tenth worker (`finished_refresh` plans them in wave 1).
+    canary_wave: dict[str, list[str]] = {}
+    for ns, iid, _ in f.instances[::10]:
+        canary_wave.setdefault(ns, []).append(iid)
+    built["ledger: staged refresh takes the gates"], _ = build.count(
+        lambda: gates.begin_staged(canary, actor=build.ACTOR, reason="canary", waves=2)
+    )
+    built["ledger: canary wave paused"], _ = build.count(
+        lambda: gates.stage_wave(canary, 1, canary_wave, reason="canary wave")
+    )
+    built["ledger: canary wave verified"], _ = build.count(
+        lambda: gates.wave_verified(canary, canary_wave, admit=False, reason="canary verified")
+    )
+    # An instance of the baseline (not in the canary wave): admitted at the new version.
+    return Scenario(f, refresh, canary, client, built, instance_id=f.instances[n // 2 + 1][1])
 
 
 def _prompts() -> list[dict[str, Any]]:
@@ -131,7 +145,7 @@ def ledger_admission_windows(s: Scenario) -> list:
 
 def ledger_admitted_at(s: Scenario) -> dict:
     found = windows.admitted_at(s.fleet.source, s.fleet.namespaces, timezone.now())
-    assert sum(len(v) for v in found.values()) == s.fleet.size
+    assert sum(len(v) for v in found.values()) > s.fleet.size // 2
     return found
 
 

@@ -16,7 +16,6 @@ from django.test import Client
 
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
-
 from tests.integration.scale import paths
 from tests.integration.scale.fleet import count
 from tests.postgres import postgres_only
@@ -57,7 +56,7 @@ def statements(scenarios, names: list[str]) -> dict[str, dict[int, int]]:
             if prepare is not None:
                 prepare(s)
             run(s)
-            out[name][n], _ = count(lambda s=s: run(s))
+            out[name][n], _ = count(lambda s=s, run=run: run(s))
     return out
 
 
@@ -68,11 +67,14 @@ def assert_flat(found: dict[str, dict[int, int]]) -> None:
 
 def test_the_ledger_is_written_in_the_same_statements_at_any_fleet_size(scenarios):
     built = {
-        name: {n: s.built[name] for n, s in scenarios.items()}
-        for name in scenarios[SIZES[0]].built
+        name: {n: s.built[name] for n, s in scenarios.items()} for name in scenarios[SIZES[0]].built
+    }
+    assert set(built) >= {
+        "ledger: refresh closes the gates",
+        "ledger: refresh reopens, verified",
+        "ledger: canary wave verified",
     }
     assert_flat(built)
-    assert_flat(statements(scenarios, ["ledger: gate step + reopen"]))
 
 
 def test_version_windows_and_served_at_read_the_ledger_in_fixed_statements(scenarios):

@@ -11,12 +11,14 @@ for pages); the serving ledger is written by its real writers (`refresh/gates.py
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
+from django.core.signals import request_started
+from django.db import connection, reset_queries
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -40,9 +42,29 @@ TEMPLATE = "policy-drift"
 ACTOR = Actor.system("scale fixture")
 
 
+@contextlib.contextmanager
+def captured() -> Iterator[CaptureQueriesContext]:
+    """`CaptureQueriesContext` that counts whatever ran before it and across requests.
+
+    The query log is a deque of at most `queries_limit` entries: once full (a 2,000-worker
+    build fills it), its length stops moving and the context would capture nothing, at any
+    fleet size. So the log is emptied first, and a capture that fills it is refused. Django
+    also empties it when a request starts (`reset_queries` on `request_started`), which would
+    drop what a request through the test client ran before it ended: that is switched off."""
+    reset_queries()
+    request_started.disconnect(reset_queries)
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            yield queries
+    finally:
+        request_started.connect(reset_queries)
+    if len(queries.captured_queries) >= connection.queries_limit:
+        raise AssertionError(f"more than {connection.queries_limit} statements: not counted")
+
+
 def count(action: Callable[[], Any]) -> tuple[int, Any]:
     """The SQL statements `action` issues (and what it returns)."""
-    with CaptureQueriesContext(connection) as queries:
+    with captured() as queries:
         result = action()
     return len(queries.captured_queries), result
 

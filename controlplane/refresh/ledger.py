@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, TypedDict
 
 from django.utils import timezone
 
-from controlplane import lockorder
+from controlplane import bulk, lockorder
 from controlplane.dynamo.discovery import worker_key
 from controlplane.fleet.models import Worker
 from controlplane.refresh.models import (
@@ -161,8 +161,9 @@ def write(
     _mark_mixed(appended)
     if ended:
         ServingInterval.objects.filter(pk__in=ended).update(valid_to=now)
-    if appended:
-        ServingInterval.objects.bulk_create(appended)
+    # One COPY on PostgreSQL (`bulk.py`): a reopen appends an interval per instance, and
+    # `bulk_create` spent more CPU assembling 2,000 rows' statement than anything else here.
+    bulk.insert_objects(ServingInterval, appended)
     return len(appended)
 
 

@@ -36,7 +36,9 @@ from controlplane.refresh.models import (
 from controlplane.refresh.policy_lag import publish
 from tests.fixtures.scale import make_fleet
 
-OLD, NEW = "step-0", "v2"
+#: What every worker serves before the refresh (each fleet refreshes to a version of its own,
+#: `Fleet.new`, so a version's trail at one size never includes another size's fleet).
+OLD = "step-0"
 #: The canary refresh's template (saved by `canary_refresh`).
 TEMPLATE = "policy-drift"
 ACTOR = Actor.system("scale fixture")
@@ -77,6 +79,11 @@ class Fleet:
     #: (namespace, instance id, key) of every worker, in creation order.
     instances: list[tuple[str, str, str]]
 
+    @property
+    def new(self) -> str:
+        """The version the fleet is refreshed to."""
+        return f"v2-{self.source.name}"
+
     def by_namespace(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {ns: [] for ns in self.namespaces}
         for ns, iid, _ in self.instances:
@@ -112,10 +119,11 @@ def discovered(f: Fleet) -> None:
     gates.ensure_gates(f.source, seen)
 
 
-def finished_refresh(f: Fleet, *, version: str = NEW, **fields) -> PolicyRefresh:
+def finished_refresh(f: Fleet, *, version: str = "", **fields) -> PolicyRefresh:
     """A refresh of the whole fleet to `version` whose every worker paused, updated, resumed
     and verified, each call journaled (as the executor leaves it before the reopen)."""
     now = timezone.now()
+    version = version or f.new
     refresh = PolicyRefresh.objects.create(
         source=f.source,
         namespaces=f.namespaces,
@@ -204,7 +212,7 @@ def reopen(f: Fleet, refresh: PolicyRefresh) -> None:
 def published(f: Fleet, steps: int = 3) -> None:
     """The trainer published the old policy, two more steps, then the new one."""
     start = timezone.now() - timedelta(minutes=10)
-    versions = [OLD, *(f"step-{k}" for k in range(1, steps)), NEW]
+    versions = [OLD, *(f"step-{k}" for k in range(1, steps)), f.new]
     for step, version in enumerate(versions):
         publish(
             f.source,

@@ -37,7 +37,7 @@ from controlplane.refresh.progress import (
     with_canary,
 )
 from tests.integration.scale import fleet as build
-from tests.integration.scale.fleet import NEW, TEMPLATE, Fleet
+from tests.integration.scale.fleet import TEMPLATE, Fleet
 
 #: The canary wave is every tenth worker; the others are the baseline on the old policy.
 CANARY_STRATEGY = {
@@ -60,7 +60,7 @@ class Scenario:
 
 
 def scenario(n: int, client: Client, name: str = "") -> Scenario:
-    """A fleet of `n` workers refreshed from `OLD` to `NEW` (ledger written by the gate step and
+    """A fleet of `n` workers refreshed from `OLD` to `Fleet.new` (ledger written by the gate step and
     the reopen), three published policies, and a canary refresh waiting for its analysis."""
     f = build.fleet(n, name)
     built: dict[str, int] = {}
@@ -80,7 +80,7 @@ def scenario(n: int, client: Client, name: str = "") -> Scenario:
     )
     canary = build.finished_refresh(
         f,
-        version="v3",
+        version=f"v3-{f.source.name}",
         state=RefreshState.CANARY_REVIEW,
         strategy=CANARY_STRATEGY,
         waves=2,
@@ -124,21 +124,23 @@ def ledger_close_reopen(s: Scenario) -> None:
 def ledger_served_at(s: Scenario) -> list:
     """Which version could instance X have served during the last hour (every interval)."""
     now = timezone.now()
-    found = windows.served_at(s.instance_id, now - timedelta(hours=1), now)
-    assert found and NEW in found[-1].versions, found
+    found = windows.served_at(
+        s.instance_id, now - timedelta(hours=1), now, source_ids=[s.fleet.source.pk]
+    )
+    assert found and s.fleet.new in found[-1].versions, found
     return found
 
 
 def ledger_worker_windows(s: Scenario) -> list:
     """Where and when the new version was served, per instance."""
-    found = windows.worker_windows(NEW, source_ids=[s.fleet.source.pk])
+    found = windows.worker_windows(s.fleet.new, source_ids=[s.fleet.source.pk])
     assert len(found) == s.fleet.size, len(found)
     return found
 
 
 def ledger_admission_windows(s: Scenario) -> list:
     """When each namespace's gate admitted the new version."""
-    found = windows.admission_windows(NEW, source_ids=[s.fleet.source.pk])
+    found = windows.admission_windows(s.fleet.new, source_ids=[s.fleet.source.pk])
     assert {w.namespace for w in found} == set(s.fleet.namespaces), found
     return found
 
@@ -158,12 +160,12 @@ def provenance_instance_api(s: Scenario) -> bytes:
 
 
 def provenance_version_api(s: Scenario) -> bytes:
-    body = _get(s, f"/api/v1/versions/{NEW}/provenance")
+    body = _get(s, f"/api/v1/versions/{s.fleet.new}/provenance")
     return body
 
 
 def provenance_version_page(s: Scenario) -> bytes:
-    return _get(s, f"/versions/{NEW}/provenance/")
+    return _get(s, f"/versions/{s.fleet.new}/provenance/")
 
 
 def provenance_search(s: Scenario) -> bytes:

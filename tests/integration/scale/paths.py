@@ -60,8 +60,9 @@ class Scenario:
 
 
 def scenario(n: int, client: Client, name: str = "") -> Scenario:
-    """A fleet of `n` workers refreshed from `OLD` to `Fleet.new` (ledger written by the gate step and
-    the reopen), three published policies, and a canary refresh waiting for its analysis."""
+    """A fleet of `n` workers refreshed from `OLD` to `Fleet.new` (ledger written by the gate
+    step and the reopen), three published policies, and a canary refresh waiting for its
+    analysis."""
     f = build.fleet(n, name)
     built: dict[str, int] = {}
     built["ledger: discovery records the fleet"], _ = build.count(lambda: build.discovered(f))

@@ -16,6 +16,9 @@ from django.test import Client
 
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
+from controlplane.refresh.gates import serialize_gate
+from controlplane.refresh.models import Gate
+from controlplane.refresh.policy_lag import lag_of, lags_by_gate
 from tests.integration.scale import paths
 from tests.integration.scale.fleet import count
 from tests.postgres import postgres_only
@@ -91,3 +94,17 @@ def test_policy_lag_costs_the_same_at_any_fleet_size(scenarios):
 
 def test_canary_analysis_costs_the_same_at_any_fleet_size(scenarios):
     assert_flat(statements(scenarios, [n for n in paths.PATHS if n.startswith("canary: ")]))
+
+
+def test_policy_lag_of_many_gates_costs_what_one_does(scenarios):
+    """Lags are read per source, not per gate: a page of every gate of a source costs what one
+    gate does, and each lag is the one `lag_of` gives for that gate alone."""
+    s = scenarios[SIZES[-1]]
+    gates = list(Gate.objects.filter(source=s.fleet.source).select_related("source"))
+    assert len(gates) == len(s.fleet.namespaces) > 1
+    one, _ = count(lambda: lags_by_gate(gates[:1]))
+    every, lags = count(lambda: lags_by_gate(gates))
+    assert every == one, (one, every)
+    for gate in gates:
+        alone = lag_of(gate.source, gate.namespace, serialize_gate(gate))
+        assert alone is not None and lags[gate.pk] == alone

@@ -10,12 +10,15 @@ what is per namespace (a gate, its lag) is the same at both; it is not per worke
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import transaction
 from django.test import Client
 
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
+from controlplane.intake.provenance.views import WORKER_ROWS
 from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.models import Gate
 from controlplane.refresh.policy_lag import lag_of, lags_by_gate
@@ -108,3 +111,20 @@ def test_policy_lag_of_many_gates_costs_what_one_does(scenarios):
     for gate in gates:
         alone = lag_of(gate.source, gate.namespace, serialize_gate(gate))
         assert alone is not None and lags[gate.pk] == alone
+
+
+def test_a_versions_page_shows_a_bounded_worker_table_and_the_export_all(scenarios):
+    """At fleet scale the provenance page shows at most `WORKER_ROWS` workers per refresh, the
+    ones that did not verify first, and says how many it leaves to the JSON export."""
+    s = scenarios[SIZES[-1]]
+    page = paths.provenance_version_page(s).decode()
+    assert page.count('class="worker-outcome verified"') == WORKER_ROWS
+    assert f"{s.fleet.size - WORKER_ROWS} more workers not shown" in page
+    export = json.loads(paths.provenance_version_api(s))
+    [refresh] = export["refreshes"]
+    assert len(refresh["workers"]) == s.fleet.size
+    # The canary's version: its wave verified, the rest planned and not yet run.
+    canary = s.client.get(f"/versions/v3-{s.fleet.source.name}/provenance/").content.decode()
+    shown = canary.count('class="worker-outcome"') + canary.count("worker-outcome verified")
+    assert shown == WORKER_ROWS
+    assert 'class="worker-outcome verified"' not in canary  # the unverified fill the rows

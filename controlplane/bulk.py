@@ -253,25 +253,6 @@ def insert_values(
             cursor.executemany(sql, pending)
 
 
-def insert_instances(objs: Sequence[Model]) -> None:
-    """Insert unsaved model instances of one model as plain values (`insert_values`): every
-    concrete column but the primary key, as the instance holds it (defaults were applied when
-    it was made). Like `bulk_create` without its per-value compiler, and without ids coming
-    back or `pre_save` (no `auto_now` columns: callers set their times themselves)."""
-    if not objs:
-        return
-    model = type(objs[0])
-    names = _INSTANCE_COLUMNS.get(model)
-    if names is None:
-        names = _INSTANCE_COLUMNS[model] = tuple(
-            f.attname for f in model._meta.concrete_fields if not f.primary_key
-        )
-    insert_values(model, names, [tuple(getattr(obj, name) for name in names) for obj in objs])
-
-
-_INSTANCE_COLUMNS: dict[type[Model], tuple[str, ...]] = {}
-
-
 def reserve_ids(model: type[Model], count: int) -> list[int] | None:
     """`count` primary keys taken from the table's own sequence, for rows the caller will
     insert with their ids given (so it knows each row's id without reading the rows back).

@@ -12,9 +12,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane.fleet.models import PublishedPolicy
-from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.models import Gate
-from controlplane.refresh.policy_lag import lag_of
+from controlplane.refresh.policy_lag import lags_by_gate
 
 
 class LagCollector(Collector):
@@ -38,15 +37,16 @@ class LagCollector(Collector):
             labels=labels,
         )
         # Only sources that ever published have a lag: one read finds them, so gates of the
-        # others cost nothing. (A publishing source's gates still cost two reads each.)
+        # others cost nothing; a publishing source's gates cost three reads together.
         publishing = set(PublishedPolicy.objects.values_list("source_id", flat=True).distinct())
-        gates = (
+        gates = list(
             Gate.objects.filter(source_id__in=publishing)
             .select_related("source")
             .order_by("source__name", "namespace")
         )
+        lags = lags_by_gate(gates)
         for gate in gates:
-            lag = lag_of(gate.source, gate.namespace, serialize_gate(gate))
+            lag = lags[gate.pk]
             if lag is None:
                 continue
             names = [gate.source.name, gate.namespace]

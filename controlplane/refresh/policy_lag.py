@@ -20,13 +20,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max, Q, QuerySet
+from django.db.models import CharField, Max, Q, QuerySet, Value
 from django.utils import timezone
 
 from controlplane.fleet.models import PublishedPolicy, Source
+
+if TYPE_CHECKING:
+    from controlplane.refresh.models import Gate
 
 #: Longest `version_key` (longer versions are refused by the event schemas first).
 VERSION_KEY_MAX = 200
@@ -184,20 +187,99 @@ def _published_for(source: Source, namespace: str) -> QuerySet[PublishedPolicy]:
 
 def lag_of(source: Source, namespace: str, gate: Mapping[str, Any]) -> Lag | None:
     """The namespace's lag; None when no policy was published for it."""
-    admitted = admitted_versions(gate)
-    published = _published_for(source, namespace)
-    serving_rows = {
-        row.version_key: row
-        for row in published.filter(version_key__in=[version_key(v) for v in admitted])
-    }
-    # The lineage of what is served; else the one published to most recently.
-    anchor = max(serving_rows.values(), key=lambda r: r.step, default=None)
-    if anchor is None:
-        anchor = published.order_by("-published_at", "-pk").first()
+    return lags_of(source, [(namespace, gate)])[0]
+
+
+def _meant(row: PublishedPolicy, namespace: str) -> bool:
+    return not row.namespaces or namespace in row.namespaces
+
+
+def _first_per_namespace(
+    queries: Mapping[str, QuerySet[PublishedPolicy]],
+) -> dict[str, PublishedPolicy]:
+    """The first row of each namespace's query, all in one statement (a UNION of the
+    namespaces' one-row queries, each row labelled with its namespace)."""
+    parts = [
+        query.annotate(for_namespace=Value(namespace, output_field=CharField()))[:1]
+        for namespace, query in queries.items()
+    ]
+    if not parts:
+        return {}
+    if not connection.features.supports_slicing_ordering_in_compound:
+        # SQLite (the embedded runtime, a demo's few namespaces): one query each.
+        return {ns: row for ns, query in queries.items() if (row := query.first()) is not None}
+    union = parts[0].union(*parts[1:], all=True) if len(parts) > 1 else parts[0]
+    return {row.for_namespace: row for row in union}
+
+
+def lags_of(source: Source, gates: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Lag | None]:
+    """The lag of each (namespace, serialised gate) of `source`, in order: at most three
+    statements however many namespaces (the published rows of every admitted version, then
+    one UNION for the namespaces whose admitted versions were never published, one for each
+    namespace's latest step in its lineage)."""
+    admitted = {namespace: admitted_versions(gate) for namespace, gate in gates}
+    keys = {version_key(v) for versions in admitted.values() for v in versions}
+    found = list(PublishedPolicy.objects.filter(source=source, version_key__in=keys))
+    serving: dict[str, dict[str, PublishedPolicy]] = {}
+    anchors: dict[str, PublishedPolicy] = {}
+    for namespace, versions in admitted.items():
+        wanted = {version_key(v) for v in versions}
+        rows = {r.version_key: r for r in found if r.version_key in wanted and _meant(r, namespace)}
+        serving[namespace] = rows
+        # The lineage of what is served; else the one published to most recently.
+        anchor = max(rows.values(), key=lambda r: r.step, default=None)
+        if anchor is not None:
+            anchors[namespace] = anchor
+    anchors |= _first_per_namespace(
+        {
+            namespace: _published_for(source, namespace).order_by("-published_at", "-pk")
+            for namespace in admitted
+            if namespace not in anchors
+        }
+    )
+    latest_of = _first_per_namespace(
+        {
+            namespace: _published_for(source, namespace)
+            .filter(lineage=anchor.lineage)
+            .order_by("-step")
+            for namespace, anchor in anchors.items()
+        }
+    )
+    out: list[Lag | None] = []
+    for namespace, _ in gates:
+        anchor = anchors.get(namespace)
         if anchor is None:
-            return None
-    latest = published.filter(lineage=anchor.lineage).order_by("-step").first()
-    assert latest is not None
+            out.append(None)
+            continue
+        out.append(
+            _lag(source, admitted[namespace], serving[namespace], anchor, latest_of[namespace])
+        )
+    return out
+
+
+def lags_by_gate(gates: Iterable[Gate]) -> dict[int, Lag | None]:
+    """Per gate id, its lag (`lags_of` per source: a few reads per source, not per gate).
+    The gates' `source` is read as loaded (select it with them)."""
+    # Imported here: the gate module's Redis copies (gate_cache) import this one.
+    from controlplane.refresh.gates import serialize_gate
+
+    by_source: dict[int, list[Gate]] = {}
+    for gate in gates:
+        by_source.setdefault(gate.source_id, []).append(gate)
+    out: dict[int, Lag | None] = {}
+    for same in by_source.values():
+        found = lags_of(same[0].source, [(g.namespace, serialize_gate(g)) for g in same])
+        out.update(zip((g.pk for g in same), found, strict=True))
+    return out
+
+
+def _lag(
+    source: Source,
+    admitted: list[Any],
+    serving_rows: Mapping[str, PublishedPolicy],
+    anchor: PublishedPolicy,
+    latest: PublishedPolicy,
+) -> Lag:
     # The worst admitted version decides: the oldest step, or an unpublished one (unknown).
     serving_version, serving_step, steps, seconds = None, None, None, None
     for version in admitted:
@@ -240,3 +322,28 @@ def with_lag(payload: Mapping[str, Any], source: Source | None = None) -> dict[s
     mark = policy_mark(source.pk)  # before the lag: a publication meanwhile moves the mark on
     lag = lag_of(source, str(payload["namespace"]), payload)
     return {**payload, "policy_lag": None if lag is None else lag.as_dict(), "policy_mark": mark}
+
+
+def with_lags(gates: Sequence[Gate]) -> list[dict[str, Any]]:
+    """`with_lag` for each of `gates` (sources selected with them): one read for every
+    source's mark, then a few per source for the lags, however many gates."""
+    from controlplane.refresh.gates import serialize_gate  # see lags_by_gate
+
+    marks = dict(
+        PublishedPolicy.objects.filter(source_id__in={g.source_id for g in gates})
+        .values("source_id")
+        .annotate(mark=Max("pk"))
+        .values_list("source_id", "mark")
+    )
+    lags = lags_by_gate(gates)
+    out = []
+    for gate in gates:
+        lag = lags[gate.pk]
+        out.append(
+            {
+                **serialize_gate(gate),
+                "policy_lag": None if lag is None else lag.as_dict(),
+                "policy_mark": int(marks.get(gate.source_id) or 0),
+            }
+        )
+    return out

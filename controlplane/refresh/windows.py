@@ -175,7 +175,11 @@ class Window:
 def worker_windows(version: Any, *, source_ids: Iterable[int] | None = None) -> list[Window]:
     """Per instance, when it started and stopped serving `version` (consecutive intervals at
     the version merged; departed intervals end it)."""
-    rows = _at_version(version, source_ids).exclude(serving=Serving.DEPARTED)
+    rows = (
+        _at_version(version, source_ids)
+        .exclude(serving=Serving.DEPARTED)
+        .only(*_WINDOW_COLUMNS, "key", "transition_refresh_id")
+    )
     windows: dict[tuple[int, str, str], Window] = {}
     out: list[Window] = []
     for row in rows.order_by("source_id", "namespace", "instance_id", "valid_from", "id"):
@@ -222,7 +226,12 @@ def admission_windows(
 ) -> list[AdmissionSpan]:
     """Per namespace, when its gate admitted some instance at `version` (the union of the
     admitted intervals at the version), oldest first."""
-    rows = _at_version(version, source_ids).exclude(admission="").filter(serving=Serving.SERVING)
+    rows = (
+        _at_version(version, source_ids)
+        .exclude(admission="")
+        .filter(serving=Serving.SERVING)
+        .only(*_WINDOW_COLUMNS, "forced_by", "cause", "refresh_id")
+    )
     spans: dict[tuple[int, str], list[AdmissionSpan]] = {}
     for row in rows.order_by("source_id", "namespace", "valid_from", "id"):
         scope = (row.source_id, row.namespace)
@@ -273,6 +282,7 @@ def admitted_at(source, namespaces: Iterable[str], at: datetime) -> dict[str, li
         .filter(Q(valid_to__isnull=True) | Q(valid_to__gt=at))
         .exclude(admission="")
         .filter(serving=Serving.SERVING)
+        .only("namespace", "version", "evidence", "admission", "serving")
         .order_by("namespace", "instance_id")
     )
     out: dict[str, list[Any]] = {}
@@ -281,6 +291,21 @@ def admitted_at(source, namespaces: Iterable[str], at: datetime) -> dict[str, li
             {"version": row.version, "verified": row.verified, "admission": row.admission}
         )
     return out
+
+
+#: What a window is made of (with the source's name): a version's windows span the fleet, and
+#: the intervals' other columns (evidence detail, journal ids: JSON) are not decoded for them.
+_WINDOW_COLUMNS = (
+    "source__name",
+    "namespace",
+    "instance_id",
+    "version",
+    "evidence",
+    "admission",
+    "serving",
+    "valid_from",
+    "valid_to",
+)
 
 
 def _at_version(version: Any, source_ids: Iterable[int] | None):

@@ -115,6 +115,9 @@ def canary_cohorts(refresh: PolicyRefresh) -> Cohorts:
         for w in PlannedWorker.objects.filter(refresh=refresh)
         .exclude(wave=refresh.wave)
         .select_related("worker")
+        # What a cohort member and the baseline's test read: not the planned calls or the
+        # worker's routes, decoded for every one of thousands of rows otherwise.
+        .only("key", "instance_id", "model", "worker__state", "worker__weight_version")
         .order_by("id")
         if w.pk not in gone
     ]

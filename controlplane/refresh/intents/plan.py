@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor
-from controlplane.bulk import insert_instances
+from controlplane.bulk import insert_objects
 from controlplane.dynamo.fingerprint import FingerprintJson
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.fleet import discovery
@@ -335,9 +335,10 @@ def _store_plan(
             instances=request.instance_ids,
             waves=max(scope.wave_count, 1),
         )
-        # One COPY of plain values (`bulk.insert_instances`): no caller needs the rows' ids,
+        # One COPY of plain values (`bulk.insert_objects`): no caller needs the rows' ids,
         # and `bulk_create` cost ~0.3 s of a 500-worker plan.
-        insert_instances(
+        insert_objects(
+            PlannedWorker,
             [
                 PlannedWorker(
                     refresh=refresh,
@@ -361,7 +362,7 @@ def _store_plan(
                     wave=scope.wave_of.get(p.worker.key, 1),
                 )
                 for p in plans
-            ]
+            ],
         )
         audit_refresh(
             AuditAction.POLICY_REFRESH_PLANNED,

@@ -110,10 +110,10 @@ def test_plain_values_and_their_look_alikes_read_back_as_the_orm_stores_them(wor
 
 
 def test_instances_go_in_as_bulk_create_would_store_them(worker):
-    """`insert_instances` writes every column an unsaved instance holds, its defaults
+    """`insert_objects` writes every column an unsaved instance holds, its defaults
     included, in one statement, and the rows read back as `bulk_create` would have stored
     them."""
-    from controlplane.bulk import insert_instances
+    from controlplane.bulk import insert_objects
 
     at = datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
 
@@ -126,7 +126,7 @@ def test_instances_go_in_as_bulk_create_would_store_them(worker):
         ]
 
     with CaptureQueriesContext(connection) as queries:
-        insert_instances(events("joined"))
+        insert_objects(WorkerEvent, events("joined"))
     assert len(queries.captured_queries) == 1
     WorkerEvent.objects.bulk_create(events("left"))
     columns = ("source_id", "worker_id", "run_id", "occurred_at", "details")

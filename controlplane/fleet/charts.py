@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, QuerySet, TextField
+from django.db.models.functions import Cast
 from django.urls import reverse
 from django.utils.safestring import SafeString
 
@@ -99,60 +99,69 @@ class FleetMap:
 CELL_FIELDS = 6
 
 
-def _indexer(values: list[str]) -> Callable[[str], int]:
-    """Position of a value in `values`, appending it the first time it is seen."""
-    positions: dict[str, int] = {}
-
-    def index(value: str) -> int:
-        at = positions.get(value)
-        if at is None:
-            at = positions[value] = len(values)
-            values.append(value)
-        return at
-
-    return index
+def _position(at: dict[str, int], values: list[str], value: str) -> int:
+    """Position of `value` in `values`, appended the first time it is seen."""
+    if value not in at:
+        at[value] = len(values)
+        values.append(value)
+    return at[value]
 
 
 def fleet_map(source: Source) -> FleetMap:
     """One cell per present worker in identity order: a single query, whatever the size."""
+    # The version as its JSON text, decoded once per distinct value: decoding it per row
+    # (the JSON field's converter) was the largest cost of the map at 10,000 workers.
     rows = list(
         _present(source.workers.all())
         .order_by("namespace", "component", "endpoint", "instance_id")
         .values_list(
-            "pk", "namespace", "component", "endpoint", "instance_id", "state", "weight_version"
+            "pk",
+            "namespace",
+            "component",
+            "endpoint",
+            "instance_id",
+            "state",
+            Cast("weight_version", TextField()),
         )
     )
-    labels = [version_label(r[6]) for r in rows]
-    by_version = Counter(labels)
+    label_of: dict[str | None, str] = {}
+    for *_, raw in rows:
+        if raw not in label_of:
+            label_of[raw] = version_label(None if raw is None else json.loads(raw))
+    by_version = Counter(label_of[r[6]] for r in rows)
     classes = version_classes(by_version)
     prefixes: list[str] = []
     states: list[str] = []
     versions: list[str] = []
     colours: list[str] = []
-    prefix_at, state_at, version_at, colour_at = (
-        _indexer(prefixes),
-        _indexer(states),
-        _indexer(versions),
-        _indexer(colours),
-    )
+    prefix_at: dict[tuple[str, str, str], int] = {}
+    state_at: dict[str, int] = {}
+    version_at: dict[str, int] = {}
+    colour_at: dict[str, int] = {}
+    # Per distinct (state, version): its state's, version's and colour's positions.
+    kind_at: dict[tuple[str, str | None], tuple[int, int, int]] = {}
     cells: list[int | str] = []
     live: Counter[str] = Counter()
     other: Counter[str] = Counter()
-    for (pk, ns, comp, ep, iid, state, _), label in zip(rows, labels, strict=True):
+    for pk, ns, comp, ep, iid, state, raw in rows:
+        prefix = prefix_at.get((ns, comp, ep))
+        if prefix is None:
+            prefix = prefix_at[(ns, comp, ep)] = len(prefixes)
+            prefixes.append(worker_key(ns, comp, ep, ""))
+        kind = kind_at.get((state, raw))
+        if kind is None:
+            label = label_of[raw]
+            colour = classes[label] if state == WorkerState.LIVE else f"chart-{state}"
+            kind = kind_at[(state, raw)] = (
+                _position(state_at, states, state),
+                _position(version_at, versions, label),
+                _position(colour_at, colours, colour),
+            )
         if state == WorkerState.LIVE:
-            live[label] += 1
-            colour = classes[label]
+            live[versions[kind[1]]] += 1
         else:
             other[state] += 1
-            colour = f"chart-{state}"
-        cells += (
-            pk,
-            prefix_at(worker_key(ns, comp, ep, "")),
-            iid,
-            state_at(state),
-            version_at(label),
-            colour_at(colour),
-        )
+        cells += (pk, prefix, iid, *kind)
     # One reverse() for the pattern, not one per cell.
     marker = 987654321
     href = reverse("fleet:worker", args=[marker]).replace(str(marker), "{}")

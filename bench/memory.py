@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -50,6 +51,8 @@ from _servers import (
 )
 
 PARTS = ("celery", "executor", "web")
+#: The weight version the measured refresh moves the fleet to.
+VERSION = "mem-1"
 #: Seconds a discovery or a refresh of the largest fleet may take on a busy machine.
 WORK_TIMEOUT = 600.0
 
@@ -141,7 +144,7 @@ def executor_refresh(dbname: str, source, actor) -> tuple[int, int, int]:
     refresh = intents.plan_policy_refresh(
         source=source,
         actor=actor,
-        target={"weight_version": "mem-1", "method": "disk", "model_path": "/ckpt"},
+        target={"weight_version": VERSION, "method": "disk", "model_path": "/ckpt"},
     )
     assert not refresh.plan_blockers, refresh.plan_blockers
     intents.start_policy_refresh(refresh, actor=actor, enqueue=False)
@@ -166,7 +169,7 @@ def executor_refresh(dbname: str, source, actor) -> tuple[int, int, int]:
 # -- the web process ---------------------------------------------------------------------------
 
 
-def web_pages(dbname: str, source, refresh_id: int | None, version: str) -> tuple[int, int]:
+def web_pages(dbname: str, source, refresh_id: int | None) -> tuple[int, int]:
     """(ready RSS, peak RSS) of one uvicorn worker serving the pages and APIs."""
     from django.conf import settings
     from django.test import Client
@@ -193,13 +196,11 @@ def web_pages(dbname: str, source, refresh_id: int | None, version: str) -> tupl
         (reverse("fleet:source", args=[source.pk]) + f"?page={-(-workers // 100)}", {}),
         (reverse("fleet:source_map", args=[source.pk]), {"HX-Request": "true"}),
     ]
-    api = [
-        reverse("intake:api-v1:list_workers") + "?limit=100",
-        reverse("intake:api-v1:get_provenance", args=[version]),
-    ]
-    if refresh_id is not None:
+    api = [reverse("intake:api-v1:list_workers") + "?limit=100"]
+    if refresh_id is not None:  # the refresh's version has a provenance: the refreshed fleet
         pages.append((reverse("refresh:detail", args=[refresh_id]), {}))
         api.append(reverse("intake:api-v1:get_refresh_capacity", args=[refresh_id]))
+        api.append(reverse("intake:api-v1:get_provenance", args=[VERSION]))
     calls = [(url, {"Cookie": cookie} | extra) for url, extra in pages]
     calls += [(url, {"Authorization": f"Bearer {secret}"}) for url in api]
 
@@ -210,8 +211,11 @@ def web_pages(dbname: str, source, refresh_id: int | None, version: str) -> tupl
         for _ in range(3):
             for url, headers in calls:
                 request = urllib.request.Request(server.url + url, headers=headers)
-                with urllib.request.urlopen(request, timeout=120) as response:
-                    response.read()
+                try:
+                    with urllib.request.urlopen(request, timeout=120) as response:
+                        response.read()
+                except urllib.error.HTTPError as error:
+                    raise RuntimeError(f"{url}: {error}") from None
         return ready, kb(pid, "VmHWM")
     finally:
         server.stop()
@@ -254,8 +258,7 @@ def measure(n: int, parts: list[str], latency: float) -> dict[str, tuple[int, in
                 found["executor (refresh)"] = (ready, peak)
                 print(f"  refresh of {n} workers took {time.perf_counter() - t0:.0f} s")
             if "web" in parts:
-                version = str(source.workers.values_list("weight_version", flat=True).first())
-                found["web (pages, API)"] = web_pages(dbname, source, refresh_id, version)
+                found["web (pages, API)"] = web_pages(dbname, source, refresh_id)
     for name, (ready, peak) in found.items():
         print(
             f"  {name:<20} {n:>6} workers: ready {ready / 1024:6.1f} MB, peak "

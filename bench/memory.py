@@ -27,6 +27,7 @@ worker between the smallest and the largest fleet (the "bounded" figure: kB per 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import subprocess
@@ -99,6 +100,7 @@ def celery_discovery(dbname: str, source_id: int) -> tuple[int, int]:
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # its start-up banner and warnings, not figures
         start_new_session=True,
     )
     try:
@@ -225,6 +227,7 @@ def web_pages(dbname: str, source, refresh_id: int | None) -> tuple[int, int]:
 
 
 def measure(n: int, parts: list[str], latency: float) -> dict[str, tuple[int, int]]:
+    """(ready, peak) RSS in kB per measured process, for a fleet of `n` workers."""
     found: dict[str, tuple[int, int]] = {}
     with throwaway_database("bench_memory") as dbname:
         from controlplane.accounts.roles import Role
@@ -272,19 +275,33 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[2000, 10000])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--latency-ms", type=float, default=5.0)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = sorted(args.workers)
-    results = {n: measure(n, args.parts, args.latency_ms / 1000) for n in sizes}
+    if len(sizes) == 1:
+        found = measure(sizes[0], args.parts, args.latency_ms / 1000)
+        if args.json:
+            print("RESULT " + json.dumps(found))
+        return
+    # One process per size: Django's connection pool and settings belong to one database.
+    results: dict[int, dict[str, list[int]]] = {}
+    for n in sizes:
+        command = [sys.executable, __file__, "--workers", str(n), "--json", "--parts"]
+        command += [*args.parts, "--latency-ms", str(args.latency_ms)]
+        out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("RESULT "):
+                results[n] = json.loads(line.removeprefix("RESULT "))
+            else:
+                print(line)
     load = os.getloadavg()[0]
     print(f"memory, load average {load:.1f} on {os.cpu_count()} CPUs:")
-    for name in results[sizes[0]]:
+    low, high = sizes[0], sizes[-1]
+    for name in results[low]:
         peaks = {n: results[n][name][1] for n in sizes}
         line = ", ".join(f"{n}: {peaks[n] / 1024:.1f} MB" for n in sizes)
-        if len(sizes) > 1:
-            low, high = sizes[0], sizes[-1]
-            slope = (peaks[high] - peaks[low]) / (high - low)
-            line += f"; {slope:.2f} kB per worker from {low} to {high}"
-        print(f"  {name:<20} peak {line}")
+        slope = (peaks[high] - peaks[low]) / (high - low)
+        print(f"  {name:<20} peak {line}; {slope:.2f} kB per worker from {low} to {high}")
 
 
 if __name__ == "__main__":

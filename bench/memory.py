@@ -58,6 +58,11 @@ VERSION = "mem-1"
 WORK_TIMEOUT = 600.0
 
 
+def args_timeout() -> float:
+    """The refresh's time limit (`--refresh-timeout`, passed down to the per-size process)."""
+    return float(os.environ.get("BENCH_MEMORY_REFRESH_TIMEOUT", WORK_TIMEOUT))
+
+
 def kb(pid: int, field: str) -> int:
     """`VmRSS` or `VmHWM` of a process, in kB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -157,13 +162,13 @@ def executor_refresh(dbname: str, source, actor) -> tuple[int, int, int]:
     process.start()
     child.close()
     try:
-        if not parent.poll(WORK_TIMEOUT):
-            raise RuntimeError("the refresh did not finish")
+        if not parent.poll(args_timeout()):
+            raise TimeoutError(f"the refresh did not finish in {args_timeout():.0f} s")
         ready, peak, state = parent.recv()
     finally:
-        process.join(30)
         if process.is_alive():
             process.kill()
+        process.join(30)
     print(f"    refresh {refresh.pk} ended {state}")
     return ready, peak, refresh.pk
 
@@ -251,23 +256,34 @@ def measure(n: int, parts: list[str], latency: float) -> dict[str, tuple[int, in
             t0 = time.perf_counter()
             if "celery" in parts:
                 found["celery (discovery)"] = celery_discovery(dbname, source.pk)
+                _show(found, "celery (discovery)", n)
             else:
                 run_discovery(source.pk, trigger=DiscoveryTrigger.MANUAL)
-            print(f"  {n} workers discovered in {time.perf_counter() - t0:.0f} s")
+            print(f"  {n} workers discovered in {time.perf_counter() - t0:.0f} s", flush=True)
             refresh_id = None
             if "executor" in parts:
                 t0 = time.perf_counter()
-                ready, peak, refresh_id = executor_refresh(dbname, source, actor)
-                found["executor (refresh)"] = (ready, peak)
-                print(f"  refresh of {n} workers took {time.perf_counter() - t0:.0f} s")
+                try:
+                    ready, peak, refresh_id = executor_refresh(dbname, source, actor)
+                except TimeoutError as error:
+                    print(f"  executor: {error}", flush=True)
+                else:
+                    found["executor (refresh)"] = (ready, peak)
+                    _show(found, "executor (refresh)", n)
+                    print(f"  refresh of {n} workers took {time.perf_counter() - t0:.0f} s")
             if "web" in parts:
                 found["web (pages, API)"] = web_pages(dbname, source, refresh_id)
-    for name, (ready, peak) in found.items():
-        print(
-            f"  {name:<20} {n:>6} workers: ready {ready / 1024:6.1f} MB, peak "
-            f"{peak / 1024:6.1f} MB (+{(peak - ready) / 1024:.1f} MB)"
-        )
+                _show(found, "web (pages, API)", n)
     return found
+
+
+def _show(found: dict[str, tuple[int, int]], name: str, n: int) -> None:
+    ready, peak = found[name]
+    print(
+        f"  {name:<20} {n:>6} workers: ready {ready / 1024:6.1f} MB, peak "
+        f"{peak / 1024:6.1f} MB (+{(peak - ready) / 1024:.1f} MB)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -275,31 +291,38 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[2000, 10000])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--latency-ms", type=float, default=5.0)
+    parser.add_argument(
+        "--refresh-timeout", type=float, default=WORK_TIMEOUT, help="seconds; then killed"
+    )
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    os.environ["BENCH_MEMORY_REFRESH_TIMEOUT"] = str(args.refresh_timeout)
     sizes = sorted(args.workers)
     if len(sizes) == 1:
         found = measure(sizes[0], args.parts, args.latency_ms / 1000)
         if args.json:
-            print("RESULT " + json.dumps(found))
+            print("RESULT " + json.dumps(found), flush=True)
         return
     # One process per size: Django's connection pool and settings belong to one database.
     results: dict[int, dict[str, list[int]]] = {}
     for n in sizes:
         command = [sys.executable, __file__, "--workers", str(n), "--json", "--parts"]
         command += [*args.parts, "--latency-ms", str(args.latency_ms)]
-        out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("RESULT "):
-                results[n] = json.loads(line.removeprefix("RESULT "))
-            else:
-                print(line)
+        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
+            assert child.stdout is not None
+            for line in child.stdout:
+                if line.startswith("RESULT "):
+                    results[n] = json.loads(line.removeprefix("RESULT "))
+                else:
+                    print(line, end="", flush=True)
     load = os.getloadavg()[0]
     print(f"memory, load average {load:.1f} on {os.cpu_count()} CPUs:")
     low, high = sizes[0], sizes[-1]
     for name in results[low]:
-        peaks = {n: results[n][name][1] for n in sizes}
-        line = ", ".join(f"{n}: {peaks[n] / 1024:.1f} MB" for n in sizes)
+        peaks = {n: results[n][name][1] for n in sizes if name in results.get(n, {})}
+        if high not in peaks:
+            continue
+        line = ", ".join(f"{n}: {peak / 1024:.1f} MB" for n, peak in peaks.items())
         slope = (peaks[high] - peaks[low]) / (high - low)
         print(f"  {name:<20} peak {line}; {slope:.2f} kB per worker from {low} to {high}")
 

@@ -7,9 +7,11 @@ Prepares a throwaway PostgreSQL database (`bench/_servers.py`) with one source o
 off), and drives Debian's Chromium (`/usr/bin/chromium`, headless, through Playwright) as a
 signed-in viewer: each run opens the source page in a fresh page (warm browser cache for the
 static files, as a returning operator has) and measures, with the browser's own clock, the time
-from navigation start until the map's N cells are in the document (the map is loaded by htmx
-after the first screen, so this is what a person waits for). Prints per run the time, then
-median and range against the limit of one second, and one summary line.
+from navigation start until the map has drawn its N cells and until the frame after that is
+painted (the map is loaded by htmx after the first screen, so this is what a person
+waits for), with the map request's resource timing (server, transfer, bytes). Prints per run
+the times and their split, then median and range against the limit of one second (on the
+painted time), and one summary line.
 """
 
 from __future__ import annotations
@@ -58,18 +60,53 @@ def _fill(workers: int) -> int:
     return source.pk
 
 
-# Time from navigation start until `count` map cells exist, read in the page (performance.now()
-# is measured from the navigation's time origin).
-_WAIT_FOR_CELLS = """
+# The map's cells drawn: the count the canvas map (static/js/fleet_map.js) reports once it has
+# painted them, or, to compare with the code before it, the SVG's rects.
+_CELLS_DRAWN = """
+() => {
+  const map = document.querySelector('#fleet-map-cells [data-fleet-map][data-drawn]');
+  if (map) return Number(map.dataset.drawn);
+  return document.querySelectorAll('#fleet-map-cells svg rect.chart-cell').length;
+}
+"""
+
+# Times from navigation start (performance.now() is measured from the navigation's time
+# origin) until `count` map cells are drawn, and until the frame after that has been produced
+# (two animation frames: style, layout and paint done), with the page's navigation timing and
+# the map request's resource timing, so the time splits into first screen, server, transfer,
+# drawing the cells, and layout and paint.
+_WAIT_FOR_CELLS = (
+    """
 (count) => new Promise((resolve) => {
-  const cells = () => document.querySelectorAll('#fleet-map-cells svg rect.chart-cell');
-  const done = () => cells().length >= count;
-  if (done()) { resolve(performance.now()); return; }
+  const drawn = """
+    + _CELLS_DRAWN
+    + """;
+  const done = () => drawn() >= count;
+  const finish = () => {
+    const cells = performance.now();
+    requestAnimationFrame(() => requestAnimationFrame(() => {
+      const map = performance.getEntriesByType('resource').filter((e) => e.name.includes('/map'));
+      const r = map[map.length - 1] || {};
+      const nav = performance.getEntriesByType('navigation')[0] || {};
+      resolve({cells, painted: performance.now(), requestStart: r.requestStart || 0,
+               responseStart: r.responseStart || 0, responseEnd: r.responseEnd || 0,
+               bytes: r.decodedBodySize || 0, wire: r.encodedBodySize || 0,
+               pageServer: (nav.responseStart || 0) - (nav.requestStart || 0),
+               pageLoaded: nav.domContentLoadedEventEnd || 0, drawn: drawn()});
+    }));
+  };
+  if (done()) { finish(); return; }
   new MutationObserver((_, observer) => {
-    if (done()) { observer.disconnect(); resolve(performance.now()); }
-  }).observe(document, {childList: true, subtree: true});
+    if (done()) { observer.disconnect(); finish(); }
+  }).observe(document, {childList: true, subtree: true, attributes: true,
+                        attributeFilter: ['data-drawn']});
 })
 """
+)
+
+
+def _range(values: list[float]) -> str:
+    return f"{statistics.median(values):.0f} ms ({min(values):.0f}-{max(values):.0f})"
 
 
 def main() -> None:
@@ -99,25 +136,36 @@ def main() -> None:
                 warm.evaluate(_WAIT_FOR_CELLS, args.workers)
                 warm.close()
                 times: list[float] = []
+                painted: list[float] = []
                 for run in range(1, args.runs + 1):
                     page = context.new_page()
                     page.goto(url, wait_until="commit")
-                    elapsed = page.evaluate(_WAIT_FOR_CELLS, args.workers)
-                    cells = page.locator("#fleet-map-cells svg rect.chart-cell").count()
+                    t = page.evaluate(_WAIT_FOR_CELLS, args.workers)
+                    cells = t["drawn"]
                     page.close()
-                    times.append(elapsed)
-                    print(f"  run {run}: {elapsed:7.1f} ms to {cells} cells")
+                    times.append(t["cells"])
+                    painted.append(t["painted"])
+                    print(
+                        f"  run {run}: {t['cells']:7.1f} ms to {cells} cells, "
+                        f"{t['painted']:7.1f} ms painted · source page server "
+                        f"{t['pageServer']:.0f} ms, DOM ready {t['pageLoaded']:.0f}, "
+                        f"map request sent at {t['requestStart']:.0f}, "
+                        f"server {t['responseStart'] - t['requestStart']:.0f} ms, "
+                        f"transfer {t['responseEnd'] - t['responseStart']:.0f} ms, "
+                        f"{t['bytes'] / 1000:.0f} KB ({t['wire'] / 1000:.0f} KB on the wire), "
+                        f"cells built {t['cells'] - t['responseEnd']:.0f} ms after, "
+                        f"layout and paint {t['painted'] - t['cells']:.0f} ms"
+                    )
                 browser.close()
         finally:
             server.stop()
 
-    median = statistics.median(times)
-    met = "met" if median < LIMIT_MS else "NOT met"
+    met = "met" if statistics.median(painted) < LIMIT_MS else "NOT met"
     load = os.getloadavg()[0]
     print(
-        f"fleet map @ {args.workers} workers: median {median:.0f} ms "
-        f"(range {min(times):.0f}-{max(times):.0f}) over {len(times)} runs, "
-        f"limit {LIMIT_MS:.0f} ms: {met}; load average {load:.1f} on {os.cpu_count()} CPUs"
+        f"fleet map @ {args.workers} workers over {len(times)} runs: cells in the document "
+        f"{_range(times)}, painted {_range(painted)}, limit {LIMIT_MS:.0f} ms: {met}; "
+        f"load average {load:.1f} on {os.cpu_count()} CPUs"
     )
 
 

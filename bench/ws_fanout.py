@@ -68,7 +68,18 @@ STREAMS = {
 def _payload(stream: str, mark: str) -> dict:
     if stream == "fleet":  # what fleet.live.publish_refresh sends: a pre-rendered card
         return {"source_id": 0, "html": f'<article id="{mark}" hx-swap-oob="true"></article>'}
-    return {"source": "bench", "namespace": mark, "open": True}  # a serialised gate, in short
+    # The gate stream sends the gate as committed, read by its (source, namespace), whatever
+    # the push carried: so each event is a real gate row whose namespace is the mark, written
+    # just before it is announced (the write is inside the measured latency, a few ms).
+    from controlplane.fleet.models import Source
+    from controlplane.refresh.models import Gate
+
+    source, _ = Source.objects.get_or_create(
+        name="bench-gates",
+        defaults={"listener_url": "http://127.0.0.1:9/", "allowed_networks": ["127.0.0.0/8"]},
+    )
+    Gate.objects.create(source=source, namespace=mark)
+    return {"source": source.name, "source_id": source.pk, "namespace": mark}
 
 
 def _raise_fd_limit() -> None:

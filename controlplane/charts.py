@@ -1,11 +1,13 @@
-"""Charts as server-rendered SVG: stacked bars, a cell map, bars, a sparkline and a Gantt.
+"""Charts as server-rendered SVG: stacked bars, bars, a sparkline and a Gantt.
 
 Why SVG from Python and no JavaScript charting library: the pages run under a strict CSP
 (`script-src 'self'`, no inline styles), so SVG elements styled by CSS classes in app.css need
 no exception, nothing to vendor or pin, and they render without JavaScript, in live htmx swaps
 (a fragment re-rendered server-side carries its chart) and in tests, which parse the markup
-with xml.etree and count elements. The charts here are small (a few hundred elements; the fleet
-map one `<rect>` per worker, ~2,000), which SVG handles well.
+with xml.etree and count elements. The charts here are small (a few hundred elements), which
+SVG handles well. The fleet map is not here: one element per worker was megabytes of markup at
+10,000 workers, so it is a compact payload drawn on a canvas by a static script
+(`controlplane/fleet/charts.py` `FleetMap`, static/js/fleet_map.js).
 
 Every text that reaches a chart (versions, namespaces, worker keys) is data from outside: it is
 escaped here, attribute and text alike, and the builders return `SafeString` only for markup
@@ -107,40 +109,6 @@ def _legend(body: list[str], legend: dict[str, str], top: float, width: float) -
         )
         lx += step
     return ly
-
-
-@dataclass(frozen=True, slots=True)
-class Cell:
-    title: str
-    cls: str
-    href: str = ""
-
-
-def cell_map(
-    cells: Sequence[Cell],
-    *,
-    label: str,
-    legend: dict[str, str] | None = None,
-    columns: int = 64,
-    size: int = 9,
-) -> SafeString:
-    """One small square per item, row-major, each with a tooltip and (optionally) a link:
-    2,000 workers make 32 rows of 64 cells, about 640 by 320 px."""
-    pitch = size + 1
-    body: list[str] = []
-    for i, cell in enumerate(cells):
-        row, col = divmod(i, columns)
-        rect = (
-            f'<rect class="chart-cell {escape(cell.cls)}" x="{col * pitch}" y="{row * pitch}" '
-            f'width="{size}" height="{size}"><title>{escape(cell.title)}</title></rect>'
-        )
-        body.append(f'<a href="{escape(cell.href)}">{rect}</a>' if cell.href else rect)
-    rows = max(1, -(-len(cells) // columns))
-    width = max(min(len(cells), columns) * pitch, 240)
-    height: float = rows * pitch
-    if legend:
-        height = _legend(body, legend, height + 6, width) + 16
-    return _svg(width, height, label, body, "chart-map")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """The fleet's pictures, each from one aggregate query (see controlplane/charts.py for why SVG).
 
 - version distribution per namespace: stacked bars, one per (source,) namespace;
-- the fleet map: one cell per present worker, coloured by version (live) or state, linked;
+- the fleet map: one cell per present worker, coloured by version (live) or state, linked
+  (drawn in the browser from a compact payload: see `FleetMap`);
 - discovery latency: the recent discovery runs' durations as a sparkline.
 
 Gone workers are left out of the distribution and the map: they are history, not fleet.
@@ -9,9 +10,13 @@ Gone workers are left out of the distribution and the map: they are history, not
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, QuerySet, TextField
+from django.db.models.functions import Cast
 from django.urls import reverse
 from django.utils.safestring import SafeString
 
@@ -65,27 +70,128 @@ def _by(classes: dict[str, str]):
     return lambda item: order[item[0]]
 
 
-def fleet_map(source: Source) -> SafeString:
+@dataclass(frozen=True, slots=True)
+class FleetMap:
+    """The fleet map's data: one cell per present worker in identity order, as a compact
+    payload the page's static script (static/js/fleet_map.js) turns into one link per cell.
+
+    At 10,000 workers an SVG of `<a><rect><title>` per worker was ~1.6 MB and 30,000 nodes to
+    parse; this payload is a few hundred KB of numbers and indexes, and the browser builds one
+    small element per cell. `cells` is flat, `CELL_FIELDS` numbers or strings per worker:
+    worker pk, index into `prefixes` (`namespace/component/endpoint/`), instance id, index into
+    `states`, into `versions` and into `classes` (colour: the version's for a live worker, the
+    state's otherwise). The tooltip the script builds is `worker_key · state · version`.
+    """
+
+    count: int
+    payload: dict[str, Any]
+    summary: str
+    legend: dict[str, str]
+
+    @property
+    def json(self) -> str:
+        """The payload as JSON text, plain `str`: the template escapes it into an attribute
+        (htmx drops `<script>` elements from swapped HTML, data ones included)."""
+        return json.dumps(self.payload, separators=(",", ":"))
+
+
+#: Values per cell in `FleetMap.payload["cells"]`; the script reads the same stride.
+CELL_FIELDS = 6
+
+
+def _position(at: dict[str, int], values: list[str], value: str) -> int:
+    """Position of `value` in `values`, appended the first time it is seen."""
+    if value not in at:
+        at[value] = len(values)
+        values.append(value)
+    return at[value]
+
+
+def fleet_map(source: Source) -> FleetMap:
     """One cell per present worker in identity order: a single query, whatever the size."""
+    # The version as its JSON text, decoded once per distinct value: decoding it per row
+    # (the JSON field's converter) was the largest cost of the map at 10,000 workers.
     rows = list(
         _present(source.workers.all())
         .order_by("namespace", "component", "endpoint", "instance_id")
         .values_list(
-            "pk", "namespace", "component", "endpoint", "instance_id", "state", "weight_version"
+            "pk",
+            "namespace",
+            "component",
+            "endpoint",
+            "instance_id",
+            "state",
+            Cast("weight_version", TextField()),
         )
     )
-    classes = version_classes(Counter(version_label(r[6]) for r in rows))
-    # One reverse() for the pattern, not one per cell: 2,000 reverses cost more than the query.
+    label_of: dict[str | None, str] = {}
+    for *_, raw in rows:
+        if raw not in label_of:
+            label_of[raw] = version_label(None if raw is None else json.loads(raw))
+    by_version = Counter(label_of[r[6]] for r in rows)
+    classes = version_classes(by_version)
+    prefixes: list[str] = []
+    states: list[str] = []
+    versions: list[str] = []
+    colours: list[str] = []
+    prefix_at: dict[tuple[str, str, str], int] = {}
+    state_at: dict[str, int] = {}
+    version_at: dict[str, int] = {}
+    colour_at: dict[str, int] = {}
+    # Per distinct (state, version): its state's, version's and colour's positions.
+    kind_at: dict[tuple[str, str | None], tuple[int, int, int]] = {}
+    cells: list[int | str] = []
+    live: Counter[str] = Counter()
+    other: Counter[str] = Counter()
+    for pk, ns, comp, ep, iid, state, raw in rows:
+        prefix = prefix_at.get((ns, comp, ep))
+        if prefix is None:
+            prefix = prefix_at[(ns, comp, ep)] = len(prefixes)
+            prefixes.append(worker_key(ns, comp, ep, ""))
+        kind = kind_at.get((state, raw))
+        if kind is None:
+            label = label_of[raw]
+            colour = classes[label] if state == WorkerState.LIVE else f"chart-{state}"
+            kind = kind_at[(state, raw)] = (
+                _position(state_at, states, state),
+                _position(version_at, versions, label),
+                _position(colour_at, colours, colour),
+            )
+        if state == WorkerState.LIVE:
+            live[versions[kind[1]]] += 1
+        else:
+            other[state] += 1
+        cells += (pk, prefix, iid, *kind)
+    # One reverse() for the pattern, not one per cell.
     marker = 987654321
     href = reverse("fleet:worker", args=[marker]).replace(str(marker), "{}")
-    cells = []
-    for pk, ns, comp, ep, iid, state, version in rows:
-        label = version_label(version)
-        cls = classes[label] if state == WorkerState.LIVE else f"chart-{state}"
-        title = f"{worker_key(ns, comp, ep, iid)} · {state} · {label}"
-        cells.append(charts.Cell(title, cls, href.format(pk)))
-    legend = dict(classes) | {"erroring": "chart-erroring"}
-    return charts.cell_map(cells, label=f"Fleet map: {len(cells)} workers", legend=legend)
+    payload = {
+        "href": href,
+        "prefixes": prefixes,
+        "states": states,
+        "versions": versions,
+        "classes": colours,
+        "cells": cells,
+    }
+    return FleetMap(
+        count=len(rows),
+        payload=payload,
+        summary=_map_summary(len(rows), live, other, classes),
+        legend=dict(classes) | {"erroring": "chart-erroring"},
+    )
+
+
+def _map_summary(
+    count: int, live: Counter[str], other: Counter[str], classes: dict[str, str]
+) -> str:
+    """The map as a sentence, for people who do not see it: counts per version and state."""
+    if not count:
+        return "No workers."
+    parts = [f"{live.total():,} live"]
+    if live:
+        parts[0] += " (" + ", ".join(f"{v}: {live[v]:,}" for v in classes if live[v]) + ")"
+    parts += [f"{n:,} {state}" for state, n in sorted(other.items())]
+    return f"{count:,} workers: " + ", ".join(parts) + "."
 
 
 def discovery_latency(source: Source) -> SafeString:

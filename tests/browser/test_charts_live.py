@@ -70,13 +70,17 @@ def test_version_chart_and_fleet_map_change_after_discovery(page, viewer, simfle
 
     page.goto(f"/sources/{source.pk}/")
     page.wait_for_selector(".live-dot.connected")
-    page.locator("#fleet-map-cells svg").wait_for(state="attached")
+    page.locator("#fleet-map-cells [data-fleet-map][data-drawn]").wait_for(state="attached")
     page.evaluate("window.__sameDocument = true")
     assert "step-4712" not in page.locator("#fleet-map-cells").inner_html()
 
     control.set_version(bumped["instance_id"], "step-4712")
     _discover(source.pk)
-    page.locator("#fleet-map-cells title", has_text="step-4712").first.wait_for(state="attached")
+    # The map re-read after the push, and drawn: the new version is in its payload and legend.
+    page.locator('#fleet-map-cells [data-fleet-map*="step-4712"][data-drawn]').wait_for(
+        state="attached"
+    )
+    page.locator("#fleet-map-cells .fleet-map-legend li", has_text="step-4712").wait_for()
     page.locator("#version-chart title", has_text="step-4712").first.wait_for(state="attached")
     assert page.evaluate("window.__sameDocument") is True
     control.close()

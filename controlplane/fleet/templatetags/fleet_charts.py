@@ -23,7 +23,8 @@ def version_chart(source: Source | None = None) -> SafeString:
 
 
 @register.simple_tag
-def fleet_map(source: Source) -> SafeString:
+def fleet_map(source: Source) -> charts.FleetMap:
+    """Use as `{% fleet_map source as map %}`: the fragment renders its payload and summary."""
     return charts.fleet_map(source)
 
 

@@ -1,10 +1,16 @@
-"""The fleet's and refreshes' SVG charts: they parse, count what the data says, escape
-what comes from outside, and cost the same number of queries at 10 and 2,000 workers."""
+"""The fleet's and refreshes' charts: they parse, count what the data says, escape what comes
+from outside, and cost the same number of queries at 10 and 2,000 workers. The fleet map is a
+payload the page's script draws (tests/browser/test_fleet_map.py draws it): here it is decoded
+the way the script decodes it."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 from collections import Counter
+from html.parser import HTMLParser
+from typing import NamedTuple
 from xml.etree import ElementTree
 
 import pytest
@@ -12,7 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.audit.recorder import Actor
-from controlplane.fleet import services
+from controlplane.fleet import charts, services
 from controlplane.fleet.models import DiscoveryRun, Worker, WorkerState
 from controlplane.refresh.models import PolicyRefresh, RefreshState, StepRun
 from tests.fixtures.scale import NAMESPACES, make_fleet
@@ -47,6 +53,42 @@ def title(el: ElementTree.Element) -> str:
     found = el.find(f"{SVG}title")
     assert found is not None
     return found.text or ""
+
+
+class MapCell(NamedTuple):
+    href: str
+    title: str
+    cls: str
+
+
+class _MapParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attrs: dict[str, dict[str, str | None]] = {}
+
+    def handle_starttag(self, tag, attrs):
+        found = dict(attrs)
+        for cls in (found.get("class") or "").split():
+            self.attrs.setdefault(cls, found)
+
+
+def fleet_map(fragment: str) -> tuple[list[MapCell], dict[str, dict[str, str | None]]]:
+    """The map's cells as static/js/fleet_map.js reads them (href, tooltip, colour class) from
+    the fragment's payload, and each first element's attributes by class."""
+    parser = _MapParser()
+    parser.feed(fragment)
+    data = json.loads(parser.attrs["fleet-map"]["data-fleet-map"] or "")
+    before, after = data["href"].split("{}")
+    flat, stride = data["cells"], charts.CELL_FIELDS
+    cells = [
+        MapCell(
+            f"{before}{pk}{after}",
+            f"{data['prefixes'][p]}{iid} · {data['states'][s]} · {data['versions'][v]}",
+            data["classes"][c],
+        )
+        for pk, p, iid, s, v, c in (flat[i : i + stride] for i in range(0, len(flat), stride))
+    ]
+    return cells, parser.attrs
 
 
 def test_version_chart_has_one_bar_per_namespace_split_by_version(viewer_client, source):
@@ -96,28 +138,36 @@ def test_fleet_map_has_one_linked_cell_per_present_worker(viewer_client, source)
 
     html = viewer_client.get(map_url, headers={"HX-Request": "true"}).content.decode()
     assert "<html" not in html
-    svg = svgs(html, "")
-    links = list(svg.iter(f"{SVG}a"))
+    cells, attrs = fleet_map(html)
     present = Worker.objects.exclude(state=WorkerState.GONE)
-    assert len(links) == present.count() == 29
-    by_href = {a.get("href"): a.find(f"{SVG}rect") for a in links}
+    assert len(cells) == present.count() == 29
+    assert attrs["fleet-map-cells"]["aria-label"].startswith("Fleet map: 29 workers")
+    # Identity order, as the SVG drew them.
+    ordered = present.order_by("namespace", "component", "endpoint", "instance_id")
+    assert [c.href for c in cells] == [reverse("fleet:worker", args=[w.pk]) for w in ordered]
+    by_href = {c.href: c for c in cells}
     for w in present:
         cell = by_href[reverse("fleet:worker", args=[w.pk])]
-        assert title(cell) == f"{w.key} · {w.state} · {w.weight_version}"
-        classes = cell.get("class").split()
+        assert cell.title == f"{w.key} · {w.state} · {w.weight_version}"
         if w.state == WorkerState.ERRORING:
-            assert "chart-erroring" in classes
+            assert cell.cls == "chart-erroring"
         else:
-            assert any(c.startswith("chart-v") for c in classes)
+            assert cell.cls.startswith("chart-v")
     # Same version, same colour: the map's classes follow one mapping.
     colour = {}
     for w in present.filter(state=WorkerState.LIVE):
-        cls = by_href[reverse("fleet:worker", args=[w.pk])].get("class").split()[-1]
+        cls = by_href[reverse("fleet:worker", args=[w.pk])].cls
         assert colour.setdefault(w.weight_version, cls) == cls
     assert len(set(colour.values())) == 3
+    # The text alternative counts what the map shows.
+    live = Counter(w.weight_version for w in present.filter(state=WorkerState.LIVE))
+    erroring = present.filter(state=WorkerState.ERRORING).count()
+    assert f"29 workers: {live.total()} live (" in html
+    assert all(f"{v}: {n}" in html for v, n in live.items())
+    assert f"{erroring} erroring." in html
     # Without htmx the map is a page of its own, inside the layout.
     full = viewer_client.get(map_url).content.decode()
-    assert "<html" in full and full.count('<rect class="chart-cell') == 29
+    assert "<html" in full and len(fleet_map(full)[0]) == 29
 
 
 def test_fleet_map_query_count_is_flat(viewer_client, source, django_assert_max_num_queries):
@@ -131,7 +181,7 @@ def test_fleet_map_query_count_is_flat(viewer_client, source, django_assert_max_
     with django_assert_max_num_queries(len(small.captured_queries)) as large:
         html = viewer_client.get(url, headers={"HX-Request": "true"}).content.decode()
     assert len(large.captured_queries) == len(small.captured_queries)
-    assert html.count('<rect class="chart-cell') == 2000
+    assert len(fleet_map(html)[0]) == 2000
 
 
 def test_hostile_versions_and_namespaces_are_escaped_in_charts(viewer_client, source):
@@ -155,9 +205,9 @@ def test_hostile_versions_and_namespaces_are_escaped_in_charts(viewer_client, so
     fragment = viewer_client.get(
         reverse("fleet:source_map", args=[source.pk]), headers={"HX-Request": "true"}
     ).content.decode()
-    cell = rects(svgs(fragment, ""), "chart-cell")[0]
-    assert title(cell).endswith(f" · live · {hostile_v}")
-    assert "<svg onload" not in fragment
+    (cell,) = fleet_map(fragment)[0]
+    assert cell.title == f"{hostile_ns}/backend/generate/1 · live · {hostile_v}"
+    assert "<svg onload" not in fragment and "<script>alert" not in fragment
 
 
 def test_refresh_history_and_discovery_latency_on_the_source_page(viewer_client, source):
@@ -247,6 +297,11 @@ def test_fleet_map_legend_names_every_version_and_erroring(viewer_client, source
     html = viewer_client.get(
         reverse("fleet:source_map", args=[source.pk]), headers={"HX-Request": "true"}
     ).content.decode()
-    svg = svgs(html, "")
-    legend = [g.find(f"{SVG}text").text for g in svg.iter(f"{SVG}g")]
-    assert legend == ["step-0", "step-1", "step-2", "erroring"]
+    legend = html[html.index('<ul class="fleet-map-legend">') :]
+    names = re.findall(r'<span class="chart-swatch ([\w-]+)"></span> ([^<]+)</li>', legend)
+    assert names == [
+        ("chart-v0", "step-0"),
+        ("chart-v1", "step-1"),
+        ("chart-v2", "step-2"),
+        ("chart-erroring", "erroring"),
+    ]

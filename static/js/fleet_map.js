@@ -1,0 +1,167 @@
+// The fleet map: one square per worker on a canvas, drawn from the compact payload in the
+// fragment's data-fleet-map attribute (controlplane/fleet/charts.py FleetMap). At 10,000
+// workers an SVG with a linked <rect> and <title> per worker was 1.7 MB to parse and 30,000
+// nodes to style and lay out (2-3 s in Chromium); here the browser parses numbers and paints
+// squares. Static file, no inline script (CSP); outside text (keys, versions) is only ever set
+// as text, never as HTML.
+//
+// What the SVG gave stays: each cell's colour (version when live, state otherwise), the
+// worker's key, state and version on hover (the canvas's tooltip and the line under it), and
+// its link (click, or Ctrl/Cmd-click for a new tab). The keyboard moves a focused cell with
+// the arrow keys, Home and End, and opens it with Enter; the line under the map is a polite
+// live region, so the focused worker is read out. The summary sentence above the map is its
+// text alternative.
+"use strict";
+
+// Values per cell in the payload's flat `cells` array (CELL_FIELDS on the server).
+const CELL_FIELDS = 6;
+const SIZE = 9;
+const PITCH = SIZE + 1;
+
+function cssColour(cls) {
+  // chart-v0 … and chart-<state> are custom properties of the page (app.css): dark mode too.
+  const value = getComputedStyle(document.documentElement).getPropertyValue(`--${cls}`).trim();
+  return value || "#64748b";
+}
+
+class FleetMap {
+  constructor(root) {
+    this.root = root;
+    this.data = JSON.parse(root.dataset.fleetMap);
+    this.count = this.data.cells.length / CELL_FIELDS;
+    [this.before, this.after] = this.data.href.split("{}");
+    this.canvas = root.querySelector("canvas");
+    this.line = root.querySelector(".fleet-map-focus");
+    this.colours = this.data.classes.map(cssColour);
+    this.focused = -1;
+    this.columns = 0;
+    this.canvas.addEventListener("mousemove", (e) => this.hover(e));
+    this.canvas.addEventListener("mouseleave", () => this.show(this.focused));
+    this.canvas.addEventListener("click", (e) => this.open(this.at(e), e.ctrlKey || e.metaKey));
+    this.canvas.addEventListener("keydown", (e) => this.key(e));
+    this.canvas.addEventListener("focus", () => this.focus(Math.max(this.focused, 0)));
+    new ResizeObserver(() => this.draw()).observe(root);
+  }
+
+  draw() {
+    const width = this.root.clientWidth || 640;
+    const columns = Math.max(16, Math.floor((width + 1) / PITCH));
+    if (columns === this.columns) return;
+    this.columns = columns;
+    const rows = Math.max(1, Math.ceil(this.count / columns));
+    const ratio = window.devicePixelRatio || 1;
+    const canvas = this.canvas;
+    canvas.width = Math.round(columns * PITCH * ratio);
+    canvas.height = Math.round(rows * PITCH * ratio);
+    canvas.style.width = `${columns * PITCH}px`;
+    canvas.style.height = `${rows * PITCH}px`;
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    const cells = this.data.cells;
+    // One path per colour: a handful of fills, whatever the fleet's size.
+    this.colours.forEach((colour, c) => {
+      ctx.beginPath();
+      for (let i = 0; i < this.count; i++) {
+        if (cells[i * CELL_FIELDS + 5] !== c) continue;
+        ctx.rect((i % columns) * PITCH, Math.floor(i / columns) * PITCH, SIZE, SIZE);
+      }
+      ctx.fillStyle = colour;
+      ctx.fill();
+    });
+    if (this.focused >= 0) this.outline(this.focused, true);
+    this.root.dataset.drawn = String(this.count);
+    this.root.dataset.columns = String(columns);
+  }
+
+  at(event) {
+    const box = this.canvas.getBoundingClientRect();
+    const col = Math.floor((event.clientX - box.left) / PITCH);
+    const row = Math.floor((event.clientY - box.top) / PITCH);
+    const i = row * this.columns + col;
+    return col >= 0 && col < this.columns && i >= 0 && i < this.count ? i : -1;
+  }
+
+  title(i) {
+    const { prefixes, states, versions, cells } = this.data;
+    const at = i * CELL_FIELDS;
+    return `${prefixes[cells[at + 1]]}${cells[at + 2]} · ${states[cells[at + 3]]} · ${versions[cells[at + 4]]}`;
+  }
+
+  href(i) {
+    return this.before + this.data.cells[i * CELL_FIELDS] + this.after;
+  }
+
+  show(i) {
+    const text = i >= 0 ? this.title(i) : "";
+    this.canvas.title = text;
+    if (this.line.textContent !== text) this.line.textContent = text;
+    this.line.dataset.href = i >= 0 ? this.href(i) : "";
+  }
+
+  hover(event) {
+    const i = this.at(event);
+    this.canvas.style.cursor = i >= 0 ? "pointer" : "";
+    this.show(i);
+  }
+
+  open(i, elsewhere) {
+    if (i < 0) return;
+    if (elsewhere) window.open(this.href(i), "_blank", "noopener");
+    else window.location.assign(this.href(i));
+  }
+
+  outline(i, on) {
+    const ctx = this.canvas.getContext("2d");
+    const x = (i % this.columns) * PITCH;
+    const y = Math.floor(i / this.columns) * PITCH;
+    ctx.fillStyle = this.colours[this.data.cells[i * CELL_FIELDS + 5]];
+    ctx.fillRect(x, y, SIZE, SIZE);
+    if (on) {
+      ctx.strokeStyle = cssColour("chart-text");
+      ctx.lineWidth = 2;
+      ctx.strokeRect(x + 1, y + 1, SIZE - 2, SIZE - 2);
+    }
+  }
+
+  focus(i) {
+    if (this.count === 0) return;
+    const next = Math.min(Math.max(i, 0), this.count - 1);
+    if (this.focused >= 0) this.outline(this.focused, false);
+    this.focused = next;
+    this.outline(next, true);
+    this.show(next);
+  }
+
+  key(event) {
+    const moves = {
+      ArrowRight: 1,
+      ArrowLeft: -1,
+      ArrowDown: this.columns,
+      ArrowUp: -this.columns,
+      Home: -this.count,
+      End: this.count,
+    };
+    if (event.key in moves) {
+      event.preventDefault();
+      this.focus(this.focused + moves[event.key]);
+    } else if (event.key === "Enter") {
+      event.preventDefault();
+      this.open(this.focused, event.ctrlKey || event.metaKey);
+    }
+  }
+}
+
+function drawWithin(node) {
+  if (!(node instanceof Element)) return;
+  const roots = node.matches("[data-fleet-map]") ? [node] : [];
+  roots.push(...node.querySelectorAll("[data-fleet-map]"));
+  for (const root of roots) {
+    if (root.fleetMap) continue;
+    root.fleetMap = new FleetMap(root);
+    root.fleetMap.draw();
+  }
+}
+
+// htmx fires htmx:load on the body at start and on each swapped-in element, so this covers
+// the map loaded after the source page, a live re-read, and the map's own page.
+document.addEventListener("htmx:load", (e) => drawWithin(e.target));

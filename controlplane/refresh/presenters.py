@@ -21,7 +21,7 @@ from controlplane.refresh import eta
 from controlplane.refresh.gates import displayed_reason, versions_served
 from controlplane.refresh.gridrows import Cell, GridRow, render_grid
 from controlplane.refresh.inflight import in_flight_table
-from controlplane.refresh.intents.queries import can_end, is_membership_hold, left_paused_keys
+from controlplane.refresh.intents.queries import can_end, is_membership_hold, left_paused
 from controlplane.refresh.intents.recovery import still_held_namespaces
 from controlplane.refresh.membership import change_of
 from controlplane.refresh.models import (
@@ -726,13 +726,10 @@ def paused_now(refresh: PolicyRefresh) -> dict[str, int]:
         .values_list("namespace")
         .annotate(n=Count("id"))
     )
-    keys = left_paused_keys(refresh) if refresh.started_at is not None else []
-    if keys:
+    if refresh.started_at is not None:
+        # Counted by the database per namespace (one statement), not listed and counted here.
         for namespace, n in (
-            refresh.workers.filter(key__in=keys)
-            .order_by()
-            .values_list("namespace")
-            .annotate(n=Count("id"))
+            left_paused(refresh).order_by().values_list("namespace").annotate(n=Count("id"))
         ):
             counts[namespace] = max(counts.get(namespace, 0), n)
     return counts

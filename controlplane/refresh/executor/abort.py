@@ -18,7 +18,8 @@ an exit.
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
 
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import record
@@ -26,11 +27,18 @@ from controlplane.refresh import gates
 from controlplane.refresh.departed import DEPARTED
 from controlplane.refresh.executor.lease import Lease
 from controlplane.refresh.executor.steps import EXECUTOR
-from controlplane.refresh.models import JournalEntry, PolicyRefresh, RefreshState, state_change
+from controlplane.refresh.models import (
+    JournalEntry,
+    PlannedWorker,
+    PolicyRefresh,
+    RefreshState,
+    WorkerStepResult,
+    state_change,
+)
 from controlplane.refresh.step_order import STATE_STEP, StepName
 from controlplane.textlimits import STATE_REASON_CHARS
 
-__all__ = ["aborted_step", "confirm_abort", "left_paused_keys"]
+__all__ = ["aborted_step", "confirm_abort", "left_paused", "left_paused_keys"]
 
 #: Workers named in an end reason (the audit event lists them all).
 NAMED = 5
@@ -43,24 +51,33 @@ def aborted_step(refresh: PolicyRefresh) -> str:
     return refresh.failed_step or (step.value if step is not None else "")
 
 
+def left_paused(refresh: PolicyRefresh) -> QuerySet[PlannedWorker]:
+    """Workers this refresh paused and has not resumed since (nor seen leave the fleet): one
+    statement whatever the fleet's size, for the refresh page's "paused now" as much as for
+    ending a refresh. The latest result per worker at resume/release decides whether it is
+    running again."""
+    latest_resume = (
+        WorkerStepResult.objects.filter(
+            planned_worker=OuterRef("pk"), step__in=(StepName.RESUME_ENGINES, StepName.RELEASE)
+        )
+        .order_by("-id")
+        .values("status")[:1]
+    )
+    return (
+        refresh.workers.filter(
+            Exists(JournalEntry.objects.filter(planned_worker=OuterRef("pk"), step=StepName.PAUSE)),
+            ~Exists(
+                WorkerStepResult.objects.filter(planned_worker=OuterRef("pk"), status=DEPARTED)
+            ),
+        )
+        .annotate(resumed=Coalesce(Subquery(latest_resume), Value("")))
+        .exclude(resumed="ok")
+    )
+
+
 def left_paused_keys(refresh: PolicyRefresh) -> list[str]:
-    """Workers this refresh paused and has not resumed since (nor seen leave the fleet)."""
-    paused = set(
-        refresh.journal.filter(step=StepName.PAUSE).values_list("planned_worker_id", flat=True)
-    )
-    # The latest result per worker at resume/release decides whether it is running again.
-    latest: dict[int, str] = {}
-    for worker_id, status in (
-        refresh.results.filter(step__in=(StepName.RESUME_ENGINES, StepName.RELEASE))
-        .order_by("id")
-        .values_list("planned_worker_id", "status")
-    ):
-        latest[worker_id] = status
-    departed = set(
-        refresh.results.filter(status=DEPARTED).values_list("planned_worker_id", flat=True)
-    )
-    left = paused - departed - {pk for pk, status in latest.items() if status == "ok"}
-    return sorted(refresh.workers.filter(pk__in=left).values_list("key", flat=True))
+    """The keys of `left_paused` workers, sorted."""
+    return sorted(left_paused(refresh).values_list("key", flat=True))
 
 
 def cancelled_calls(refresh: PolicyRefresh) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from controlplane.fleet.models import Source
-from controlplane.refresh.executor.abort import left_paused_keys
+from controlplane.refresh.executor.abort import left_paused, left_paused_keys
 from controlplane.refresh.membership import change_of, has_change
 from controlplane.refresh.models import (
     EXECUTING_STATES,
@@ -29,6 +29,7 @@ __all__ = [
     "executor_alive",
     "is_membership_hold",
     "last_verified_policy",
+    "left_paused",
     "left_paused_keys",
     "resolved_summary",
 ]

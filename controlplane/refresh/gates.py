@@ -485,7 +485,9 @@ def _change(
         )
     if action != AuditAction.GATE_FORCE_REOPENED:  # the force-reopen action notifies itself
         _notify_state_changes(before, fresh, refresh=refresh, reason=note)
-    _announce(fresh, copied=True)  # `_update` above registered the copies of `ids`
+    # Inside a transaction, `_update` above registered the copies of `ids` for its commit;
+    # in autocommit it wrote them at once, before the projection: they are written again.
+    _announce(fresh, copied=transaction.get_connection().in_atomic_block)
     return fresh
 
 

@@ -12,8 +12,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane.fleet.models import PublishedPolicy
+from controlplane.refresh.gate_lags import lags_by_gate
 from controlplane.refresh.models import Gate
-from controlplane.refresh.policy_lag import lags_by_gate
 
 
 class LagCollector(Collector):

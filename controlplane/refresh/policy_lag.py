@@ -29,7 +29,7 @@ from django.utils import timezone
 from controlplane.fleet.models import PublishedPolicy, Source
 
 if TYPE_CHECKING:
-    from controlplane.refresh.models import Gate
+    pass
 
 #: Longest `version_key` (longer versions are refused by the event schemas first).
 VERSION_KEY_MAX = 200
@@ -257,22 +257,6 @@ def lags_of(source: Source, gates: Sequence[tuple[str, Mapping[str, Any]]]) -> l
     return out
 
 
-def lags_by_gate(gates: Iterable[Gate]) -> dict[int, Lag | None]:
-    """Per gate id, its lag (`lags_of` per source: a few reads per source, not per gate).
-    The gates' `source` is read as loaded (select it with them)."""
-    # Imported here: the gate module's Redis copies (gate_cache) import this one.
-    from controlplane.refresh.gates import serialize_gate
-
-    by_source: dict[int, list[Gate]] = {}
-    for gate in gates:
-        by_source.setdefault(gate.source_id, []).append(gate)
-    out: dict[int, Lag | None] = {}
-    for same in by_source.values():
-        found = lags_of(same[0].source, [(g.namespace, serialize_gate(g)) for g in same])
-        out.update(zip((g.pk for g in same), found, strict=True))
-    return out
-
-
 def _lag(
     source: Source,
     admitted: list[Any],
@@ -322,28 +306,3 @@ def with_lag(payload: Mapping[str, Any], source: Source | None = None) -> dict[s
     mark = policy_mark(source.pk)  # before the lag: a publication meanwhile moves the mark on
     lag = lag_of(source, str(payload["namespace"]), payload)
     return {**payload, "policy_lag": None if lag is None else lag.as_dict(), "policy_mark": mark}
-
-
-def with_lags(gates: Sequence[Gate]) -> list[dict[str, Any]]:
-    """`with_lag` for each of `gates` (sources selected with them): one read for every
-    source's mark, then a few per source for the lags, however many gates."""
-    from controlplane.refresh.gates import serialize_gate  # see lags_by_gate
-
-    marks = dict(
-        PublishedPolicy.objects.filter(source_id__in={g.source_id for g in gates})
-        .values("source_id")
-        .annotate(mark=Max("pk"))
-        .values_list("source_id", "mark")
-    )
-    lags = lags_by_gate(gates)
-    out = []
-    for gate in gates:
-        lag = lags[gate.pk]
-        out.append(
-            {
-                **serialize_gate(gate),
-                "policy_lag": None if lag is None else lag.as_dict(),
-                "policy_mark": int(marks.get(gate.source_id) or 0),
-            }
-        )
-    return out

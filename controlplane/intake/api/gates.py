@@ -35,10 +35,11 @@ from controlplane.intake.api.auth import (
 from controlplane.intake.api.errors import COMMON_ERRORS, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.refresh import gate_cache
+from controlplane.refresh.gate_lags import with_lags
 from controlplane.refresh.gates import gate_state, serialize_gate
 from controlplane.refresh.intents.action_table import FORCE_REOPEN, ActionInput
 from controlplane.refresh.models import ADMITTING_STATES, Gate
-from controlplane.refresh.policy_lag import with_lag, with_lags
+from controlplane.refresh.policy_lag import with_lag
 
 router = Router(tags=["gates"])
 

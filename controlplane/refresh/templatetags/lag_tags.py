@@ -7,9 +7,10 @@ the gate API's `policy_lag` shows.
 
 from django import template
 
+from controlplane.refresh.gate_lags import lags_by_gate
 from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.models import Gate
-from controlplane.refresh.policy_lag import lag_of, lags_by_gate, lags_of
+from controlplane.refresh.policy_lag import lag_of, lags_of
 
 register = template.Library()
 

@@ -19,9 +19,10 @@ from django.test import Client
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
 from controlplane.intake.provenance.views import WORKER_ROWS
+from controlplane.refresh.gate_lags import lags_by_gate
 from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.models import Gate
-from controlplane.refresh.policy_lag import lag_of, lags_by_gate
+from controlplane.refresh.policy_lag import lag_of
 from tests.integration.scale import paths
 from tests.integration.scale.fleet import count
 from tests.postgres import postgres_only

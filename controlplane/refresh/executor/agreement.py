@@ -41,15 +41,13 @@ def verified_samples(
     exclude: AbstractSet[int] = frozenset(),
     *,
     fresh: Mapping[int, tuple[str, Any, Any]] | None = None,
-    written_by: tuple[int, int] | None = None,
 ) -> dict[str, list[tuple[int, Sample]]]:
     """model → [(planned worker id, sample)] from each worker's latest passing generation.
 
     `exclude`: planned workers out of play (departed, or in a namespace resolved on its own).
-    `fresh`: this attempt's passing replies as its calls decoded them, and `written_by` the
-    (attempt, lease token) under which they were journaled: those rows are not read back (a
-    journal row and its in-memory record hold the same reply), and `fresh` is newer than every
-    row read.
+    `fresh`: this step's passing replies as its calls decoded them (planned worker id →
+    key, request, reply); they are newer than any journal row of those workers, so only the
+    other workers' rows (earlier waves, earlier attempts, a dead executor's) are read back.
     """
     # Only the four columns read: a whole entry with its planned worker also decoded that
     # worker's planned calls of every step, for each of a fleet's generation rows.
@@ -57,14 +55,13 @@ def verified_samples(
     entries = JournalEntry.objects.filter(
         refresh=refresh, step=StepName.VERIFY, operation=GENERATION, ok=True
     ).exclude(planned_worker=None)
-    if fresh is not None and written_by is not None:
-        attempt, token = written_by
-        entries = entries.exclude(attempt=attempt, lease_token=token)
+    if fresh:
+        entries = entries.exclude(planned_worker_id__in=list(fresh))
     for worker_id, key, request_body, response_body in entries.order_by("id").values_list(
         "planned_worker_id", "planned_worker__key", "request_body", "response_body"
     ):
         latest[worker_id] = (key, request_body, response_body)
-    if fresh is not None and written_by is not None:
+    if fresh:
         latest.update(fresh)
     by_model: dict[str, list[tuple[int, Sample]]] = {}
     for worker_id, (key, request_body, response_body) in latest.items():
@@ -87,10 +84,9 @@ def check_agreement(
     fresh: Mapping[int, tuple[str, Any, Any]] | None = None,
 ) -> AgreementOutcome:
     """Compare every verified worker of each model; journal and fail the odd ones out.
-    `fresh`: this attempt's passing generation replies, journaled under `lease` (see
-    `verified_samples`)."""
+    `fresh`: this step's passing generation replies, as decoded (see `verified_samples`)."""
     rule = AgreementRule.from_dict((refresh.verification or {}).get("agreement"))
-    by_model = verified_samples(refresh, exclude, fresh=fresh, written_by=(attempt, lease.token))
+    by_model = verified_samples(refresh, exclude, fresh=fresh)
     if not by_model:
         return AgreementOutcome(True, "no generation results to cross-check")
     checks: list[tuple[str, list[tuple[int, Sample]], CrossCheck]] = []

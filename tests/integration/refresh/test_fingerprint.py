@@ -312,9 +312,9 @@ def test_the_replies_held_in_memory_are_the_journals_replies(fleet, operator):
     seen: dict = {}
     original = agreement.verified_samples
 
-    def spy(refresh, exclude=frozenset(), *, fresh=None, written_by=None):
-        found = original(refresh, exclude, fresh=fresh, written_by=written_by)
-        seen.update(fresh=fresh, written_by=written_by, found=found)
+    def spy(refresh, exclude=frozenset(), *, fresh=None):
+        found = original(refresh, exclude, fresh=fresh)
+        seen.update(fresh=fresh, found=found)
         return found
 
     source = make_source(fleet)
@@ -332,3 +332,17 @@ def test_the_replies_held_in_memory_are_the_journals_replies(fleet, operator):
         return {model: sorted(pairs) for model, pairs in by_model.items()}
 
     assert ordered(original(refresh)) == ordered(seen["found"])
+
+
+def test_each_waves_agreement_compares_every_worker_verified_so_far(fleet, operator):
+    """A wave's own replies come from memory; the earlier waves' are read back from the
+    journal (same attempt, same executor), so the last wave's check covers the whole fleet."""
+    source = make_source(fleet)
+    refresh = run_inline(source, operator, "v2", strategy={"kind": "waves", "max_unavailable": 1})
+    assert refresh.state == RefreshState.SUCCEEDED, refresh.held_reason
+    assert refresh.waves > 1
+    checks = list(
+        JournalEntry.objects.filter(refresh=refresh, operation="agreement").order_by("id")
+    )
+    compared = [len(c.request_body["workers"]) for c in checks]
+    assert compared == sorted(compared) and compared[-1] == 4, compared

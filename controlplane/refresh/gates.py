@@ -215,20 +215,45 @@ def serialize_gate(gate: Gate) -> dict[str, Any]:
 
 def _copy_on_commit(ids) -> None:
     """Once committed, the rows of `ids` become the gate API's Redis copies (gate_cache.py).
-    Registered before the push, so a client woken by it reads the new state."""
+    Registered before the push, so a client woken by it reads the new state.
+
+    A transaction often registers the same gates several times (`_update`, then `_announce`;
+    a refresh step touching many namespaces): the ids gather in one set per connection, and
+    the first of the transaction's callbacks to run copies them all with one read, the others
+    finding nothing left. A callback dropped with a rolled-back savepoint leaves its ids to
+    the others (or to the next commit): copying a gate's committed row once more is always
+    correct, so an id is never lost, only at worst copied again."""
     ids = list(ids)
-    if ids:
-        rows = Gate.objects.filter(pk__in=ids).select_related("source")
-        transaction.on_commit(lambda: gate_cache.store(serialize_gate(g) for g in rows.all()))
+    if not ids:
+        return
+    pending = _pending_copies()
+    pending.update(ids)
+    transaction.on_commit(_copy_pending)
 
 
-def _announce(gates: list[Gate], *, copied: bool = False) -> None:
-    """Push the gates' new state once committed. `copied`: the caller's `_update` of these
-    very gates already registered their copies (one read and one copy per gate per commit,
-    not two)."""
+def _pending_copies() -> set[int]:
+    # Per connection, so per thread: a transaction's callbacks run on its own connection.
+    connection = transaction.get_connection()
+    pending: set[int] | None = getattr(connection, "_gate_copies_pending", None)
+    if pending is None:
+        pending = connection._gate_copies_pending = set()  # type: ignore[attr-defined]
+    return pending
+
+
+def _copy_pending() -> None:
+    pending = _pending_copies()
+    if not pending:
+        return
+    ids = list(pending)
+    pending.clear()
+    rows = Gate.objects.filter(pk__in=ids).select_related("source")
+    gate_cache.store(serialize_gate(g) for g in rows)
+
+
+def _announce(gates: list[Gate]) -> None:
+    """Push the gates' new state once committed (after their copies: `_copy_on_commit`)."""
     payloads = [serialize_gate(g) for g in gates]
-    if not copied:
-        _copy_on_commit(g.pk for g in gates)
+    _copy_on_commit(g.pk for g in gates)
     transaction.on_commit(lambda: publish_gate_changes(payloads))
 
 
@@ -485,9 +510,10 @@ def _change(
         )
     if action != AuditAction.GATE_FORCE_REOPENED:  # the force-reopen action notifies itself
         _notify_state_changes(before, fresh, refresh=refresh, reason=note)
-    # Inside a transaction, `_update` above registered the copies of `ids` for its commit;
-    # in autocommit it wrote them at once, before the projection: they are written again.
-    _announce(fresh, copied=transaction.get_connection().in_atomic_block)
+    # Inside a transaction the copies `_update` registered and these are made once, at the
+    # commit; in autocommit `_update` wrote them at once, before the projection, and these
+    # write them again as projected.
+    _announce(fresh)
     return fresh
 
 

@@ -303,3 +303,43 @@ def test_an_expired_token_is_refused_from_its_cached_grant(fleet, viewer, token_
     assert Client().get(GATE, **bearer(secret)).status_code == 401
     # A forged secret with the same key id is refused against the cached hash too.
     assert Client().get(GATE, **bearer(secret[:-4] + "AAAA")).status_code == 401
+
+
+def test_a_transaction_copies_each_gate_once_at_its_commit(
+    fleet, monkeypatch, django_capture_on_commit_callbacks
+):
+    """A gate change registers its copies twice (`_update`, then `_announce`) and a
+    transaction may hold several: the commit reads and copies each gate once, in one store."""
+    stored: list[list[str]] = []
+    monkeypatch.setattr(
+        gate_cache, "store", lambda payloads: stored.append([p["namespace"] for p in payloads])
+    )
+    gate = fleet["gate"]
+    entry = {"instance_id": "424242", "key": "w", "kind": "joined", "state": "quarantined"}
+    Gate.objects.filter(pk=gate.pk).update(drift=[entry])
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        gates.set_drift_state(gate.pk, "424242", "admitting")
+    assert stored == [[gate.namespace]]
+
+
+def test_a_copy_registered_in_a_rolled_back_savepoint_never_loses_a_later_one(
+    fleet, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The first registration's callback goes with its savepoint; a gate changed after it in
+    the same transaction is still copied at the commit."""
+    stored: list[str] = []
+    monkeypatch.setattr(
+        gate_cache, "store", lambda payloads: stored.extend(p["namespace"] for p in payloads)
+    )
+    gate = fleet["gate"]
+    other = Gate.objects.create(source=gate.source, namespace="rl-b", state=GateState.CLOSED)
+
+    class Boom(Exception):
+        pass
+
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        with pytest.raises(Boom), transaction.atomic():
+            gates._copy_on_commit([gate.pk])
+            raise Boom
+        gates._copy_on_commit([other.pk])
+    assert "rl-b" in stored

@@ -236,7 +236,7 @@ def _pending_copies() -> set[int]:
     connection = transaction.get_connection()
     pending: set[int] | None = getattr(connection, "_gate_copies_pending", None)
     if pending is None:
-        pending = connection._gate_copies_pending = set()  # type: ignore[attr-defined]
+        pending = connection._gate_copies_pending = set()
     return pending
 
 

@@ -26,7 +26,7 @@ import asyncio
 import functools
 import json
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
@@ -130,7 +130,7 @@ class DynamoClient:
         *,
         timeout: float,
         max_connections: int = 100,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        request_class: type[aiohttp.ClientRequest] = aiohttp.ClientRequest,
     ) -> None:
         if not timeout > 0:
             raise ValueError("timeout must be positive")
@@ -138,9 +138,9 @@ class DynamoClient:
             raise ValueError("max_connections must be positive")
         self.timeout = timeout
         self.max_connections = max_connections
-        #: aiohttp's request tracing, for a caller that must know how far a call got (the
-        #: refresh executor, to say whether a call an abort cancelled had reached its worker).
-        self.trace_configs = list(trace_configs)
+        #: aiohttp's request class: the refresh executor's marks how far a call got, to say
+        #: whether a call an abort cancelled had reached its worker (`cancellation.py`).
+        self.request_class = request_class
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> DynamoClient:
@@ -160,7 +160,7 @@ class DynamoClient:
             # Session headers are merged per request from aiohttp's own multidict, several
             # times cheaper than the same headers passed as a dict with every call.
             headers=_BASE_HEADERS,
-            trace_configs=self.trace_configs or None,
+            request_class=self.request_class,
         )
         return self
 
@@ -241,11 +241,11 @@ def make_client(
     *,
     timeout: float,
     max_connections: int = 100,
-    trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    request_class: type[aiohttp.ClientRequest] = aiohttp.ClientRequest,
 ) -> DynamoClient:
     """A client with no redirects, an explicit default deadline and a bounded pool."""
     return DynamoClient(
-        timeout=timeout, max_connections=max_connections, trace_configs=trace_configs
+        timeout=timeout, max_connections=max_connections, request_class=request_class
     )
 
 

@@ -35,9 +35,9 @@ from controlplane.dynamo.http import DynamoClient, make_client
 from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.dynamo.releases import DECLARED_REQUIRED, declared_ok
 from controlplane.refresh.executor.cancellation import (
-    REQUEST_TRACING,
     CallProgress,
     InFlight,
+    TrackedRequest,
     cancelled_error,
     track,
 )
@@ -187,7 +187,7 @@ class CallRuntime:
         client = make_client(
             timeout=self.timeout,
             max_connections=self.concurrency + 2,
-            trace_configs=(REQUEST_TRACING,),
+            request_class=TrackedRequest,
         )
         await client.__aenter__()
         return _RunState(client, self.policy)
@@ -212,7 +212,7 @@ async def _in_context(coro: Coroutine[Any, Any, Any], context: contextvars.Conte
 async def _run_one(
     run: _RunState, cfg: CallSettings, job: WorkerJob, spec: dict[str, Any], progress: list
 ):
-    # Tracked in this call's own task: the request tracing reads it from the task's context.
+    # Tracked in this call's own task: `TrackedRequest` reads it from the task's context.
     progress.append(track())
     if spec["operation"] == GENERATION:
         check = generation_check_from_call(spec)
@@ -308,7 +308,7 @@ async def run_jobs(
     async with make_client(
         timeout=cfg.timeout,
         max_connections=cfg.concurrency + 2,
-        trace_configs=(REQUEST_TRACING,),
+        request_class=TrackedRequest,
     ) as client:
         await _run_jobs(
             _RunState(client, cfg.policy.for_run()),

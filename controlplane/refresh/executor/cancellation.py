@@ -5,11 +5,13 @@ or its timeout (30 s with a hung worker) while the page said "updating". Now the
 abort watch (`journal.run_step_calls`) calls `InFlight.cancel`, which cancels every call task
 on the run's event loop; each comes back as a cancelled `CallRecord`.
 
-What a cancelled call had done to its worker is told by aiohttp's request tracing
-(`REQUEST_TRACING`, installed on the run's client): `CallProgress.connected` once a connection
-to the worker was made or taken from the pool, `CallProgress.sent` once aiohttp handed the first
-bytes of the request (its headers) to that connection. aiohttp runs the trace hook and the
-write with no suspension point between them, so a cancellation cannot fall between the two:
+What a cancelled call had done to its worker is told by the run's request class
+(`TrackedRequest`, installed on the run's client): `CallProgress.sent` is set when aiohttp hands
+the request to a connection it holds (`ClientRequest.send`, entered once the connection is made
+or taken from the pool). From there to the headers and body reaching the socket aiohttp makes
+no suspension point (it buffers the headers and writes them with the body in the same turn of
+the loop), so a cancellation cannot fall between the mark and the write. (Only a connection
+whose send buffer is full makes it wait first; such a call counts as reached: the safe side.)
 
 - not sent — no byte of the request left this process: the worker cannot have seen it;
 - sent ("reached the worker") — the request was written to the connection. The worker may have
@@ -19,6 +21,11 @@ write with no suspension point between them, so a cancellation cannot fall betwe
 
 A generation check's request goes to the frontend rather than to a worker; "reached" then means
 the frontend.
+
+Why a request class and not aiohttp's request tracing: a session with a trace config awaits
+every trace signal of every request (request start and end, connection, headers, each chunk
+sent and received): about a tenth of the call thread's CPU in a refresh of 500 workers, for an
+answer one method override gives (docs/decisions/2026-12-06-policy-refresh-cost.md).
 """
 
 from __future__ import annotations
@@ -27,19 +34,17 @@ import asyncio
 import contextvars
 import threading
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
 
 import aiohttp
+from aiohttp.connector import Connection
 
-__all__ = ["REQUEST_TRACING", "CallProgress", "InFlight", "cancelled_error", "track"]
+__all__ = ["CallProgress", "InFlight", "TrackedRequest", "cancelled_error", "track"]
 
 
 @dataclass(slots=True)
 class CallProgress:
-    """How far one call got (set by the request tracing, read when it is cancelled)."""
+    """How far one call got (set by `TrackedRequest`, read when it is cancelled)."""
 
-    connected: bool = False
     sent: bool = False
 
 
@@ -56,30 +61,14 @@ def track() -> CallProgress:
     return progress
 
 
-async def _connected(_session: Any, _ctx: SimpleNamespace, _params: Any) -> None:
-    progress = _CURRENT.get()
-    if progress is not None:
-        progress.connected = True
+class TrackedRequest(aiohttp.ClientRequest):
+    """aiohttp's request, marking the tracked call sent as it is handed to its connection."""
 
-
-async def _sent(_session: Any, _ctx: SimpleNamespace, _params: Any) -> None:
-    progress = _CURRENT.get()
-    if progress is not None:
-        progress.connected = progress.sent = True
-
-
-def _request_tracing() -> aiohttp.TraceConfig:
-    config = aiohttp.TraceConfig()
-    config.on_connection_create_end.append(_connected)
-    config.on_connection_reuseconn.append(_connected)
-    config.on_request_headers_sent.append(_sent)
-    config.on_request_chunk_sent.append(_sent)
-    config.freeze()
-    return config
-
-
-#: Installed on every client the executor makes (`calls.CallRuntime`, `calls.run_jobs`).
-REQUEST_TRACING = _request_tracing()
+    async def send(self, conn: Connection) -> aiohttp.ClientResponse:
+        progress = _CURRENT.get()
+        if progress is not None:
+            progress.sent = True
+        return await super().send(conn)
 
 
 def cancelled_error(progress: CallProgress) -> str:
@@ -87,11 +76,6 @@ def cancelled_error(progress: CallProgress) -> str:
     if progress.sent:
         return (
             "cancelled by an abort after the request reached the worker (it may have acted on it)"
-        )
-    if progress.connected:
-        return (
-            "cancelled by an abort with the connection open, before any of the request was "
-            "sent (the worker did not receive it)"
         )
     return "cancelled by an abort before the request was sent (the worker did not receive it)"
 

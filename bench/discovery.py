@@ -7,8 +7,9 @@
    from a child process (`--fleet-in-thread` serves it from a thread of this process). Each
    repetition times one full discovery refresh (listener + version/liveness probes + upsert +
    diff + audit + publish) and, in alternating order, a bare aiohttp client doing only the same
-   HTTP calls (and parsing the listing) with the same concurrency (see `_paired.py`). Two
-   kinds: cold (a new source, so every worker joins: inserts) and steady (nothing changed).
+   HTTP calls (and parsing the listing) with the same concurrency (`_fanout.bare_discovery`;
+   the pairing: `_paired.py`). Two kinds: cold (a new source, so every worker joins:
+   inserts) and steady (nothing changed).
 2. Server time and SQL query count to render the source page at 100 and N workers
    (`--no-page` leaves it out).
 
@@ -26,35 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _fleet import serve_fleet  # bench/ is sys.path[0] when a bench runs as a script
+from _fanout import bare_discovery  # bench/ is sys.path[0] when a bench runs as a script
+from _fleet import serve_fleet
 from _paired import alternate, bench_environment, report, setup_django
 
 bench_environment()
-
-
-async def bare_client(listener_url: str, concurrency: int) -> int:
-    """The same calls as a refresh (listener, then version + liveness per worker), nothing else."""
-    import aiohttp
-
-    from controlplane.dynamo.families import VLLM_WORKER, Operation
-
-    calls = [VLLM_WORKER.build(op)[0] for op in (Operation.GET_WEIGHT_VERSION, Operation.LIVENESS)]
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        async with session.get(listener_url.rstrip("/") + "/v1/rl/workers") as response:
-            payload = await response.json(content_type=None)
-        permits = asyncio.Semaphore(concurrency)
-
-        async def one(system_url: str, call) -> None:
-            async with permits:
-                url = system_url.rstrip("/") + "/" + call.path
-                kwargs = {} if call.method == "GET" else {"json": call.body or {}}
-                async with session.request(call.method, url, **kwargs) as r:
-                    await r.read()
-
-        jobs = [one(w["system_url"], c) for w in payload["workers"] for c in calls]
-        await asyncio.gather(*jobs)
-    return len(jobs) + 1
 
 
 def render_page(source, user) -> tuple[float, int, int]:
@@ -185,7 +162,8 @@ def main() -> None:
             assert run.workers_total == n, run.workers_total
 
         def bare(_source) -> None:
-            requests.append(asyncio.run(bare_client(listener_url, concurrency)))
+            listener = listener_url.rstrip("/") + "/v1/rl/workers"
+            requests.append(asyncio.run(bare_discovery(listener, concurrency)))
 
         for kind, prepare in (
             ("cold (every worker joins)", lambda i: new_source(f"cold{i}")),

@@ -278,21 +278,27 @@ def ts(moment) -> float:
     return moment.timestamp() if moment is not None else float("nan")
 
 
+def trainer_client(web_url: str, data: dict):
+    """The trainer's client of the bench's source (`prepare`'s endpoint, secret and token), on
+    a connection of its own; a context manager."""
+    from dynamo_rl_trainer import ControlPlane
+
+    return ControlPlane(
+        web_url,
+        source=SOURCE,
+        namespace=NAMESPACES[0],
+        endpoint=data["endpoint"],
+        secrets=data["secret"],
+        token=data["token"],
+    )
+
+
 def warm_web_processes(web_url: str, data: dict, connections: int) -> None:
     """A signed `test.ping` and a gate read on each of `connections` new connections, so every
     web process has served both paths once (the kernel hands each new connection to one of
     them; a trainer's client keeps its connection only while it is busy)."""
-    from dynamo_rl_trainer import ControlPlane
-
     for _ in range(connections):
-        with ControlPlane(
-            web_url,
-            source=SOURCE,
-            namespace=NAMESPACES[0],
-            endpoint=data["endpoint"],
-            secrets=data["secret"],
-            token=data["token"],
-        ) as fresh:
+        with trainer_client(web_url, data) as fresh:
             fresh.send_event("test.ping", {"message": "bench warm-up"})
             fresh.gate()
 
@@ -393,7 +399,6 @@ def main() -> None:
         contextlib.ExitStack() as cleanup,
     ):
         from django.conf import settings
-        from dynamo_rl_trainer import ControlPlane
 
         from controlplane.simfleet import FleetConfig
 
@@ -410,16 +415,7 @@ def main() -> None:
         data = prepare(urls, args.discovery_interval)
         servers, web_url = start_product(args.web_processes, args.celery_threads, log_dir)
         cleanup.callback(stop, servers)
-        client = cleanup.enter_context(
-            ControlPlane(
-                web_url,
-                source=SOURCE,
-                namespace=NAMESPACES[0],
-                endpoint=data["endpoint"],
-                secrets=data["secret"],
-                token=data["token"],
-            )
-        )
+        client = cleanup.enter_context(trainer_client(web_url, data))
         trainer = Trainer(client, NAMESPACES)
         print(
             f"end-to-end bench: {args.workers} workers in {len(NAMESPACES)} namespaces, routes "

@@ -52,18 +52,10 @@ def _fill(workers: int) -> tuple[str, str]:
     """The source and refresh pages' URLs, over N workers each."""
     from django.urls import reverse
 
-    from controlplane.audit.recorder import Actor
-    from controlplane.fleet import services
     from controlplane.fleet.live import TIMELINE_LIMIT
-    from tests.fixtures.scale import make_events, make_fleet, make_refresh
+    from tests.fixtures.scale import make_events, make_fleet, make_refresh, make_source
 
-    source = services.create_source(
-        actor=Actor.system("bench"),
-        name="bench",
-        listener_url="http://10.0.0.5:8001",
-        allowed_networks=["10.0.0.0/8"],
-        expected_prefix="rl",
-    )
+    source = make_source("bench", actor="bench", expected_prefix="rl")
     make_fleet(source, workers)
     make_events(source, TIMELINE_LIMIT)
     refresh = make_refresh(source, workers)

@@ -9,7 +9,8 @@ View: `lag_of` compares the latest published policy meant for a namespace with t
 its gate admits, read from the gate as the gate module serialises it (`verified_version`, and
 any `versions` list a gate view publishes): steps and seconds behind, against the source's
 `max_lag_steps`. The gate API, the gate pages and /metrics show it (`with_lag` adds it to a
-serialised gate); `stale_policy.py` acts on it (the source's `max_lag_action`).
+serialised gate, `with_lags_of` to several of a source); `stale_policy.py` acts on it (the
+source's `max_lag_action`).
 
 `is_regression` is the drift rule for versions: a worker reporting a version older than the one
 it was admitted at is a regression, not a new truth.
@@ -298,11 +299,24 @@ def policy_mark(source_id: int) -> int:
     return int(found or 0)
 
 
+def with_lags_of(
+    source: Source, payloads: Sequence[Mapping[str, Any]], *, mark: int | None = None
+) -> list[dict[str, Any]]:
+    """Each serialised gate of `source` plus its `policy_lag` (None when nothing was
+    published) and the `policy_mark` it was computed at: the one place that shape is built.
+    One read for the mark (none when the caller read it already: `gate_lags.with_lags` reads
+    every source's at once), then `lags_of`'s few, however many gates."""
+    if mark is None:
+        mark = policy_mark(source.pk)  # before the lag: a publication meanwhile moves the mark on
+    lags = lags_of(source, [(str(p["namespace"]), p) for p in payloads])
+    return [
+        {**payload, "policy_lag": None if lag is None else lag.as_dict(), "policy_mark": mark}
+        for payload, lag in zip(payloads, lags, strict=True)
+    ]
+
+
 def with_lag(payload: Mapping[str, Any], source: Source | None = None) -> dict[str, Any]:
-    """A serialised gate plus its `policy_lag` (None when nothing was published) and the
-    `policy_mark` it was computed at."""
+    """A serialised gate plus its `policy_lag` and `policy_mark` (`with_lags_of` for one)."""
     if source is None:
         source = Source.objects.get(pk=payload["source_id"])
-    mark = policy_mark(source.pk)  # before the lag: a publication meanwhile moves the mark on
-    lag = lag_of(source, str(payload["namespace"]), payload)
-    return {**payload, "policy_lag": None if lag is None else lag.as_dict(), "policy_mark": mark}
+    return with_lags_of(source, [payload])[0]

@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from controlplane.audit.recorder import Actor
-from controlplane.fleet import services
 from controlplane.fleet.filters import PAGE_SIZE
 from controlplane.fleet.live import TIMELINE_LIMIT
-from tests.fixtures.scale import make_events, make_fleet, make_refresh
+from tests.fixtures.scale import make_events, make_fleet, make_refresh, make_source
 
 WORKERS = 10_000
 #: The first screen's budget (docs/decisions/2026-11-30-big-pages.md).
@@ -19,13 +17,7 @@ PAGE_BYTES = 250_000
 
 @pytest.fixture
 def source(db):
-    source = services.create_source(
-        actor=Actor.system("test"),
-        name="ten-thousand",
-        listener_url="http://10.0.0.5:8001",
-        allowed_networks=["10.0.0.0/8"],
-        expected_prefix="rl",
-    )
+    source = make_source("ten-thousand", expected_prefix="rl")
     make_fleet(source, WORKERS)
     return source
 

@@ -9,11 +9,9 @@ from html import unescape
 import pytest
 from django.urls import reverse
 
-from controlplane.audit.recorder import Actor
-from controlplane.fleet import services
 from controlplane.refresh import presenters
 from controlplane.refresh.models import JournalEntry
-from tests.fixtures.scale import make_refresh
+from tests.fixtures.scale import make_refresh, make_source
 
 pytestmark = pytest.mark.django_db
 
@@ -24,13 +22,7 @@ JOURNAL_ROW = re.compile(
 
 @pytest.fixture
 def refresh(db):
-    source = services.create_source(
-        actor=Actor.system("test"),
-        name="big",
-        listener_url="http://10.0.0.5:8001",
-        allowed_networks=["10.0.0.0/8"],
-    )
-    return make_refresh(source, 100)  # 100 pause calls, 50 update calls (10 failed)
+    return make_refresh(make_source("big"), 100)  # 100 pause calls, 50 update calls (10 failed)
 
 
 def journal_rows(client, refresh, query: str = "", **headers) -> tuple[str, list[tuple]]:

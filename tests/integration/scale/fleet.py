@@ -34,7 +34,7 @@ from controlplane.refresh.models import (
     WorkerStepResult,
 )
 from controlplane.refresh.policy_lag import publish
-from tests.fixtures.scale import make_fleet
+from tests.fixtures.scale import make_fleet, step_rows
 
 #: What every worker serves before the refresh (each fleet refreshes to a version of its own,
 #: `Fleet.new`, so a version's trail at one size never includes another size's fleet).
@@ -167,33 +167,18 @@ def finished_refresh(f: Fleet, *, version: str = "", **fields) -> PolicyRefresh:
             ("resume", "resume"),
             ("verify", "weight_version"),
         ):
-            results.append(
-                WorkerStepResult(
-                    refresh=refresh,
-                    planned_worker=pw,
-                    step=step,
-                    status="ok",
-                    duration_ms=21.5,
-                    finished_at=now,
-                )
+            result, call = step_rows(
+                refresh,
+                pw,
+                step,
+                operation=operation,
+                method="POST" if step != "verify" else "GET",
+                url=f"{pw.system_url}/engine/{operation}",
+                at=now,
+                response_body={"status": "ok", "weight_version": version},
             )
-            calls.append(
-                JournalEntry(
-                    refresh=refresh,
-                    planned_worker=pw,
-                    step=step,
-                    operation=operation,
-                    method="POST" if step != "verify" else "GET",
-                    url=f"{pw.system_url}/engine/{operation}",
-                    http_status=200,
-                    response_body={"status": "ok", "weight_version": version},
-                    ok=True,
-                    duration_ms=21.5,
-                    started_at=now,
-                    finished_at=now,
-                    lease_token=1,
-                )
-            )
+            results.append(result)
+            calls.append(call)
     WorkerStepResult.objects.bulk_create(results, batch_size=2000)
     JournalEntry.objects.bulk_create(calls, batch_size=2000)
     return refresh

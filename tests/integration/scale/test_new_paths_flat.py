@@ -19,10 +19,10 @@ from django.test import Client
 from controlplane.accounts.roles import Role
 from controlplane.accounts.services import create_user_with_role
 from controlplane.intake.provenance.views import WORKER_ROWS
-from controlplane.refresh.gate_lags import lags_by_gate
+from controlplane.refresh.gate_lags import lags_by_gate, with_lags
 from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.models import Gate
-from controlplane.refresh.policy_lag import lag_of
+from controlplane.refresh.policy_lag import lag_of, policy_mark, with_lag
 from tests.integration.scale import paths
 from tests.integration.scale.fleet import count
 from tests.postgres import postgres_only
@@ -112,6 +112,27 @@ def test_policy_lag_of_many_gates_costs_what_one_does(scenarios):
     for gate in gates:
         alone = lag_of(gate.source, gate.namespace, serialize_gate(gate))
         assert alone is not None and lags[gate.pk] == alone
+
+
+def test_gates_with_their_lag_are_built_alike_one_at_a_time_or_a_page_at_once(scenarios):
+    """`with_lag` (one gate: its API, its stream, its Redis copy) and `with_lags` (the gates
+    API's pages) build one payload: each gate of a page, of whichever source, in the page's
+    order, is what `with_lag` gives for it alone, and the page costs what one gate does."""
+    gates = list(
+        Gate.objects.filter(source__in=[s.fleet.source for s in scenarios.values()])
+        .select_related("source")
+        .order_by("namespace", "source")  # the sources interleaved
+    )
+    assert len({g.source_id for g in gates[:2]}) == 2
+    one, _ = count(lambda: with_lags(gates[:1]))
+    every, page = count(lambda: with_lags(gates))
+    # One read of every source's mark, then each source's lags (the two fleets alike).
+    assert every == 2 * one - 1, (one, every)
+    for gate, built in zip(gates, page, strict=True):
+        alone = with_lag(serialize_gate(gate), gate.source)
+        assert built == alone and built["namespace"] == gate.namespace
+        assert built["policy_lag"] is not None
+        assert built["policy_mark"] == policy_mark(gate.source_id) > 0
 
 
 def test_a_versions_page_shows_a_bounded_worker_table_and_the_export_all(scenarios):

@@ -382,9 +382,7 @@ def report(subscribers: int, results: list[dict], args) -> str:
     print("  duplicated       " + _spread([r["duplicated"] for r in results]))
     low = min(r["per_subscriber"][0] for r in results)
     high = max(r["per_subscriber"][1] for r in results)
-    print(
-        f"  frames received per subscriber: expected {args.events}, got min {low} / max {high}"
-    )
+    print(f"  frames received per subscriber: expected {args.events}, got min {low} / max {high}")
     print("  p50 ms           " + _spread([r["p50"] for r in results]))
     print("  p95 ms           " + _spread([r["p95"] for r in results]))
     print("  max ms           " + _spread([r["max"] for r in results]))

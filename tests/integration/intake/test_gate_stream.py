@@ -6,15 +6,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db.models import F
 from django.test import Client
 
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
+from controlplane.intake import consumers
 from controlplane.refresh import intents
+from controlplane.refresh.live import EVENT_GATE_CHANGED, GATES_GROUP
 from controlplane.refresh.models import Gate, GateState
 
 pytestmark = [
@@ -179,3 +184,72 @@ async def test_messages_from_the_client_are_ignored(gates, viewer):
     gate = await database_sync_to_async(Gate.objects.get)(namespace="rl-a")
     assert not gate.is_open
     await c.disconnect()
+
+
+# -- each revision once, never an older one after a newer ----------------------------------------
+
+
+def _move_without_a_push(gate: Gate) -> None:
+    """A committed change whose push has not reached the stream yet (still on its way, or lost)."""
+    Gate.objects.filter(pk=gate.pk).update(revision=F("revision") + 1, reason="moved quietly")
+
+
+def _late_push(gate: Gate) -> None:
+    """The push of that change, arriving after all: the wake-up every writer publishes."""
+    source = gate.source
+    payload = {"source": source.name, "source_id": source.pk, "namespace": gate.namespace}
+    message = {"type": "stream.event", "event": EVENT_GATE_CHANGED, "payload": payload}
+    async_to_sync(get_channel_layer().group_send)(GATES_GROUP, {**message, "id": "late"})
+
+
+async def _gate_frames_until(c: WebsocketCommunicator, namespace: str, revision: int) -> list:
+    """Every gate frame up to the one showing `namespace` at `revision` (the test's marker)."""
+    frames = []
+    while True:
+        frame = await c.receive_json_from(timeout=10)
+        frames.append(view(frame["gate"]))
+        if frames[-1][1] == namespace and frames[-1][3] == revision:
+            return frames
+
+
+async def test_a_revision_the_watch_recovered_is_not_sent_again_when_its_push_arrives(
+    gates, viewer, approver, monkeypatch
+):
+    monkeypatch.setattr(consumers, "WATCH_SECONDS", 0.05)
+    secret = await database_sync_to_async(token_for)(viewer)
+    c = await connected(bearer(secret))
+    await c.receive_json_from(timeout=10)  # snapshot
+
+    # The watch finds the change no push announced and sends it...
+    await database_sync_to_async(_move_without_a_push)(gates["fleet-a"])
+    recovered = await c.receive_json_from(timeout=10)
+    assert view(recovered["gate"]) == ("fleet-a", "rl-a", False, 2)
+    # ...then the push arrives: the stream has that revision already. A later change of the
+    # other gate marks the end of what the late push could have sent.
+    await database_sync_to_async(_late_push)(gates["fleet-a"])
+    await database_sync_to_async(reopen)(gates["fleet-b"], approver)
+    assert await _gate_frames_until(c, "rl-b", 2) == [("fleet-b", "rl-b", True, 2)]
+    await c.disconnect()
+
+
+async def test_a_revision_the_snapshot_showed_is_not_sent_again_by_its_late_push(
+    gates, viewer, approver
+):
+    secret = await database_sync_to_async(token_for)(viewer)
+    before = await connected(bearer(secret))
+    await before.receive_json_from(timeout=10)
+    await database_sync_to_async(_move_without_a_push)(gates["fleet-a"])
+    after = await connected(bearer(secret))
+    snapshot = await after.receive_json_from(timeout=10)
+    assert ("fleet-a", "rl-a", False, 2) in [view(g) for g in snapshot["gates"]]
+
+    await database_sync_to_async(_late_push)(gates["fleet-a"])
+    await database_sync_to_async(reopen)(gates["fleet-b"], approver)
+    # The stream connected before gets the change once; the one whose snapshot showed it, not.
+    assert await _gate_frames_until(before, "rl-b", 2) == [
+        ("fleet-a", "rl-a", False, 2),
+        ("fleet-b", "rl-b", True, 2),
+    ]
+    assert await _gate_frames_until(after, "rl-b", 2) == [("fleet-b", "rl-b", True, 2)]
+    await before.disconnect()
+    await after.disconnect()

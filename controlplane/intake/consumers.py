@@ -11,7 +11,7 @@ different processes can arrive out of order (a publisher holds frames while Redi
 sends them when it returns), so a late "open" must not follow the close that replaced it. And
 a push can be lost (Redis down or flushed, or a writer publishing to another Redis): each
 process with gate streams reads every gate's revision every `WATCH_SECONDS` and sends the
-gates that moved without a push reaching it. Why:
+gates that moved and were still not rendered one read later, their push lost. Why:
 docs/decisions/2026-12-04-gate-copies-validated.md.
 
 A stream gets each gate revision once, and never an older one after a newer: the frames are
@@ -167,8 +167,14 @@ def _revisions() -> dict[int, tuple[int, dict[str, Any]]]:
 
 async def _watch() -> None:
     """Send the gates that changed without a push reaching this process; ends when the
-    process has no gate stream left (the next one to connect starts it again)."""
-    seen: dict[int, int] | None = None
+    process has no gate stream left (the next one to connect starts it again).
+
+    A revision is sent when it was already there one read ago and still no stream of this
+    process has rendered it: its push gets a whole `WATCH_SECONDS` to arrive, since a push is
+    usually on its way when the watch first sees a change, and a watch that sent it at once
+    would make every such change render twice (the stream would still get it once)."""
+    accounted: dict[int, int] | None = None  # pk -> revision the streams have or were sent
+    waiting: dict[int, int] = {}  # pk -> revision seen at the last read and not yet rendered
     first = True
     while True:
         feed = process_fanout().feeds.get(GATES_GROUP)
@@ -180,12 +186,27 @@ async def _watch() -> None:
         except DatabaseError:
             logger.warning("gate revisions unreadable; gate streams wait for pushes", exc_info=True)
             rows = None
-        if rows is not None:
-            if seen is not None and feed is not None:
-                for pk, (revision, scope) in rows.items():
-                    if revision > max(seen.get(pk, 0), _rendered.get(pk, 0)):
-                        message = {"type": "stream.event", "event": EVENT_GATE_CHANGED}
-                        # In turn with the pushes: never overtaking one, nor overtaken.
-                        await feed.deliver({**message, "payload": scope})
-            seen = {pk: revision for pk, (revision, _) in rows.items()}
-        await asyncio.sleep(WATCH_SECONDS)
+        if rows is not None and accounted is None:  # the snapshots showed these
+            accounted = {pk: revision for pk, (revision, _) in rows.items()}
+        elif rows is not None and accounted is not None and feed is not None:
+            late: list[dict[str, Any]] = []
+            still: dict[int, int] = {}
+            for pk, (revision, scope) in rows.items():
+                done = max(accounted.get(pk, 0), _rendered.get(pk, 0))
+                if revision <= done:
+                    continue
+                if waiting.get(pk, 0) > done:  # unrendered for a whole read: its push is lost
+                    late.append(scope)
+                    accounted[pk] = revision
+                else:
+                    still[pk] = revision
+            waiting = still
+            for scope in late:
+                message = {"type": "stream.event", "event": EVENT_GATE_CHANGED}
+                # In turn with the pushes: never overtaking one, nor overtaken.
+                await feed.deliver({**message, "payload": scope})
+        await _until_next_read()
+
+
+async def _until_next_read() -> None:
+    await asyncio.sleep(WATCH_SECONDS)

@@ -13,15 +13,19 @@ task would, `--events` times per run, one every `--interval` seconds (default 4 
 most one coalesced progress stream sends), each payload carrying the wall-clock time just
 before the call; a subscriber's latency is its receipt time minus that.
 Each run connects every subscriber afresh (they resync from the database, as a page does),
-publishes, waits for the frames (at most 10 s after the last publish) and closes. Lost is
-subscribers x events - frames received, counted over connected subscribers only.
+publishes, waits for the frames (at most 10 s after the last publish) and closes. Frames are
+counted per subscriber and per event (the resync frame is never counted): lost is the
+(subscriber, event) pairs never received, over connected subscribers only; duplicated is the
+frames beyond the first of an event on one subscriber. Neither can hide the other.
 
 `--profile FILE` runs the server as one uvicorn worker under cProfile (pass `--workers 1`) and
 writes its stats to FILE when the bench ends (`python -m pstats FILE`).
 
-Prints per run: connected, connect time, lost, latency p50/p95/max and the slowest publish()
-call; then min/median/max over the runs, and one summary line per subscriber count against
-the goal (every subscriber connected, 0 lost, p95 < 250 ms).
+Prints per run: connected, connect time, frames received per subscriber (expected, min, max),
+lost, duplicated (with a few of the repeated frames: event, gate, revision), latency
+p50/p95/max and the slowest publish() call; then min/median/max over the runs, and one
+summary line per subscriber count against the goal (every subscriber connected, 0 lost,
+0 duplicated, p95 < 250 ms).
 """
 
 from __future__ import annotations
@@ -92,14 +96,21 @@ def _raise_fd_limit() -> None:
 
 
 class Subscribers:
-    """`count` websockets in one process, each counting the marked frames it receives."""
+    """`count` websockets in one process, each counting the marked frames it receives: per
+    socket, so a frame received twice (or one of another run) is seen, never netted out
+    against a lost one."""
 
     def __init__(self, url: str, cookie: str, count: int) -> None:
         self.url, self.cookie, self.count = url, cookie, count
         self.sockets: list = []
         self.readers: list[asyncio.Task] = []
-        self.received: Counter = Counter()  # run -> frames
+        #: run -> one Counter per socket: mark -> frames carrying it
+        self.marks: dict[int, list[Counter]] = {}
+        #: run -> distinct (socket, mark) pairs received, to know when all have arrived
+        self.distinct: Counter = Counter()
         self.latencies: dict[int, list[float]] = {}
+        #: run -> a few frames that repeated a mark already received on their socket
+        self.repeats: dict[int, list[str]] = {}
         self.closed_early = 0
         self._closing = False
 
@@ -119,7 +130,7 @@ class Subscribers:
             async with gate:
                 try:
                     ws = await self.http.ws_connect(self.url, autoping=True, heartbeat=None)
-                    first = await ws.receive(timeout=120)  # the resync
+                    first = await ws.receive(timeout=120)  # the resync: never counted
                     if first.type != aiohttp.WSMsgType.TEXT:
                         errors[f"closed {ws.close_code}"] += 1
                         await ws.close()
@@ -127,8 +138,9 @@ class Subscribers:
                 except Exception as exc:
                     errors[type(exc).__name__] += 1
                     return
+                index = len(self.sockets)
                 self.sockets.append(ws)
-                self.readers.append(asyncio.create_task(self._read(ws)))
+                self.readers.append(asyncio.create_task(self._read(ws, index)))
 
         await asyncio.gather(*(one() for _ in range(self.count)))
         return {
@@ -137,25 +149,45 @@ class Subscribers:
             "seconds": time.perf_counter() - started,
         }
 
-    async def _read(self, ws) -> None:
+    def _counter(self, run: int, index: int) -> Counter:
+        per_socket = self.marks.setdefault(run, [])
+        while len(per_socket) <= index:
+            per_socket.append(Counter())
+        return per_socket[index]
+
+    async def _read(self, ws, index: int) -> None:
         import aiohttp
 
         async for message in ws:
             if message.type != aiohttp.WSMsgType.TEXT:
                 continue
             now = time.time()
-            for run, _seq, sent in MARK.findall(message.data):
-                self.received[int(run)] += 1
-                self.latencies.setdefault(int(run), []).append(now - float(sent))
+            for run_text, seq, sent in MARK.findall(message.data):
+                run = int(run_text)
+                seen = self._counter(run, index)
+                mark = f"{run_text}-{seq}-{sent}"
+                seen[mark] += 1
+                if seen[mark] == 1:
+                    self.distinct[run] += 1
+                    self.latencies.setdefault(run, []).append(now - float(sent))
+                elif len(self.repeats.setdefault(run, [])) < 5:
+                    self.repeats[run].append(f"socket {index}: {_describe(message.data)}")
         if not self._closing:
             self.closed_early += 1
 
     async def expect(self, run: int, events: int, deadline: float) -> dict:
         wanted = events * len(self.sockets)
-        while self.received[run] < wanted and time.time() < deadline:
+        while self.distinct[run] < wanted and time.time() < deadline:
             await asyncio.sleep(0.05)
+        per_socket = self.marks.pop(run, [])
+        counts = [sum(c.values()) for c in per_socket]
+        counts += [0] * (len(self.sockets) - len(counts))  # sockets that received nothing
         return {
-            "received": self.received[run],
+            "distinct": sum(len(c) for c in per_socket),
+            "frames": sum(counts),
+            "per_socket_min": min(counts, default=0),
+            "per_socket_max": max(counts, default=0),
+            "repeats": self.repeats.pop(run, []),
             "latencies": self.latencies.pop(run, []),
             "closed_early": self.closed_early,
         }
@@ -166,6 +198,20 @@ class Subscribers:
         await asyncio.gather(*self.readers, return_exceptions=True)
         await self.http.close()
         self.sockets, self.readers = [], []
+
+
+def _describe(frame: str) -> str:
+    """What a repeated frame carried: its event, and for a gate its namespace and revision."""
+    import json
+
+    try:
+        data = json.loads(frame)
+    except ValueError:
+        return frame[:120]
+    gate = data.get("gate") if isinstance(data, dict) else None
+    if isinstance(gate, dict):
+        return f"{data.get('event')} {gate.get('namespace')} revision {gate.get('revision')}"
+    return frame[:120]
 
 
 def _subscriber_process(url: str, cookie: str, count: int, conn) -> None:
@@ -257,12 +303,19 @@ def one_run(run: int, clients: list, publisher, server_pids: list[int], args) ->
         conn.send(("close",))
         conn.recv()
     latencies = [ms * 1000 for r in results for ms in r["latencies"]]
-    received = sum(r["received"] for r in results)
+    received = sum(r["frames"] for r in results)
+    distinct = sum(r["distinct"] for r in results)
     return {
         "connected": connected,
         "connect_s": max(c["seconds"] for c in connects),
         "errors": dict(errors),
-        "lost": connected * args.events - received,
+        "lost": connected * args.events - distinct,
+        "duplicated": received - distinct,
+        "per_subscriber": (
+            min(r["per_socket_min"] for r in results),
+            max(r["per_socket_max"] for r in results),
+        ),
+        "repeats": [line for r in results for line in r["repeats"]][:5],
         "closed_early": sum(r["closed_early"] for r in results),
         "p50": _percentile(latencies, 0.50),
         "p95": _percentile(latencies, 0.95),
@@ -296,9 +349,12 @@ def bench(subscribers: int, url: str, cookie: str, server_pids: list[int], args)
         for run in range(1, args.runs + 1):
             r = one_run(run, pipes, pub_parent, server_pids, args)
             results.append(r)
+            low, high = r["per_subscriber"]
             print(
                 f"  N={subscribers} run {run}: connected {r['connected']}/{subscribers} in "
-                f"{r['connect_s']:.1f} s, lost {r['lost']}, latency p50 {r['p50']:.0f} ms, "
+                f"{r['connect_s']:.1f} s; frames received per subscriber: expected "
+                f"{args.events}, got min {low} / max {high}; lost {r['lost']}, duplicated "
+                f"{r['duplicated']}; latency p50 {r['p50']:.0f} ms, "
                 f"p95 {r['p95']:.0f} ms, max {r['max']:.0f} ms; slowest publish() "
                 f"{r['slowest_call_ms']:.2f} ms; "
                 f"server CPU {r['server_us_per_frame']:.0f} us/frame; "
@@ -306,6 +362,8 @@ def bench(subscribers: int, url: str, cookie: str, server_pids: list[int], args)
                 f"load average {r['load']:.1f}",
                 flush=True,
             )
+            for line in r["repeats"]:
+                print(f"    repeated frame: {line}", flush=True)
     finally:
         for conn in [*pipes, pub_parent]:
             with contextlib.suppress(OSError):
@@ -321,6 +379,10 @@ def report(subscribers: int, results: list[dict], args) -> str:
     print(f"N={subscribers}, {len(results)} runs of {args.events} events:")
     print("  connected        " + _spread([r["connected"] for r in results]))
     print("  lost             " + _spread([r["lost"] for r in results]))
+    print("  duplicated       " + _spread([r["duplicated"] for r in results]))
+    low = min(r["per_subscriber"][0] for r in results)
+    high = max(r["per_subscriber"][1] for r in results)
+    print(f"  frames received per subscriber: expected {args.events}, got min {low} / max {high}")
     print("  p50 ms           " + _spread([r["p50"] for r in results]))
     print("  p95 ms           " + _spread([r["p95"] for r in results]))
     print("  max ms           " + _spread([r["max"] for r in results]))
@@ -331,12 +393,20 @@ def report(subscribers: int, results: list[dict], args) -> str:
     print("  load average     " + _spread([r["load"] for r in results], "{:.1f}"))
     worst_connected = min(r["connected"] for r in results)
     total_lost = sum(r["lost"] for r in results)
+    total_duplicated = sum(r["duplicated"] for r in results)
     p95 = statistics.median(r["p95"] for r in results)
-    met = worst_connected == subscribers and total_lost == 0 and p95 < GOAL_P95_MS
+    met = (
+        worst_connected == subscribers
+        and total_lost == 0
+        and total_duplicated == 0
+        and p95 < GOAL_P95_MS
+    )
     return (
         f"ws_fanout {args.stream} N={subscribers}: connected {worst_connected}/{subscribers} "
-        f"(worst run), lost (not in {RECEIVE_GRACE_SECONDS:.0f} s after the last publish) "
+        f"(worst run), frames per subscriber expected {args.events}, got {low}-{high}, "
+        f"lost (not in {RECEIVE_GRACE_SECONDS:.0f} s after the last publish) "
         f"{total_lost} of {subscribers * args.events * len(results)}, "
+        f"duplicated {total_duplicated}, "
         f"p95 median {p95:.0f} ms (range {min(r['p95'] for r in results):.0f}-"
         f"{max(r['p95'] for r in results):.0f}) vs goal < {GOAL_P95_MS:.0f} ms "
         f"({p95 / GOAL_P95_MS:.2f}x of the limit): {'met' if met else 'NOT met'}"

@@ -11,8 +11,12 @@ different processes can arrive out of order (a publisher holds frames while Redi
 sends them when it returns), so a late "open" must not follow the close that replaced it. And
 a push can be lost (Redis down or flushed, or a writer publishing to another Redis): each
 process with gate streams reads every gate's revision every `WATCH_SECONDS` and sends the
-gates that moved without a push reaching it. Why:
+gates that moved and were still not rendered one read later, their push lost. Why:
 docs/decisions/2026-12-04-gate-copies-validated.md.
+
+A stream gets each gate revision once, and never an older one after a newer: the frames are
+`Versioned` by revision, so a wake-up for a revision the stream already has — the watch sent
+it and then its push arrived, or the snapshot showed it — sends nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from django.db import DatabaseError
 from controlplane.accounts import tokens
 from controlplane.accounts.roles import Perm
 from controlplane.fleet.models import Source
-from controlplane.realtime import LiveStream
+from controlplane.realtime import LiveStream, Versioned
 from controlplane.realtime.fanout import process_fanout
 from controlplane.refresh.gates import serialize_gate
 from controlplane.refresh.live import EVENT_GATE_CHANGED, GATES_GROUP
@@ -88,26 +92,30 @@ class GateStreamConsumer(LiveStream):
         self.allowed_names = None
         if self.limit is not None:
             self.allowed_names = await database_sync_to_async(self._source_names)()
+        # Asked for every subscriber on every event: made once here.
+        names = None if self.allowed_names is None else frozenset(self.allowed_names)
+        self.share_key = (names, self.source_name)
         _watch_in_this_process()
         return True
 
     def _source_names(self) -> set[str]:
         return set(Source.objects.filter(pk__in=self.limit).values_list("name", flat=True))
 
-    def resync(self) -> list[str]:
-        gates = Gate.objects.select_related("source").order_by("source__name", "namespace")
+    def resync(self) -> list[Versioned]:
+        query = Gate.objects.select_related("source").order_by("source__name", "namespace")
         if self.limit is not None:
-            gates = gates.filter(source_id__in=self.limit)
+            query = query.filter(source_id__in=self.limit)
         if self.source_name:
-            gates = gates.filter(source__name=self.source_name)
+            query = query.filter(source__name=self.source_name)
+        gates = list(query)
         snapshot = [_public(with_lag(serialize_gate(g), g.source)) for g in gates]
-        return [json.dumps({"event": "gates.snapshot", "gates": snapshot})]
+        text = json.dumps({"event": "gates.snapshot", "gates": snapshot})
+        return [Versioned(text, tuple((g.pk, g.revision) for g in gates))]
 
     def render_share_key(self) -> Hashable:
-        names = None if self.allowed_names is None else frozenset(self.allowed_names)
-        return (names, self.source_name)
+        return self.share_key
 
-    def render(self, event: str, payload: dict[str, Any]) -> list[str]:
+    def render(self, event: str, payload: dict[str, Any]) -> list[Versioned]:
         source = payload.get("source")
         if self.allowed_names is not None and source not in self.allowed_names:
             return []
@@ -126,7 +134,9 @@ class GateStreamConsumer(LiveStream):
             return []
         _rendered[gate.pk] = max(_rendered.get(gate.pk, 0), gate.revision)
         gate_now = _public(with_lag(serialize_gate(gate), gate.source))
-        return [json.dumps({"event": event, "gate": gate_now})]
+        return [
+            Versioned(json.dumps({"event": event, "gate": gate_now}), ((gate.pk, gate.revision),))
+        ]
 
 
 def _public(gate: dict[str, Any]) -> dict[str, Any]:
@@ -157,8 +167,14 @@ def _revisions() -> dict[int, tuple[int, dict[str, Any]]]:
 
 async def _watch() -> None:
     """Send the gates that changed without a push reaching this process; ends when the
-    process has no gate stream left (the next one to connect starts it again)."""
-    seen: dict[int, int] | None = None
+    process has no gate stream left (the next one to connect starts it again).
+
+    A revision is sent when it was already there one read ago and still no stream of this
+    process has rendered it: its push gets a whole `WATCH_SECONDS` to arrive, since a push is
+    usually on its way when the watch first sees a change, and a watch that sent it at once
+    would make every such change render twice (the stream would still get it once)."""
+    accounted: dict[int, int] | None = None  # pk -> revision the streams have or were sent
+    waiting: dict[int, int] = {}  # pk -> revision seen at the last read and not yet rendered
     first = True
     while True:
         feed = process_fanout().feeds.get(GATES_GROUP)
@@ -170,13 +186,27 @@ async def _watch() -> None:
         except DatabaseError:
             logger.warning("gate revisions unreadable; gate streams wait for pushes", exc_info=True)
             rows = None
-        if rows is not None:
-            if seen is not None and feed is not None:
-                for pk, (revision, scope) in rows.items():
-                    if revision > max(seen.get(pk, 0), _rendered.get(pk, 0)):
-                        message = {"type": "stream.event", "event": EVENT_GATE_CHANGED}
-                        await feed.fanout.deliver(
-                            list(feed.subscribers), {**message, "payload": scope}
-                        )
-            seen = {pk: revision for pk, (revision, _) in rows.items()}
-        await asyncio.sleep(WATCH_SECONDS)
+        if rows is not None and accounted is None:  # the snapshots showed these
+            accounted = {pk: revision for pk, (revision, _) in rows.items()}
+        elif rows is not None and accounted is not None and feed is not None:
+            late: list[dict[str, Any]] = []
+            still: dict[int, int] = {}
+            for pk, (revision, scope) in rows.items():
+                done = max(accounted.get(pk, 0), _rendered.get(pk, 0))
+                if revision <= done:
+                    continue
+                if waiting.get(pk, 0) > done:  # unrendered for a whole read: its push is lost
+                    late.append(scope)
+                    accounted[pk] = revision
+                else:
+                    still[pk] = revision
+            waiting = still
+            for scope in late:
+                message = {"type": "stream.event", "event": EVENT_GATE_CHANGED}
+                # In turn with the pushes: never overtaking one, nor overtaken.
+                await feed.deliver({**message, "payload": scope})
+        await _until_next_read()
+
+
+async def _until_next_read() -> None:
+    await asyncio.sleep(WATCH_SECONDS)

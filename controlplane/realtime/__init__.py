@@ -20,10 +20,11 @@ from typing import Any
 
 from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
 
+from controlplane.realtime.fanout import Versioned
 from controlplane.realtime.publisher import FLUSH_TIMEOUT_SECONDS, next_event_id, process_publisher
 from controlplane.realtime.streams import REFUSED, LiveStream
 
-__all__ = ["REFUSED", "LiveStream", "flush", "publish"]
+__all__ = ["REFUSED", "LiveStream", "Versioned", "flush", "publish"]
 
 logger = logging.getLogger(__name__)
 

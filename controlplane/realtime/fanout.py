@@ -14,9 +14,13 @@ was most of a core. Here each process subscribes once per group (`Feed`), and on
 
 Authorization is unchanged: a `LiveStream` joins only after `authorize` and `prepare` said yes,
 and per-source filtering lives in its `render` or `render_share_key`, which the fan-out
-honours. Ordering per stream: a feed handles its events one after the other, a socket's frames
-go out in that order, and a subscriber that is still resyncing keeps the events that arrive
-meanwhile (`Subscription.backlog`) for after its resync. Between two groups a socket joined
+honours. Ordering per stream: a feed handles its events one after the other (`Feed.lock`, which
+anything else delivering to a feed takes too), a socket's frames go out in that order, and a
+subscriber that is still resyncing keeps the events that arrive meanwhile
+(`Subscription.backlog`) for after its resync. A render that states versions (`Versioned`, the
+gate stream's revisions) is sent to each socket only if it is newer than what that socket has
+had, from its resync on: a wake-up that comes twice, or after the resync showed its change,
+sends nothing. Between two groups a socket joined
 (gates and refreshes) order is not kept: each group's feed runs on its own. The streams that
 join two groups draw independent parts of the page from each (gate rows, the banner), and the
 banner is read from the database at each render, so a late frame never carries stale state
@@ -36,8 +40,8 @@ import asyncio
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Hashable
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from channels.layers import get_channel_layer
 
@@ -57,6 +61,28 @@ TRY_AGAIN_LATER = 1013
 
 #: Scope key of the connection's `SocketWriter` (or None), set by `with_socket_writers`.
 SOCKET_WRITER = "controlplane.socket_writer"
+
+# -- frames ----------------------------------------------------------------------------------
+
+
+class Versioned(NamedTuple):
+    """A frame stating the versions of things (a gate at a revision): a socket gets a version of
+    a thing at most once, and never an older one after a newer. Pushes are wake-ups that can
+    arrive twice or late (a change seen by a watch and then announced, a resync that already
+    showed it), so a render can find what a socket has had: this is where it is dropped."""
+
+    text: str
+    #: (thing, version) pairs; versions of one thing only ever grow.
+    versions: tuple[tuple[Hashable, int], ...]
+
+
+#: What `resync` and `render` return: plain text frames, or `Versioned` ones.
+Frame = str | Versioned
+
+
+def text_of(frame: Frame) -> str:
+    return frame.text if isinstance(frame, Versioned) else frame
+
 
 # -- writing to a socket ---------------------------------------------------------------------
 
@@ -154,7 +180,7 @@ class Subscriber(Protocol):
     #: `render` reads the database, so it runs on the ORM thread.
     render_uses_orm: ClassVar[bool]
 
-    def render(self, event: str, payload: dict[str, Any]) -> list[str]: ...
+    def render(self, event: str, payload: dict[str, Any]) -> Sequence[Frame]: ...
 
     def render_share_key(self) -> Hashable: ...
 
@@ -166,7 +192,7 @@ class Subscriber(Protocol):
 class Subscription:
     """One subscriber's place in the process's fan-out."""
 
-    __slots__ = ("__weakref__", "backlog", "dropped", "groups", "stream", "writer")
+    __slots__ = ("__weakref__", "backlog", "dropped", "groups", "stream", "versions", "writer")
 
     def __init__(self, stream: Subscriber, writer: SocketWriter | None) -> None:
         self.stream = stream
@@ -176,6 +202,31 @@ class Subscription:
         self.dropped = False
         #: Events that arrived while the stream was resyncing; None once it is live.
         self.backlog: list[dict[str, Any]] | None = []
+        #: The newest version of each thing a `Versioned` frame sent this socket (only streams
+        #: that render such frames fill it: one entry per thing the socket can see).
+        self.versions: dict[Hashable, int] = {}
+
+    def take(self, frames: Sequence[Frame], *, resync: bool = False) -> list[str]:
+        """The text of the frames this socket is to be sent, in order, noting their versions.
+        A `Versioned` frame whose things the socket already has at that version or newer is
+        left out; a resync's frames always go (they are where the socket starts from)."""
+        out: list[str] = []
+        versions = self.versions
+        for frame in frames:
+            if not isinstance(frame, Versioned):
+                if frame:
+                    out.append(frame)
+                continue
+            if not resync and any(
+                versions.get(thing, -1) >= version for thing, version in frame.versions
+            ):
+                continue
+            for thing, version in frame.versions:
+                if version > versions.get(thing, -1):
+                    versions[thing] = version
+            if frame.text:
+                out.append(frame.text)
+        return out
 
 
 class Feed:
@@ -188,6 +239,11 @@ class Feed:
         self.subscribers: dict[Subscription, None] = {}
         self.channel: str | None = None
         self.reader: asyncio.Task[None] | None = None
+        # One delivery at a time, and nobody joins during one: a render reads the rows when it
+        # runs, so a delivery that overtook another could send an older state after a newer,
+        # and a socket joining while a delivery is under way would be in neither its list of
+        # subscribers nor after it (its resync may read before the render does).
+        self.lock = asyncio.Lock()
 
     async def start(self) -> None:
         layer = self.fanout.layer
@@ -209,9 +265,14 @@ class Feed:
             if message.get("type") != "stream.event":
                 continue
             try:
-                await self.fanout.deliver(list(self.subscribers), message)
+                await self.deliver(message)
             except Exception:  # one bad event must not end the stream for everybody
                 logger.exception("live event to %s was not delivered", self.group)
+
+    async def deliver(self, message: dict[str, Any]) -> None:
+        """`message` to everybody listening here, after the delivery under way (if any)."""
+        async with self.lock:
+            await self.fanout.deliver(list(self.subscribers), message)
 
 
 class Fanout:
@@ -236,7 +297,8 @@ class Fanout:
                     feed = Feed(self, group)
                     await feed.start()
                     self.feeds[group] = feed
-                feed.subscribers[subscription] = None
+                async with feed.lock:  # between deliveries, never during one
+                    feed.subscribers[subscription] = None
             subscription.groups = groups
 
     async def leave(self, subscription: Subscription) -> None:
@@ -288,13 +350,22 @@ class Fanout:
                     exc_info=frames,
                 )
                 continue
-            frames = [f for f in frames if f]
+            frames = [f for f in frames if text_of(f)]
             if not frames:
                 continue
-            data = encode_text(frames) if any(s.writer for s in unit) else b""
+            texts = [text_of(f) for f in frames]
+            versioned = any(isinstance(f, Versioned) for f in frames)
+            data = encode_text(texts) if any(s.writer for s in unit) else b""
             for sub in unit:
-                if sub.groups and not sub.dropped:  # a render may have taken a while
-                    self.send(sub, data, frames, fallback)
+                if not sub.groups or sub.dropped:  # a render may have taken a while
+                    continue
+                if versioned:  # what this socket already has stays out
+                    mine = sub.take(frames)
+                    if len(mine) != len(texts):
+                        if mine:
+                            self.send(sub, encode_text(mine) if sub.writer else b"", mine, fallback)
+                        continue
+                self.send(sub, data, texts, fallback)
         if fallback:
             await asyncio.gather(*fallback)
 
@@ -353,7 +424,7 @@ class Fanout:
 
 
 async def _render_all(
-    units: dict[Hashable, list[Subscription]], renders: list[functools.partial[list[str]]]
+    units: dict[Hashable, list[Subscription]], renders: list[functools.partial[Sequence[Frame]]]
 ) -> list[tuple[bool, Any]]:
     """Each unit's frames: renders that touch no database run here, the rest in one hop to
     the database thread together."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
@@ -13,7 +13,7 @@ from channels.utils import await_many_dispatch
 
 from controlplane.accounts.roles import Perm
 from controlplane.realtime.dbhop import orm_hop
-from controlplane.realtime.fanout import SOCKET_WRITER, Subscription, process_fanout
+from controlplane.realtime.fanout import SOCKET_WRITER, Frame, Subscription, process_fanout
 
 #: Close code for a refused socket (HTTP 403 in the 4000 private range).
 REFUSED = 4403
@@ -39,7 +39,9 @@ class LiveStream(AsyncWebsocketConsumer):
     its subscribers of that class (and equal `render_share_key()`). Such a `render` must
     neither read nor change per-subscriber state beyond what `render_share_key` names. A
     `render` that touches no database and does not block may set `render_uses_orm = False` to
-    run on the event loop with no thread hop at all.
+    run on the event loop with no thread hop at all. A stream whose frames state versions of
+    things returns them as `Versioned`: each socket then gets each version at most once and
+    never an older one after a newer, counting from what its resync sent.
     """
 
     groups_to_join: tuple[str, ...] = ()
@@ -70,12 +72,13 @@ class LiveStream(AsyncWebsocketConsumer):
         self._subscription = subscription
         await fanout.join(subscription, self.groups_to_join)
         await self.accept()
-        await self._send_frames(await orm_hop(self.resync))
+        await self._send_frames(subscription.take(await orm_hop(self.resync), resync=True))
         # Events that came during the resync, in order; then the fan-out writes directly.
         while subscription.backlog:
             waiting, subscription.backlog = subscription.backlog, []
             for message in waiting:
-                await self._send_frames(await self._render(message["event"], message["payload"]))
+                frames = await self._render(message["event"], message["payload"])
+                await self._send_frames(subscription.take(frames))
         if subscription.backlog is not None:  # None: dropped or gone meanwhile
             subscription.backlog = None
 
@@ -87,7 +90,7 @@ class LiveStream(AsyncWebsocketConsumer):
         if subscription is not None:
             await process_fanout().leave(subscription)
 
-    async def _render(self, event: str, payload: dict[str, Any]) -> list[str]:
+    async def _render(self, event: str, payload: dict[str, Any]) -> Sequence[Frame]:
         if self.render_uses_orm:
             return await orm_hop(functools.partial(self.render, event, payload))
         return self.render(event, payload)
@@ -107,10 +110,10 @@ class LiveStream(AsyncWebsocketConsumer):
     async def prepare(self) -> bool:
         return True
 
-    def resync(self) -> list[str]:
+    def resync(self) -> Sequence[Frame]:
         raise NotImplementedError
 
-    def render(self, event: str, payload: dict[str, Any]) -> list[str]:
+    def render(self, event: str, payload: dict[str, Any]) -> Sequence[Frame]:
         return self.resync()
 
     def render_share_key(self) -> Hashable:

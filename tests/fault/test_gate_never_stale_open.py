@@ -32,6 +32,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import connections
+from django.db.models import F
 from django.utils import timezone
 
 from controlplane import redis_client
@@ -232,8 +233,10 @@ class Watcher(threading.Thread):
 
 def _late_frames(scene) -> None:
     """The old open state arriving after the close, as a publisher that held it sends it, then
-    the marker gate's frame (same sender: it arrives after)."""
+    the marker gate's frame (same sender: it arrives after). The marker gate moves to a new
+    revision first: a stream is sent each revision once, and its snapshot showed the old one."""
     layer = get_channel_layer()
+    Gate.objects.filter(pk=scene["marker"].pk).update(revision=F("revision") + 1)
     marker = gates.serialize_gate(Gate.objects.select_related("source").get(pk=scene["marker"].pk))
     for number, payload in enumerate((scene["payload"], marker)):
         message = {

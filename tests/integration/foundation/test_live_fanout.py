@@ -24,6 +24,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db.models import F
 from django.test import Client
 
 from controlplane import realtime
@@ -168,6 +169,11 @@ async def test_a_token_limited_to_one_source_never_receives_another_sources_gate
     await _until(lambda: _numsub(GATES_GROUP) == 1, "the process subscribed to the gates")
     try:
         for source in ("fleet-b", "fleet-a"):
+            # A change, then its push: a stream is sent each gate revision once, and the
+            # snapshot already showed the one the gate was created with.
+            await database_sync_to_async(Gate.objects.filter(source_id=source_ids[source]).update)(
+                revision=F("revision") + 1
+            )
             gate = {"source": source, "source_id": source_ids[source], "namespace": "rl"}
             await asyncio.to_thread(realtime.publish, GATES_GROUP, "gate.changed", gate)
 

@@ -3,18 +3,26 @@ connect, the snapshot first, then each gate change — and only the sources a to
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db import connection
+from django.db.models import F
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from controlplane.accounts.tokens import create_token
 from controlplane.audit.recorder import Actor
 from controlplane.fleet.models import Source
+from controlplane.intake import consumers
 from controlplane.refresh import intents
+from controlplane.refresh.live import EVENT_GATE_CHANGED, GATES_GROUP
 from controlplane.refresh.models import Gate, GateState
 
 pytestmark = [
@@ -179,3 +187,183 @@ async def test_messages_from_the_client_are_ignored(gates, viewer):
     gate = await database_sync_to_async(Gate.objects.get)(namespace="rl-a")
     assert not gate.is_open
     await c.disconnect()
+
+
+# -- each revision once, never an older one after a newer ----------------------------------------
+
+
+def _move_without_a_push(gate: Gate) -> None:
+    """A committed change whose push has not reached the stream yet (still on its way, or lost)."""
+    Gate.objects.filter(pk=gate.pk).update(revision=F("revision") + 1, reason="moved quietly")
+
+
+def _late_push(gate: Gate) -> None:
+    """The push of that change, arriving after all: the wake-up every writer publishes."""
+    source = gate.source
+    payload = {"source": source.name, "source_id": source.pk, "namespace": gate.namespace}
+    message = {"type": "stream.event", "event": EVENT_GATE_CHANGED, "payload": payload}
+    async_to_sync(get_channel_layer().group_send)(GATES_GROUP, {**message, "id": "late"})
+
+
+async def _gate_frames_until(c: WebsocketCommunicator, namespace: str, revision: int) -> list:
+    """Every gate frame up to the one showing `namespace` at `revision` (the test's marker)."""
+    frames = []
+    while True:
+        frame = await c.receive_json_from(timeout=10)
+        frames.append(view(frame["gate"]))
+        if frames[-1][1] == namespace and frames[-1][3] == revision:
+            return frames
+
+
+async def test_a_revision_the_watch_recovered_is_not_sent_again_when_its_push_arrives(
+    gates, viewer, approver, monkeypatch
+):
+    monkeypatch.setattr(consumers, "WATCH_SECONDS", 0.05)
+    secret = await database_sync_to_async(token_for)(viewer)
+    c = await connected(bearer(secret))
+    await c.receive_json_from(timeout=10)  # snapshot
+
+    # The watch finds the change no push announced and sends it...
+    await database_sync_to_async(_move_without_a_push)(gates["fleet-a"])
+    recovered = await c.receive_json_from(timeout=10)
+    assert view(recovered["gate"]) == ("fleet-a", "rl-a", False, 2)
+    # ...then the push arrives: the stream has that revision already. A later change of the
+    # other gate marks the end of what the late push could have sent.
+    await database_sync_to_async(_late_push)(gates["fleet-a"])
+    await database_sync_to_async(reopen)(gates["fleet-b"], approver)
+    assert await _gate_frames_until(c, "rl-b", 2) == [("fleet-b", "rl-b", True, 2)]
+    await c.disconnect()
+
+
+async def test_a_revision_the_snapshot_showed_is_not_sent_again_by_its_late_push(
+    gates, viewer, approver
+):
+    secret = await database_sync_to_async(token_for)(viewer)
+    before = await connected(bearer(secret))
+    await before.receive_json_from(timeout=10)
+    await database_sync_to_async(_move_without_a_push)(gates["fleet-a"])
+    after = await connected(bearer(secret))
+    snapshot = await after.receive_json_from(timeout=10)
+    assert ("fleet-a", "rl-a", False, 2) in [view(g) for g in snapshot["gates"]]
+
+    await database_sync_to_async(_late_push)(gates["fleet-a"])
+    await database_sync_to_async(reopen)(gates["fleet-b"], approver)
+    # The stream connected before gets the change once; the one whose snapshot showed it, not.
+    assert await _gate_frames_until(before, "rl-b", 2) == [
+        ("fleet-a", "rl-a", False, 2),
+        ("fleet-b", "rl-b", True, 2),
+    ]
+    assert await _gate_frames_until(after, "rl-b", 2) == [("fleet-b", "rl-b", True, 2)]
+    await before.disconnect()
+    await after.disconnect()
+
+
+# -- what an event costs ---------------------------------------------------------------------------
+
+STREAMS_ON_ONE_KEY = 12
+
+
+async def _streams_counting_reads(gate, viewer, monkeypatch) -> tuple[list, list[int], int]:
+    """Streams of one token scope, snapshots read; the statements of each render since; and
+    the statements of one render of `gate` alone."""
+    lone = await database_sync_to_async(_reads_of_one_render)(gate)
+    reads: list[int] = []  # statements per render, one entry per render
+    real = consumers.GateStreamConsumer.render
+
+    def counted(self, event, payload):
+        with CaptureQueriesContext(connection) as statements:
+            frames = real(self, event, payload)
+        reads.append(len(statements))
+        return frames
+
+    monkeypatch.setattr(consumers.GateStreamConsumer, "render", counted)
+    secret = await database_sync_to_async(token_for)(viewer)
+    streams = [await connected(bearer(secret)) for _ in range(STREAMS_ON_ONE_KEY)]
+    for c in streams:
+        await c.receive_json_from(timeout=10)  # snapshot
+    return streams, reads, lone
+
+
+async def test_a_push_is_read_once_for_every_stream_of_one_scope(
+    gates, viewer, approver, monkeypatch
+):
+    """Streams with the same token scope and source share one render: one row read per event
+    per process, however many there are."""
+    monkeypatch.setattr(consumers, "WATCH_SECONDS", 3600)  # only the push renders here
+    streams, reads, lone = await _streams_counting_reads(gates["fleet-b"], viewer, monkeypatch)
+
+    await database_sync_to_async(reopen)(gates["fleet-a"], approver)
+    for c in streams:
+        assert view((await c.receive_json_from(timeout=10))["gate"])[1:] == ("rl-a", True, 2)
+    assert reads == [lone]
+    for c in streams:
+        await c.disconnect()
+
+
+async def test_a_lost_push_the_watch_recovers_is_read_once_for_every_stream_of_one_scope(
+    gates, viewer, monkeypatch
+):
+    monkeypatch.setattr(consumers, "WATCH_SECONDS", 0.05)
+    streams, reads, lone = await _streams_counting_reads(gates["fleet-b"], viewer, monkeypatch)
+
+    await database_sync_to_async(_move_without_a_push)(gates["fleet-b"])
+    for c in streams:
+        assert view((await c.receive_json_from(timeout=10))["gate"])[1:] == ("rl-b", False, 2)
+    assert reads == [lone]
+    for c in streams:
+        await c.disconnect()
+
+
+def _reads_of_one_render(gate: Gate) -> int:
+    """Statements one render of `gate` makes (what the lag read costs is not this test's)."""
+    stream = consumers.GateStreamConsumer()
+    stream.allowed_names, stream.source_name = None, ""
+    payload = {"source": gate.source.name, "source_id": gate.source_id, "namespace": gate.namespace}
+    with CaptureQueriesContext(connection) as statements:
+        assert stream.render(EVENT_GATE_CHANGED, payload)
+    return len(statements)
+
+
+class SteppedWatch:
+    """The watch's reads, one at a time when the test says (in place of its timer)."""
+
+    def __init__(self) -> None:
+        self.reads_done = 0
+        self._done = asyncio.Event()
+        self._go: asyncio.Queue[None] = asyncio.Queue()
+
+    async def until_next_read(self) -> None:  # consumers._until_next_read
+        self.reads_done += 1
+        self._done.set()
+        await self._go.get()
+
+    async def reads(self, count: int) -> None:
+        """Let the watch read `count` more times, and wait until it has handled the last (with
+        0: until it has handled its first read)."""
+        target = max(1, self.reads_done + count)
+        for _ in range(count):
+            self._go.put_nowait(None)
+        while self.reads_done < target:
+            self._done.clear()
+            await asyncio.wait_for(self._done.wait(), timeout=10)
+
+
+async def test_a_push_on_its_way_when_the_watch_reads_is_rendered_once(gates, viewer, monkeypatch):
+    """The watch sees a change before its push reaches the process: the push gets a whole
+    watch interval to arrive before the watch sends the gate itself."""
+    watch = SteppedWatch()
+    monkeypatch.setattr(consumers, "_until_next_read", watch.until_next_read)
+    streams, reads, lone = await _streams_counting_reads(gates["fleet-a"], viewer, monkeypatch)
+    await watch.reads(0)  # the first read, which the snapshots account for
+
+    await database_sync_to_async(_move_without_a_push)(gates["fleet-a"])  # its push: on its way
+    await watch.reads(1)
+    assert reads == []  # seen, not yet sent: the push may still come
+    await database_sync_to_async(_late_push)(gates["fleet-a"])
+    for c in streams:
+        assert view((await c.receive_json_from(timeout=10))["gate"])[1:] == ("rl-a", False, 2)
+    await watch.reads(2)
+    assert reads == [lone]
+    for c in streams:
+        assert await c.receive_nothing(timeout=0.1)
+        await c.disconnect()

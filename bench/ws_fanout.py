@@ -70,12 +70,17 @@ STREAMS = {
 
 
 def _payload(stream: str, mark: str) -> dict:
-    if stream == "fleet":  # what fleet.live.publish_refresh sends: a pre-rendered card
-        return {"source_id": 0, "html": f'<article id="{mark}" hx-swap-oob="true"></article>'}
+    from controlplane.fleet.models import Source
+
+    if stream == "fleet":
+        # What fleet.live.publish_refresh sends: the source's id and a stamp; each web process
+        # renders its card once for all its subscribers. So each event is a real source named
+        # by the mark (its card shows the name), written just before it is announced.
+        source = Source.objects.create(name=mark, listener_url="http://127.0.0.1:9/")
+        return {"source_id": source.pk, "stamp": mark}
     # The gate stream sends the gate as committed, read by its (source, namespace), whatever
     # the push carried: so each event is a real gate row whose namespace is the mark, written
     # just before it is announced (the write is inside the measured latency, a few ms).
-    from controlplane.fleet.models import Source
     from controlplane.refresh.models import Gate
 
     source, _ = Source.objects.get_or_create(

@@ -27,10 +27,8 @@ class FleetOverviewConsumer(LiveStream):
 
     def render(self, event: str, payload: dict) -> list[str]:
         if event == live.EVENT_CHARTS_CHANGED:
-            return [payload["html"]]
+            return [live.shared_overview_charts_html(payload.get("stamp", ""))]
         if event == live.EVENT_DISCOVERY_FINISHED:
-            if "html" in payload:  # a discovery run renders its card itself
-                return [payload["html"]]
             return [live.shared_card_html(payload["source_id"], payload.get("stamp", ""))]
         return [live.overview_html()]
 
@@ -38,7 +36,8 @@ class FleetOverviewConsumer(LiveStream):
 class SourceStreamConsumer(LiveStream):
     """One page of one source's worker table, filtered like the page that opened it.
 
-    Design: the publisher renders each changed row once for everybody (`live.row_payload`);
+    Design: the publisher renders each changed row once for everybody (`live.row_payload`),
+    and this process renders the summary, timeline and charts once for its subscribers;
     this consumer forwards only the rows its client shows. It knows the page it shows (the
     ids of `shown`, from its own resync of the same query string as the page), so a row on
     another page or outside the filter costs one set lookup and one predicate here, and
@@ -84,22 +83,18 @@ class SourceStreamConsumer(LiveStream):
         return table.html
 
     def render(self, event: str, payload: dict) -> list[str]:
-        if event == live.EVENT_SUMMARY_CHANGED and "summary_html" not in payload:
-            # Announced without HTML (a gate or policy refresh change): rendered here, once per
-            # process for every subscriber of this source.
+        if event == live.EVENT_SUMMARY_CHANGED:
+            # A gate or policy refresh change: rendered here, once per process for every
+            # subscriber of this source.
             return [live.shared_summary_html(self.source_id, payload.get("stamp", ""))]
-        head = (
-            payload.get("summary_html", "")
-            + payload.get("timeline_html", "")
-            + payload.get("charts_html", "")
-        )
+        # A discovery run: announced by id and stamp, rendered here once per process.
+        stamp = payload.get("stamp", "")
+        head = live.shared_summary_html(self.source_id, stamp)
+        if payload.get("workers_moved"):
+            head += live.shared_timeline_html(self.source_id, stamp)
+            head += live.shared_source_charts_html(self.source_id, stamp)
         if payload.get("resync"):
-            stamp = payload.get("stamp")
-            table = (
-                live.shared_table_html(self.source_id, self.filter.query, stamp)
-                if stamp
-                else live.table_html(self.source_id, self.filter)
-            )
+            table = live.shared_table_html(self.source_id, self.filter.query, stamp)
             return [head + self._notice(""), self._take(table)]
         replaced: list[str] = []
         arrivals: list[dict] = []

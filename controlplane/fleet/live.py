@@ -1,8 +1,9 @@
 """Live fleet streams: what a discovery run publishes, and the HTML each stream sends.
 
-Groups: `fleet` (overview) and `fleet.source.<id>` (source page). A discovery run publishes the
-source's summary and only the rows it touched, each rendered once here for every subscriber;
-the consumer picks the rows its client's page shows (`consumers.SourceStreamConsumer`). A gate
+Groups: `fleet` (overview) and `fleet.source.<id>` (source page). A discovery run announces the
+source by id (each receiving process renders its card, summary, timeline and charts once) and
+publishes only the rows it touched, each rendered once here for every subscriber; the consumer
+picks the rows its client's page shows (`consumers.SourceStreamConsumer`). A gate
 or policy refresh change publishes the summary alone: it holds the gate and drift badges, and no row
 of the worker table changes with a gate.
 """
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 from controlplane.fleet.filters import WorkerFilter
 from controlplane.fleet.models import Source, Worker, WorkerEvent
-from controlplane.fleet.presenters import SourceSummary, summarise, summarise_all, version_label
+from controlplane.fleet.presenters import summarise, summarise_all, version_label
 from controlplane.fleet.rows import render_row, render_rows, render_timeline
 from controlplane.realtime import publish
 
@@ -38,7 +39,8 @@ EVENT_DISCOVERY_FINISHED = "fleet.discovery_finished"
 EVENT_WORKERS_CHANGED = "fleet.workers_changed"
 #: The summary (gate and drift badges, counts) changed; no row did.
 EVENT_SUMMARY_CHANGED = "fleet.summary_changed"
-#: Workers changed, so the overview's version chart did (payload: the chart, rendered once).
+#: Workers changed, so the overview's version chart did (payload: a stamp; rendered by each
+#: receiving process once).
 EVENT_CHARTS_CHANGED = "fleet.charts_changed"
 
 
@@ -55,10 +57,9 @@ def timeline(source: Source):
     )
 
 
-def card_html(source: Source, summary: SourceSummary | None = None) -> str:
+def card_html(source: Source) -> str:
     return render_to_string(
-        "fleet/overview.html#source-card",
-        {"summary": summary if summary is not None else summarise(source), "card_oob": True},
+        "fleet/overview.html#source-card", {"summary": summarise(source), "card_oob": True}
     )
 
 
@@ -87,11 +88,8 @@ def source_charts_html(source: Source, *, with_map: bool = True) -> str:
     return html
 
 
-def summary_html(source: Source, *, oob: bool = True, summary: SourceSummary | None = None) -> str:
-    return render_to_string(
-        "fleet/source.html#summary",
-        {"summary": summary if summary is not None else summarise(source), "oob": oob},
-    )
+def summary_html(source: Source, *, oob: bool = True) -> str:
+    return render_to_string("fleet/source.html#summary", {"summary": summarise(source), "oob": oob})
 
 
 def timeline_html(source: Source, *, oob: bool = True) -> str:
@@ -146,28 +144,25 @@ def publish_overview() -> None:
 
 
 def publish_refresh(source_id: int, worker_ids: list[int]) -> None:
-    """After a discovery run commits: the source's card, header, timeline and touched rows."""
+    """After a discovery run commits: the source's card, header, timeline and charts are
+    announced by id and a stamp naming this run, and each receiving process renders them once
+    for all its subscribers (`shared_*`); the touched rows travel rendered (`row_payload`),
+    or, above `LIVE_ROW_LIMIT`, a resync. The run itself renders no card, summary, timeline or
+    chart: those are several queries and templates per run, and a plan's discovery (on the
+    way from a trainer's webhook to the refresh) would wait for them, for pages a process
+    nobody watches would never show."""
     try:
-        source = Source.objects.filter(pk=source_id).first()
-        if source is None:
-            return
-        summary = summarise(source)  # the card and the header show the same summary
-        publish(
-            FLEET_GROUP,
-            EVENT_DISCOVERY_FINISHED,
-            {"source_id": source_id, "html": card_html(source, summary)},
-        )
-        payload: dict = {"summary_html": summary_html(source, summary=summary)}
+        stamp = uuid.uuid4().hex
+        announced = {"source_id": source_id, "stamp": stamp}
+        publish(FLEET_GROUP, EVENT_DISCOVERY_FINISHED, announced)
+        payload: dict = {**announced, "workers_moved": bool(worker_ids)}
         if worker_ids:
-            payload["timeline_html"] = timeline_html(source)
             # Versions and states moved: the charts that count them follow.
-            payload["charts_html"] = source_charts_html(source)
-            publish(FLEET_GROUP, EVENT_CHARTS_CHANGED, {"html": overview_charts_html()})
+            publish(FLEET_GROUP, EVENT_CHARTS_CHANGED, {"stamp": stamp})
         if len(worker_ids) > LIVE_ROW_LIMIT:
             # Too many rows to ship to every subscriber: each re-reads its visible page, and
             # subscribers of this process showing the same view share that read (`stamp`).
             payload["resync"] = True
-            payload["stamp"] = uuid.uuid4().hex
         elif worker_ids:
             payload["rows"] = [row_payload(w) for w in Worker.objects.filter(pk__in=worker_ids)]
         publish(source_group(source_id), EVENT_WORKERS_CHANGED, payload)
@@ -205,3 +200,23 @@ def shared_summary_html(source_id: int, stamp: str) -> str:
     """The source page's summary of one announced change, rendered once per process."""
     source = Source.objects.filter(pk=source_id).first()
     return "" if source is None else summary_html(source)
+
+
+@lru_cache(maxsize=32)
+def shared_timeline_html(source_id: int, stamp: str) -> str:
+    """The source page's timeline after one announced discovery run, once per process."""
+    source = Source.objects.filter(pk=source_id).first()
+    return "" if source is None else timeline_html(source)
+
+
+@lru_cache(maxsize=32)
+def shared_source_charts_html(source_id: int, stamp: str) -> str:
+    """The source page's charts after one announced discovery run, once per process."""
+    source = Source.objects.filter(pk=source_id).first()
+    return "" if source is None else source_charts_html(source)
+
+
+@lru_cache(maxsize=32)
+def shared_overview_charts_html(stamp: str) -> str:
+    """The overview's version chart after one announced change, once per process."""
+    return overview_charts_html()

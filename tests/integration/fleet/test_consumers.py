@@ -281,3 +281,64 @@ async def test_a_big_refresh_re_reads_the_visible_page_only(big_source, viewer):
     assert table.startswith('<tbody id="worker-rows" hx-swap-oob="true">')
     assert table.count('<tr id="worker-') == 100 and table.count("restarted") == 100
     await c.disconnect()
+
+
+def test_a_discovery_run_announces_its_source_and_ships_only_the_rows_it_touched(
+    big_source, monkeypatch
+):
+    """The run renders its touched rows once; the card, summary, timeline and charts are left
+    to each receiving process (a plan's discovery does not wait for pages nobody may watch)."""
+    from controlplane.fleet import live
+
+    sent: list[tuple[str, str, dict]] = []
+    monkeypatch.setattr(live, "publish", lambda group, event, p: sent.append((group, event, p)))
+    rendered: list[str] = []
+    for name in (
+        "card_html",
+        "summary_html",
+        "timeline_html",
+        "source_charts_html",
+        "overview_charts_html",
+    ):
+        monkeypatch.setattr(live, name, lambda *a, _n=name, **k: rendered.append(_n) or "")
+    pks = _bulk_fleet(big_source, 4)
+
+    live.publish_refresh(big_source.pk, pks[:2])
+
+    assert rendered == []
+    assert [event for _, event, _ in sent] == [
+        live.EVENT_DISCOVERY_FINISHED,
+        live.EVENT_CHARTS_CHANGED,
+        live.EVENT_WORKERS_CHANGED,
+    ]
+    assert len({payload["stamp"] for _, _, payload in sent}) == 1
+    workers = sent[-1][2]
+    assert sent[-1][0] == live.source_group(big_source.pk) and workers["workers_moved"]
+    assert sorted(row["id"] for row in workers["rows"]) == sorted(pks[:2])
+
+
+async def test_the_overview_renders_an_announced_card_and_chart_once_per_process(
+    big_source, viewer
+):
+    from controlplane.fleet import live
+
+    await database_sync_to_async(_bulk_fleet)(big_source, 3)
+    first, second = (_communicator("/ws/fleet/", viewer) for _ in range(2))
+    for c in (first, second):
+        assert (await c.connect())[0]
+        await c.receive_from(timeout=10)
+    live.shared_card_html.cache_clear()
+    live.shared_overview_charts_html.cache_clear()
+    pks = await database_sync_to_async(
+        lambda: list(Worker.objects.filter(source=big_source).values_list("pk", flat=True))
+    )()
+    await database_sync_to_async(live.publish_refresh)(big_source.pk, pks)
+    for c in (first, second):
+        card = await c.receive_from(timeout=10)
+        assert 'id="source-card-' in card and "big" in card
+        chart = await c.receive_from(timeout=10)
+        assert "version" in chart.lower()
+    assert live.shared_card_html.cache_info().misses == 1
+    assert live.shared_overview_charts_html.cache_info().misses == 1
+    for c in (first, second):
+        await c.disconnect()

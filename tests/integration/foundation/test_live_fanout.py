@@ -202,7 +202,7 @@ def _session_cookie(user) -> str:
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
-def _stalled_client(port: int, cookie: str) -> socket.socket:
+def _stalled_client(port: int, cookie: str, path: str) -> socket.socket:
     """A websocket client that completes the handshake and then never reads."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: small window
@@ -210,7 +210,7 @@ def _stalled_client(port: int, cookie: str) -> socket.socket:
     key = base64.b64encode(os.urandom(16)).decode()
     sock.sendall(
         (
-            f"GET /ws/fleet/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
             f"Cookie: {cookie}\r\n\r\n"
         ).encode()
@@ -239,6 +239,28 @@ def _read_until_cut(sock: socket.socket, limit: int) -> tuple[int, bool]:
     return total, False
 
 
+def _watched_worker() -> tuple[int, dict]:
+    """A source with one worker; the row a discovery run would ship for it, minus its HTML."""
+    from django.utils import timezone
+
+    from controlplane.fleet.models import Worker, WorkerState
+
+    source = Source.objects.create(name="fanout", listener_url="http://127.0.0.1:9/")
+    now = timezone.now()
+    worker = Worker.objects.create(
+        source=source,
+        namespace="rl",
+        component="backend",
+        endpoint="generate",
+        instance_id="7",
+        state=WorkerState.LIVE,
+        first_seen_at=now,
+        last_seen_at=now,
+    )
+    row = live.row_payload(worker)
+    return source.pk, row
+
+
 async def test_under_uvicorn_a_client_that_stops_reading_is_dropped_and_the_others_get_everything(
     viewer, tmp_path
 ):
@@ -246,23 +268,28 @@ async def test_under_uvicorn_a_client_that_stops_reading_is_dropped_and_the_othe
 
     events, size = 120, 128 * 1024  # ~15 MB: far past the kernel's buffers and the drop limit
     cookie = await database_sync_to_async(_session_cookie)(viewer)
+    source_id, row = await database_sync_to_async(_watched_worker)()
+    path, group = f"/ws/fleet/sources/{source_id}/", live.source_group(source_id)
     with asgi_server(tmp_path / "uvicorn.log", server="uvicorn") as url:
         port = int(url.rsplit(":", 1)[1])
-        ws_url = url.replace("http://", "ws://") + "/ws/fleet/"
-        stalled = await asyncio.to_thread(_stalled_client, port, cookie)
+        ws_url = url.replace("http://", "ws://") + path
+        stalled = await asyncio.to_thread(_stalled_client, port, cookie, path)
         async with connect(
             ws_url, additional_headers={"Cookie": cookie}, compression="deflate", max_size=None
         ) as reader:
             assert reader.protocol.extensions, "the client should have negotiated deflate"
-            await reader.recv()  # the resync
-            await _until(lambda: _numsub(live.FLEET_GROUP) == 1, "the server subscribed")
+            await reader.recv()  # the resync: the summary and timeline,
+            await reader.recv()  # then the table, which shows the worker
+            await _until(lambda: _numsub(group) == 1, "the server subscribed")
 
             def publish(first: int, count: int) -> None:
+                # The worker's row as a discovery run ships it, padded to `size`: each event is
+                # the summary (rendered once by the server) and this row's frame.
                 for seq in range(first, first + count):
-                    mark = f"mark-{seq:04d}"
-                    html = f'<article id="{mark}" hx-swap-oob="true">{"x" * size}</article>'
+                    html = f'<tr id="worker-{row["id"]}" data-mark="mark-{seq:04d}">'
+                    padded = {**row, "html": html + "x" * size + "</tr>"}
                     realtime.publish(
-                        live.FLEET_GROUP, live.EVENT_DISCOVERY_FINISHED, {"html": html}
+                        group, live.EVENT_WORKERS_CHANGED, {"stamp": "s", "rows": [padded]}
                     )
                 assert realtime.flush(DEADLINE_SECONDS)
 
@@ -275,7 +302,8 @@ async def test_under_uvicorn_a_client_that_stops_reading_is_dropped_and_the_othe
                 await asyncio.to_thread(publish, first, batch)
                 while len(seen) < first + batch:
                     frame = await asyncio.wait_for(reader.recv(), DEADLINE_SECONDS)
-                    seen.append(frame[len('<article id="') :][: len("mark-0000")])
+                    if 'data-mark="' in frame:
+                        seen.append(frame.split('data-mark="', 1)[1][: len("mark-0000")])
             assert seen == [f"mark-{seq:04d}" for seq in range(events)]
 
         read, cut = await asyncio.to_thread(_read_until_cut, stalled, events * size)
@@ -284,4 +312,4 @@ async def test_under_uvicorn_a_client_that_stops_reading_is_dropped_and_the_othe
     assert cut, "the server kept the stalled client"
     assert read < events * size
     # Cut for its unsent bytes: the direct write path, not the ASGI fallback's send timeout.
-    assert "FleetOverviewConsumer subscriber that does not read its socket" in log, log
+    assert "SourceStreamConsumer subscriber that does not read its socket" in log, log

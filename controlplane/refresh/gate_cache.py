@@ -56,7 +56,7 @@ from django.db import DatabaseError, connection
 from controlplane import dbretry, redis_client
 from controlplane.fleet.models import PublishedPolicy, Source
 from controlplane.refresh.models import Gate
-from controlplane.refresh.policy_lag import with_lag
+from controlplane.refresh.policy_lag import with_lag, with_lags_of
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +141,8 @@ def read(source_name: str, namespace: str) -> CachedGate | None:
 
 
 def _store(payload: Mapping[str, Any], source_id: int) -> bool:
+    """Write `payload` (with its lag: read here when it has none) unless a newer revision is
+    stored."""
     if "policy_mark" not in payload:
         payload = with_lag(payload)
     client = redis_client.sync_client()
@@ -150,21 +152,36 @@ def _store(payload: Mapping[str, Any], source_id: int) -> bool:
 
 
 def store(payloads: Iterable[Mapping[str, Any]]) -> None:
-    """Store committed gates (`serialize_gate` payloads). Never raises, since it runs after
-    commit: a copy that cannot be written is deleted if possible, and lapses within
-    `TTL_SECONDS` otherwise."""
+    """Store committed gates (`serialize_gate` payloads), with their lag read once per source
+    for all its gates (a refresh's close and reopen change every namespace of its scope).
+    Never raises, since it runs after commit: a copy that cannot be written is deleted if
+    possible, and lapses within `TTL_SECONDS` otherwise."""
+    by_source: dict[int, list[Mapping[str, Any]]] = {}
     for payload in payloads:
+        by_source.setdefault(int(payload["source_id"]), []).append(payload)
+    for source_id, group in by_source.items():
         try:
-            _store(payload, int(payload["source_id"]))
-        except (redis.RedisError, DatabaseError) as exc:
-            key = gate_key(str(payload["source"]), str(payload["namespace"]))
-            logger.warning("gate copy %s not written", key, exc_info=True)
-            with contextlib.suppress(redis.RedisError):
-                redis_client.sync_client().delete(key)
-            if isinstance(exc, DatabaseError) and not dbretry.in_transaction():
-                # The lag read met a dropped connection after the caller's commit: drop it
-                # here, or the caller's next statement (an executor's fenced step) fails on it.
-                dbretry.reconnect()
+            lagged = with_lags_of(Source.objects.get(pk=source_id), group)
+        except (DatabaseError, Source.DoesNotExist) as exc:
+            _not_written(group, exc)
+            continue
+        for payload in lagged:
+            try:
+                _store(payload, source_id)
+            except redis.RedisError as exc:
+                _not_written([payload], exc)
+
+
+def _not_written(payloads: Sequence[Mapping[str, Any]], exc: Exception) -> None:
+    for payload in payloads:
+        key = gate_key(str(payload["source"]), str(payload["namespace"]))
+        logger.warning("gate copy %s not written", key, exc_info=exc)
+        with contextlib.suppress(redis.RedisError):
+            redis_client.sync_client().delete(key)
+    if isinstance(exc, DatabaseError) and not dbretry.in_transaction():
+        # The lag read met a dropped connection after the caller's commit: drop it here, or
+        # the caller's next statement (an executor's fenced step) fails on it.
+        dbretry.reconnect()
 
 
 def prime(payload: Mapping[str, Any], source_id: int) -> None:

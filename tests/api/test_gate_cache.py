@@ -343,3 +343,27 @@ def test_a_copy_registered_in_a_rolled_back_savepoint_never_loses_a_later_one(
             raise Boom
         gates._copy_on_commit([other.pk])
     assert "rl-b" in stored
+
+
+def test_the_copies_of_one_sources_gates_read_its_policy_lag_once(
+    fleet, monkeypatch, django_capture_on_commit_callbacks
+):
+    """A change of several namespaces (a refresh's close or reopen) computes their lag in one
+    batch per source, and each copy carries it."""
+    batches: list[list[str]] = []
+    real = gate_cache.with_lags_of
+
+    def counted(source, payloads, **kwargs):
+        batches.append([p["namespace"] for p in payloads])
+        return real(source, payloads, **kwargs)
+
+    monkeypatch.setattr(gate_cache, "with_lags_of", counted)
+    gate = fleet["gate"]
+    other = Gate.objects.create(source=gate.source, namespace="rl-b", state=GateState.CLOSED)
+    with django_capture_on_commit_callbacks(execute=True):
+        gates.force_open([gate, other], actor=SYSTEM, refresh=None, reason="ops decided")
+    assert [sorted(b) for b in batches] == [["rl-a", "rl-b"]]
+    for namespace in ("rl-a", "rl-b"):
+        copy = gate_cache.read("src-a", namespace)
+        assert copy is not None and "policy_lag" in copy.payload()
+        assert copy.payload()["state"] == GateState.OPEN_FORCED

@@ -7,8 +7,13 @@ stored twice.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
+
+from django.db.models import TextField
+from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import Cast
 
 from controlplane.dynamo.inflight import InFlight, account
 from controlplane.refresh.models import JournalEntry, PolicyRefresh
@@ -33,13 +38,44 @@ class InFlightTable:
     more: int
 
 
+#: The only body fields `dynamo.inflight` reads: (body column, key). Read as each value's JSON
+#: text (`(body -> key)::text`, SQL NULL when the body lacks the key or is not an object), so
+#: the database sends a few short strings per call instead of every body of the fleet, and
+#: Python decodes those alone. Rebuilt as `{key: value}` the bodies give `account` the answer
+#: the whole bodies would: it reads nothing else.
+_READ = (
+    ("request_body", "mode"),
+    ("request_body", "abort_all_requests"),
+    ("response_body", "mode"),
+    ("response_body", "status"),
+    ("response_body", "num_paused_requests"),
+)
+_FIELDS = {f"_{column}_{key}": (column, key) for column, key in _READ}
+
+
+def _bodies(values: tuple[str | None, ...]) -> tuple[dict[str, object], dict[str, object]]:
+    bodies: dict[str, dict[str, object]] = {"request_body": {}, "response_body": {}}
+    for (column, key), text in zip(_READ, values, strict=True):
+        if text is not None:
+            bodies[column][key] = json.loads(text)
+    return bodies["request_body"], bodies["response_body"]
+
+
 def in_flight_table(refresh: PolicyRefresh) -> InFlightTable:
+    """Every worker's outcome (the totals), the first `ROW_LIMIT` by namespace and key as rows.
+    One statement; the bodies' few fields that decide an outcome, not the bodies."""
     entries = (
         JournalEntry.objects.filter(
             refresh=refresh,
             ok=True,
             operation__in=("pause", "update_from_disk"),
             planned_worker__isnull=False,
+        )
+        .annotate(
+            **{
+                name: Cast(KeyTransform(key, column), TextField())
+                for name, (column, key) in _FIELDS.items()
+            }
         )
         .order_by("id")
         .values_list(
@@ -48,14 +84,13 @@ def in_flight_table(refresh: PolicyRefresh) -> InFlightTable:
             "planned_worker__namespace",
             "planned_worker__family",
             "operation",
-            "request_body",
-            "response_body",
+            *_FIELDS,
         )
     )
     by_worker: dict[int, tuple[str, str, str, list[tuple[str, object, object]]]] = {}
-    for pk, key, namespace, family, operation, request, response in entries:
+    for pk, key, namespace, family, operation, *values in entries:
         slot = by_worker.setdefault(pk, (key, namespace, family, []))
-        slot[3].append((operation, request, response))
+        slot[3].append((operation, *_bodies(tuple(values))))
     rows: list[InFlightRow] = []
     for key, namespace, family, calls in by_worker.values():
         result = account(family, calls)

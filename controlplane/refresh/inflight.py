@@ -87,17 +87,28 @@ def in_flight_table(refresh: PolicyRefresh) -> InFlightTable:
             *_FIELDS,
         )
     )
-    by_worker: dict[int, tuple[str, str, str, list[tuple[str, object, object]]]] = {}
-    for pk, key, namespace, family, operation, *values in entries:
+    by_worker: dict[int, tuple[str, str, str, list[tuple[str, tuple[str | None, ...]]]]] = {}
+    for pk, key, namespace, family, operation, *fields in entries:
         slot = by_worker.setdefault(pk, (key, namespace, family, []))
-        slot[3].append((operation, *_bodies(tuple(values))))
-    rows: list[InFlightRow] = []
+        slot[3].append((operation, tuple(fields)))
+    # A fleet's workers reply alike: `account` is pure, so it runs once per distinct history
+    # (family, and each call's operation and fields), not once per worker.
+    outcomes: dict[tuple[str, tuple], InFlight | None] = {}
+    found: list[tuple[str, str, str, InFlight]] = []
     for key, namespace, family, calls in by_worker.values():
-        result = account(family, calls)
+        history = (family, tuple(calls))
+        if history not in outcomes:
+            outcomes[history] = account(family, [(op, *_bodies(values)) for op, values in calls])
+        result = outcomes[history]
         if result is not None:
-            rows.append(InFlightRow(key, namespace, family, result))
-    rows.sort(key=lambda r: (r.namespace, r.key))
-    totals = Counter(r.accounting.outcome for r in rows)
+            found.append((namespace, key, family, result))
+    found.sort(key=lambda r: (r[0], r[1]))
+    totals = Counter(r[3].outcome for r in found)
     return InFlightTable(
-        rows[:ROW_LIMIT], dict(sorted(totals.items())), max(0, len(rows) - ROW_LIMIT)
+        [
+            InFlightRow(key, namespace, family, result)
+            for namespace, key, family, result in found[:ROW_LIMIT]
+        ],
+        dict(sorted(totals.items())),
+        max(0, len(found) - ROW_LIMIT),
     )

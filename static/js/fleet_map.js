@@ -1,6 +1,7 @@
-// The fleet map: one square per worker on a canvas, drawn from the compact payload in the
-// fragment's data-fleet-map attribute (controlplane/fleet/charts.py FleetMap). At 10,000
-// workers an SVG with a linked <rect> and <title> per worker was 1.7 MB to parse and 30,000
+// The fleet map: one square per worker on a canvas, drawn from the compact payload
+// (controlplane/fleet/charts.py FleetMap): fetched from the URL in data-fleet-map-src on the
+// source page, inline in the data-fleet-map attribute on the map's own page and its re-read.
+// At 10,000 workers an SVG with a linked <rect> and <title> per worker was 1.7 MB to parse and 30,000
 // nodes to style and lay out (2-3 s in Chromium); here the browser parses numbers and paints
 // squares. Static file, no inline script (CSP); outside text (keys, versions) is only ever set
 // as text, never as HTML.
@@ -25,9 +26,9 @@ function cssColour(cls) {
 }
 
 class FleetMap {
-  constructor(root) {
+  constructor(root, data) {
     this.root = root;
-    this.data = JSON.parse(root.dataset.fleetMap);
+    this.data = data;
     this.count = this.data.cells.length / CELL_FIELDS;
     [this.before, this.after] = this.data.href.split("{}");
     this.canvas = root.querySelector("canvas");
@@ -151,17 +152,67 @@ class FleetMap {
   }
 }
 
+// The source page's map carries no data: its frame names the URL of it (data-fleet-map-src),
+// which the page's head preloads with these credentials, so this fetch is handed the response
+// already on its way. The summary and legend come with it and are set as text.
+function fill(root, data) {
+  root.querySelector(".fleet-map-summary").textContent = data.summary;
+  const canvas = root.querySelector("canvas");
+  canvas.dataset.count = String(data.count);
+  canvas.setAttribute(
+    "aria-label",
+    `Fleet map: ${data.count} workers; arrow keys move between workers, Enter opens one`,
+  );
+  const legend = root.querySelector(".fleet-map-legend");
+  for (const [name, cls] of data.legend) {
+    const item = document.createElement("li");
+    const swatch = document.createElement("span");
+    swatch.className = `chart-swatch ${cls}`;
+    item.append(swatch, ` ${name}`);
+    legend.append(item);
+  }
+}
+
+async function load(root) {
+  try {
+    const answer = await fetch(root.dataset.fleetMapSrc, {
+      credentials: "include",
+      headers: { Accept: "application/json" },
+    });
+    if (!answer.ok) throw new Error(`HTTP ${answer.status}`);
+    const data = await answer.json();
+    if (!root.isConnected) return; // replaced (a push's re-read) while it loaded
+    fill(root, data);
+    root.fleetMap = new FleetMap(root, data);
+    root.fleetMap.draw();
+  } catch (error) {
+    // The link to the map's own page stays; say why the picture is missing.
+    root.fleetMap = null;
+    const note = document.createElement("span");
+    note.className = "muted";
+    note.textContent = ` (the map could not be loaded: ${error.message})`;
+    root.querySelector(".fleet-map-summary").append(note);
+  }
+}
+
 function drawWithin(node) {
   if (!(node instanceof Element)) return;
   const roots = node.matches("[data-fleet-map]") ? [node] : [];
   roots.push(...node.querySelectorAll("[data-fleet-map]"));
   for (const root of roots) {
-    if (root.fleetMap) continue;
-    root.fleetMap = new FleetMap(root);
-    root.fleetMap.draw();
+    if (root.fleetMap !== undefined) continue;
+    if (root.dataset.fleetMap) {
+      root.fleetMap = new FleetMap(root, JSON.parse(root.dataset.fleetMap));
+      root.fleetMap.draw();
+    } else if (root.dataset.fleetMapSrc) {
+      root.fleetMap = "loading";
+      load(root);
+    }
   }
 }
 
 // htmx fires htmx:load on the body at start and on each swapped-in element, so this covers
-// the map loaded after the source page, a live re-read, and the map's own page.
+// the map re-read after a push and the map's own page. A deferred script runs once the page is
+// parsed, before htmx starts: the source page's map is asked for now, not a turn later.
 document.addEventListener("htmx:load", (e) => drawWithin(e.target));
+drawWithin(document.body);

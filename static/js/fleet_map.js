@@ -158,6 +158,7 @@ class FleetMap {
 function fill(root, data) {
   root.querySelector(".fleet-map-summary").textContent = data.summary;
   const canvas = root.querySelector("canvas");
+  canvas.hidden = false; // an empty, focusable canvas until now: hidden without a script
   canvas.dataset.count = String(data.count);
   canvas.setAttribute(
     "aria-label",

@@ -155,6 +155,34 @@ class FleetMap {
 // The source page's map carries no data: its frame names the URL of it (data-fleet-map-src),
 // which the page's head preloads with these credentials, so this fetch is handed the response
 // already on its way. The summary and legend come with it and are set as text.
+function fetchData(url) {
+  return fetch(url, { credentials: "include", headers: { Accept: "application/json" } }).then(
+    (answer) => {
+      if (!answer.ok) throw new Error(`HTTP ${answer.status}`);
+      return answer.json();
+    },
+  );
+}
+
+// Asked for when this script runs (the head's preload names it), used once by its frame: a
+// page restored from history asks again.
+const early = new Map();
+
+// Every stylesheet applied: the colours are the page's custom properties and the width its
+// layout's (an async script may run before they are).
+function stylesheets() {
+  const pending = [...document.querySelectorAll('link[rel="stylesheet"]')].filter((l) => !l.sheet);
+  return Promise.all(
+    pending.map(
+      (link) =>
+        new Promise((done) => {
+          link.addEventListener("load", done, { once: true });
+          link.addEventListener("error", done, { once: true });
+        }),
+    ),
+  );
+}
+
 function fill(root, data) {
   root.querySelector(".fleet-map-summary").textContent = data.summary;
   const canvas = root.querySelector("canvas");
@@ -165,6 +193,7 @@ function fill(root, data) {
     `Fleet map: ${data.count} workers; arrow keys move between workers, Enter opens one`,
   );
   const legend = root.querySelector(".fleet-map-legend");
+  legend.replaceChildren(); // a frame restored from history carries the legend it had
   for (const [name, cls] of data.legend) {
     const item = document.createElement("li");
     const swatch = document.createElement("span");
@@ -175,13 +204,12 @@ function fill(root, data) {
 }
 
 async function load(root) {
+  const url = new URL(root.dataset.fleetMapSrc, document.baseURI).href;
+  const pending = early.get(url) || fetchData(url);
+  early.delete(url);
   try {
-    const answer = await fetch(root.dataset.fleetMapSrc, {
-      credentials: "include",
-      headers: { Accept: "application/json" },
-    });
-    if (!answer.ok) throw new Error(`HTTP ${answer.status}`);
-    const data = await answer.json();
+    const data = await pending;
+    await stylesheets();
     if (!root.isConnected) return; // replaced (a push's re-read) while it loaded
     fill(root, data);
     root.fleetMap = new FleetMap(root, data);
@@ -202,9 +230,14 @@ function drawWithin(node) {
   roots.push(...node.querySelectorAll("[data-fleet-map]"));
   for (const root of roots) {
     if (root.fleetMap !== undefined) continue;
+    // While the page is still parsed, a frame is whole once its last part, the legend, is in.
+    if (document.readyState === "loading" && !root.querySelector(".fleet-map-legend")) continue;
     if (root.dataset.fleetMap) {
-      root.fleetMap = new FleetMap(root, JSON.parse(root.dataset.fleetMap));
-      root.fleetMap.draw();
+      root.fleetMap = "loading";
+      stylesheets().then(() => {
+        root.fleetMap = new FleetMap(root, JSON.parse(root.dataset.fleetMap));
+        root.fleetMap.draw();
+      });
     } else if (root.dataset.fleetMapSrc) {
       root.fleetMap = "loading";
       load(root);
@@ -212,8 +245,21 @@ function drawWithin(node) {
   }
 }
 
-// htmx fires htmx:load on the body at start and on each swapped-in element, so this covers
-// the map re-read after a push and the map's own page. A deferred script runs once the page is
-// parsed, before htmx starts: the source page's map is asked for now, not a turn later.
+// This script is async: it may run while the page is parsed or after. The source page's data
+// is asked for at once and drawn as soon as it is in (if its frame is parsed by then); the rest
+// is drawn when the page is parsed. htmx fires htmx:load on each swapped-in element, so a
+// push's re-read is drawn too.
+for (const link of document.querySelectorAll("link[data-fleet-map-data]")) {
+  const pending = fetchData(link.href);
+  early.set(link.href, pending);
+  pending.then(
+    () => drawWithin(document.body),
+    () => {}, // reported by the frame's own load
+  );
+}
 document.addEventListener("htmx:load", (e) => drawWithin(e.target));
-drawWithin(document.body);
+if (document.readyState === "loading") {
+  document.addEventListener("DOMContentLoaded", () => drawWithin(document.body));
+} else {
+  drawWithin(document.body);
+}

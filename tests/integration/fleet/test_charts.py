@@ -140,8 +140,8 @@ def test_fleet_map_has_one_linked_cell_per_present_worker(viewer_client, source)
     # (with the credentials the script fetches it with), and without a script it links the
     # map's own page.
     assert (
-        f'<link rel="preload" href="{data_url}" as="fetch" crossorigin="use-credentials">'
-        in page[: page.index("</head>")]
+        f'<link rel="preload" href="{data_url}" as="fetch" crossorigin="use-credentials" '
+        "data-fleet-map-data>" in page[: page.index("</head>")]
     )
     assert f'data-fleet-map="" data-fleet-map-src="{data_url}"' in page
     assert f'<a href="{map_url}">' in page and "rl-0/" not in page.split('id="fleet-map"')[1][:2000]

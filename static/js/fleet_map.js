@@ -169,18 +169,19 @@ function fetchData(url) {
 const early = new Map();
 
 // Every stylesheet applied: the colours are the page's custom properties and the width its
-// layout's (an async script may run before they are).
+// layout's (an async script may run before they are). Once the page is parsed they are (the
+// deferred scripts wait for them), so a stylesheet that failed never holds the map longer.
 function stylesheets() {
-  const pending = [...document.querySelectorAll('link[rel="stylesheet"]')].filter((l) => !l.sheet);
-  return Promise.all(
-    pending.map(
-      (link) =>
-        new Promise((done) => {
-          link.addEventListener("load", done, { once: true });
-          link.addEventListener("error", done, { once: true });
-        }),
-    ),
-  );
+  if (document.readyState !== "loading") return Promise.resolve();
+  return new Promise((done) => {
+    document.addEventListener("DOMContentLoaded", done, { once: true });
+    const pending = [...document.querySelectorAll('link[rel="stylesheet"]')].filter(
+      (link) => !link.sheet,
+    );
+    Promise.all(
+      pending.map((link) => new Promise((loaded) => link.addEventListener("load", loaded))),
+    ).then(done);
+  });
 }
 
 function fill(root, data) {

@@ -127,3 +127,25 @@ def test_every_worker_is_a_square_named_on_hover_and_focus_and_linked(page, view
     page.locator("#fleet-map-cells [data-fleet-map][data-drawn]").wait_for(state="attached")
     canvas.click(position={"x": 5 * PITCH + 4, "y": 4})
     page.wait_for_url(f"**{reverse('fleet:worker', args=[workers[5].pk])}")
+
+
+def test_without_a_script_the_source_page_links_the_maps_own_page(
+    _browser, live_server_url, viewer, fleet
+):
+    source, workers = fleet
+    context = _browser.new_context(base_url=live_server_url, java_script_enabled=False)
+    try:
+        page = context.new_page()
+        sign_in(page, viewer.username, PASSWORD)
+        page.goto(f"/sources/{source.pk}/")
+        link = page.locator("#fleet-map-cells .fleet-map-summary a")
+        assert link.inner_text() == "Open the fleet map"
+        assert page.locator("#fleet-map-cells canvas").is_hidden()  # no empty, focusable canvas
+        link.click()
+        page.wait_for_url(f"**{reverse('fleet:source_map', args=[source.pk])}")
+        # The map's own page says in words what the map would show.
+        assert (
+            page.locator(".fleet-map-summary").inner_text().startswith(f"{len(workers)} workers: ")
+        )
+    finally:
+        context.close()

@@ -15,7 +15,7 @@ from django.db.models import TextField
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 
-from controlplane.dynamo.inflight import InFlight, account
+from controlplane.dynamo.inflight import READS, InFlight, account
 from controlplane.refresh.models import JournalEntry, PolicyRefresh
 
 #: Rows shown on the page; the counts cover every worker.
@@ -38,27 +38,21 @@ class InFlightTable:
     more: int
 
 
-#: The only body fields `dynamo.inflight` reads: (body column, key). Read as each value's JSON
-#: text (`(body -> key)::text`, SQL NULL when the body lacks the key or is not an object), so
-#: the database sends a few short strings per call instead of every body of the fleet, and
-#: Python decodes those alone. Rebuilt as `{key: value}` the bodies give `account` the answer
-#: the whole bodies would: it reads nothing else.
-_READ = (
-    ("request_body", "mode"),
-    ("request_body", "abort_all_requests"),
-    ("response_body", "mode"),
-    ("response_body", "status"),
-    ("response_body", "num_paused_requests"),
-)
-_FIELDS = {f"_{column}_{key}": (column, key) for column, key in _READ}
+#: The body fields an outcome depends on (`dynamo.inflight.READS`), each read as its value's
+#: JSON text (`(body -> key)::text`: SQL NULL when the body lacks the key or is not an object,
+#: `null` for a JSON null), so the database sends a few short strings per call instead of
+#: every body of the fleet and Python decodes those alone. Rebuilt as `{key: value}`, the
+#: bodies give `account` the answer the whole bodies would: it reads nothing else.
+_COLUMNS = {"request": "request_body", "response": "response_body"}
+_FIELDS = {f"_{side}_{key}": (_COLUMNS[side], key) for side, key in READS}
 
 
 def _bodies(values: tuple[str | None, ...]) -> tuple[dict[str, object], dict[str, object]]:
-    bodies: dict[str, dict[str, object]] = {"request_body": {}, "response_body": {}}
-    for (column, key), text in zip(_READ, values, strict=True):
+    bodies: dict[str, dict[str, object]] = {"request": {}, "response": {}}
+    for (side, key), text in zip(READS, values, strict=True):
         if text is not None:
-            bodies[column][key] = json.loads(text)
-    return bodies["request_body"], bodies["response_body"]
+            bodies[side][key] = json.loads(text)
+    return bodies["request"], bodies["response"]
 
 
 def in_flight_table(refresh: PolicyRefresh) -> InFlightTable:

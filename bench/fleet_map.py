@@ -8,10 +8,10 @@ off), and drives Debian's Chromium (`/usr/bin/chromium`, headless, through Playw
 signed-in viewer: each run opens the source page in a fresh page (warm browser cache for the
 static files, as a returning operator has) and measures, with the browser's own clock, the time
 from navigation start until the map has drawn its N cells and until the frame after that is
-painted (the map is loaded by htmx after the first screen, so this is what a person
-waits for), with the map request's resource timing (server, transfer, bytes). Prints per run
-the times and their split, then median and range against the limit of one second (on the
-painted time), and one summary line.
+painted (the map's data is a request of its own, preloaded by the page's head, so this is
+what a person waits for), with the map request's resource timing (server, transfer, bytes).
+Prints per run the times and their split, then median and range against the limit of one
+second (on the painted time), and one summary line.
 """
 
 from __future__ import annotations

@@ -24,6 +24,17 @@ DRAINED = "drained"
 ABORTED = "aborted"
 KEPT = "kept"
 
+#: Every body field this module reads, (request or response, key): a reader may fetch these
+#: alone (`refresh.inflight` does) and pass `{key: value}` bodies; a field read here and not
+#: listed would be missing there.
+READS = (
+    ("request", "mode"),
+    ("request", "abort_all_requests"),
+    ("response", "mode"),
+    ("response", "status"),
+    ("response", "num_paused_requests"),
+)
+
 _BY_MODE = {"wait": DRAINED, "abort": ABORTED, "keep": KEPT, "retract": KEPT, "in_place": KEPT}
 
 

@@ -19,6 +19,7 @@ from django.db.models import Count, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.urls import reverse
 from django.utils.safestring import SafeString
+from django.utils.text import Truncator
 
 from controlplane import charts
 from controlplane.dynamo.discovery import worker_key
@@ -94,7 +95,15 @@ class FleetMap:
         (htmx drops `<script>` elements from swapped HTML, data ones included)."""
         return json.dumps(self.payload, separators=(",", ":"))
 
+    def as_data(self) -> dict[str, Any]:
+        """What the source page's map fetches (`views.source_map_data`): the payload with the
+        summary sentence and the legend the fragment renders, names shortened as it does."""
+        legend = [[Truncator(name).chars(LEGEND_CHARS), cls] for name, cls in self.legend.items()]
+        return {**self.payload, "count": self.count, "summary": self.summary, "legend": legend}
 
+
+#: A legend entry's most characters (a version can be a long path), as `truncatechars`.
+LEGEND_CHARS = 40
 #: Values per cell in `FleetMap.payload["cells"]`; the script reads the same stride.
 CELL_FIELDS = 6
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("sources/<int:pk>/", views.source_detail, name="source"),
     path("sources/<int:pk>/edit/", views.source_edit, name="source_edit"),
     path("sources/<int:pk>/map/", views.source_map, name="source_map"),
+    path("sources/<int:pk>/map.json", views.source_map_data, name="source_map_data"),
     path("sources/<int:pk>/serving-health/", views.serving_health, name="serving_health"),
     path("sources/<int:pk>/delete/", views.source_delete, name="source_delete"),
     path("sources/<int:pk>/discovery/", views.run_discovery, name="run_discovery"),

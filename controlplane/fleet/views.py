@@ -10,14 +10,14 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from controlplane.accounts.access import requires
 from controlplane.accounts.roles import Perm
 from controlplane.audit.recorder import actor_from_request
-from controlplane.fleet import live, services
+from controlplane.fleet import charts, live, services
 from controlplane.fleet import serving_health as health
 from controlplane.fleet.discovery.rejections import latest_rejections
 from controlplane.fleet.filters import WorkerFilter
@@ -90,12 +90,21 @@ def source_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_GET
 @requires(Perm.VIEW)
 def source_map(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    """The fleet map: one cell per worker, one query. A URL of its own, loaded after the
-    source page, so the first screen stays one small page at 2,000+ workers; without htmx
-    the page links here."""
+    """The fleet map's page: one cell per worker, one query, its data in the page. The source
+    page links here (without a script) and re-reads this fragment when a push says the fleet
+    changed; its first map comes from `source_map_data`."""
     source = _get_source(pk)
     template = "fleet/_charts_map.html#map" if request.htmx else "fleet/_charts_map.html"
     return render(request, template, {"source": source})
+
+
+@require_GET
+@requires(Perm.VIEW)
+def source_map_data(request: HtmxHttpRequest, pk: int) -> JsonResponse:
+    """The fleet map's data as JSON, for the source page: its head preloads this URL, so the
+    map's one query runs while the page itself loads rather than after its first screen; the
+    page's script draws it (static/js/fleet_map.js)."""
+    return JsonResponse(charts.fleet_map(_get_source(pk)).as_data())
 
 
 @require_GET

@@ -63,6 +63,9 @@ UPDATE_STEP = "update"
 PREVIOUS = "previous"
 #: The series of a worker whose latest update run failed: what it serves is not known.
 UNKNOWN = "unknown (update failed)"
+#: The API's series at most this many points: a refresh changes state up to about three
+#: times per worker (pause, update, resume), ~30,000 points at 10,000 workers.
+SERIES_POINTS = 1000
 _ADMITTING = frozenset(str(s) for s in ADMITTING_STATES)
 
 
@@ -247,7 +250,22 @@ class Capacity:
         paused = [w for w in self.workers if w.intervals]
         return sorted(paused, key=lambda w: (-w.paused_seconds, w.key))[:n]
 
-    def as_dict(self) -> dict[str, Any]:
+    def series(self, most: int = SERIES_POINTS) -> tuple[tuple[Point, ...], bool]:
+        """The step series, and whether it is every change: beyond `most` changes, one point
+        per slice of the window with its worst moment (`worst_per_column`), each slice's
+        point placed at the slice's start."""
+        if len(self.points) <= most:
+            return self.points, True
+        coarse = tuple(
+            Point(self.start + dt.timedelta(seconds=t), p.running, p.paused, admitted)
+            for t, p, admitted in worst_per_column(self, most - 1)
+        )
+        return coarse, False
+
+    def as_dict(self, workers: slice = slice(None)) -> dict[str, Any]:
+        """Everything but the workers, and the workers in `workers` (a page of them: the
+        rest's dicts are never built)."""
+        points, exact = self.series()
         return {
             "window": {
                 "start": self.start.isoformat(),
@@ -258,10 +276,49 @@ class Capacity:
             "versions": list(self.versions),
             "target_version": self.target_version,
             "summary": self.summary.as_dict(),
-            "series": [p.as_dict() for p in self.points],
+            "series": [p.as_dict() for p in points],
+            "series_exact": exact,
             "namespaces": [n.as_dict() for n in self.namespaces],
-            "workers": [w.as_dict() for w in self.workers],
+            "workers": [w.as_dict() for w in self.workers[workers]],
         }
+
+
+def worst_per_column(cap: Capacity, columns: int) -> list[tuple[float, Point, int]]:
+    """The series in at most about `columns` slices of the window: (seconds from the start,
+    the slice's most-paused point, its fewest admitted). Beyond one change per slice each
+    shows its worst moment, so a short dip never disappears between two; the state a slice's
+    last change left is carried to the next slice (else the dip would last until the next
+    change). The chart draws one slice per pixel column; the API bounds its series so."""
+    step = (cap.seconds or 1.0) / columns
+    # Per column: [start, drawn point, drawn admitted, column, last point].
+    cells: list[list[Any]] = []
+
+    def add(t: float, point: Point) -> None:
+        column = min(int(t / step), columns)
+        if cells and cells[-1][3] == column:
+            cell = cells[-1]
+            if point.paused > cell[1].paused:
+                cell[1] = point
+            cell[2] = min(cell[2], point.admitted)
+            cell[4] = point
+            return
+        if cells and carry(cells[-1]):
+            add(t, point)  # into the carried column, or a fresh one after it
+            return
+        cells.append([t, point, point.admitted, column, point])
+
+    def carry(cell: list[Any]) -> bool:
+        last = cell[4]
+        if last is cell[1] and last.admitted == cell[2]:
+            return False
+        cells.append([(cell[3] + 1) * step, last, last.admitted, cell[3] + 1, last])
+        return True
+
+    for point in cap.points:
+        add((point.at - cap.start).total_seconds(), point)
+    if cells and (cells[-1][3] + 1) * step < cap.seconds:
+        carry(cells[-1])
+    return [(cell[0], cell[1], cell[2]) for cell in cells]
 
 
 def version_label(version: Any) -> str:

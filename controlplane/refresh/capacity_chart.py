@@ -14,7 +14,6 @@ change exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
@@ -29,6 +28,7 @@ from controlplane.refresh.capacity import (
     Summary,
     WorkerPauses,
     capacity_of,
+    worst_per_column,
 )
 from controlplane.refresh.models import TERMINAL_STATES, JournalEntry, PolicyRefresh
 
@@ -46,39 +46,8 @@ FINISHED_TTL = 24 * 3600
 
 def _columns(cap: Capacity) -> list[tuple[float, Point, int]]:
     """(seconds from the start, the point drawn, admitted drawn), at most about one per pixel
-    column: a column draws its most-paused point and its fewest admitted, and the state its
-    last change left is carried to the next column (else the dip would last until the next
-    change)."""
-    step = (cap.seconds or 1.0) / COLUMNS
-    # Per column: [start, drawn point, drawn admitted, column, last point].
-    cells: list[list[Any]] = []
-
-    def add(t: float, point: Point) -> None:
-        column = min(int(t / step), COLUMNS)
-        if cells and cells[-1][3] == column:
-            cell = cells[-1]
-            if point.paused > cell[1].paused:
-                cell[1] = point
-            cell[2] = min(cell[2], point.admitted)
-            cell[4] = point
-            return
-        if cells and carry(cells[-1]):
-            add(t, point)  # into the carried column, or a fresh one after it
-            return
-        cells.append([t, point, point.admitted, column, point])
-
-    def carry(cell: list[Any]) -> bool:
-        last = cell[4]
-        if last is cell[1] and last.admitted == cell[2]:
-            return False
-        cells.append([(cell[3] + 1) * step, last, last.admitted, cell[3] + 1, last])
-        return True
-
-    for point in cap.points:
-        add((point.at - cap.start).total_seconds(), point)
-    if cells and (cells[-1][3] + 1) * step < cap.seconds:
-        carry(cells[-1])
-    return [(cell[0], cell[1], cell[2]) for cell in cells]
+    column (`capacity.worst_per_column`)."""
+    return worst_per_column(cap, COLUMNS)
 
 
 def version_class(cap: Capacity, version: str) -> str:

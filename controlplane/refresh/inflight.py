@@ -7,10 +7,15 @@ stored twice.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 
-from controlplane.dynamo.inflight import InFlight, account
+from django.db.models import TextField
+from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import Cast
+
+from controlplane.dynamo.inflight import READS, InFlight, account
 from controlplane.refresh.models import JournalEntry, PolicyRefresh
 
 #: Rows shown on the page; the counts cover every worker.
@@ -33,13 +38,38 @@ class InFlightTable:
     more: int
 
 
+#: The body fields an outcome depends on (`dynamo.inflight.READS`), each read as its value's
+#: JSON text (`(body -> key)::text`: SQL NULL when the body lacks the key or is not an object,
+#: `null` for a JSON null), so the database sends a few short strings per call instead of
+#: every body of the fleet and Python decodes those alone. Rebuilt as `{key: value}`, the
+#: bodies give `account` the answer the whole bodies would: it reads nothing else.
+_COLUMNS = {"request": "request_body", "response": "response_body"}
+_FIELDS = {f"_{side}_{key}": (_COLUMNS[side], key) for side, key in READS}
+
+
+def _bodies(values: tuple[str | None, ...]) -> tuple[dict[str, object], dict[str, object]]:
+    bodies: dict[str, dict[str, object]] = {"request": {}, "response": {}}
+    for (side, key), text in zip(READS, values, strict=True):
+        if text is not None:
+            bodies[side][key] = json.loads(text)
+    return bodies["request"], bodies["response"]
+
+
 def in_flight_table(refresh: PolicyRefresh) -> InFlightTable:
+    """Every worker's outcome (the totals), the first `ROW_LIMIT` by namespace and key as rows.
+    One statement; the bodies' few fields that decide an outcome, not the bodies."""
     entries = (
         JournalEntry.objects.filter(
             refresh=refresh,
             ok=True,
             operation__in=("pause", "update_from_disk"),
             planned_worker__isnull=False,
+        )
+        .annotate(
+            **{
+                name: Cast(KeyTransform(key, column), TextField())
+                for name, (column, key) in _FIELDS.items()
+            }
         )
         .order_by("id")
         .values_list(
@@ -48,21 +78,31 @@ def in_flight_table(refresh: PolicyRefresh) -> InFlightTable:
             "planned_worker__namespace",
             "planned_worker__family",
             "operation",
-            "request_body",
-            "response_body",
+            *_FIELDS,
         )
     )
-    by_worker: dict[int, tuple[str, str, str, list[tuple[str, object, object]]]] = {}
-    for pk, key, namespace, family, operation, request, response in entries:
+    by_worker: dict[int, tuple[str, str, str, list[tuple[str, tuple[str | None, ...]]]]] = {}
+    for pk, key, namespace, family, operation, *fields in entries:
         slot = by_worker.setdefault(pk, (key, namespace, family, []))
-        slot[3].append((operation, request, response))
-    rows: list[InFlightRow] = []
+        slot[3].append((operation, tuple(fields)))
+    # A fleet's workers reply alike: `account` is pure, so it runs once per distinct history
+    # (family, and each call's operation and fields), not once per worker.
+    outcomes: dict[tuple[str, tuple], InFlight | None] = {}
+    found: list[tuple[str, str, str, InFlight]] = []
     for key, namespace, family, calls in by_worker.values():
-        result = account(family, calls)
+        history = (family, tuple(calls))
+        if history not in outcomes:
+            outcomes[history] = account(family, [(op, *_bodies(values)) for op, values in calls])
+        result = outcomes[history]
         if result is not None:
-            rows.append(InFlightRow(key, namespace, family, result))
-    rows.sort(key=lambda r: (r.namespace, r.key))
-    totals = Counter(r.accounting.outcome for r in rows)
+            found.append((namespace, key, family, result))
+    found.sort(key=lambda r: (r[0], r[1]))
+    totals = Counter(r[3].outcome for r in found)
     return InFlightTable(
-        rows[:ROW_LIMIT], dict(sorted(totals.items())), max(0, len(rows) - ROW_LIMIT)
+        [
+            InFlightRow(key, namespace, family, result)
+            for namespace, key, family, result in found[:ROW_LIMIT]
+        ],
+        dict(sorted(totals.items())),
+        max(0, len(found) - ROW_LIMIT),
     )

@@ -1,6 +1,7 @@
-// The fleet map: one square per worker on a canvas, drawn from the compact payload in the
-// fragment's data-fleet-map attribute (controlplane/fleet/charts.py FleetMap). At 10,000
-// workers an SVG with a linked <rect> and <title> per worker was 1.7 MB to parse and 30,000
+// The fleet map: one square per worker on a canvas, drawn from the compact payload
+// (controlplane/fleet/charts.py FleetMap): fetched from the URL in data-fleet-map-src on the
+// source page, inline in the data-fleet-map attribute on the map's own page and its re-read.
+// At 10,000 workers an SVG with a linked <rect> and <title> per worker was 1.7 MB to parse and 30,000
 // nodes to style and lay out (2-3 s in Chromium); here the browser parses numbers and paints
 // squares. Static file, no inline script (CSP); outside text (keys, versions) is only ever set
 // as text, never as HTML.
@@ -25,9 +26,9 @@ function cssColour(cls) {
 }
 
 class FleetMap {
-  constructor(root) {
+  constructor(root, data) {
     this.root = root;
-    this.data = JSON.parse(root.dataset.fleetMap);
+    this.data = data;
     this.count = this.data.cells.length / CELL_FIELDS;
     [this.before, this.after] = this.data.href.split("{}");
     this.canvas = root.querySelector("canvas");
@@ -151,17 +152,115 @@ class FleetMap {
   }
 }
 
+// The source page's map carries no data: its frame names the URL of it (data-fleet-map-src),
+// which the page's head preloads with these credentials, so this fetch is handed the response
+// already on its way. The summary and legend come with it and are set as text.
+function fetchData(url) {
+  return fetch(url, { credentials: "include", headers: { Accept: "application/json" } }).then(
+    (answer) => {
+      if (!answer.ok) throw new Error(`HTTP ${answer.status}`);
+      return answer.json();
+    },
+  );
+}
+
+// Asked for when this script runs (the head's preload names it), used once by its frame: a
+// page restored from history asks again.
+const early = new Map();
+
+// Every stylesheet applied: the colours are the page's custom properties and the width its
+// layout's (an async script may run before they are). Once the page is parsed they are (the
+// deferred scripts wait for them), so a stylesheet that failed never holds the map longer.
+function stylesheets() {
+  if (document.readyState !== "loading") return Promise.resolve();
+  return new Promise((done) => {
+    document.addEventListener("DOMContentLoaded", done, { once: true });
+    const pending = [...document.querySelectorAll('link[rel="stylesheet"]')].filter(
+      (link) => !link.sheet,
+    );
+    Promise.all(
+      pending.map((link) => new Promise((loaded) => link.addEventListener("load", loaded))),
+    ).then(done);
+  });
+}
+
+function fill(root, data) {
+  root.querySelector(".fleet-map-summary").textContent = data.summary;
+  const canvas = root.querySelector("canvas");
+  canvas.hidden = false; // an empty, focusable canvas until now: hidden without a script
+  canvas.dataset.count = String(data.count);
+  canvas.setAttribute(
+    "aria-label",
+    `Fleet map: ${data.count} workers; arrow keys move between workers, Enter opens one`,
+  );
+  const legend = root.querySelector(".fleet-map-legend");
+  legend.replaceChildren(); // a frame restored from history carries the legend it had
+  for (const [name, cls] of data.legend) {
+    const item = document.createElement("li");
+    const swatch = document.createElement("span");
+    swatch.className = `chart-swatch ${cls}`;
+    item.append(swatch, ` ${name}`);
+    legend.append(item);
+  }
+}
+
+async function load(root) {
+  const url = new URL(root.dataset.fleetMapSrc, document.baseURI).href;
+  const pending = early.get(url) || fetchData(url);
+  early.delete(url);
+  try {
+    const data = await pending;
+    await stylesheets();
+    if (!root.isConnected) return; // replaced (a push's re-read) while it loaded
+    fill(root, data);
+    root.fleetMap = new FleetMap(root, data);
+    root.fleetMap.draw();
+  } catch (error) {
+    // The link to the map's own page stays; say why the picture is missing.
+    root.fleetMap = null;
+    const note = document.createElement("span");
+    note.className = "muted";
+    note.textContent = ` (the map could not be loaded: ${error.message})`;
+    root.querySelector(".fleet-map-summary").append(note);
+  }
+}
+
 function drawWithin(node) {
   if (!(node instanceof Element)) return;
   const roots = node.matches("[data-fleet-map]") ? [node] : [];
   roots.push(...node.querySelectorAll("[data-fleet-map]"));
   for (const root of roots) {
-    if (root.fleetMap) continue;
-    root.fleetMap = new FleetMap(root);
-    root.fleetMap.draw();
+    if (root.fleetMap !== undefined) continue;
+    // While the page is still parsed, a frame is whole once its last part, the legend, is in.
+    if (document.readyState === "loading" && !root.querySelector(".fleet-map-legend")) continue;
+    if (root.dataset.fleetMap) {
+      root.fleetMap = "loading";
+      stylesheets().then(() => {
+        root.fleetMap = new FleetMap(root, JSON.parse(root.dataset.fleetMap));
+        root.fleetMap.draw();
+      });
+    } else if (root.dataset.fleetMapSrc) {
+      root.fleetMap = "loading";
+      load(root);
+    }
   }
 }
 
-// htmx fires htmx:load on the body at start and on each swapped-in element, so this covers
-// the map loaded after the source page, a live re-read, and the map's own page.
+// This script is async: it may run while the page is parsed or after. The source page's data
+// is asked for at once and drawn as soon as it is in (if its frame is parsed by then); the rest
+// is drawn when the page is parsed. htmx fires htmx:load on each swapped-in element, so a
+// push's re-read is drawn too.
+for (const link of document.querySelectorAll("link[data-fleet-map-data]")) {
+  const pending = fetchData(link.href);
+  early.set(link.href, pending);
+  pending.then(
+    () => drawWithin(document.body),
+    () => {}, // reported by the frame's own load
+  );
+}
 document.addEventListener("htmx:load", (e) => drawWithin(e.target));
+if (document.readyState === "loading") {
+  document.addEventListener("DOMContentLoaded", () => drawWithin(document.body));
+} else {
+  drawWithin(document.body);
+}

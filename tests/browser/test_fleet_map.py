@@ -67,12 +67,29 @@ def fleet(transactional_db):
 def test_every_worker_is_a_square_named_on_hover_and_focus_and_linked(page, viewer, fleet):
     source, workers = fleet
     sign_in(page, viewer.username, PASSWORD)
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+    warnings: list[str] = []
+    page.on("console", lambda message: warnings.append(message.text))
     page.goto(f"/sources/{source.pk}/")
     root = page.locator("#fleet-map-cells [data-fleet-map][data-drawn]")
     root.wait_for(state="attached")
     assert root.get_attribute("data-drawn") == str(len(workers)) == "24"
     expect_summary = f"24 workers: {sum(w.state == WorkerState.LIVE for w in workers)} live"
     assert page.locator(".fleet-map-summary").inner_text().startswith(expect_summary)
+    # The data came once, from the URL the head preloads (the script's fetch was handed the
+    # preloaded response, no second request), and not from the map fragment.
+    data_url = reverse("fleet:source_map_data", args=[source.pk])
+    assert [u for u in asked if "/map" in u] == [f"{page.url.split('/sources/')[0]}{data_url}"]
+    assert not [w for w in warnings if "preload" in w], warnings
+    legend = page.locator("#fleet-map-cells .fleet-map-legend li")
+    assert legend.all_inner_texts()[-1].strip() == "erroring"
+    assert {t.strip() for t in legend.all_inner_texts()} >= {w.weight_version for w in workers}
+    assert (
+        page.locator("#fleet-map-cells canvas")
+        .get_attribute("aria-label")
+        .startswith("Fleet map: 24 workers")
+    )
 
     # Each square is painted: erroring workers in the erroring colour, live ones in their
     # version's (one colour per version, three distinct), and nothing after the last worker.
@@ -110,3 +127,25 @@ def test_every_worker_is_a_square_named_on_hover_and_focus_and_linked(page, view
     page.locator("#fleet-map-cells [data-fleet-map][data-drawn]").wait_for(state="attached")
     canvas.click(position={"x": 5 * PITCH + 4, "y": 4})
     page.wait_for_url(f"**{reverse('fleet:worker', args=[workers[5].pk])}")
+
+
+def test_without_a_script_the_source_page_links_the_maps_own_page(
+    _browser, live_server_url, viewer, fleet
+):
+    source, workers = fleet
+    context = _browser.new_context(base_url=live_server_url, java_script_enabled=False)
+    try:
+        page = context.new_page()
+        sign_in(page, viewer.username, PASSWORD)
+        page.goto(f"/sources/{source.pk}/")
+        link = page.locator("#fleet-map-cells .fleet-map-summary a")
+        assert link.inner_text() == "Open the fleet map"
+        assert page.locator("#fleet-map-cells canvas").is_hidden()  # no empty, focusable canvas
+        link.click()
+        page.wait_for_url(f"**{reverse('fleet:source_map', args=[source.pk])}")
+        # The map's own page says in words what the map would show.
+        assert (
+            page.locator(".fleet-map-summary").inner_text().startswith(f"{len(workers)} workers: ")
+        )
+    finally:
+        context.close()

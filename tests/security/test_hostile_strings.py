@@ -767,6 +767,7 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "fleet:source_create": ["/sources/new/"],
         "fleet:source": [f"/sources/{s.pk}/" for s in all_sources],
         "fleet:source_map": [f"/sources/{s.pk}/map/" for s in all_sources],
+        "fleet:source_map_data": [f"/sources/{s.pk}/map.json" for s in all_sources],
         "fleet:serving_health": [f"/sources/{s.pk}/serving-health/" for s in all_sources],
         "fleet:source_edit": [f"/sources/{s.pk}/edit/" for s in all_sources],
         "fleet:source_delete": [f"/sources/{s.pk}/delete/" for s in all_sources],

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from xml.etree import ElementTree
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
@@ -134,7 +135,16 @@ def test_fleet_map_has_one_linked_cell_per_present_worker(viewer_client, source)
     )
     page = viewer_client.get(reverse("fleet:source", args=[source.pk])).content.decode()
     map_url = reverse("fleet:source_map", args=[source.pk])
-    assert f'hx-get="{map_url}"' in page and f'<a href="{map_url}">' in page
+    data_url = reverse("fleet:source_map_data", args=[source.pk])
+    # The source page carries the map's frame, not its data: its head preloads the data's URL
+    # (with the credentials the script fetches it with), and without a script it links the
+    # map's own page.
+    assert (
+        f'<link rel="preload" href="{data_url}" as="fetch" crossorigin="use-credentials" '
+        "data-fleet-map-data>" in page[: page.index("</head>")]
+    )
+    assert f'data-fleet-map="" data-fleet-map-src="{data_url}"' in page
+    assert f'<a href="{map_url}">' in page and "rl-0/" not in page.split('id="fleet-map"')[1][:2000]
 
     html = viewer_client.get(map_url, headers={"HX-Request": "true"}).content.decode()
     assert "<html" not in html
@@ -168,6 +178,28 @@ def test_fleet_map_has_one_linked_cell_per_present_worker(viewer_client, source)
     # Without htmx the map is a page of its own, inside the layout.
     full = viewer_client.get(map_url).content.decode()
     assert "<html" in full and len(fleet_map(full)[0]) == 29
+
+
+def test_the_map_data_is_the_fragments_payload_with_its_summary_and_legend(viewer_client, source):
+    make_fleet(source, 30)
+    fragment = viewer_client.get(
+        reverse("fleet:source_map", args=[source.pk]), headers={"HX-Request": "true"}
+    ).content.decode()
+    parser = _MapParser()
+    parser.feed(fragment)
+    inline = json.loads(parser.attrs["fleet-map"]["data-fleet-map"] or "")
+    answer = viewer_client.get(reverse("fleet:source_map_data", args=[source.pk]))
+    assert answer["Content-Type"] == "application/json"
+    data = answer.json()
+    assert {k: data[k] for k in inline} == inline
+    assert data["count"] == 30 and data["summary"].startswith("30 workers: ")
+    assert data["summary"] in fragment
+    legend = [name for name, _ in data["legend"]]
+    assert [cls for _, cls in data["legend"]][-1] == "chart-erroring"
+    assert all(f"</span> {name}</li>" in fragment for name in legend)
+    # Signed out: not the data (the login page's redirect, which the script reports).
+    signed_out = Client().get(reverse("fleet:source_map_data", args=[source.pk]))
+    assert signed_out.status_code == 302 and b"rl-0" not in signed_out.content
 
 
 def test_fleet_map_query_count_is_flat(viewer_client, source, django_assert_max_num_queries):

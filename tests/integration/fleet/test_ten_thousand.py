@@ -48,6 +48,11 @@ def test_source_page_at_10000_workers_is_one_page_and_the_map_a_compact_payload(
     assert len(fragment) < 40 * WORKERS, len(fragment)
     assert b'href="/workers/' not in fragment and b"<rect" not in fragment
     assert f"{WORKERS:,} workers: 8,000 live".encode() in fragment
+    # The source page's map fetches the same payload as JSON (preloaded by the page's head).
+    data = viewer_client.get(reverse("fleet:source_map_data", args=[source.pk])).content
+    assert len(data) < 40 * WORKERS, len(data)
+    assert f"{WORKERS:,} workers: 8,000 live".encode() in data
+    assert b'"cells"' not in first.content  # not inlined into the first screen
 
 
 def test_overview_and_refresh_page_at_10000_workers_stay_small(viewer_client, source):

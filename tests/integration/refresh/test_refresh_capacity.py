@@ -108,10 +108,13 @@ def test_the_refresh_page_draws_the_chart_and_the_api_exports_it(source, operato
     assert data["summary"]["min_serving_fraction"] == 0
     assert data["versions"] == ["previous", "v2"]
     assert data["series"][-1]["running"] == {"v2": WORKERS}
-    assert sorted(w["key"] for w in data["workers"]) == sorted(
+    assert data["series_exact"] is True
+    workers = data["workers"]
+    assert (workers["count"], workers["limit"], workers["offset"]) == (WORKERS, 50, 0)
+    assert sorted(w["key"] for w in workers["items"]) == sorted(
         PlannedWorker.objects.filter(refresh=refresh).values_list("key", flat=True)
     )
-    assert all(w["paused_seconds"] > 0 and len(w["intervals"]) == 1 for w in data["workers"])
+    assert all(w["paused_seconds"] > 0 and len(w["intervals"]) == 1 for w in workers["items"])
     assert {n["namespace"] for n in data["namespaces"]} == set(refresh.namespaces)
     detail = viewer_client.get(f"/api/v1/refreshes/{refresh.pk}").json()
     assert detail["capacity_url"] == f"/api/v1/refreshes/{refresh.pk}/capacity"
@@ -132,9 +135,37 @@ def test_a_planned_refresh_has_nothing_measured(source, operator, viewer_client)
         "target_version": None,
         "summary": None,
         "series": [],
+        "series_exact": True,
         "namespaces": [],
-        "workers": [],
+        "workers": {"items": [], "count": 0, "limit": 50, "offset": 0},
     }
+
+
+def test_the_workers_come_a_page_at_a_time_in_namespace_and_key_order(
+    source, operator, viewer_client
+):
+    refresh = run_inline(source, operator, "v2")
+    url = f"/api/v1/refreshes/{refresh.pk}/capacity"
+    everyone = [
+        key
+        for _, key in sorted(
+            PlannedWorker.objects.filter(refresh=refresh).values_list("namespace", "key")
+        )
+    ]
+    pages = [viewer_client.get(url, {"limit": 4, "offset": o}).json() for o in (0, 4)]
+    assert [len(p["workers"]["items"]) for p in pages] == [4, WORKERS - 4]  # the last is short
+    assert all(p["workers"]["count"] == WORKERS and p["workers"]["limit"] == 4 for p in pages)
+    assert [w["key"] for p in pages for w in p["workers"]["items"]] == everyone
+    # The rest is whole on every page: the summary still counts every worker.
+    assert all(p["summary"]["workers"] == WORKERS for p in pages)
+    assert pages[0]["series"] == pages[1]["series"]
+
+    beyond = viewer_client.get(url, {"offset": WORKERS}).json()["workers"]
+    assert beyond == {"items": [], "count": WORKERS, "limit": 50, "offset": WORKERS}
+    # The API's limits, as every list of it: 500 at most, at least 1.
+    assert viewer_client.get(url, {"limit": 501}).status_code == 422
+    assert viewer_client.get(url, {"limit": 0}).status_code == 422
+    assert viewer_client.get(url, {"offset": -1}).status_code == 422
 
 
 def test_a_worker_that_was_never_resumed_stays_paused_while_the_refresh_is_held(

@@ -265,3 +265,33 @@ def test_the_chart_keeps_every_dip_and_the_state_after_it_at_2000_workers():
     assert drawn_at(0.5).running == {"v1": n}
     svg = chart(cap, 1)
     assert svg.startswith("<svg") and svg.count("<path") == 4  # v1, v2, paused, the admitted line
+
+
+def test_the_api_series_is_bounded_and_keeps_the_worst_moment_at_10000_workers():
+    from controlplane.refresh.capacity import SERIES_POINTS
+
+    n = 10_000
+    workers = [Worker(i, f"a/w/{i}", "a") for i in range(n)]
+    calls = [pause(i, 1 + i / n) for i in range(n)] + [update(i, 2.5) for i in range(n)]
+    calls += [resume(i, 3 + i / n) for i in range(n)]
+    cap = run(workers, calls, end=100)
+    assert len(cap.points) > 2 * n  # a point per change: it grows with the fleet
+
+    body = cap.as_dict()
+    series = body["series"]
+    assert body["series_exact"] is False
+    assert len(series) <= SERIES_POINTS
+    assert max(p["paused"] for p in series) == n  # the dip is kept...
+    assert series[-1]["running"] == {"v2": n} and series[-1]["paused"] == 0  # ...and the end
+    assert series[0]["running"] == {"v1": n}
+    assert all(sum(p["running"].values()) + p["paused"] == n for p in series)
+    assert [p["at"] for p in series] == sorted(p["at"] for p in series)
+
+
+def test_a_small_series_is_every_change():
+    workers = [Worker(i, f"a/w/{i}", "a") for i in range(3)]
+    cap = run(workers, [pause(i, 1 + i) for i in range(3)], end=10)
+    body = cap.as_dict(workers=slice(1, 2))
+    assert body["series_exact"] is True
+    assert body["series"] == [p.as_dict() for p in cap.points]
+    assert [w["key"] for w in body["workers"]] == ["a/w/1"]  # only the page's rows are built

@@ -367,3 +367,22 @@ async def test_a_push_on_its_way_when_the_watch_reads_is_rendered_once(gates, vi
     for c in streams:
         assert await c.receive_nothing(timeout=0.1)
         await c.disconnect()
+
+
+def _snapshot_reads(source: Source, namespaces: int) -> int:
+    """Statements of one snapshot of `source`'s gates, with `namespaces` of them."""
+    have = Gate.objects.filter(source=source).count()
+    for i in range(have, namespaces):
+        Gate.objects.create(source=source, namespace=f"rl-x{i}", state=GateState.CLOSED)
+    stream = consumers.GateStreamConsumer()
+    stream.limit, stream.source_name = None, source.name
+    with CaptureQueriesContext(connection) as statements:
+        (frame,) = stream.resync()
+    assert len(json.loads(frame.text)["gates"]) == namespaces
+    return len(statements)
+
+
+def test_a_snapshot_reads_the_lag_per_source_not_per_gate(gates):
+    """Every connect sends a snapshot: its statements do not grow with the gates it shows."""
+    source = gates["fleet-a"].source
+    assert _snapshot_reads(source, 1) == _snapshot_reads(source, 8)

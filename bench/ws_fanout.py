@@ -254,6 +254,16 @@ def _publisher_process(stream: str, conn) -> None:
     _path, group, event = STREAMS[stream]
     while True:
         command, *args = conn.recv()
+        if command == "forget":
+            # The run's frames are in: its marked sources (and gates) go, so the next run's
+            # subscribers resync an overview of the same size as this one's did.
+            from controlplane.fleet.models import Source
+            from controlplane.refresh.models import Gate
+
+            Source.objects.filter(name__startswith="bench-", gates__isnull=True).delete()
+            Gate.objects.filter(source__name="bench-gates").delete()
+            conn.send("forgotten")
+            continue
         if command != "publish":
             return
         run, events, interval = args
@@ -307,6 +317,8 @@ def one_run(run: int, clients: list, publisher, server_pids: list[int], args) ->
     for conn in clients:
         conn.send(("close",))
         conn.recv()
+    publisher.send(("forget",))
+    publisher.recv()
     latencies = [ms * 1000 for r in results for ms in r["latencies"]]
     received = sum(r["frames"] for r in results)
     distinct = sum(r["distinct"] for r in results)

@@ -139,6 +139,15 @@ class SimFleet:
             if w.routable and (model is None or w.model == model or model in w.serving_adapters())
         ]
 
+    def serves(self, model: str) -> bool:
+        """`model in models()`, stopping at the first worker that serves it: every generation
+        asks, and listing every worker's models for each made a 10,000-worker fleet spend a
+        pass over the fleet per verify call."""
+        return bool(model) and any(
+            w.routable and (w.model == model or model in w.serving_adapters())
+            for w in self.workers.values()
+        )
+
     def models(self) -> list[str]:
         """Served model names: base models and the LoRA adapters loaded (each a model card)."""
         names = set()

@@ -200,3 +200,24 @@ async def test_reverted_worker_answers_with_old_version(simfleet):
     httpx.post(f"{url}/engine/resume_generation")
     verdict = await check(simfleet, instance_id)
     assert list(verdict.completion_token_ids) == expected_completion_ids("v1", PROMPT, 4)
+
+
+async def test_a_generation_never_lists_the_whole_fleets_models(simfleet, monkeypatch):
+    """Every verify call asks whether its model is served: the answer stops at the first
+    worker serving it instead of listing every worker's models (a pass over 10,000 workers per
+    call). An unknown model still scans them all and is refused."""
+    from controlplane.simfleet.fleet import SimFleet
+
+    def listing(self):
+        raise AssertionError("a generation listed every worker's models")
+
+    monkeypatch.setattr(SimFleet, "models", listing)
+    _, instance_id = pinned_worker(simfleet)
+    for pin in (instance_id, None):
+        verdict = await check(simfleet, pin)
+        assert verdict.ok, verdict.reason
+    async with httpx.AsyncClient() as client:
+        unknown = await client.post(
+            f"{simfleet.frontend_url}/v1/completions", json={"model": "nope", "prompt": [1]}
+        )
+    assert unknown.status_code == 404 and unknown.json()["message"] == "Model not found: nope"

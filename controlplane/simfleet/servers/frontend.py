@@ -125,7 +125,7 @@ class Frontend:
         if not isinstance(req, dict):
             return oai_error("request body must be a JSON object", 400, "Bad Request")
         model = req.get("model")
-        label = model if isinstance(model, str) and model in self.fleet.models() else UNKNOWN_MODEL
+        label = model if isinstance(model, str) and self.fleet.serves(model) else UNKNOWN_MODEL
         request_type = "stream" if req.get("stream") else "unary"
         call = Call(self.metrics, label, request_type)
         try:
@@ -165,7 +165,7 @@ class Frontend:
         if "completion_token_ids" in extra and (n != 1 or len(prompts) != 1):
             raise GenerationFailed(400, ONE_CHOICE_ERROR, "Bad Request")
         model = req.get("model")
-        if model not in self.fleet.models():
+        if not isinstance(model, str) or not self.fleet.serves(model):
             raise GenerationFailed(404, f"Model not found: {model}", "Not Found")
         worker = self._route(
             str(model), nvext.get("backend_instance_id", request.headers.get(PIN_HEADER))

@@ -279,7 +279,9 @@ def test_a_slow_workers_latency_is_honoured_in_unary_and_streaming_replies(fleet
             if line.startswith("data: {"):
                 arrivals.append(time.monotonic() - started)
     assert len(arrivals) == 3
-    assert arrivals[0] >= 0.3 and arrivals[2] - arrivals[0] >= 2 * 0.05
+    # Lower bounds only: a busy client may read several events in one go, which can bring
+    # their arrivals together but never earlier than the server sent them.
+    assert arrivals[0] >= 0.3 and arrivals[2] >= 0.3 + 2 * 0.05
     fleet.set_latency(slow_key, None)  # back to the fleet default (a millisecond)
     assert fleet.state(slow_key)["latency"]["ttft"]["median"] == 0.001
 

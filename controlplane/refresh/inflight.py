@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from django.db import connection
 from django.db.models import TextField
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
@@ -55,34 +58,49 @@ def _bodies(values: tuple[str | None, ...]) -> tuple[dict[str, object], dict[str
     return bodies["request"], bodies["response"]
 
 
+def _field_texts(request: object, response: object) -> tuple[str | None, ...]:
+    """`(body -> key)::text` computed here: each field's JSON text, None when the body lacks
+    the key or is not an object."""
+    bodies = {"request": request, "response": response}
+    return tuple(
+        json.dumps(body[key]) if isinstance(body := bodies[side], dict) and key in body else None
+        for side, key in READS
+    )
+
+
 def in_flight_table(refresh: PolicyRefresh) -> InFlightTable:
     """Every worker's outcome (the totals), the first `ROW_LIMIT` by namespace and key as rows.
     One statement; the bodies' few fields that decide an outcome, not the bodies."""
-    entries = (
-        JournalEntry.objects.filter(
-            refresh=refresh,
-            ok=True,
-            operation__in=("pause", "update_from_disk"),
-            planned_worker__isnull=False,
-        )
-        .annotate(
+    entries = JournalEntry.objects.filter(
+        refresh=refresh,
+        ok=True,
+        operation__in=("pause", "update_from_disk"),
+        planned_worker__isnull=False,
+    ).order_by("id")
+    head = (
+        "planned_worker_id",
+        "planned_worker__key",
+        "planned_worker__namespace",
+        "planned_worker__family",
+        "operation",
+    )
+    rows: Iterable[tuple[Any, ...]]
+    if connection.vendor == "postgresql":
+        rows = entries.annotate(
             **{
                 name: Cast(KeyTransform(key, column), TextField())
                 for name, (column, key) in _FIELDS.items()
             }
+        ).values_list(*head, *_FIELDS)
+    else:
+        # SQLite (the embedded demo) casts a JSON string to its bare text, not its JSON
+        # text: the bodies come whole and the same fields are taken from them here.
+        rows = (
+            (*row[:5], *_field_texts(row[5], row[6]))
+            for row in entries.values_list(*head, "request_body", "response_body")
         )
-        .order_by("id")
-        .values_list(
-            "planned_worker_id",
-            "planned_worker__key",
-            "planned_worker__namespace",
-            "planned_worker__family",
-            "operation",
-            *_FIELDS,
-        )
-    )
     by_worker: dict[int, tuple[str, str, str, list[tuple[str, tuple[str | None, ...]]]]] = {}
-    for pk, key, namespace, family, operation, *fields in entries:
+    for pk, key, namespace, family, operation, *fields in rows:
         slot = by_worker.setdefault(pk, (key, namespace, family, []))
         slot[3].append((operation, tuple(fields)))
     # A fleet's workers reply alike: `account` is pure, so it runs once per distinct history

@@ -6,6 +6,7 @@ not objects, a retried pause)."""
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
@@ -127,3 +128,11 @@ def test_the_table_answers_what_the_whole_bodies_answer(refresh, monkeypatch):
     table = in_flight_table(refresh)
     assert [(r.key, r.family, r.accounting) for r in table.rows] == expected[:3]
     assert sum(table.totals.values()) == len(expected) and table.more == len(expected) - 3
+
+
+def test_without_postgresql_the_fields_are_taken_from_the_whole_bodies(refresh, monkeypatch):
+    """SQLite (the embedded demo) casts a JSON string to its bare text: there the table reads
+    the bodies whole and takes the same fields itself, with the same answer."""
+    on_postgresql = in_flight_table(refresh)
+    monkeypatch.setattr(inflight, "connection", SimpleNamespace(vendor="sqlite"))
+    assert in_flight_table(refresh) == on_postgresql

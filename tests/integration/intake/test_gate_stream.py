@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -219,9 +220,21 @@ async def test_a_revision_the_watch_recovered_is_not_sent_again_when_its_push_ar
     gates, viewer, approver, monkeypatch
 ):
     monkeypatch.setattr(consumers, "WATCH_SECONDS", 0.05)
+    read = threading.Event()
+    real_revisions = consumers._revisions
+
+    def revisions():
+        found = real_revisions()
+        read.set()
+        return found
+
+    monkeypatch.setattr(consumers, "_revisions", revisions)
     secret = await database_sync_to_async(token_for)(viewer)
     c = await connected(bearer(secret))
     await c.receive_json_from(timeout=10)  # snapshot
+    # The watch's first read is its baseline: the quiet change must come after it (on a busy
+    # machine that read can land after the change, which it then counts as accounted for).
+    assert await asyncio.to_thread(read.wait, 10)
 
     # The watch finds the change no push announced and sends it...
     await database_sync_to_async(_move_without_a_push)(gates["fleet-a"])

@@ -11,7 +11,8 @@ different processes can arrive out of order (a publisher holds frames while Redi
 sends them when it returns), so a late "open" must not follow the close that replaced it. And
 a push can be lost (Redis down or flushed, or a writer publishing to another Redis): each
 process with gate streams reads every gate's revision every `WATCH_SECONDS` and sends the
-gates that moved and were still not rendered one read later, their push lost. Why:
+gates that moved and were still not rendered one read later, their push lost. What the streams
+have is what their snapshots showed, not what the watch first read (`_Shown`). Why:
 docs/decisions/2026-12-04-gate-copies-validated.md.
 
 A stream gets each gate revision once, and never an older one after a newer: the frames are
@@ -24,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import weakref
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -52,6 +54,48 @@ WATCH_SECONDS = 2.0
 
 #: Gate id → the newest revision a stream of this process has rendered (any thread).
 _rendered: dict[int, int] = {}
+
+
+class _Shown:
+    """What the snapshots since the watch's last read showed, merged: per gate the oldest
+    revision any of them sent, and the newest gate any of them could have sent.
+
+    The watch's first read of the revisions is not what the streams have: a gate can change
+    between a stream's snapshot and that read (both run in threads, in either order), and if
+    its push is lost the watch would count the change as seen. So the watch lowers what it
+    counts as sent to what the snapshots showed, and counts a gate newer than any snapshot as
+    never sent; a stream that already has a revision it is sent again drops it (`Versioned`).
+    Merged as they arrive, so a burst of connects costs the watch one pass over the gates."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._oldest: dict[int, int] = {}
+        self._newest_gate: int | None = None
+
+    def add(self, revisions: tuple[tuple[int, int], ...]) -> None:
+        newest = max((pk for pk, _ in revisions), default=0)
+        with self._lock:
+            for pk, revision in revisions:
+                self._oldest[pk] = min(self._oldest.get(pk, revision), revision)
+            if self._newest_gate is None or newest < self._newest_gate:
+                self._newest_gate = newest
+
+    def lower(self, accounted: dict[int, int], gate_ids: Iterable[int]) -> None:
+        """Lower `accounted` (gate id → revision the streams have) to what was shown, and
+        forget the snapshots: the next read's comparison covers everything after them."""
+        with self._lock:
+            oldest, newest = self._oldest, self._newest_gate
+            self._oldest, self._newest_gate = {}, None
+        if newest is None:
+            return
+        for pk in gate_ids:
+            if pk in oldest:
+                accounted[pk] = min(accounted.get(pk, 0), oldest[pk])
+            elif pk > newest:
+                accounted[pk] = 0
+
+
+_shown = _Shown()
 
 
 def _principal(scope) -> tuple[Any, set[int] | None] | None:
@@ -96,8 +140,14 @@ class GateStreamConsumer(LiveStream):
         # Asked for every subscriber on every event: made once here.
         names = None if self.allowed_names is None else frozenset(self.allowed_names)
         self.share_key = (names, self.source_name)
-        _watch_in_this_process()
         return True
+
+    async def connect(self) -> None:
+        await super().connect()
+        # Once subscribed and sent its snapshot: a watch that found no subscriber while this
+        # stream was joining has ended, and must start again.
+        if self._subscription is not None:
+            _watch_in_this_process()
 
     def _source_names(self) -> set[str]:
         return set(Source.objects.filter(pk__in=self.limit).values_list("name", flat=True))
@@ -112,7 +162,9 @@ class GateStreamConsumer(LiveStream):
         # The lags in one batch: a few reads per source, not per gate, for every connect.
         snapshot = [_public(gate) for gate in with_lags(gates)]
         text = json.dumps({"event": "gates.snapshot", "gates": snapshot})
-        return [Versioned(text, tuple((g.pk, g.revision) for g in gates))]
+        revisions = tuple((g.pk, g.revision) for g in gates)
+        _shown.add(revisions)
+        return [Versioned(text, revisions)]
 
     def render_share_key(self) -> Hashable:
         return self.share_key
@@ -188,9 +240,12 @@ async def _watch() -> None:
         except DatabaseError:
             logger.warning("gate revisions unreadable; gate streams wait for pushes", exc_info=True)
             rows = None
-        if rows is not None and accounted is None:  # the snapshots showed these
+        if rows is not None and accounted is None:
+            # The baseline: what the first read found, lowered to what the snapshots showed.
             accounted = {pk: revision for pk, (revision, _) in rows.items()}
+            _shown.lower(accounted, rows)
         elif rows is not None and accounted is not None and feed is not None:
+            _shown.lower(accounted, rows)
             late: list[dict[str, Any]] = []
             still: dict[int, int] = {}
             for pk, (revision, scope) in rows.items():

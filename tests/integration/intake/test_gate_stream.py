@@ -34,6 +34,12 @@ pytestmark = [
 SETUP = Actor.system("gate stream test")
 
 
+@pytest.fixture(autouse=True)
+def fresh_snapshot_record(monkeypatch):
+    """The snapshots of an earlier test's streams are not this test's (their gates are gone)."""
+    monkeypatch.setattr(consumers, "_shown", consumers._Shown())
+
+
 @pytest.fixture
 def gates(db):
     """Two sources, one closed gate each."""
@@ -245,6 +251,32 @@ async def test_a_revision_the_watch_recovered_is_not_sent_again_when_its_push_ar
     await database_sync_to_async(_late_push)(gates["fleet-a"])
     await database_sync_to_async(reopen)(gates["fleet-b"], approver)
     assert await _gate_frames_until(c, "rl-b", 2) == [("fleet-b", "rl-b", True, 2)]
+    await c.disconnect()
+
+
+async def test_a_change_between_the_snapshot_and_the_watchs_first_read_is_recovered(
+    gates, viewer, monkeypatch
+):
+    """The watch's first read is not what the streams have: a change committed after the
+    snapshot and before that read, its push lost, is sent all the same."""
+    monkeypatch.setattr(consumers, "WATCH_SECONDS", 0.05)
+    real_revisions = consumers._revisions
+    moved = threading.Event()
+
+    def revisions():
+        if not moved.is_set():  # the watch's first read: the change lands just before it
+            moved.set()
+            _move_without_a_push(gates["fleet-a"])
+        return real_revisions()
+
+    monkeypatch.setattr(consumers, "_revisions", revisions)
+    secret = await database_sync_to_async(token_for)(viewer)
+    c = await connected(bearer(secret))
+    snapshot = await c.receive_json_from(timeout=10)
+    assert ("fleet-a", "rl-a", False, 1) in [view(g) for g in snapshot["gates"]]
+    recovered = await c.receive_json_from(timeout=10)
+    assert view(recovered["gate"]) == ("fleet-a", "rl-a", False, 2)
+    assert moved.is_set()
     await c.disconnect()
 
 

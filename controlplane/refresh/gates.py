@@ -8,15 +8,16 @@ source and change, listing its gates; `gate.force_reopened` is sent by the actio
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NotRequired, TypedDict, cast
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from controlplane import lockorder
+from controlplane import dbretry, lockorder
 from controlplane.audit.actions import AuditAction
 from controlplane.audit.recorder import Actor, record
 from controlplane.jsontypes import WeightVersion
@@ -37,6 +38,8 @@ from controlplane.refresh.models import (
     ServingInterval,
 )
 from controlplane.textlimits import LABEL_CHARS, REASON_CHARS
+
+logger = logging.getLogger(__name__)
 
 
 def gate_for(source, namespace: str) -> Gate:
@@ -241,12 +244,25 @@ def _pending_copies() -> set[int]:
 
 
 def _copy_pending() -> None:
+    """Copy the pending gates. Runs after the commit, so it never raises: the callbacks after
+    it (the live push) still run, and the committed unit is not reported as failed. A read the
+    database refuses leaves the ids pending for the next commit; meanwhile the gate API, which
+    checks every copy's revision against the row, answers from the row."""
     pending = _pending_copies()
     if not pending:
         return
     ids = list(pending)
-    pending.clear()
-    rows = Gate.objects.filter(pk__in=ids).select_related("source")
+    try:
+        rows = list(Gate.objects.filter(pk__in=ids).select_related("source"))
+    except DatabaseError:
+        logger.warning(
+            "gate copies %s not read after commit; left for the next", ids, exc_info=True
+        )
+        if not dbretry.in_transaction():
+            # The connection is gone: the caller's next statement gets a fresh one.
+            dbretry.reconnect()
+        return
+    pending.difference_update(ids)
     gate_cache.store(serialize_gate(g) for g in rows)
 
 

@@ -3,10 +3,11 @@ database's serialisation; polls make one indexed query once cached (the check th
 the revision the database has committed); a missing copy falls back to the
 database and is primed; cached token grants stay exactly as strict as the database."""
 
+import threading
 import time
 
 import pytest
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.test import Client
 
 from controlplane import redis_client
@@ -367,3 +368,62 @@ def test_the_copies_of_one_sources_gates_read_its_policy_lag_once(
         copy = gate_cache.read("src-a", namespace)
         assert copy is not None and "policy_lag" in copy.payload()
         assert copy.payload()["state"] == GateState.OPEN_FORCED
+
+
+def test_a_copy_the_database_refuses_after_commit_waits_for_the_next_and_the_push_still_goes(
+    fleet, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The copy runs after the commit: a read that fails there (a terminated backend) must not
+    raise into the caller, whose unit did commit, nor cancel the push registered after it.
+    The gate stays pending, and the next commit copies it."""
+    pushed: list[list[str]] = []
+    monkeypatch.setattr(
+        gates,
+        "publish_gate_changes",
+        lambda payloads: pushed.append([p["namespace"] for p in payloads]),
+    )
+    gate = fleet["gate"]
+    committed = threading.Event()
+    refused: list[str] = []
+
+    def refuse_the_copy_read(execute, sql, params, many, context):
+        if committed.is_set() and 'FROM "refresh_gate"' in sql:  # every try of this commit
+            refused.append(sql)
+            raise OperationalError("terminating connection due to administrator command")
+        return execute(sql, params, many, context)
+
+    gate_cache.redis_client.sync_client().delete(gate_cache.gate_key("src-a", "rl-a"))
+    with (
+        connection.execute_wrapper(refuse_the_copy_read),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        with transaction.atomic():
+            gates.force_open([gate], actor=SYSTEM, refresh=None, reason="ops decided")
+        committed.set()  # the callbacks run as this block ends
+    assert refused, "the copy's read was not refused"
+    assert pushed == [["rl-a"]]  # the push went all the same
+    assert gate_cache.read("src-a", "rl-a") is None  # not copied...
+    assert gate.pk in gates._pending_copies()  # ...but still pending
+
+    other = Gate.objects.create(source=gate.source, namespace="rl-b", state=GateState.CLOSED)
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        gates._copy_on_commit([other.pk])
+    copy = gate_cache.read("src-a", "rl-a")
+    assert copy is not None and copy.payload() == _db_payload(gate)
+    assert not gates._pending_copies()
+
+
+def test_the_copies_of_a_source_deleted_before_the_commit_are_dropped_not_raised(
+    fleet, monkeypatch, django_capture_on_commit_callbacks
+):
+    """A source deleted between a gate change and its copy: nothing is written for it (an old
+    copy is deleted), the other sources' copies are, and nothing raises after the commit."""
+    gate = fleet["gate"]
+    payload = gates.serialize_gate(Gate.objects.select_related("source").get(pk=gate.pk))
+    gone = {**payload, "source_id": 987654321, "source": "src-gone", "namespace": "rl-gone"}
+    key = gate_cache.gate_key("src-gone", "rl-gone")
+    gate_cache.redis_client.sync_client().set(key, b"1 987654321 0 0 {}")
+    gate_cache.store([gone, payload])
+    assert gate_cache.redis_client.sync_client().get(key) is None
+    copy = gate_cache.read("src-a", "rl-a")
+    assert copy is not None and copy.revision == payload["revision"]

@@ -1,7 +1,7 @@
 """The executor's lease on a refresh, with a fencing token.
 
-Claiming bumps `lease_token` with a conditional UPDATE that only matches when nobody holds a
-live lease. Every later write runs `guard()` first, in the same transaction: an UPDATE that
+Claiming moves `lease_token` from the value it read to the next with a conditional UPDATE
+that only matches when nobody holds a live lease and nobody claimed since the read. Every later write runs `guard()` first, in the same transaction: an UPDATE that
 matches only while the token is still ours. A stale executor (one whose lease expired and was
 taken over) matches nothing and its whole transaction — journal rows included — is rolled back.
 
@@ -33,9 +33,10 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
+from controlplane import dbretry
 from controlplane.refresh.models import EXECUTING_STATES, PolicyRefresh, RefreshState
 from controlplane.textlimits import LABEL_CHARS
 
@@ -70,30 +71,68 @@ class Lease:
 
     @classmethod
     def claim(cls, refresh_id: int, owner: str | None = None) -> Lease | None:
-        owner = owner or default_owner()
-        renewed_at = time.monotonic()
+        """The refresh's lease, if nobody holds a live one; None otherwise. Rides out a
+        transient database failure (`dbretry`), outside a transaction.
+
+        A compare-and-set on the token read first: the claim moves `lease_token` from the
+        value it read to the next. So when a try's UPDATE reached the server but its answer
+        was lost with the connection, the retry can tell its own claim (that next token, this
+        owner, live) from another executor's, and takes the lease it already holds instead of
+        answering "not claimed", which would leave the refresh with a live lease and nobody
+        running it until the lease lapsed."""
+        owner = (owner or default_owner())[:LABEL_CHARS]
         seconds = settings.REFRESH_LEASE_SECONDS
-        now = timezone.now()
-        previous = (
-            PolicyRefresh.objects.filter(pk=refresh_id)
-            .values_list("lease_owner", flat=True)
-            .first()
-        )
-        claimed = (
-            PolicyRefresh.objects.filter(pk=refresh_id, state__in=EXECUTING_STATES)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-            .update(
-                lease_token=F("lease_token") + 1,
-                lease_owner=owner[:LABEL_CHARS],
-                lease_expires_at=now + timedelta(seconds=seconds),
+        read: tuple[int, str] | None = None  # (token, owner) before the claim: the first try's
+        tries = 0
+
+        def attempt() -> Lease | None:
+            nonlocal read, tries
+            tries += 1
+            renewed_at = time.monotonic()
+            if read is None:
+                row = (
+                    PolicyRefresh.objects.filter(pk=refresh_id)
+                    .values_list("lease_token", "lease_owner")
+                    .first()
+                )
+                if row is None:
+                    return None
+                read = row
+            token, previous = read
+            now = timezone.now()
+            claimed = (
+                PolicyRefresh.objects.filter(
+                    pk=refresh_id, state__in=EXECUTING_STATES, lease_token=token
+                )
+                .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+                .update(
+                    lease_token=token + 1,
+                    lease_owner=owner,
+                    lease_expires_at=now + timedelta(seconds=seconds),
+                )
             )
-        )
-        if not claimed:
-            return None
-        token = PolicyRefresh.objects.values_list("lease_token", flat=True).get(pk=refresh_id)
-        return cls(
-            refresh_id, token, owner, seconds, takeover=bool(previous), renewed_at=renewed_at
-        )
+            landed_before = (
+                not claimed
+                and tries > 1
+                and PolicyRefresh.objects.filter(
+                    pk=refresh_id,
+                    lease_token=token + 1,
+                    lease_owner=owner,
+                    lease_expires_at__gt=now,
+                ).exists()
+            )
+            if not (claimed or landed_before):
+                return None
+            return cls(
+                refresh_id,
+                token + 1,
+                owner,
+                seconds,
+                takeover=bool(previous),
+                renewed_at=renewed_at,
+            )
+
+        return dbretry.retry(attempt, what="claiming the lease")
 
     def guard(self, **fields) -> None:
         """Renew the lease and apply `fields`, only if the token is still ours.

@@ -657,7 +657,7 @@ def execute_refresh(
     refresh_id: int, *, owner: str | None = None, stop_after: str | None = None
 ) -> str:
     """Run a refresh from wherever its state says, if nobody else holds a live lease."""
-    lease = dbretry.retry(lambda: Lease.claim(refresh_id, owner), what="claiming the lease")
+    lease = Lease.claim(refresh_id, owner)
     if lease is None:
         return "not_claimed"
     with refresh_trace(refresh_id):

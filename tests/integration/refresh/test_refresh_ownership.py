@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import close_old_connections
+from django.db import OperationalError, close_old_connections, connection
 from django.utils import timezone
 
 from controlplane.refresh import intents
@@ -91,8 +91,32 @@ def test_a_stale_fencing_token_cannot_write(source, operator):
     assert refresh.state == RefreshState.GATING and refresh.lease_owner == "executor-b"
 
 
+def test_a_claim_whose_answer_was_lost_is_taken_by_its_retry_not_refused(source, operator):
+    """The claim's UPDATE commits and the connection dies before its answer (a terminated
+    backend): the retry finds the lease its own and runs, where it used to answer "not
+    claimed" and leave a live lease nobody was running. Another executor's claim made in
+    between is still refused."""
+    refresh = started(source, operator)
+    lost: list[str] = []
+
+    def answer_lost(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not lost and sql.startswith('UPDATE "refresh_policyrefresh"'):
+            lost.append(sql)
+            raise OperationalError("server closed the connection unexpectedly")
+        return result
+
+    with connection.execute_wrapper(answer_lost):
+        lease = Lease.claim(refresh.pk, "executor-a")
+    assert lost and lease is not None
+    refresh.refresh_from_db()
+    assert (refresh.lease_token, refresh.lease_owner) == (lease.token, "executor-a")
+    assert not lease.takeover
+    lease.guard()  # the token is the one written: it still fences
+    assert Lease.claim(refresh.pk, "executor-b") is None  # held, and live
+
+
 def test_a_journal_flush_fence_renews_the_lease_and_reads_the_abort_flag_in_one(source, operator):
-    from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     refresh = started(source, operator)

@@ -180,6 +180,7 @@ else:
     if PROCESS_KIND == "web":
         from controlplane import dbpool
 
+        dbpool.cap_reconnect_backoff()
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses a pool with persistent ones
         _db_options["pool"] = {
             "min_size": DATABASE_POOL_MIN_SIZE,

@@ -215,14 +215,20 @@ def web_pages(dbname: str, source, refresh_id: int | None) -> tuple[int, int]:
     try:
         pid = max(process_tree(server.process.pid))  # the serving process (no supervisor at 1)
         ready = kb(pid, "VmRSS")
-        for _ in range(3):
+        for round_ in range(3):
             for url, headers in calls:
+                before = kb(pid, "VmHWM")
                 request = urllib.request.Request(server.url + url, headers=headers)
                 try:
                     with urllib.request.urlopen(request, timeout=120) as response:
-                        response.read()
+                        size = len(response.read())
                 except urllib.error.HTTPError as error:
                     raise RuntimeError(f"{url}: {error}") from None
+                if round_ == 0:
+                    # What each request raised the peak by, the first time it is served: the
+                    # request that makes a process grow with the fleet is named here.
+                    grew = (kb(pid, "VmHWM") - before) / 1024
+                    print(f"    web: {url} {size / 1024:.0f} KB, peak +{grew:.1f} MB", flush=True)
         return ready, kb(pid, "VmHWM")
     finally:
         server.stop()

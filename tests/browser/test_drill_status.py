@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connections
+from django.template.defaultfilters import floatformat
 
 from controlplane.fleet.models import Source
 from controlplane.refresh.drills.actions import start_drill
@@ -57,7 +58,9 @@ def test_overview_shows_each_sources_drill_status(page, operator, simfleet_facto
     status = page.locator(f"#drill-status-{proven.pk}")
     text = status.inner_text()
     assert "rollback last proven" in text and "ago" in text
-    assert f"forward {drill.forward_seconds:.1f} s, back {drill.back_seconds:.1f} s" in text
+    # Rounded as the page rounds (floatformat rounds half up; an f-string rounds 0.25 to 0.2).
+    forward, back = (floatformat(s, 1) for s in (drill.forward_seconds, drill.back_seconds))
+    assert f"forward {forward} s, back {back} s" in text
     failed_text = page.locator(f"#drill-status-{failing.pk}").inner_text()
     assert "last drill failed" in failed_text and "verified before the current one" in failed_text
     assert page.locator(f"#drill-status-{never.pk}").inner_text().strip() == "never proven"

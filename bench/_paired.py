@@ -10,6 +10,7 @@ long-lived publisher and its cost should stay visible on its own).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -68,6 +69,16 @@ class Counters:
     #: whatever the call threads did meanwhile: an upper bound).
     publish_cpu: float = 0.0
     publishes: int = 0
+    #: Statements by their first `SQL_SHAPE_CHARS` characters (with `BENCH_SQL_BREAKDOWN=1`).
+    statements: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+#: `BENCH_SQL_BREAKDOWN=1` prints, after the table, the statements of our last run grouped by
+#: how they start: which of them grow with the fleet or the run's length.
+BREAKDOWN = os.environ.get("BENCH_SQL_BREAKDOWN") == "1"
+SQL_SHAPE_CHARS = 90
+#: The breakdown of the last counted run.
+LAST_STATEMENTS: collections.Counter[str] = collections.Counter()
 
 
 @contextlib.contextmanager
@@ -79,6 +90,8 @@ def counting() -> Iterator[Counters]:
 
     def count_sql(execute, sql, params, many, context):
         counters.sql += 1
+        if BREAKDOWN:
+            counters.statements[" ".join(sql.split())[:SQL_SHAPE_CHARS]] += 1
         return execute(sql, params, many, context)
 
     originals = {}
@@ -117,6 +130,8 @@ def measure(fn: Callable[[], object], *, count: bool) -> tuple[Run, object]:
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         run = Run(wall, cpu, counters.sql, counters.publish, counters.publish_cpu)
         run.publishes = counters.publishes
+        LAST_STATEMENTS.clear()
+        LAST_STATEMENTS.update(counters.statements)
         return run, value
     cpu0, t0 = time.process_time(), time.perf_counter()
     value = fn()
@@ -171,6 +186,10 @@ def report(title: str, pairs: Pairs, *, ideal: float, targets: tuple[float, floa
     print(f"{'ideal (calls x latency / concurrency)':40} {ideal * 1000:7.0f}")
     sql = [r.sql for r in pairs.ours]
     print(f"SQL statements per run (ours): {sorted(sql)}")
+    if BREAKDOWN:
+        print("statements of our last run, by how they start:")
+        for shape, n in LAST_STATEMENTS.most_common():
+            print(f"  {n:5} {shape}")
     print(
         "publish per run (ours, realtime.publish; wall ms / CPU ms / publishes): "
         + ", ".join(

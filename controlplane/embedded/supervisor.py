@@ -80,6 +80,13 @@ class Supervisor:
         threading.Thread(target=_drain, args=(stream, child.log_path), daemon=True).start()
         return found
 
+    def forget(self, child: Child) -> None:
+        """Drop a child that exited during its start (and was replaced): it must not bring
+        the runtime down later as "exited on its own"."""
+        if child.alive():
+            raise ValueError(f"{child.name} is still running")
+        self.children.remove(child)
+
     def first_exited(self) -> Child | None:
         return next((c for c in self.children if not c.alive()), None)
 

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -295,3 +296,35 @@ def test_a_second_shell_uses_the_demos_runtime(tmp_path):
         demo.send_signal(signal.SIGTERM)
         demo.wait(timeout=60)
     assert not runtime_file.exists()
+
+
+@pytest.mark.django_db
+def test_the_simulated_fleet_moves_to_free_ports_when_its_usual_one_is_taken_meanwhile(
+    tmp_path, monkeypatch
+):
+    """Two demos starting at once both find the usual ports free, and only one fleet can bind
+    them: the other fleet exits, and starts again on ports the system picks. (It used to take
+    the whole demo down: "simfleet did not report …".)"""
+    from urllib.parse import urlsplit
+
+    from controlplane.embedded.management.commands import demo
+    from controlplane.embedded.supervisor import Supervisor
+
+    with socket.socket() as taken:  # the other demo's fleet, bound after our check
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held = taken.getsockname()[1]
+        monkeypatch.setattr(demo, "SIM_PORTS", (free_port(), held, free_port()))
+        monkeypatch.setattr(demo, "_port_is_free", lambda port: True)
+        supervisor = Supervisor(tmp_path / "logs")
+        command = demo.Command()
+        try:
+            command._start_simfleet(supervisor, workers=2, namespaces="rl-a")
+            assert len(supervisor.children) == 1 and supervisor.children[0].alive()
+            assert supervisor.first_exited() is None
+            listener = urlsplit(command.sim_urls["listener_url"])
+            assert listener.port not in (held, None)
+            assert httpx.get(f"{command.sim_urls['listener_url']}/", timeout=5).status_code < 500
+        finally:
+            supervisor.stop_all()
+    assert "in use" in (tmp_path / "logs" / "simfleet.log").read_text().lower()

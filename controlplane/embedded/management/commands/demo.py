@@ -42,6 +42,32 @@ def _raise_stop(signum, frame):
     raise _Stop()
 
 
+#: The simulated fleet's frontend, listener and admin ports when they are free.
+SIM_PORTS = (18000, 18001, 18002)
+
+
+def _simfleet_argv(workers: int, namespaces: str, ports: list[int]) -> list[str]:
+    frontend, listener, admin = ports
+    return python_argv(
+        "-m",
+        "controlplane.simfleet",
+        "--workers",
+        str(workers),
+        "--namespaces",
+        namespaces,
+        "--prefix",
+        "rl",
+        "--frontend-port",
+        str(frontend),
+        "--listener-port",
+        str(listener),
+        "--admin-port",
+        str(admin),
+        "--seed",
+        "7",
+    )
+
+
 def _port_is_free(port: int) -> bool:
     import socket
 
@@ -216,32 +242,22 @@ class Command(BaseCommand):
         # demo's one late import of the fleet app.
         from controlplane.embedded import simsource
 
-        ports = [p if _port_is_free(p) else free_port() for p in (18000, 18001, 18002)]
-        child = supervisor.start(
-            "simfleet",
-            python_argv(
-                "-m",
-                "controlplane.simfleet",
-                "--workers",
-                str(workers),
-                "--namespaces",
-                namespaces,
-                "--prefix",
-                "rl",
-                "--frontend-port",
-                str(ports[0]),
-                "--listener-port",
-                str(ports[1]),
-                "--admin-port",
-                str(ports[2]),
-                "--seed",
-                "7",
-            ),
-            capture_stdout=True,
-        )
-        urls = supervisor.read_lines_until(
-            child, {"listener_url", "frontend_url", "control_url"}, timeout=30
-        )
+        # The usual ports when they are free, so the URLs stay the same from run to run. A
+        # port seen free can still be taken before the fleet binds it (two demos starting at
+        # once): the fleet then exits at once, and starts again on ports the system picks (0).
+        preferred = [p if _port_is_free(p) else free_port() for p in SIM_PORTS]
+        keys = {"listener_url", "frontend_url", "control_url"}
+        for ports in (preferred, [0, 0, 0]):
+            child = supervisor.start(
+                "simfleet", _simfleet_argv(workers, namespaces, ports), capture_stdout=True
+            )
+            try:
+                urls = supervisor.read_lines_until(child, keys, timeout=30)
+                break
+            except RuntimeError:
+                if child.alive() or ports == [0, 0, 0]:
+                    raise
+                supervisor.forget(child)
         values: dict[str, Any] = {
             "listener_url": urls["listener_url"],
             "frontend_url": urls["frontend_url"],

@@ -1,8 +1,9 @@
 """The executor's lease on a refresh, with a fencing token.
 
 Claiming moves `lease_token` from the value it read to the next with a conditional UPDATE
-that only matches when nobody holds a live lease and nobody claimed since the read. Every later write runs `guard()` first, in the same transaction: an UPDATE that
-matches only while the token is still ours. A stale executor (one whose lease expired and was
+that only matches when nobody holds a live lease and nobody claimed since the read. Every
+later write runs `guard()` first, in the same transaction: an UPDATE that matches only while
+the token is still ours. A stale executor (one whose lease expired and was
 taken over) matches nothing and its whole transaction — journal rows included — is rolled back.
 
 The lease remembers when this process last renewed it (`renewed_at`: the monotonic clock read

@@ -205,24 +205,40 @@ def _refresh_trails(refreshes: list[PolicyRefresh]) -> list[RefreshTrail]:
     ):
         latest.setdefault(worker_id, {})[step] = (status, error)  # latest attempt wins
     by_refresh: dict[int, list[WorkerOutcome]] = {pk: [] for pk in ids}
-    planned = PlannedWorker.objects.filter(refresh_id__in=ids).select_related("worker")
-    for pw in planned.order_by("refresh_id", "namespace", "key"):
-        steps = latest.get(pw.pk, {})
+    # Only the columns the trail shows: a planned worker's row also holds its planned calls,
+    # and a worker's its routes and probes, which at 10,000 workers were most of the web
+    # process's peak while this export was built (`bench/memory.py`).
+    planned = (
+        PlannedWorker.objects.filter(refresh_id__in=ids)
+        .order_by("refresh_id", "namespace", "key")
+        .values_list(
+            "pk",
+            "refresh_id",
+            "key",
+            "namespace",
+            "instance_id",
+            "family",
+            "worker_id",
+            "worker__weight_version",
+            "worker__state",
+        )
+    )
+    for pk, refresh_id, key, namespace, instance_id, family, live, version, state in planned:
+        steps = latest.get(pk, {})
         # Why a step failed (a skipped step's note, e.g. "the update already flushed", is not).
         outcomes = [steps[s] for s in WORKER_STEPS if s in steps]
         errors = [error for status, error in outcomes if status in _FAILED and error]
-        live = pw.worker
-        by_refresh[pw.refresh_id].append(
+        by_refresh[refresh_id].append(
             WorkerOutcome(
-                key=pw.key,
-                namespace=pw.namespace,
-                instance_id=pw.instance_id,
-                family=pw.family,
+                key=key,
+                namespace=namespace,
+                instance_id=instance_id,
+                family=family,
                 steps={s: steps[s][0] for s in WORKER_STEPS if s in steps},
                 error=errors[-1] if errors else "",
                 verified=steps.get(StepName.VERIFY, ("", ""))[0] == "ok",
-                reported_version=live.weight_version if live is not None else None,
-                worker_state=live.state if live is not None else "gone",
+                reported_version=version if live is not None else None,
+                worker_state=state if live is not None else "gone",
             )
         )
     out = []

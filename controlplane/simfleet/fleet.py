@@ -133,20 +133,13 @@ class SimFleet:
 
     def routable(self, model: str | None = None) -> list[SimWorker]:
         """Workers whose generate instance is registered (optionally serving `model`)."""
-        return [
-            w
-            for w in self.workers.values()
-            if w.routable and (model is None or w.model == model or model in w.serving_adapters())
-        ]
+        return [w for w in self.workers.values() if _serving(w, model)]
 
     def serves(self, model: str) -> bool:
         """`model in models()`, stopping at the first worker that serves it: every generation
         asks, and listing every worker's models for each made a 10,000-worker fleet spend a
         pass over the fleet per verify call."""
-        return bool(model) and any(
-            w.routable and (w.model == model or model in w.serving_adapters())
-            for w in self.workers.values()
-        )
+        return bool(model) and any(_serving(w, model) for w in self.workers.values())
 
     def models(self) -> list[str]:
         """Served model names: base models and the LoRA adapters loaded (each a model card)."""
@@ -255,3 +248,10 @@ class SimFleet:
             self._round_robin += 1
             values = template.to_dict() | {"instance_id": None, "token": None}
             self.add_worker(WorkerSpec(**values))
+
+
+def _serving(worker: SimWorker, model: str | None) -> bool:
+    """Routable, and serving `model` as its base model or a loaded adapter (any, when None)."""
+    return worker.routable and (
+        model is None or worker.model == model or model in worker.serving_adapters()
+    )

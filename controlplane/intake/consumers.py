@@ -58,7 +58,9 @@ _rendered: dict[int, int] = {}
 
 class _Shown:
     """What the snapshots since the watch's last read showed, merged: per gate the oldest
-    revision any of them sent, and the newest gate any of them could have sent.
+    revision any of them sent, and the newest gate any unfiltered one could have sent (a
+    filtered snapshot says nothing about the gates it was not asked for: counting those as
+    never sent would resend every other source's gate at each such connect).
 
     The watch's first read of the revisions is not what the streams have: a gate can change
     between a stream's snapshot and that read (both run in threads, in either order), and if
@@ -72,12 +74,13 @@ class _Shown:
         self._oldest: dict[int, int] = {}
         self._newest_gate: int | None = None
 
-    def add(self, revisions: tuple[tuple[int, int], ...]) -> None:
+    def add(self, revisions: tuple[tuple[int, int], ...], *, every_gate: bool) -> None:
+        """Record a snapshot; `every_gate`: it was asked for every gate (no filter)."""
         newest = max((pk for pk, _ in revisions), default=0)
         with self._lock:
             for pk, revision in revisions:
                 self._oldest[pk] = min(self._oldest.get(pk, revision), revision)
-            if self._newest_gate is None or newest < self._newest_gate:
+            if every_gate and (self._newest_gate is None or newest < self._newest_gate):
                 self._newest_gate = newest
 
     def lower(self, accounted: dict[int, int], gate_ids: Iterable[int]) -> None:
@@ -86,12 +89,12 @@ class _Shown:
         with self._lock:
             oldest, newest = self._oldest, self._newest_gate
             self._oldest, self._newest_gate = {}, None
-        if newest is None:
+        if not oldest and newest is None:
             return
         for pk in gate_ids:
             if pk in oldest:
                 accounted[pk] = min(accounted.get(pk, 0), oldest[pk])
-            elif pk > newest:
+            elif newest is not None and pk > newest:
                 accounted[pk] = 0
 
 
@@ -163,7 +166,7 @@ class GateStreamConsumer(LiveStream):
         snapshot = [_public(gate) for gate in with_lags(gates)]
         text = json.dumps({"event": "gates.snapshot", "gates": snapshot})
         revisions = tuple((g.pk, g.revision) for g in gates)
-        _shown.add(revisions)
+        _shown.add(revisions, every_gate=self.limit is None and not self.source_name)
         return [Versioned(text, revisions)]
 
     def render_share_key(self) -> Hashable:

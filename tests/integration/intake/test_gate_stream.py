@@ -431,3 +431,21 @@ def test_a_snapshot_reads_the_lag_per_source_not_per_gate(gates):
     """Every connect sends a snapshot: its statements do not grow with the gates it shows."""
     source = gates["fleet-a"].source
     assert _snapshot_reads(source, 1) == _snapshot_reads(source, 8)
+
+
+def test_a_filtered_snapshot_lowers_only_the_gates_it_showed():
+    """A snapshot of one source says nothing of the other sources' gates: it must not make
+    the watch resend them all (every filtered connect would). An unfiltered snapshot counts
+    a gate newer than all it showed as never sent (created after it, its push lost)."""
+    shown = consumers._Shown()
+    accounted = {1: 5, 2: 7, 3: 2}
+    shown.add(((1, 4),), every_gate=False)
+    shown.lower(accounted, [1, 2, 3])
+    assert accounted == {1: 4, 2: 7, 3: 2}
+
+    shown.add(((1, 4), (2, 7)), every_gate=True)
+    shown.lower(accounted, [1, 2, 3])
+    assert accounted == {1: 4, 2: 7, 3: 0}
+
+    shown.lower(accounted, [1, 2, 3])  # forgotten once applied
+    assert accounted == {1: 4, 2: 7, 3: 0}

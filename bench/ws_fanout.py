@@ -2,16 +2,21 @@
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/ws_fanout.py \\
         [--subscribers 500 2000] [--runs 5] [--events 20] [--interval 0.25] \\
-        [--workers 2] [--clients 2] [--stream fleet|gates] [--profile FILE]
+        [--workers 2] [--clients 2] [--stream fleet|gates] [--profile FILE] \\
+        [--subscriber-client lean|aiohttp]
 
 The real ASGI app runs under uvicorn (`--workers` processes, DEBUG off) on a throwaway
 PostgreSQL database and the real Redis channel layer. `--clients` processes hold the
-subscribers: aiohttp websockets authenticated with a viewer's session cookie, on a real stream
-— the fleet overview (`/ws/fleet/`, the source-card push a refresh makes) or the gate stream
-(`/ws/gates/`). A separate publisher process calls `controlplane.realtime.publish` as a Celery
-task would, `--events` times per run, one every `--interval` seconds (default 4 a second: the
-most one coalesced progress stream sends), each payload carrying the wall-clock time just
-before the call; a subscriber's latency is its receipt time minus that.
+subscribers: websockets authenticated with a viewer's session cookie, on a real stream — the
+fleet overview (`/ws/fleet/`, the source-card push a refresh makes) or the gate stream
+(`/ws/gates/`). Their client is `bench/_wsclient.py` by default: it parses frames in the
+protocol's callback, so the harness's own cost per frame, on the cores the server shares,
+stays small. `--subscriber-client aiohttp` holds them with aiohttp's client instead, the
+cross-check that both count the same frames. A separate publisher process calls
+`controlplane.realtime.publish` as a Celery task would, `--events` times per run, one every
+`--interval` seconds (default 4 a second: the most one coalesced progress stream sends), each
+payload carrying the wall-clock time just before the call; a subscriber's latency is its
+receipt time minus that.
 Each run connects every subscriber afresh (they resync from the database, as a page does),
 publishes, waits for the frames (at most 10 s after the last publish) and closes. Frames are
 counted per subscriber and per event (the resync frame is never counted): lost is the
@@ -23,7 +28,9 @@ writes its stats to FILE when the bench ends (`python -m pstats FILE`).
 
 Prints per run: connected, connect time, frames received per subscriber (expected, min, max),
 lost, duplicated (with a few of the repeated frames: event, gate, revision), latency
-p50/p95/max and the slowest publish() call; then min/median/max over the runs, and one
+p50/p95/max, the slowest publish() call, and the CPU per frame received of the server and of
+the subscriber processes (they share the machine's cores with the server, so their own cost
+is part of what delays a frame here); then min/median/max over the runs, and one
 summary line per subscriber count against the goal (every subscriber connected, 0 lost,
 0 duplicated, p95 < 250 ms).
 """
@@ -60,7 +67,7 @@ GOAL_P95_MS = 250.0
 #: How long after the last publish a run waits for frames still on their way.
 RECEIVE_GRACE_SECONDS = 10.0
 CONNECT_CONCURRENCY = 64
-MARK = re.compile(r"bench-(\d+)-(\d+)-(\d+\.\d+)")
+MARK = re.compile(rb"bench-(\d+)-(\d+)-(\d+\.\d+)")
 
 #: stream name -> (websocket path, group, event); payloads from `_payload`
 STREAMS = {
@@ -103,10 +110,14 @@ def _raise_fd_limit() -> None:
 class Subscribers:
     """`count` websockets in one process, each counting the marked frames it receives: per
     socket, so a frame received twice (or one of another run) is seen, never netted out
-    against a lost one."""
+    against a lost one.
 
-    def __init__(self, url: str, cookie: str, count: int) -> None:
-        self.url, self.cookie, self.count = url, cookie, count
+    `client` is "lean" (`_wsclient`: frames parsed in the protocol's callback, the default)
+    or "aiohttp" (aiohttp's websocket client, a reader task per socket). Both count the same
+    frames; the lean one costs the shared cores less per frame (see `_wsclient`)."""
+
+    def __init__(self, url: str, cookie: str, count: int, client: str = "lean") -> None:
+        self.url, self.cookie, self.count, self.client = url, cookie, count, client
         self.sockets: list = []
         self.readers: list[asyncio.Task] = []
         #: run -> one Counter per socket: mark -> frames carrying it
@@ -120,39 +131,85 @@ class Subscribers:
         self._closing = False
 
     async def connect(self) -> dict:
-        import aiohttp
-
-        self.http = aiohttp.ClientSession(
-            headers={"Cookie": self.cookie},
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
         gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
         errors: Counter = Counter()
         started = time.perf_counter()
+        one = self._connect_lean if self.client == "lean" else self._connect_aiohttp
+        if self.client == "aiohttp":
+            import aiohttp
 
-        async def one() -> None:
+            self.http = aiohttp.ClientSession(
+                headers={"Cookie": self.cookie},
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+
+        async def guarded() -> None:
             async with gate:
                 try:
-                    ws = await self.http.ws_connect(self.url, autoping=True, heartbeat=None)
-                    first = await ws.receive(timeout=120)  # the resync: never counted
-                    if first.type != aiohttp.WSMsgType.TEXT:
-                        errors[f"closed {ws.close_code}"] += 1
-                        await ws.close()
-                        return
+                    await one(errors)
                 except Exception as exc:
                     errors[type(exc).__name__] += 1
-                    return
-                index = len(self.sockets)
-                self.sockets.append(ws)
-                self.readers.append(asyncio.create_task(self._read(ws, index)))
 
-        await asyncio.gather(*(one() for _ in range(self.count)))
+        await asyncio.gather(*(guarded() for _ in range(self.count)))
         return {
             "connected": len(self.sockets),
             "errors": dict(errors),
             "seconds": time.perf_counter() - started,
         }
+
+    async def _connect_lean(self, errors: Counter) -> None:
+        from _wsclient import connect
+
+        index = -1  # a socket's index is taken once its resync has arrived (below)
+        resynced = asyncio.get_running_loop().create_future()
+
+        def on_text(data: bytes, at: float) -> None:
+            if not resynced.done():
+                resynced.set_result(None)  # the resync: never counted
+                return
+            self._on_text(index, data, at)
+
+        ws = await connect(self.url, {"Cookie": self.cookie}, on_text)
+        try:
+            async with asyncio.timeout(120):
+                await asyncio.wait({resynced, ws.closed}, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            ws.abort()
+            raise
+        if not resynced.done():
+            errors[f"closed {ws.close_code}"] += 1
+            return
+        index = len(self.sockets)  # on_text sees this binding: no frame is counted before it
+        self.sockets.append(ws)
+        self.readers.append(asyncio.ensure_future(self._watch_lean(ws)))
+
+    async def _watch_lean(self, ws) -> None:
+        await ws.closed
+        if not self._closing:
+            self.closed_early += 1
+
+    async def _connect_aiohttp(self, errors: Counter) -> None:
+        import aiohttp
+
+        ws = await self.http.ws_connect(self.url, autoping=True, heartbeat=None)
+        first = await ws.receive(timeout=120)  # the resync: never counted
+        if first.type != aiohttp.WSMsgType.TEXT:
+            errors[f"closed {ws.close_code}"] += 1
+            await ws.close()
+            return
+        index = len(self.sockets)
+        self.sockets.append(ws)
+        self.readers.append(asyncio.create_task(self._read_aiohttp(ws, index)))
+
+    async def _read_aiohttp(self, ws, index: int) -> None:
+        import aiohttp
+
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                self._on_text(index, message.data.encode(), time.time())
+        if not self._closing:
+            self.closed_early += 1
 
     def _counter(self, run: int, index: int) -> Counter:
         per_socket = self.marks.setdefault(run, [])
@@ -160,25 +217,17 @@ class Subscribers:
             per_socket.append(Counter())
         return per_socket[index]
 
-    async def _read(self, ws, index: int) -> None:
-        import aiohttp
-
-        async for message in ws:
-            if message.type != aiohttp.WSMsgType.TEXT:
-                continue
-            now = time.time()
-            for run_text, seq, sent in MARK.findall(message.data):
-                run = int(run_text)
-                seen = self._counter(run, index)
-                mark = f"{run_text}-{seq}-{sent}"
-                seen[mark] += 1
-                if seen[mark] == 1:
-                    self.distinct[run] += 1
-                    self.latencies.setdefault(run, []).append(now - float(sent))
-                elif len(self.repeats.setdefault(run, [])) < 5:
-                    self.repeats[run].append(f"socket {index}: {_describe(message.data)}")
-        if not self._closing:
-            self.closed_early += 1
+    def _on_text(self, index: int, data: bytes, now: float) -> None:
+        for run_text, seq, sent in MARK.findall(data):
+            run = int(run_text)
+            seen = self._counter(run, index)
+            mark = (seq, sent)
+            seen[mark] += 1
+            if seen[mark] == 1:
+                self.distinct[run] += 1
+                self.latencies.setdefault(run, []).append(now - float(sent))
+            elif len(self.repeats.setdefault(run, [])) < 5:
+                self.repeats[run].append(f"socket {index}: {_describe(data.decode())}")
 
     async def expect(self, run: int, events: int, deadline: float) -> dict:
         wanted = events * len(self.sockets)
@@ -199,9 +248,18 @@ class Subscribers:
 
     async def close(self) -> None:
         self._closing = True
-        await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
+        if self.client == "lean":
+            for ws in self.sockets:
+                ws.close()
+            if self.sockets:
+                await asyncio.wait([ws.closed for ws in self.sockets], timeout=30)
+            for ws in self.sockets:
+                if not ws.closed.done():
+                    ws.abort()
+        else:
+            await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
+            await self.http.close()
         await asyncio.gather(*self.readers, return_exceptions=True)
-        await self.http.close()
         self.sockets, self.readers = [], []
 
 
@@ -219,7 +277,7 @@ def _describe(frame: str) -> str:
     return frame[:120]
 
 
-def _subscriber_process(url: str, cookie: str, count: int, conn) -> None:
+def _subscriber_process(url: str, cookie: str, count: int, client: str, conn) -> None:
     _raise_fd_limit()
 
     async def main() -> None:
@@ -227,7 +285,7 @@ def _subscriber_process(url: str, cookie: str, count: int, conn) -> None:
         while True:
             command, *args = await asyncio.to_thread(conn.recv)
             if command == "connect":
-                subs = Subscribers(url, cookie, count)
+                subs = Subscribers(url, cookie, count, client)
                 conn.send(await subs.connect())
             elif command == "expect":
                 assert subs is not None
@@ -297,7 +355,9 @@ def _spread(values: list[float], fmt: str = "{:.0f}") -> str:
     )
 
 
-def one_run(run: int, clients: list, publisher, server_pids: list[int], args) -> dict:
+def one_run(
+    run: int, clients: list, publisher, server_pids: list[int], client_pids: list[int], args
+) -> dict:
     for conn in clients:
         conn.send(("connect",))
     connects = [conn.recv() for conn in clients]
@@ -306,6 +366,7 @@ def one_run(run: int, clients: list, publisher, server_pids: list[int], args) ->
     for c in connects:
         errors.update(c["errors"])
     cpu_before = cpu_seconds(server_pids)
+    clients_cpu_before = cpu_seconds(client_pids)
     load_before = os.getloadavg()[0]
     publisher.send(("publish", run, args.events, args.interval))
     published = publisher.recv()
@@ -314,6 +375,7 @@ def one_run(run: int, clients: list, publisher, server_pids: list[int], args) ->
         conn.send(("expect", run, args.events, deadline))
     results = [conn.recv() for conn in clients]
     server_cpu = cpu_seconds(server_pids) - cpu_before
+    clients_cpu = cpu_seconds(client_pids) - clients_cpu_before
     for conn in clients:
         conn.send(("close",))
         conn.recv()
@@ -340,6 +402,7 @@ def one_run(run: int, clients: list, publisher, server_pids: list[int], args) ->
         "slowest_call_ms": published["slowest_call"] * 1000,
         "flushed": published["flushed"],
         "server_us_per_frame": server_cpu * 1e6 / max(1, received),
+        "clients_us_per_frame": clients_cpu * 1e6 / max(1, received),
         "load": load_before,
     }
 
@@ -353,10 +416,14 @@ def bench(subscribers: int, url: str, cookie: str, server_pids: list[int], args)
     pipes, processes = [], []
     for share in shares:
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_subscriber_process, args=(ws_url, cookie, share, child))
+        p = ctx.Process(
+            target=_subscriber_process,
+            args=(ws_url, cookie, share, args.subscriber_client, child),
+        )
         p.start()
         pipes.append(parent)
         processes.append(p)
+    subscriber_processes = list(processes)
     pub_parent, pub_child = ctx.Pipe()
     pub = ctx.Process(target=_publisher_process, args=(args.stream, pub_child))
     pub.start()
@@ -364,7 +431,9 @@ def bench(subscribers: int, url: str, cookie: str, server_pids: list[int], args)
     results = []
     try:
         for run in range(1, args.runs + 1):
-            r = one_run(run, pipes, pub_parent, server_pids, args)
+            r = one_run(
+                run, pipes, pub_parent, server_pids, [p.pid for p in subscriber_processes], args
+            )
             results.append(r)
             low, high = r["per_subscriber"]
             print(
@@ -374,7 +443,8 @@ def bench(subscribers: int, url: str, cookie: str, server_pids: list[int], args)
                 f"{r['duplicated']}; latency p50 {r['p50']:.0f} ms, "
                 f"p95 {r['p95']:.0f} ms, max {r['max']:.0f} ms; slowest publish() "
                 f"{r['slowest_call_ms']:.2f} ms; "
-                f"server CPU {r['server_us_per_frame']:.0f} us/frame; "
+                f"server CPU {r['server_us_per_frame']:.0f} us/frame, subscribers' "
+                f"{r['clients_us_per_frame']:.0f} us/frame; "
                 f"errors {r['errors'] or 0}, closed early {r['closed_early']}; "
                 f"load average {r['load']:.1f}",
                 flush=True,
@@ -407,6 +477,7 @@ def report(subscribers: int, results: list[dict], args) -> str:
     slowest = _spread([r["slowest_call_ms"] for r in results], "{:.2f}")
     print(f"  slowest publish  {slowest} ms")
     print("  server us/frame  " + _spread([r["server_us_per_frame"] for r in results]))
+    print("  subscribers' us/frame " + _spread([r["clients_us_per_frame"] for r in results]))
     print("  load average     " + _spread([r["load"] for r in results], "{:.1f}"))
     worst_connected = min(r["connected"] for r in results)
     total_lost = sum(r["lost"] for r in results)
@@ -440,6 +511,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2, help="subscriber processes")
     parser.add_argument("--stream", choices=sorted(STREAMS), default="fleet")
     parser.add_argument(
+        "--subscriber-client",
+        choices=("lean", "aiohttp"),
+        default="lean",
+        help="the subscribers' websocket client (bench/_wsclient.py, or aiohttp's)",
+    )
+    parser.add_argument(
         "--profile",
         metavar="FILE",
         help="run one uvicorn worker under cProfile and write its stats to FILE (--workers 1)",
@@ -459,7 +536,8 @@ def main() -> None:
         try:
             print(
                 f"uvicorn --workers {args.workers}, DEBUG off, PostgreSQL, Redis pub/sub layer; "
-                f"stream {STREAMS[args.stream][0]}; {args.clients} subscriber processes; "
+                f"stream {STREAMS[args.stream][0]}; {args.clients} subscriber processes "
+                f"({args.subscriber_client} client); "
                 f"{args.events} events per run, one every {args.interval} s; fd limit "
                 f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
                 + (f"; profiling to {profile_to}" if profile_to else ""),

@@ -36,9 +36,14 @@ SETUP = Actor.system("gate stream test")
 
 
 @pytest.fixture(autouse=True)
-def fresh_snapshot_record(monkeypatch):
-    """The snapshots of an earlier test's streams are not this test's (their gates are gone)."""
+def fresh_stream_records(monkeypatch):
+    """The snapshots and renders of an earlier test's streams are not this test's: their gates
+    are gone, and a test that resets the sequences (`reset_sequences=True`) makes a later
+    test's gates reuse their ids. An earlier render of gate 1 at revision 3 would then count
+    as this test's gate 1 having been sent, and the watch would never send its revision 2.
+    (In a running server ids are never reused: the rows are not truncated.)"""
     monkeypatch.setattr(consumers, "_shown", consumers._Shown())
+    monkeypatch.setattr(consumers, "_rendered", {})
 
 
 @pytest.fixture

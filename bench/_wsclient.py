@@ -66,9 +66,9 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        transport.write(self._request)
+        # uvloop's transports are not asyncio.Transport subclasses, but write the same way.
+        self._transport = transport  # type: ignore[assignment]
+        transport.write(self._request)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         now = time.time()
@@ -170,9 +170,13 @@ class Connection(asyncio.Protocol):
 
 
 async def connect(
-    url: str, headers: dict[str, str], on_text: Callable[[bytes, float], None]
+    url: str,
+    headers: dict[str, str],
+    on_text: Callable[[bytes, float], None],
+    timeout: float = 120.0,
 ) -> Connection:
-    """Open a websocket to `url` (`ws://` only) sending `headers`; returns once upgraded."""
+    """Open a websocket to `url` (`ws://` only) sending `headers`; returns once upgraded, or
+    raises (TimeoutError after `timeout` s)."""
     parts = urlsplit(url)
     if parts.scheme != "ws" or not parts.hostname:
         raise ValueError(f"a ws:// URL is needed, not {url!r}")
@@ -193,5 +197,10 @@ async def connect(
     _transport, protocol = await loop.create_connection(
         lambda: Connection(request, key, on_text), parts.hostname, port
     )
-    await protocol.opened
+    try:
+        async with asyncio.timeout(timeout):
+            await protocol.opened
+    except BaseException:
+        protocol.abort()
+        raise
     return protocol

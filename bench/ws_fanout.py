@@ -297,7 +297,11 @@ def _subscriber_process(url: str, cookie: str, count: int, client: str, conn) ->
             else:
                 return
 
-    asyncio.run(main())
+    # uvloop, as the server runs (uvicorn[standard] brings it): the standard loop's Python
+    # selector costs the subscribers several microseconds per socket woken.
+    import uvloop
+
+    uvloop.run(main())
 
 
 # -- the publisher process ------------------------------------------------------------------

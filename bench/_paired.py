@@ -59,6 +59,9 @@ class Run:
     publish: float = 0.0
     publish_cpu: float = 0.0
     publishes: int = 0
+    #: The part of `cpu` spent in the kernel (sockets, the database's wire): what a profile of
+    #: the Python stacks does not show.
+    system: float = 0.0
 
 
 @dataclass
@@ -125,17 +128,20 @@ def counting() -> Iterator[Counters]:
 def measure(fn: Callable[[], object], *, count: bool) -> tuple[Run, object]:
     if count:
         with counting() as counters:
-            cpu0, t0 = time.process_time(), time.perf_counter()
+            sys0, cpu0, t0 = os.times().system, time.process_time(), time.perf_counter()
             value = fn()
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        run = Run(wall, cpu, counters.sql, counters.publish, counters.publish_cpu)
+            system = os.times().system - sys0
+        run = Run(wall, cpu, counters.sql, counters.publish, counters.publish_cpu, system=system)
         run.publishes = counters.publishes
         LAST_STATEMENTS.clear()
         LAST_STATEMENTS.update(counters.statements)
         return run, value
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    sys0, cpu0, t0 = os.times().system, time.process_time(), time.perf_counter()
     value = fn()
-    return Run(time.perf_counter() - t0, time.process_time() - cpu0), value
+    run = Run(time.perf_counter() - t0, time.process_time() - cpu0)
+    run.system = os.times().system - sys0
+    return run, value
 
 
 @dataclass
@@ -184,6 +190,8 @@ def report(title: str, pairs: Pairs, *, ideal: float, targets: tuple[float, floa
     for label, runs in (("ours", pairs.ours), ("bare aiohttp", pairs.bare)):
         print(f"{label:24} {spread([r.wall for r in runs])}   {spread([r.cpu for r in runs])}")
     print(f"{'ideal (calls x latency / concurrency)':40} {ideal * 1000:7.0f}")
+    for label, runs in (("ours", pairs.ours), ("bare aiohttp", pairs.bare)):
+        print(f"{'of the CPU, in the kernel: ' + label:40} {spread([r.system for r in runs])}")
     sql = [r.sql for r in pairs.ours]
     print(f"SQL statements per run (ours): {sorted(sql)}")
     if BREAKDOWN:

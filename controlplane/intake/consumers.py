@@ -238,11 +238,16 @@ async def _watch() -> None:
         if not first and (feed is None or not feed.subscribers):
             return
         first = False
+        # Copied before the read, so every revision in it was committed before the read saw
+        # its row (see `_forget_other_rows`).
+        remembered = dict(_rendered)
         try:
             rows = await database_sync_to_async(_revisions)()
         except DatabaseError:
             logger.warning("gate revisions unreadable; gate streams wait for pushes", exc_info=True)
             rows = None
+        if rows is not None:
+            _forget_other_rows(rows, remembered)
         if rows is not None and accounted is None:
             # The baseline: what the first read found, lowered to what the snapshots showed.
             accounted = {pk: revision for pk, (revision, _) in rows.items()}
@@ -266,6 +271,27 @@ async def _watch() -> None:
                 # In turn with the pushes: never overtaking one, nor overtaken.
                 await feed.deliver({**message, "payload": scope})
         await _until_next_read()
+
+
+def _forget_other_rows(
+    rows: dict[int, tuple[int, dict[str, Any]]], remembered: dict[int, int]
+) -> None:
+    """Forget a render recorded for a gate id whose row is now at a lower revision.
+
+    A row's revision only grows, so a rendered revision above the row's present one was
+    another row's that had the same id (a row deleted and its id given again, as a database
+    whose sequences were reset does). Counted, it would hide every change of the new row up
+    to that revision from streams that connect later: their snapshots lower what the watch
+    counts as sent (`_Shown`), but not `_rendered`. `remembered` was copied from `_rendered`
+    before `rows` was read, so a render of the row that was read cannot exceed it; a render
+    made since the copy may be dropped with the stale entry, which costs at most a revision
+    sent again, and a stream drops a revision it already has (`Versioned`).
+
+    (A stream connected across such a reuse keeps the old row's revision itself and drops the
+    new row's lower ones: an out-of-order render looks the same to it, and it cannot ask.)"""
+    for pk, (revision, _) in rows.items():
+        if remembered.get(pk, 0) > revision:
+            _rendered.pop(pk, None)
 
 
 async def _until_next_read() -> None:

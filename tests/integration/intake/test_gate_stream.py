@@ -228,9 +228,9 @@ async def _gate_frames_until(c: WebsocketCommunicator, namespace: str, revision:
             return frames
 
 
-async def test_a_revision_the_watch_recovered_is_not_sent_again_when_its_push_arrives(
-    gates, viewer, approver, monkeypatch
-):
+async def _watch_after_its_first_read(viewer, monkeypatch) -> WebsocketCommunicator:
+    """A stream whose snapshot has arrived and whose process's watch has made its first read
+    (its baseline), reading again every 50 ms."""
     monkeypatch.setattr(consumers, "WATCH_SECONDS", 0.05)
     read = threading.Event()
     real_revisions = consumers._revisions
@@ -244,9 +244,16 @@ async def test_a_revision_the_watch_recovered_is_not_sent_again_when_its_push_ar
     secret = await database_sync_to_async(token_for)(viewer)
     c = await connected(bearer(secret))
     await c.receive_json_from(timeout=10)  # snapshot
+    assert await asyncio.to_thread(read.wait, 10)
+    return c
+
+
+async def test_a_revision_the_watch_recovered_is_not_sent_again_when_its_push_arrives(
+    gates, viewer, approver, monkeypatch
+):
     # The watch's first read is its baseline: the quiet change must come after it (on a busy
     # machine that read can land after the change, which it then counts as accounted for).
-    assert await asyncio.to_thread(read.wait, 10)
+    c = await _watch_after_its_first_read(viewer, monkeypatch)
 
     # The watch finds the change no push announced and sends it...
     await database_sync_to_async(_move_without_a_push)(gates["fleet-a"])
@@ -307,6 +314,21 @@ async def test_a_revision_the_snapshot_showed_is_not_sent_again_by_its_late_push
     assert await _gate_frames_until(after, "rl-b", 2) == [("fleet-b", "rl-b", True, 2)]
     await before.disconnect()
     await after.disconnect()
+
+
+async def test_a_render_recorded_for_another_row_with_the_same_id_does_not_hide_a_change(
+    gates, viewer, monkeypatch
+):
+    """A database whose sequences were reset gives a deleted gate's id again. A revision
+    rendered for the old row, above the new row's, must not count as the new row's for a
+    stream that connected after (the fixture starts each test with no renders on record; this
+    test puts one there)."""
+    c = await _watch_after_its_first_read(viewer, monkeypatch)
+    consumers._rendered[gates["fleet-a"].pk] = 50  # the old row's, from before
+    await database_sync_to_async(_move_without_a_push)(gates["fleet-a"])
+    recovered = await c.receive_json_from(timeout=10)
+    assert view(recovered["gate"]) == ("fleet-a", "rl-a", False, 2)
+    await c.disconnect()
 
 
 # -- what an event costs ---------------------------------------------------------------------------

@@ -181,8 +181,9 @@ def grid_namespaces(refresh: PolicyRefresh) -> list[tuple[str, int]]:
     )
 
 
-#: Journal rows shown on the refresh page (newest first), each with its bodies. The API serves
-#: the full journal (`/api/v1/refreshes/<id>/journal`); 50 keep the page small at any size.
+#: Journal rows shown on the refresh page (newest first), each with its bodies (a long one cut
+#: short: `refresh_tags.json_preview`). The API serves every call whole
+#: (`/api/v1/refreshes/<id>/journal`); 50 keep the page small at any size.
 JOURNAL_LIMIT = 50
 
 

@@ -37,6 +37,9 @@ ENDPOINTS = [
     ),
     ("get", "/api/v1/refreshes/{refresh}", None, Perm.VIEW, True),
     ("get", "/api/v1/refreshes/{refresh}/capacity", None, Perm.VIEW, True),
+    ("get", "/api/v1/refreshes/{refresh}/journal", None, Perm.VIEW, True),
+    # No call journaled yet: an entitled caller meets 404, never a 2xx of another's call.
+    ("get", "/api/v1/refreshes/{refresh}/journal/1", None, Perm.VIEW, True),
     ("get", "/api/v1/refreshes/{refresh}/group?wait=0.2&after=x", None, Perm.VIEW, True),
     ("get", "/api/v1/refreshes/{refresh}/external", None, Perm.VIEW, True),
     # Not an external refresh waiting for a report: an entitled caller meets 409.

@@ -42,7 +42,14 @@ from controlplane.intake.webhooks.trainer.process import process_delivery
 from controlplane.notify.models import NotificationDestination
 from controlplane.refresh import intents
 from controlplane.refresh.executor import execute_refresh
-from controlplane.refresh.models import Gate, GateState, PolicyRefresh, Quarantine, RefreshState
+from controlplane.refresh.models import (
+    Gate,
+    GateState,
+    JournalEntry,
+    PolicyRefresh,
+    Quarantine,
+    RefreshState,
+)
 from controlplane.simfleet import Fault, FleetConfig, WorkerSpec
 from tests.integration.intake.conftest import SECRET, post_webhook
 from tests.security.hostile import PAYLOAD, Hostile, csp_problems, unescaped
@@ -861,6 +868,13 @@ def _route_urls(w: World) -> dict[str, list[str]]:
         "intake:api-v1:get_refresh_group": [f"/api/v1/refreshes/{pk}/group" for pk in r],
         "intake:api-v1:get_refresh_external": [f"/api/v1/refreshes/{pk}/external" for pk in r],
         "intake:api-v1:get_refresh_capacity": [f"/api/v1/refreshes/{pk}/capacity" for pk in r],
+        "intake:api-v1:list_refresh_journal": [f"/api/v1/refreshes/{pk}/journal" for pk in r],
+        "intake:api-v1:get_refresh_call": [
+            f"/api/v1/refreshes/{refresh_id}/journal/{pk}"
+            for pk, refresh_id in JournalEntry.objects.filter(refresh_id__in=r).values_list(
+                "pk", "refresh_id"
+            )[:20]
+        ],
         "intake:api-v1:list_audit_events": ["/api/v1/audit/events"],
         "intake:api-v1:export_audit_events": ["/api/v1/audit/events/export"],
         "intake:api-v1:get_delivery": [

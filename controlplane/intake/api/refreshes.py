@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -32,6 +33,8 @@ router = Router(tags=["policy refreshes"])
 
 Id = Annotated[int, Path(ge=1, le=2**63 - 1)]
 ACTION_ERRORS = {409: ErrorOut, **COMMON_ERRORS}
+#: The refresh detail's `journal` holds the refresh's first calls up to this many; its
+#: `journal_url` pages through every call (a refresh of 2,000 workers makes about 12,000).
 JOURNAL_LIMIT = 5000
 
 
@@ -314,10 +317,20 @@ class EtaOut(Schema):
 
 class RefreshDetailOut(RefreshOut):
     capacity_url: str = Field(description="its capacity and goodput (paused time, gated time)")
+    journal_url: str = Field(
+        description="every call of its journal, oldest first, a page at a time"
+    )
     eta: EtaOut = Field(description="its estimated end while it runs its steps")
     workers: list[PlannedWorkerOut]
     steps: list[StepOut]
-    journal: list[JournalOut]
+    journal: list[JournalOut] = Field(
+        description=f"its first {JOURNAL_LIMIT:,} calls, oldest first (`journal_url`: all)"
+    )
+
+
+class JournalFilters(PageParams):
+    step: str | None = Field(None, max_length=24, description="only this step's calls")
+    ok: bool | None = Field(None, description="only the calls that succeeded (or failed)")
 
 
 class RefreshFilters(PageParams):
@@ -367,23 +380,31 @@ def eta_out(refresh) -> dict[str, Any]:
     return EtaOut.model_validate(eta_json(refresh)).model_dump(mode="json")
 
 
+def _calls(refresh):
+    """The refresh's journal with each call's worker key (not the planned worker's row, whose
+    planned calls a page of 500 calls would otherwise read with every one)."""
+    return refresh.journal.annotate(worker_key=F("planned_worker__key"))
+
+
+def serialize_call(call) -> dict[str, Any]:
+    return {
+        **{f: getattr(call, f) for f in JournalOut.model_fields if f != "worker"},
+        "worker": call.worker_key,
+    }
+
+
 def serialize_detail(refresh) -> dict[str, Any]:
-    journal = refresh.journal.select_related("planned_worker").order_by("id")[:JOURNAL_LIMIT]
+    journal = _calls(refresh).order_by("id")[:JOURNAL_LIMIT]
     return {
         **serialize_refresh(refresh),
         "capacity_url": reverse("intake:api-v1:get_refresh_capacity", args=[refresh.pk]),
+        "journal_url": reverse("intake:api-v1:list_refresh_journal", args=[refresh.pk]),
         "eta": eta_out(refresh),
         "workers": [
             {f: getattr(w, f) for f in PlannedWorkerOut.model_fields} for w in refresh.workers.all()
         ],
         "steps": [{f: getattr(s, f) for f in StepOut.model_fields} for s in refresh.steps.all()],
-        "journal": [
-            {
-                **{f: getattr(j, f) for f in JournalOut.model_fields if f != "worker"},
-                "worker": j.planned_worker.key if j.planned_worker_id else None,
-            }
-            for j in journal
-        ],
+        "journal": [serialize_call(j) for j in journal],
     }
 
 
@@ -457,6 +478,31 @@ def get_refresh(request: HttpRequest, refresh_id: Id):
     """One refresh with its stored plan, its steps and its call journal."""
     require(request, Perm.VIEW)
     return serialize_detail(_refresh_or_404(request, refresh_id))
+
+
+@router.get("/refreshes/{refresh_id}/journal", response={200: page_of(JournalOut), **COMMON_ERRORS})
+def list_refresh_journal(request: HttpRequest, refresh_id: Id, filters: Query[JournalFilters]):
+    """Every call of one refresh's journal, oldest first, a page at a time (`limit`,
+    `offset`, as every list of the API); `step` and `ok` narrow it. Each call with its whole
+    request and response bodies, as stored."""
+    require(request, Perm.VIEW)
+    calls = _calls(_refresh_or_404(request, refresh_id))
+    if filters.step is not None:
+        calls = calls.filter(step=filters.step)
+    if filters.ok is not None:
+        calls = calls.filter(ok=filters.ok)
+    return paginate(calls.order_by("id"), filters, serialize_call)
+
+
+@router.get(
+    "/refreshes/{refresh_id}/journal/{call_id}", response={200: JournalOut, **COMMON_ERRORS}
+)
+def get_refresh_call(request: HttpRequest, refresh_id: Id, call_id: Id):
+    """One call of a refresh's journal with its whole bodies. The refresh page shows a long
+    body cut short (a fleet-wide call's lists every worker) and links here."""
+    require(request, Perm.VIEW)
+    refresh = _refresh_or_404(request, refresh_id)
+    return serialize_call(get_object_or_404(_calls(refresh), pk=call_id))
 
 
 class ActionOut(RefreshOut):

@@ -5,11 +5,13 @@ every source's. It connects its own websocket and keeps itself current.
 
 `{{ body|json_text }}` shows a planned call's JSON body as text (autoescaped like any text).
 `{{ body|json_pretty }}` shows it indented, for a `<pre>`.
+`{{ body|json_preview }}` is that, cut short after `BODY_PREVIEW_CHARS` (`.text`, `.more`).
 `{{ refresh|strategy_text }}` says how a refresh (or a strategy's JSON form) walks its scope.
 `{{ value|label }}` shows a stored identifier (`open_forced`, `force_reopened`) in words.
 """
 
 import json
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from django import template
@@ -66,6 +68,29 @@ def json_pretty(value) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+
+
+#: How much of a call's indented body the refresh page's journal shows. A fleet-wide call's
+#: body names every worker (the listener's listing, the agreement check's request): about
+#: 50 bytes a worker, so at 10,000 workers each such row would be half a megabyte of the
+#: page. Past this, the row says how much is left and links to the whole call in the API.
+BODY_PREVIEW_CHARS = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class BodyPreview:
+    text: str
+    #: Characters of the indented body left out (0: `text` is all of it).
+    more: int = 0
+
+
+@register.filter
+def json_preview(value) -> BodyPreview:
+    """`json_pretty`, cut after `BODY_PREVIEW_CHARS` characters; autoescaped like it."""
+    text = json_pretty(value)
+    if len(text) <= BODY_PREVIEW_CHARS:
+        return BodyPreview(text)
+    return BodyPreview(text[:BODY_PREVIEW_CHARS], len(text) - BODY_PREVIEW_CHARS)
 
 
 @register.filter

@@ -29,7 +29,7 @@ class FleetOverviewConsumer(LiveStream):
         if event == live.EVENT_CHARTS_CHANGED:
             return [live.shared_overview_charts_html(payload.get("stamp", ""))]
         if event == live.EVENT_DISCOVERY_FINISHED:
-            return [live.shared_card_html(payload["source_id"], payload.get("stamp", ""))]
+            return [live.shared_source_html("card", payload["source_id"], payload.get("stamp", ""))]
         return [live.overview_html()]
 
 
@@ -86,13 +86,13 @@ class SourceStreamConsumer(LiveStream):
         if event == live.EVENT_SUMMARY_CHANGED:
             # A gate or policy refresh change: rendered here, once per process for every
             # subscriber of this source.
-            return [live.shared_summary_html(self.source_id, payload.get("stamp", ""))]
+            return [live.shared_source_html("summary", self.source_id, payload.get("stamp", ""))]
         # A discovery run: announced by id and stamp, rendered here once per process.
         stamp = payload.get("stamp", "")
-        head = live.shared_summary_html(self.source_id, stamp)
+        head = live.shared_source_html("summary", self.source_id, stamp)
         if payload.get("workers_moved"):
-            head += live.shared_timeline_html(self.source_id, stamp)
-            head += live.shared_source_charts_html(self.source_id, stamp)
+            head += live.shared_source_html("timeline", self.source_id, stamp)
+            head += live.shared_source_html("charts", self.source_id, stamp)
         if payload.get("resync"):
             table = live.shared_table_html(self.source_id, self.filter.query, stamp)
             return [head + self._notice(""), self._take(table)]

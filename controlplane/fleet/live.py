@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
@@ -174,7 +175,7 @@ def publish_summary(source_ids) -> None:
     """A gate, drift entry or policy refresh of these sources changed: their summaries and
     overview cards. Only the source id travels (and a stamp naming this change); each
     receiving process renders the card and the summary once for all its subscribers
-    (`shared_card_html`, `shared_summary_html`), so the publisher — a policy refresh's
+    (`shared_source_html`), so the publisher — a policy refresh's
     executor, ten state changes a run — runs no query and no template for it, and a process
     nobody watches renders nothing. The worker table is untouched: no row shows a gate, so
     nothing of the table travels."""
@@ -187,33 +188,22 @@ def publish_summary(source_ids) -> None:
             logger.exception("publishing the summary of source %s failed", source_id)
 
 
-@lru_cache(maxsize=32)
-def shared_card_html(source_id: int, stamp: str) -> str:
-    """The overview card of one announced change, rendered once per process ("" once the
-    source is gone)."""
+#: The parts of a source's pages a stream is sent after an announced change, by name: the
+#: overview's card, and the source page's summary, timeline and charts.
+SOURCE_PARTS: dict[str, Callable[[Source], str]] = {
+    "card": card_html,
+    "summary": summary_html,
+    "timeline": timeline_html,
+    "charts": source_charts_html,
+}
+
+
+@lru_cache(maxsize=4 * 32)
+def shared_source_html(part: str, source_id: int, stamp: str) -> str:
+    """One part (`SOURCE_PARTS`) of one source's pages after one announced change, rendered
+    once per process for all its subscribers ("" once the source is gone)."""
     source = Source.objects.filter(pk=source_id).first()
-    return "" if source is None else card_html(source)
-
-
-@lru_cache(maxsize=32)
-def shared_summary_html(source_id: int, stamp: str) -> str:
-    """The source page's summary of one announced change, rendered once per process."""
-    source = Source.objects.filter(pk=source_id).first()
-    return "" if source is None else summary_html(source)
-
-
-@lru_cache(maxsize=32)
-def shared_timeline_html(source_id: int, stamp: str) -> str:
-    """The source page's timeline after one announced discovery run, once per process."""
-    source = Source.objects.filter(pk=source_id).first()
-    return "" if source is None else timeline_html(source)
-
-
-@lru_cache(maxsize=32)
-def shared_source_charts_html(source_id: int, stamp: str) -> str:
-    """The source page's charts after one announced discovery run, once per process."""
-    source = Source.objects.filter(pk=source_id).first()
-    return "" if source is None else source_charts_html(source)
+    return "" if source is None else SOURCE_PARTS[part](source)
 
 
 @lru_cache(maxsize=32)

@@ -327,7 +327,7 @@ async def test_the_overview_renders_an_announced_card_and_chart_once_per_process
     for c in (first, second):
         assert (await c.connect())[0]
         await c.receive_from(timeout=10)
-    live.shared_card_html.cache_clear()
+    live.shared_source_html.cache_clear()
     live.shared_overview_charts_html.cache_clear()
     pks = await database_sync_to_async(
         lambda: list(Worker.objects.filter(source=big_source).values_list("pk", flat=True))
@@ -338,7 +338,7 @@ async def test_the_overview_renders_an_announced_card_and_chart_once_per_process
         assert 'id="source-card-' in card and "big" in card
         chart = await c.receive_from(timeout=10)
         assert "version" in chart.lower()
-    assert live.shared_card_html.cache_info().misses == 1
+    assert live.shared_source_html.cache_info().misses == 1  # the card
     assert live.shared_overview_charts_html.cache_info().misses == 1
     for c in (first, second):
         await c.disconnect()

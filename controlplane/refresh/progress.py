@@ -30,9 +30,25 @@ ANALYSIS_INCONCLUSIVE = "inconclusive"
 ANALYSIS_FAIL = "fail"
 
 
+class CanaryAnalysisRef(TypedDict, total=False):
+    """Which analysis judges the canary: what the progress keeps of it. The run's outcome,
+    score and summary are its `CanaryAnalysis` row's alone, read through
+    `refresh.canary_review` (never copied here, so no path has two places to update)."""
+
+    #: The `CanaryAnalysis` row, once the analysis task has created it.
+    run_id: int
+    #: The strategy's template name (what the run will use, before there is a run).
+    template: str
+    #: Only when no run row could be made (the template was gone): what the analysis
+    #: concluded, which then has no other record.
+    outcome: str
+    score: float | None
+    summary: str
+
+
 class CanaryAnalysisSummary(TypedDict, total=False):
-    """What the canary's analysis concluded, as the page and the API show it; the full report
-    is the `CanaryAnalysis` row it names."""
+    """What the canary's analysis concluded, as the page and the API show it, derived from its
+    `CanaryAnalysis` row (`refresh.canary_review`); the full report is that row."""
 
     #: The `CanaryAnalysis` row.
     run_id: int
@@ -61,8 +77,9 @@ class CanaryReview(TypedDict, total=False):
     by: str
     at: str
     reason: str
-    #: The statistical analysis of the canary, when the strategy asks for one.
-    analysis: CanaryAnalysisSummary
+    #: The statistical analysis of the canary, when the strategy asks for one: stored as a
+    #: `CanaryAnalysisRef`; `refresh.canary_review` shows it as a `CanaryAnalysisSummary`.
+    analysis: CanaryAnalysisRef | CanaryAnalysisSummary
     #: The analysis was marginal or inconclusive: a person decides (approve or reject),
     #: whatever `evaluation` says.
     needs_person: bool
@@ -214,14 +231,33 @@ def with_canary_verdict(
     return with_canary(progress, canary)
 
 
+def analysis_ref(refresh) -> CanaryAnalysisRef:
+    """Which analysis judges the refresh's canary (empty when none). A progress written
+    before the outcome lived on the run alone may hold a whole summary; only the reference
+    is read from it."""
+    stored = (canary_of(refresh) or {}).get("analysis") or {}
+    ref = CanaryAnalysisRef()
+    if isinstance(stored.get("template"), str):
+        ref["template"] = stored["template"]
+    if isinstance(stored.get("run_id"), int):
+        ref["run_id"] = stored["run_id"]
+        return ref
+    if stored.get("outcome"):  # concluded without a run row: this is its only record
+        ref["outcome"] = str(stored["outcome"])
+        score = stored.get("score")
+        ref["score"] = score if isinstance(score, int | float) else None
+        ref["summary"] = str(stored.get("summary") or "")
+    return ref
+
+
 def with_canary_analysis(
-    refresh, summary: CanaryAnalysisSummary, *, state: str, needs_person: bool = False
+    refresh, ref: CanaryAnalysisRef, *, state: str, needs_person: bool = False
 ) -> Progress:
     """The canary's analysis, started (`state` analysing) or concluded (`state` awaiting a
-    verdict; `needs_person` when a person must decide)."""
+    verdict; `needs_person` when a person must decide). What it concluded is its run's row."""
     progress = progress_of(refresh)
     canary = canary_of(refresh) or CanaryReview()
-    canary.update(CanaryReview(state=state, analysis=summary, needs_person=needs_person))
+    canary.update(CanaryReview(state=state, analysis=ref, needs_person=needs_person))
     return with_canary(progress, canary)
 
 

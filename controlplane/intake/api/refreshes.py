@@ -21,12 +21,12 @@ from controlplane.intake.api.errors import COMMON_ERRORS, ApiError, ErrorOut
 from controlplane.intake.api.pagination import PageParams, page_of, paginate
 from controlplane.intake.fingerprint import FingerprintIn
 from controlplane.intake.strategy import STRATEGY_SCHEMA, StrategyRefused, checked
-from controlplane.refresh import intents, reconcile
+from controlplane.refresh import canary_review, intents, reconcile
 from controlplane.refresh.eta import eta_json
 from controlplane.refresh.intents import action_table, external
 from controlplane.refresh.intents.action_table import Action, ActionInput
 from controlplane.refresh.models import PolicyRefresh
-from controlplane.refresh.progress import canary_of, external_of
+from controlplane.refresh.progress import external_of
 from controlplane.refresh.strategy import stored as stored_strategy
 
 router = Router(tags=["policy refreshes"])
@@ -360,7 +360,7 @@ def serialize_refresh(refresh) -> dict[str, Any]:
         "instances": refresh.instances,
         "wave": refresh.wave,
         "waves": refresh.waves,
-        "canary": canary_of(refresh),
+        "canary": canary_review.review(refresh),
         "external": external.public_view(refresh) if external_of(refresh) else None,
         "plan_blockers": list(refresh.plan_blockers or []),
         "failed_step": refresh.failed_step,
@@ -424,7 +424,8 @@ def _json(data: dict[str, Any]) -> dict[str, Any]:
 def list_refreshes(request: HttpRequest, filters: Query[RefreshFilters]):
     require(request, Perm.VIEW)
     refreshes = limit_to_sources(
-        request, PolicyRefresh.objects.select_related("source", "approved_by")
+        request,
+        canary_review.with_runs(PolicyRefresh.objects.select_related("source", "approved_by")),
     )
     if filters.source is not None:
         refreshes = refreshes.filter(source__name=filters.source)

@@ -34,7 +34,7 @@ from controlplane.refresh.progress import (
     CANARY_ANALYSING,
     CANARY_AWAITING,
     CANARY_PASSED,
-    CanaryAnalysisSummary,
+    CanaryAnalysisRef,
     CanaryReview,
     Progress,
     canary_of,
@@ -143,7 +143,7 @@ def next_move(refresh: PolicyRefresh) -> tuple[str, dict[str, Any], str]:
                     evaluation=strategy.canary.evaluation,
                     deadline=deadline.isoformat(),
                     instances=by_namespace(verified_in_wave(refresh)),
-                    analysis=CanaryAnalysisSummary(template=strategy.canary.analysis),
+                    analysis=CanaryAnalysisRef(template=strategy.canary.analysis),
                 ),
             )
             return (

@@ -49,6 +49,7 @@ from controlplane.dynamo.policy import OutboundPolicy
 from controlplane.dynamo.scoring import observe
 from controlplane.fleet.models import WorkerState
 from controlplane.notify.emit import notify
+from controlplane.refresh.canary_review import summary_of
 from controlplane.refresh.departed import departed_ids, left_out_ids
 from controlplane.refresh.executor.runner import call_settings
 from controlplane.refresh.executor.waves import ANALYSE_CANARY_TASK, verified_in_wave
@@ -71,7 +72,9 @@ from controlplane.refresh.progress import (
     ANALYSIS_PASS,
     CANARY_ANALYSING,
     CANARY_AWAITING,
+    CanaryAnalysisRef,
     CanaryAnalysisSummary,
+    analysis_ref,
     canary_of,
     with_canary_analysis,
 )
@@ -176,23 +179,16 @@ def _begin(refresh: PolicyRefresh, template) -> CanaryAnalysis | bool:
         locked = locked_refresh(refresh)
         if not _analysing(locked):
             return False
-        summary = (canary_of(locked) or {}).get("analysis") or CanaryAnalysisSummary()
-        if summary.get("run_id"):
-            run = CanaryAnalysis.objects.filter(pk=summary["run_id"]).first()
+        earlier = analysis_ref(locked).get("run_id")
+        if earlier:
+            run = CanaryAnalysis.objects.filter(pk=earlier).first()
             if run is not None and run.state == AnalysisRunState.RUNNING:
                 return False
         run = CanaryAnalysis.objects.create(
             refresh=locked, phase=AnalysisPhase.CANARY, template=template
         )
-        summary = CanaryAnalysisSummary(
-            run_id=run.pk,
-            template=template.name,
-            template_version=template.version,
-            outcome="",
-            score=None,
-            summary="",
-        )
-        locked.progress = with_canary_analysis(locked, summary, state=CANARY_ANALYSING)
+        ref = CanaryAnalysisRef(run_id=run.pk, template=template.name)
+        locked.progress = with_canary_analysis(locked, ref, state=CANARY_ANALYSING)
         locked.save(update_fields=["progress"])
         audit_refresh(
             AuditAction.POLICY_REFRESH_ANALYSIS_STARTED,
@@ -328,9 +324,18 @@ def _conclude(refresh: PolicyRefresh, run: CanaryAnalysis | None, report: dict[s
             # Aborted, rolled back by its deadline, or judged meanwhile: the report stays, the
             # refresh is not moved by a late analysis.
             return f"{outcome} (too late: the refresh is {locked.state})"
-        summary = CanaryAnalysisSummary(**((canary_of(locked) or {}).get("analysis") or {}))
-        summary["outcome"], summary["score"], summary["summary"] = outcome, score, summary_text
-        did = _act(locked, outcome, summary, summary_text)
+        ref = analysis_ref(locked)
+        if run is not None:
+            summary = summary_of(run)  # the row just written: the outcome's one record
+        else:  # no template to make a run row with: the reference is the only record
+            ref.update(CanaryAnalysisRef(outcome=outcome, score=score, summary=summary_text))
+            summary = CanaryAnalysisSummary(
+                template=ref.get("template", ""),
+                outcome=outcome,
+                score=score,
+                summary=summary_text,
+            )
+        did = _act(locked, outcome, ref, summary, summary_text)
         # Audited last: the chain head is locked after the gates the outcome moved.
         audit_refresh(
             AuditAction.POLICY_REFRESH_ANALYSIS_DONE,
@@ -346,19 +351,26 @@ def _conclude(refresh: PolicyRefresh, run: CanaryAnalysis | None, report: dict[s
     return did
 
 
-def _act(refresh: PolicyRefresh, outcome: str, summary: CanaryAnalysisSummary, text: str) -> str:
-    """Move the locked refresh out of `analysing` by the outcome (see the module's doc)."""
+def _act(
+    refresh: PolicyRefresh,
+    outcome: str,
+    ref: CanaryAnalysisRef,
+    summary: CanaryAnalysisSummary,
+    text: str,
+) -> str:
+    """Move the locked refresh out of `analysing` by the outcome (see the module's doc). A
+    verdict the analysis gives records the summary it rested on with it (`metrics`)."""
     evaluation = stored(refresh).canary.evaluation  # type: ignore[union-attr]
     metrics = {"analysis": dict(summary)}
     if outcome == ANALYSIS_FAIL:
-        refresh.progress = with_canary_analysis(refresh, summary, state=CANARY_AWAITING)
+        refresh.progress = with_canary_analysis(refresh, ref, state=CANARY_AWAITING)
         decide_locked(
             refresh, passed=False, metrics=metrics, actor=ANALYST, reason=f"analysis failed: {text}"
         )
         base.enqueue_execution(refresh.pk)
         return "failed: rolling the canary back"
     if outcome == ANALYSIS_PASS and evaluation == EVAL_NONE:
-        refresh.progress = with_canary_analysis(refresh, summary, state=CANARY_AWAITING)
+        refresh.progress = with_canary_analysis(refresh, ref, state=CANARY_AWAITING)
         decide_locked(
             refresh, passed=True, metrics=metrics, actor=ANALYST, reason=f"analysis passed: {text}"
         )
@@ -366,7 +378,7 @@ def _act(refresh: PolicyRefresh, outcome: str, summary: CanaryAnalysisSummary, t
         return "passed: the refresh goes on"
     needs_person = outcome != ANALYSIS_PASS
     refresh.progress = with_canary_analysis(
-        refresh, summary, state=CANARY_AWAITING, needs_person=needs_person
+        refresh, ref, state=CANARY_AWAITING, needs_person=needs_person
     )
     refresh.save(update_fields=["progress"])
     why = (
@@ -391,7 +403,7 @@ def requeue_stalled_analyses(now=None) -> list[int]:
     ).order_by("id"):
         if not _analysing(refresh):
             continue
-        run_id = ((canary_of(refresh) or {}).get("analysis") or {}).get("run_id")
+        run_id = analysis_ref(refresh).get("run_id")
         if (
             run_id
             and CanaryAnalysis.objects.filter(pk=run_id, state=AnalysisRunState.RUNNING).exists()

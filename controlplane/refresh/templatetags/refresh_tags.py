@@ -6,6 +6,7 @@ every source's. It connects its own websocket and keeps itself current.
 `{{ body|json_text }}` shows a planned call's JSON body as text (autoescaped like any text).
 `{{ body|json_pretty }}` shows it indented, for a `<pre>`.
 `{{ body|json_preview }}` is that, cut short after `BODY_PREVIEW_CHARS` (`.text`, `.more`).
+`{{ refresh|canary_review }}` is the canary's review with its analysis read from the run's row.
 `{{ refresh|strategy_text }}` says how a refresh (or a strategy's JSON form) walks its scope.
 `{{ value|label }}` shows a stored identifier (`open_forced`, `force_reopened`) in words.
 """
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 from django import template
 from django.core.exceptions import ValidationError
 
+from controlplane.refresh import canary_review as reviews
 from controlplane.refresh import presenters, source_badges
 from controlplane.refresh.models import GateState
 from controlplane.refresh.strategy import parse_strategy
@@ -91,6 +93,13 @@ def json_preview(value) -> BodyPreview:
     if len(text) <= BODY_PREVIEW_CHARS:
         return BodyPreview(text)
     return BodyPreview(text[:BODY_PREVIEW_CHARS], len(text) - BODY_PREVIEW_CHARS)
+
+
+@register.filter
+def canary_review(refresh):
+    """The canary's review as the page shows it (`refresh.canary_review.review`): the
+    analysis's outcome is its run's row, not a copy in the progress."""
+    return reviews.review(refresh)
 
 
 @register.filter

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.test import Client
 
 from controlplane.audit.models import AuditEvent
 from controlplane.audit.recorder import Actor
@@ -32,7 +33,12 @@ from controlplane.refresh.models import (
     PolicyRefresh,
     RefreshState,
 )
-from tests.integration.canary_analysis.helpers import canary, lineage_fleet_config, save
+from tests.integration.canary_analysis.helpers import (
+    TEMPLATE,
+    canary,
+    lineage_fleet_config,
+    save,
+)
 from tests.integration.refresh.helpers import (
     actor_for,
     fleet_versions,
@@ -229,3 +235,47 @@ def test_a_borderline_checkpoint_holds_for_a_person_who_rejects(
     assert refresh.state == RefreshState.HELD
     assert "ref logprob fell too far" in refresh.held_reason
     assert set(fleet_versions(fleet).values()) == {"v1"}
+
+
+def test_the_outcome_is_the_runs_row_alone_and_page_and_api_read_it_there(
+    fleet, source, operator, admin_user
+):
+    """The progress names the run; the outcome, score and summary the page and the API show
+    are the run's row, read when shown: correct the row and both follow, and a copy left in
+    an older progress is never shown."""
+    refresh = borderline(fleet, source, operator, admin_user)
+    run = analysis_of(refresh)
+    assert refresh.progress["canary"]["analysis"] == {"run_id": run.pk, "template": TEMPLATE}
+
+    client = Client()
+    client.force_login(operator)
+
+    def shown() -> tuple[dict, str]:
+        api = client.get(f"/api/v1/refreshes/{refresh.pk}").json()["canary"]["analysis"]
+        listed = client.get("/api/v1/refreshes").json()["items"]
+        assert [r["canary"]["analysis"] for r in listed if r["id"] == refresh.pk] == [api]
+        return api, client.get(f"/refreshes/{refresh.pk}/").content.decode()
+
+    api, page = shown()
+    assert api == {
+        "run_id": run.pk,
+        "template": TEMPLATE,
+        "template_version": run.template.version,
+        "outcome": "marginal",
+        "score": 75,
+        "summary": run.summary,
+    }
+    assert "Canary analysis marginal (score 75.0): a person decides" in page
+
+    CanaryAnalysis.objects.filter(pk=run.pk).update(summary="read again from the row")
+    stale = {**refresh.progress["canary"]["analysis"], "outcome": "pass", "score": 99.0}
+    PolicyRefresh.objects.filter(pk=refresh.pk).update(
+        progress={**refresh.progress, "canary": {**refresh.progress["canary"], "analysis": stale}}
+    )
+    api, page = shown()
+    assert (api["outcome"], api["score"], api["summary"]) == (
+        "marginal",
+        75,
+        "read again from the row",
+    )
+    assert "read again from the row" in page and "Canary analysis marginal" in page

@@ -10,11 +10,14 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+from controlplane.refresh.canary_review import review
+from controlplane.refresh.models import PolicyRefresh
 from controlplane.refresh.progress import (
     CANARY_AWAITING,
     CANARY_FAILED,
     CANARY_PASSED,
     CanaryReview,
+    analysis_ref,
     canary_deadline,
     canary_of,
     leaving_pause_point,
@@ -23,6 +26,7 @@ from controlplane.refresh.progress import (
     progress_of,
     waiting_after,
     with_canary,
+    with_canary_analysis,
     with_canary_failed,
     with_canary_verdict,
     with_pause_requested,
@@ -132,3 +136,43 @@ def test_no_other_module_spells_a_progress_key():
             if KEY_ACCESS.search(line):
                 found.append(f"{relative}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_the_progress_keeps_which_analysis_judges_the_canary_never_its_outcome():
+    legacy = SimpleNamespace(
+        progress={
+            "canary": {
+                "state": CANARY_AWAITING,
+                # What an older version copied here: the outcome lives on the run's row.
+                "analysis": {"run_id": 7, "template": "drift", "outcome": "pass", "score": 99},
+            }
+        }
+    )
+    assert analysis_ref(legacy) == {"run_id": 7, "template": "drift"}
+    stored = with_canary_analysis(legacy, analysis_ref(legacy), state=CANARY_AWAITING)
+    assert stored["canary"]["analysis"] == {"run_id": 7, "template": "drift"}
+
+
+def test_an_analysis_concluded_without_a_run_keeps_its_outcome_in_the_reference():
+    # No template left to make a run row with: the reference is the outcome's only record.
+    refresh = PolicyRefresh(
+        progress={
+            "canary": {
+                "state": CANARY_AWAITING,
+                "needs_person": True,
+                "analysis": {
+                    "template": "drift",
+                    "outcome": "inconclusive",
+                    "score": None,
+                    "summary": "template 'drift' is gone",
+                },
+            }
+        }
+    )
+    assert review(refresh)["analysis"] == {
+        "template": "drift",
+        "outcome": "inconclusive",
+        "score": None,
+        "summary": "template 'drift' is gone",
+    }
+    assert canary_of(refresh)["analysis"]["outcome"] == "inconclusive"  # stored once, here

@@ -20,11 +20,19 @@ from controlplane.refresh.progress import (
 )
 
 #: What a review reads of a run: never its report (the analysis page's, and large).
-_RUN_FIELDS = ("id", "refresh_id", "outcome", "score", "summary", "template__name")
+_RUN_FIELDS = (
+    "id",
+    "refresh_id",
+    "outcome",
+    "score",
+    "summary",
+    "template__name",
+    "template__version",
+)
 
 
 def _runs() -> QuerySet[CanaryAnalysis]:
-    return CanaryAnalysis.objects.select_related("template").only(*_RUN_FIELDS, "template__version")
+    return CanaryAnalysis.objects.select_related("template").only(*_RUN_FIELDS)
 
 
 def with_runs(refreshes: QuerySet[PolicyRefresh]) -> QuerySet[PolicyRefresh]:
